@@ -1,0 +1,1 @@
+"""Sandbox test fixtures (owned by the sandbox work)."""

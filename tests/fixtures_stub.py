@@ -1,0 +1,1 @@
+"""api_stub test fixtures (owned by the api_stub work)."""
