@@ -1,0 +1,257 @@
+"""The stub's "model": a small deterministic ReAct agent that reads a chat and replies (pure).
+
+`respond(messages, tools)` plays one assistant turn. With `tools` (OpenAI function
+schemas) it speaks native function calling: parallel `tool_calls` first, then a
+plain-text final answer once every call has an observation (`role: "tool"`).
+Without `tools` it writes the classic text format, one action per turn::
+
+    Thought: ...
+    Action: calculator
+    Action Input: {"expression": "17 * 23 + 4"}
+
+and finally ``Thought: I now know the final answer\\nFinal Answer: ...``; there,
+observations come back as user messages starting with ``Observation:``.
+
+The brain never raises on odd conversations: whatever it cannot make sense of
+ends in a final answer. Same messages in, same reply out (call ids included).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from api_stub.answers import answer_part, combine, is_error
+from api_stub.planner import Action, plan
+from api_stub.tokens import message_text
+
+__all__ = ["Reply", "ToolCall", "respond", "KNOWN_TOOLS", "DONT_KNOW"]
+
+KNOWN_TOOLS = ("calculator", "search", "python")
+DEFAULT_ARG = {"calculator": "expression", "search": "query", "python": "code"}
+DONT_KNOW = "I'm sorry, I don't know the answer to that."
+_MAX_SAME_CALL = 2
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call in OpenAI's shape (`arguments` is a JSON string)."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One assistant turn: text and/or tool calls, with OpenAI's finish_reason."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: Literal["stop", "tool_calls", "length"] = "stop"
+    mode: Literal["tools", "text"] = "tools"
+
+
+@dataclass
+class _Executed:
+    """A tool call seen in the history, with its observation (tool/args unknown if not shown)."""
+
+    tool: str | None
+    argument: str | None
+    observation: str
+
+
+@dataclass
+class _Conversation:
+    question: str = ""
+    executed: list[_Executed] = field(default_factory=list)
+
+
+# --- reading the conversation -------------------------------------------------
+
+def _question(messages: Sequence[Mapping[str, Any]]) -> str:
+    for message in messages:
+        if message.get("role") == "user":
+            text = message_text(message).strip()
+            if text.startswith("Observation:"):
+                continue
+            for line in text.splitlines():
+                if line.strip().lower().startswith("question:"):
+                    return line.strip()[len("question:"):].strip()
+            return text
+    return ""
+
+
+_ACTION = re.compile(r"^\s*Action\s*:\s*(.+?)\s*$", re.M)
+_ACTION_INPUT = re.compile(r"^\s*Action Input\s*:\s*(.*)", re.M | re.S)
+
+
+def _text_action(content: str) -> tuple[str, str | None] | None:
+    """(tool, argument) of a text-mode Action in an assistant message, if it has one."""
+    match = _ACTION.search(content)
+    if not match:
+        return None
+    tool = match[1].strip().strip("`'\"").lower()
+    found = _ACTION_INPUT.search(content, match.end())
+    if not found:
+        return tool, None
+    raw = re.split(r"\n\s*Observation\s*:", found[1])[0].strip()
+    return tool, _first_argument(raw)
+
+
+def _first_argument(raw: str) -> str | None:
+    try:
+        value = json.loads(raw)
+    except (ValueError, TypeError):
+        return raw or None
+    if isinstance(value, dict):
+        for item in value.values():
+            return item if isinstance(item, str) else json.dumps(item)
+        return None
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _read(messages: Sequence[Mapping[str, Any]]) -> _Conversation:
+    conv = _Conversation(question=_question(messages))
+    pending: dict[str, tuple[str | None, str | None]] = {}
+    order: list[str] = []
+    previous: Mapping[str, Any] | None = None
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            for call in message.get("tool_calls") or []:
+                if not isinstance(call, Mapping):
+                    continue
+                function = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+                call_id = str(call.get("id", len(order)))
+                pending[call_id] = (function.get("name"), _first_argument(str(function.get("arguments", ""))))
+                order.append(call_id)
+        elif role in ("tool", "function"):
+            call_id = message.get("tool_call_id")
+            if call_id not in pending and order:
+                call_id = next((c for c in order if c in pending), None)
+            tool, argument = pending.pop(call_id, (message.get("name"), None)) if call_id else (None, None)
+            conv.executed.append(_Executed(tool, argument, message_text(message)))
+        elif role == "user":
+            text = message_text(message).lstrip()
+            if text.startswith("Observation:"):
+                found = _text_action(message_text(previous)) if previous is not None else None
+                if previous is not None and previous.get("role") == "assistant" and found is None:
+                    previous = message
+                    continue  # feedback on a reply that made no call, not a tool result
+                tool, argument = found if found else (None, None)
+                conv.executed.append(_Executed(tool, argument, text[len("Observation:"):].strip()))
+        previous = message
+    return conv
+
+
+# --- deciding -------------------------------------------------------------------
+
+def _match(actions: list[Action], executed: list[_Executed]) -> list[str | None]:
+    """The observation of each planned action, pairing history calls by tool and argument."""
+    used: set[int] = set()
+    result: list[str | None] = []
+    for action in actions:
+        chosen = None
+        for predicate in (lambda e: e.tool == action.tool and e.argument == action.argument,
+                          lambda e: e.tool == action.tool,
+                          lambda e: e.tool is None or e.tool not in KNOWN_TOOLS):
+            chosen = next((i for i, e in enumerate(executed) if i not in used and predicate(e)), None)
+            if chosen is not None:
+                break
+        if chosen is None:
+            result.append(None)
+        else:
+            used.add(chosen)
+            result.append(executed[chosen].observation)
+    return result
+
+
+def _available(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> dict[str, str]:
+    """Tool name -> the name of its argument, for the tools this request offers."""
+    if tools:
+        offered: dict[str, str] = {}
+        for tool in tools:
+            function = tool.get("function") if isinstance(tool, Mapping) else None
+            if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+                continue
+            name = function["name"]
+            params = function.get("parameters")
+            props = params.get("properties") if isinstance(params, Mapping) else None
+            arg = DEFAULT_ARG.get(name, "input")
+            if isinstance(props, Mapping) and props and arg not in props:
+                arg = next(iter(props))
+            offered[name] = arg
+        return offered
+    systems = [message_text(m) for m in messages if m.get("role") == "system"]
+    if not systems:
+        return dict(DEFAULT_ARG)
+    joined = "\n".join(systems).lower()
+    return {name: arg for name, arg in DEFAULT_ARG.items() if re.search(rf"\b{name}\b", joined)}
+
+
+def _call_id(question: str, index: int, action: Action) -> str:
+    digest = hashlib.sha256(f"{question}\x00{index}\x00{action.tool}\x00{action.argument}".encode())
+    return "call_" + digest.hexdigest()[:24]
+
+
+def _thought(action: Action) -> str:
+    if action.tool == "calculator":
+        return f"I need to compute {action.argument} with the calculator."
+    if action.tool == "search":
+        return f"I should search for '{action.argument}' to find the answer."
+    return "I will write a short Python program to compute this."
+
+
+def _final(answer: str, text_mode: bool) -> Reply:
+    if text_mode:
+        return Reply(content=f"Thought: I now know the final answer\nFinal Answer: {answer}",
+                     finish_reason="stop", mode="text")
+    return Reply(content=answer, finish_reason="stop", mode="tools")
+
+
+def respond(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> Reply:
+    """One deterministic assistant turn for this conversation (never raises on odd input)."""
+    text_mode = not tools
+    try:
+        return _respond([m for m in messages if isinstance(m, Mapping)], tools, text_mode)
+    except Exception as exc:  # noqa: BLE001 - a model answers something, whatever it is fed
+        return _final(f"I could not understand the conversation ({type(exc).__name__}).", text_mode)
+
+
+def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, text_mode: bool) -> Reply:
+    conv = _read(messages)
+    offered = _available(messages, tools)
+    actions = plan(conv.question, frozenset(offered))
+    if not actions:
+        return _final(DONT_KNOW, text_mode)
+    observations = _match(actions, conv.executed)
+    for action, observation in zip(actions, observations, strict=True):
+        if observation is not None and is_error(action.tool, observation) and action.tool != "search":
+            # A failed call ends the run with an honest answer rather than a retry loop.
+            return _final(answer_part(action, observation), text_mode)
+    pending = [(i, a) for i, a in enumerate(actions) if observations[i] is None]
+    repeats = sum(1 for e in conv.executed if pending and e.tool == pending[0][1].tool
+                  and e.argument == pending[0][1].argument)
+    if not pending or repeats >= _MAX_SAME_CALL or len(conv.executed) > 3 * len(actions) + 2:
+        answers = [answer_part(a, o) if o is not None else "I could not find out."
+                   for a, o in zip(actions, observations, strict=True)]
+        return _final(combine(actions, answers), text_mode)
+    if text_mode:
+        index, action = pending[0]
+        arg_json = json.dumps({offered[action.tool]: action.argument})
+        content = f"Thought: {_thought(action)}\nAction: {action.tool}\nAction Input: {arg_json}"
+        return Reply(content=content, finish_reason="stop", mode="text")
+    calls = tuple(ToolCall(id=_call_id(conv.question, i, a), name=a.tool,
+                           arguments=json.dumps({offered[a.tool]: a.argument}))
+                  for i, a in pending)
+    thought = " ".join(_thought(a) for _, a in pending)
+    return Reply(content=thought, tool_calls=calls, finish_reason="tool_calls", mode="tools")

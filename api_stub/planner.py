@@ -1,0 +1,204 @@
+"""From a question to the tool calls a sensible ReAct agent would make (pure).
+
+A question is split into independent parts ("What is 3+4 and what is the
+capital of France?"); each part becomes at most one `Action`: `python` for small
+programming tasks, `calculator` for arithmetic, `search` for factual questions.
+The order of the checks matters: "factorial of 20" is a python task even though
+it is also arithmetic.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Action", "plan", "split_parts", "to_expression", "python_code", "search_query", "keywords"]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One tool call: the tool, its single argument, and the question part it answers."""
+
+    tool: str
+    argument: str
+    part: str
+
+
+_SPLIT = re.compile(r"\?\s+(?=\S)|\s*[,;]?\s+and\s+(?=(?:what|who|how|which|where|when)\b)", re.I)
+
+
+def split_parts(question: str) -> list[str]:
+    """Independent sub-questions, in order ("A and what is B?" -> ["A", "what is B"])."""
+    parts = [p.strip(" ?.!") for p in _SPLIT.split(question.strip())]
+    return [p for p in parts if p]
+
+
+# --- python tasks -----------------------------------------------------------
+
+_Q = r"""['"\u2018\u201c]([^'"\u2019\u201d]*)['"\u2019\u201d]"""
+
+
+def _nums(text: str) -> list[str]:
+    return re.findall(r"-?\d+(?:\.\d+)?", text)
+
+
+def _prime_helper() -> str:
+    return ("def is_prime(n):\n    if n < 2:\n        return False\n"
+            "    return all(n % d for d in range(2, int(n ** 0.5) + 1))\n")
+
+
+_PY_TASKS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = [
+    (re.compile(r"sum of the first (\d+) primes?(?: numbers?)?", re.I),
+     lambda m: _prime_helper() + f"primes = []\nn = 2\nwhile len(primes) < {m[1]}:\n"
+               "    if is_prime(n):\n        primes.append(n)\n    n += 1\nprint(sum(primes))"),
+    (re.compile(r"(\d+)(?:st|nd|rd|th) prime", re.I),
+     lambda m: _prime_helper() + f"count, n = 0, 1\nwhile count < {m[1]}:\n    n += 1\n"
+               "    if is_prime(n):\n        count += 1\nprint(n)"),
+    (re.compile(r"(\d+)(?:st|nd|rd|th) fibonacci", re.I),
+     lambda m: f"a, b = 0, 1\nfor _ in range({m[1]}):\n    a, b = b, a + b\nprint(a)"),
+    (re.compile(r"letter " + r"['\"]?(\w)['\"]?" + r" (?:appears?|occurs?)[^'\"]*? in (?:the word )?" + _Q,
+                re.I),
+     lambda m: f"print({m[2]!r}.lower().count({m[1].lower()!r}))"),
+    (re.compile(r"how many (?:times does )?(?:the letter )?['\"]?(\w)['\"]?'?s? (?:are there |are |appear )?in "
+                + _Q, re.I),
+     lambda m: f"print({m[2]!r}.lower().count({m[1].lower()!r}))"),
+    (re.compile(r"how many vowels[^'\"]*" + _Q, re.I),
+     lambda m: f"print(sum(c in 'aeiou' for c in {m[1]!r}.lower()))"),
+    (re.compile(r"reverse (?:of )?(?:the )?(?:string |word |text )?" + _Q, re.I),
+     lambda m: f"print({m[1]!r}[::-1])"),
+    (re.compile(r"(?:length of|how many characters (?:are )?in) (?:the )?(?:string |word )?" + _Q, re.I),
+     lambda m: f"print(len({m[1]!r}))"),
+    (re.compile(r"upper ?case (?:version of )?(?:the )?(?:string )?" + _Q, re.I),
+     lambda m: f"print({m[1]!r}.upper())"),
+    (re.compile(r"\bsort\b.*?((?:-?\d+(?:\.\d+)?[,\s]+(?:and\s+)?)+-?\d+(?:\.\d+)?)", re.I),
+     lambda m: f"print(sorted([{', '.join(_nums(m[1]))}]"
+               f"{', reverse=True' if 'descending' in m.string.lower() else ''}))"),
+    (re.compile(r"(?:factorial of (\d+)|(\d+) factorial|\b(\d+)!)", re.I),
+     lambda m: f"import math\nprint(math.factorial({m[1] or m[2] or m[3]}))"),
+    (re.compile(r"days (?:are there )?between (\d{4}-\d{2}-\d{2}) and (\d{4}-\d{2}-\d{2})", re.I),
+     lambda m: f"from datetime import date\nprint(abs((date.fromisoformat({m[2]!r}) - "
+               f"date.fromisoformat({m[1]!r})).days))"),
+    (re.compile(r"sum of (?:all )?(?:the )?(?:integers|numbers|whole numbers) from (\d+) to (\d+)", re.I),
+     lambda m: f"print(sum(range({m[1]}, {m[2]} + 1)))"),
+]
+
+
+def python_code(part: str) -> str | None:
+    """Code that prints the answer to a small programming task, or None if `part` is not one."""
+    for pattern, build in _PY_TASKS:
+        match = pattern.search(part)
+        if match:
+            return build(match)
+    return None
+
+
+# --- arithmetic --------------------------------------------------------------
+
+_FUNCS = {"sqrt", "log", "log10", "log2", "exp", "sin", "cos", "tan", "factorial", "abs", "round",
+          "pi", "e", "ceil", "floor"}
+_LEAD = re.compile(r"^(?:what(?:'s| is| are| does)?|calculate|compute|evaluate|how much is|solve|"
+                   r"please|can you|tell me|find)\s+", re.I)
+_WORDS = [
+    (r"(\d+(?:\.\d+)?)\s*%\s*of\s*(\d+(?:\.\d+)?)", r"\1 * \2 / 100"),
+    (r"(\d+(?:\.\d+)?)\s*percent\s*of\s*(\d+(?:\.\d+)?)", r"\1 * \2 / 100"),
+    (r"(?:the\s+)?square\s+root\s+of\s+(\d+(?:\.\d+)?)", r"sqrt(\1)"),
+    (r"(?:the\s+)?cube\s+root\s+of\s+(\d+(?:\.\d+)?)", r"\1 ** (1 / 3)"),
+    (r"(?:the\s+)?(?:natural\s+)?log(?:arithm)?\s+of\s+(\d+(?:\.\d+)?)", r"log(\1)"),
+    (r"\s*(?:raised\s+)?to\s+the\s+power\s+of\s*", " ** "),
+    (r"\s*squared\b", " ** 2"), (r"\s*cubed\b", " ** 3"),
+    (r"\s*(?:multiplied\s+by|times|×)\s*", " * "), (r"(?<=\d)\s*x\s*(?=\d)", " * "),
+    (r"\s*(?:divided\s+by|over|÷)\s*", " / "), (r"\s*plus\s*", " + "), (r"\s*minus\s*", " - "),
+    (r"\s*(?:modulo|mod)\s*", " % "), (r"\^", " ** "), (r"(?<=\d),(?=\d{3}\b)", ""),
+]
+_EXPR_TOKEN = re.compile(r"\s*(\d+(?:\.\d+)?|\*\*|//|[-+*/%(),]|[a-z_][a-z0-9_]*)", re.I)
+
+
+def to_expression(part: str) -> str | None:
+    """A Python-syntax arithmetic expression for `part`, or None if it is not arithmetic."""
+    text = part.strip().rstrip("?.!= ")
+    for _ in range(2):
+        text = _LEAD.sub("", text)
+    text = re.sub(r"^(?:the\s+)?(?:value|result)\s+of\s+", "", text, flags=re.I)
+    text = re.sub(r"\s*(?:equal|equals)$", "", text, flags=re.I)
+    for pattern, repl in _WORDS:
+        text = re.sub(pattern, repl, text, flags=re.I)
+    text = text.strip()
+    pos, tokens = 0, []
+    while pos < len(text):
+        match = _EXPR_TOKEN.match(text, pos)
+        if not match:
+            return None
+        tokens.append(match[1])
+        pos = match.end()
+        if pos < len(text) and not text[pos:].strip():
+            break
+    names = {t.lower() for t in tokens if t[0].isalpha() or t[0] == "_"}
+    if not tokens or not names <= _FUNCS or not any(t[0].isdigit() for t in tokens):
+        return None
+    if not (names or any(t in {"+", "-", "*", "/", "//", "%", "**"} for t in tokens)):
+        return None
+    expression = re.sub(r"\s+", " ", text)
+    try:
+        ast.parse(expression, mode="eval")
+    except SyntaxError:
+        return None
+    return expression
+
+
+# --- search ------------------------------------------------------------------
+
+_STOP = set("""a an the of in on at to for from by with about and or is are was were be been do does did
+what who whom whose which when where why how many much tell me please can could you your i is it its
+this that these those there their they he she his her named called known as name""".split())
+_QUESTION_START = re.compile(r"^(?:what|who|whom|whose|which|when|where|why|how|name|tell me|define|"
+                             r"describe|explain|list|give me)\b", re.I)
+
+
+def keywords(text: str) -> list[str]:
+    """Content words of `text`, lowercased, in order, without duplicates."""
+    seen: list[str] = []
+    for word in re.findall(r"[A-Za-z0-9][A-Za-z0-9'-]*", text):
+        low = word.lower().strip("'")
+        if low.endswith("'s"):
+            low = low[:-2]
+        if low and low not in _STOP and low not in seen:
+            seen.append(low)
+    return seen
+
+
+def search_query(part: str) -> str | None:
+    """A keyword query for a factual question, or None if `part` does not look like one."""
+    if not _QUESTION_START.search(part.strip()):
+        return None
+    words = [w for w in re.findall(r"[A-Za-z0-9][A-Za-z0-9'-]*", part) if w.lower() in keywords(w)]
+    query = " ".join(dict.fromkeys(w[:-2] if w.endswith("'s") else w for w in words))
+    return query or None
+
+
+def _part_action(part: str, tools: frozenset[str]) -> Action | None:
+    code = python_code(part)
+    if code is not None:
+        return Action("python", code, part) if "python" in tools else None
+    expression = to_expression(part)
+    if expression is not None:
+        if "calculator" in tools:
+            return Action("calculator", expression, part)
+        if "python" in tools:
+            return Action("python", f"from math import *\nprint({expression})", part)
+        return None
+    query = search_query(part)
+    if query is not None and "search" in tools:
+        return Action("search", query, part)
+    return None
+
+
+def plan(question: str, tools: frozenset[str]) -> list[Action]:
+    """The tool calls that answer `question` with the `tools` at hand, in order (may be empty)."""
+    actions = []
+    for part in split_parts(question):
+        action = _part_action(part, tools)
+        if action is not None:
+            actions.append(action)
+    return actions
