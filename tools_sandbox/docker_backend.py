@@ -1,0 +1,376 @@
+"""The production backend: one locked-down Docker container per execution.
+
+Each sandbox is a container running the agent (see _agent.py) under an init, with
+every hardening applied whatever the tier: no network, read-only root, a capped
+tmpfs at /tmp as the only writable place, uid 65534, all capabilities dropped,
+no-new-privileges, pids/memory(+no swap)/CPU limits, fsize/nofile ulimits, no
+/dev/shm, no logging driver (an output flood must not fill the host's disk), an
+explicit minimal environment and no mounts at all. A container serves exactly one
+execution and is then destroyed, so nothing (files, processes, env) can leak to the
+next caller or tenant. The wall-clock deadline is enforced here, outside the sandbox,
+by killing the container.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+import docker
+import docker.errors
+from docker.types import LogConfig, Ulimit
+
+from .errors import SandboxUnavailable
+from .models import SandboxResult, Tier
+from .protocol import FrameParser, agent_source, decode, encode_request
+
+log = logging.getLogger(__name__)
+
+LABEL = "reactq.sandbox"
+LABEL_TIER = "reactq.sandbox.tier"
+LABEL_OWNER = "reactq.sandbox.owner"
+LABEL_HOST = "reactq.sandbox.host"
+SANDBOX_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+SANDBOX_USER = "65534:65534"
+_AGENT_STDERR_CAP = 4096
+
+
+def owner_id(pid: int | None = None) -> str:
+    """host/pid/start-time: identifies a live process even across pid reuse."""
+    pid = pid or os.getpid()
+    return f"{socket.gethostname()}/{pid}/{_proc_start_time(pid)}"
+
+
+def _proc_start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process that labelled a container is still running on this host."""
+    host, _, rest = owner.partition("/")
+    pid_s, _, start = rest.partition("/")
+    if host != socket.gethostname() or not pid_s.isdigit():
+        return True  # not ours to judge: another host's worker owns it
+    return os.path.exists(f"/proc/{pid_s}") and _proc_start_time(int(pid_s)) == start
+
+
+@dataclass
+class DockerSandbox:
+    """A started container with the agent waiting on its attached stdin."""
+
+    container_id: str
+    tier: Tier
+    sock: object
+    raw: socket.socket
+    created_at: float = field(default_factory=time.monotonic)
+
+
+class DockerBackend:
+    """Creates, runs and destroys sandbox containers on one Docker engine."""
+
+    name = "docker"
+
+    def __init__(self, image: str = "reactq-sandbox:latest", *, base_url: str | None = None) -> None:
+        self.image = image
+        self.base_url = base_url
+        self._client: docker.DockerClient | None = None
+        self._runtimes: set[str] = set()
+        self._removals: queue.Queue[str | None] = queue.Queue()
+        self._remover: threading.Thread | None = None
+        self.owner = ""
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        """Connect to the engine and check the image; SandboxUnavailable if either fails."""
+        try:
+            if self.base_url:
+                self._client = docker.DockerClient(base_url=self.base_url, timeout=30)
+            else:
+                self._client = docker.from_env(timeout=30)
+            self._client.ping()
+            self._runtimes = set((self._client.info().get("Runtimes") or {}).keys())
+            self._client.images.get(self.image)
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxUnavailable(
+                f"sandbox image {self.image} is missing; run `reactq sandbox build-image`"
+            ) from exc
+        except (docker.errors.DockerException, OSError) as exc:
+            raise SandboxUnavailable(f"no Docker engine answers: {exc}") from exc
+        self.owner = owner_id()
+        self._remover = threading.Thread(target=self._remove_loop, name="sandbox-remover", daemon=True)
+        self._remover.start()
+
+    def close(self) -> None:
+        """Finish pending removals, then drop the connection."""
+        if self._remover is not None:
+            self._removals.put(None)
+            self._remover.join(timeout=60)
+            self._remover = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    @property
+    def api(self) -> docker.APIClient:
+        if self._client is None:
+            raise SandboxUnavailable("the docker backend is not started")
+        return self._client.api
+
+    # -- one container -------------------------------------------------------------
+    def host_config(self, tier: Tier) -> dict:
+        mem = f"{tier.memory_mb}m"
+        tmpfs_bytes = tier.tmpfs_mb * 1024 * 1024
+        config = self.api.create_host_config(
+            network_mode="none",
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,noexec,size={tier.tmpfs_mb}m,mode=1777"},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=tier.pids,
+            mem_limit=mem,
+            memswap_limit=mem,
+            nano_cpus=int(tier.cpus * 1e9),
+            ulimits=[
+                Ulimit(name="fsize", soft=tmpfs_bytes, hard=tmpfs_bytes),
+                Ulimit(name="nofile", soft=tier.nofile, hard=tier.nofile),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            init=True,
+            ipc_mode="none",
+            log_config=LogConfig(type="none"),
+            runtime=tier.runtime if tier.runtime in self._runtimes else None,
+        )
+        return config
+
+    def create_sandbox(self, tier: Tier) -> DockerSandbox:
+        """Create, attach and start one container; SandboxUnavailable on engine errors."""
+        cid = None
+        try:
+            created = self.api.create_container(
+                self.image,
+                command=["python3", "-c", agent_source()],
+                user=SANDBOX_USER,
+                environment=SANDBOX_ENV,
+                working_dir="/tmp",
+                hostname="sandbox",
+                network_disabled=True,
+                stdin_open=True,
+                tty=False,
+                labels={LABEL: "1", LABEL_TIER: tier.name, LABEL_OWNER: self.owner,
+                        LABEL_HOST: socket.gethostname()},
+                host_config=self.host_config(tier),
+            )
+            cid = created["Id"]
+            sock = self.api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            raw = getattr(sock, "_sock", sock)
+            self.api.start(cid)
+        except (docker.errors.DockerException, OSError) as exc:
+            if cid is not None:
+                self.destroy_id(cid)
+            raise SandboxUnavailable(f"cannot start a sandbox container: {exc}") from exc
+        return DockerSandbox(container_id=cid, tier=tier, sock=sock, raw=raw)
+
+    def run(self, sandbox: DockerSandbox, code: str, *, started: float | None = None) -> SandboxResult:
+        """Send `code` to the sandbox's agent and collect the result; the sandbox is spent after."""
+        started = started if started is not None else time.monotonic()
+        tier = sandbox.tier
+        deadline = started + tier.wall_time_s
+        parser = FrameParser(cap=tier.output_bytes)
+        demux = _Demux(parser)
+        timed_out = killed = False
+        try:
+            sandbox.raw.sendall(encode_request(code, tier))
+            while parser.exit is None and parser.protocol_error is None and not parser.truncated:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                sandbox.raw.settimeout(remaining)
+                try:
+                    data = sandbox.raw.recv(65536)
+                except TimeoutError:
+                    timed_out = True
+                    break
+                if not data:
+                    break
+                demux.feed(data)
+        except OSError as exc:
+            self.destroy(sandbox)
+            return self._result(tier, started, parser, exit_code=None,
+                                error=f"sandbox_unavailable: lost the sandbox connection: {exc}")
+        if timed_out or parser.truncated:
+            self.kill(sandbox)
+            killed = True
+        exit_rec = parser.exit
+        oom = False
+        exit_code: int | None = None
+        error: str | None = None
+        stderr_note = ""
+        if exit_rec is not None:
+            exit_code = exit_rec.get("exit_code")
+            sig = exit_rec.get("signal")
+            if sig is not None:
+                exit_code = 128 + int(sig)
+                if sig == signal.SIGXCPU or (sig == signal.SIGKILL and
+                                              exit_rec.get("cpu_s", 0) >= tier.cpu_time_s):
+                    timed_out = True
+                    stderr_note = f"\n[cpu time limit of {tier.cpu_time_s}s reached]"
+                elif sig == signal.SIGKILL:
+                    oom = exit_rec.get("oom_kills", 0) > 0 or self._oom_killed(sandbox)
+            if exit_rec.get("memory_error"):
+                oom = True
+            if exit_rec.get("truncated"):
+                parser.truncated = True
+        elif not killed:
+            # The agent died before reporting: the OOM killer, or the engine lost it.
+            state = self._wait_state(sandbox)
+            oom = bool(state.get("OOMKilled"))
+            exit_code = state.get("ExitCode")
+            if not oom:
+                why = parser.protocol_error or "the sandbox exited without a result"
+                error = f"sandbox_failed: {why}; agent said: {decode(demux.agent_err)[-500:]!r}"
+        self.destroy(sandbox)
+        if killed:
+            exit_code = None
+        return self._result(tier, started, parser, exit_code=exit_code, error=error, timed_out=timed_out,
+                            oom=oom, stderr_note=stderr_note)
+
+    def execute(self, code: str, tier: Tier) -> SandboxResult:
+        """One-shot: a fresh container for this execution only (no pool)."""
+        started = time.monotonic()
+        sandbox = self.create_sandbox(tier)
+        return self.run(sandbox, code, started=started)
+
+    def _result(self, tier: Tier, started: float, parser: FrameParser, *, exit_code: int | None,
+                error: str | None = None, timed_out: bool = False, oom: bool = False,
+                stderr_note: str = "") -> SandboxResult:
+        return SandboxResult(
+            exit_code=exit_code, stdout=decode(parser.stdout), stderr=decode(parser.stderr) + stderr_note,
+            timed_out=timed_out, oom_killed=oom, truncated=parser.truncated,
+            duration_ms=int((time.monotonic() - started) * 1000), tier=tier.name, error=error,
+            backend=self.name,
+        )
+
+    def _oom_killed(self, sandbox: DockerSandbox) -> bool:
+        try:
+            return bool(self.api.inspect_container(sandbox.container_id)["State"].get("OOMKilled"))
+        except docker.errors.DockerException:
+            return False
+
+    def _wait_state(self, sandbox: DockerSandbox) -> dict:
+        try:
+            self.api.wait(sandbox.container_id, timeout=5)
+            return self.api.inspect_container(sandbox.container_id)["State"]
+        except Exception:  # noqa: BLE001 - any engine trouble means "unknown state"
+            return {}
+
+    # -- teardown ------------------------------------------------------------------
+    def kill(self, sandbox: DockerSandbox) -> None:
+        """Kill the whole container now (every process in it), removal follows in the background."""
+        try:
+            self.api.kill(sandbox.container_id)
+        except docker.errors.DockerException:
+            pass
+
+    def destroy(self, sandbox: DockerSandbox) -> None:
+        try:
+            sandbox.raw.close()
+        except OSError:
+            pass
+        self.destroy_id(sandbox.container_id)
+
+    def destroy_id(self, container_id: str) -> None:
+        """Queue a forced removal; done off the request path so it costs the caller nothing."""
+        if self._remover is None:
+            self._remove_now(container_id)
+        else:
+            self._removals.put(container_id)
+
+    def _remove_now(self, container_id: str) -> None:
+        try:
+            self.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                log.warning("could not remove sandbox container %s: %s", container_id[:12], exc)
+        except Exception as exc:  # noqa: BLE001 - the remover thread must survive engine hiccups
+            log.warning("could not remove sandbox container %s: %s", container_id[:12], exc)
+
+    def _remove_loop(self) -> None:
+        while True:
+            cid = self._removals.get()
+            if cid is None:
+                return
+            self._remove_now(cid)
+
+    def pending_removals(self) -> int:
+        return self._removals.qsize()
+
+    # -- orphans -------------------------------------------------------------------
+    def reap_orphans(self) -> list[str]:
+        """Remove labelled containers whose owning worker process (on this host) is gone.
+
+        Containers of live workers, and of other hosts sharing the engine, are left alone:
+        their owners remove them. A worker that died mid-execution leaves its container
+        running; the next worker to start on the host removes it here.
+        """
+        reaped = []
+        for c in self.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
+            owner = (c.get("Labels") or {}).get(LABEL_OWNER, "")
+            if not owner_alive(owner):
+                self._remove_now(c["Id"])
+                reaped.append(c["Id"])
+        return reaped
+
+    def list_sandboxes(self) -> list[dict]:
+        return self.api.containers(all=True, filters={"label": f"{LABEL}=1"})
+
+
+class _Demux:
+    """Splits Docker's multiplexed attach stream: stdout -> frame parser, stderr -> small buffer."""
+
+    def __init__(self, parser: FrameParser) -> None:
+        self.parser = parser
+        self.agent_err = bytearray()
+        self._head = bytearray()
+        self._stream = 0
+        self._left = 0
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self._left == 0:
+                need = 8 - len(self._head)
+                self._head += view[:need]
+                view = view[need:]
+                if len(self._head) < 8:
+                    return
+                self._stream = self._head[0]
+                self._left = struct.unpack(">I", self._head[4:8])[0]
+                self._head.clear()
+                continue
+            take = view[: self._left]
+            view = view[len(take):]
+            self._left -= len(take)
+            if self._stream == 1:
+                self.parser.feed(bytes(take))
+            elif len(self.agent_err) < _AGENT_STDERR_CAP:
+                self.agent_err += take[: _AGENT_STDERR_CAP - len(self.agent_err)]
