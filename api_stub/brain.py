@@ -160,13 +160,13 @@ def _match(actions: list[Action], executed: list[_Executed]) -> list[str | None]
     used: set[int] = set()
     result: list[str | None] = []
     for action in actions:
-        chosen = None
-        for predicate in (lambda e: e.tool == action.tool and e.argument == action.argument,
-                          lambda e: e.tool == action.tool,
-                          lambda e: e.tool is None or e.tool not in KNOWN_TOOLS):
-            chosen = next((i for i, e in enumerate(executed) if i not in used and predicate(e)), None)
-            if chosen is not None:
-                break
+        free = [i for i in range(len(executed)) if i not in used]
+        chosen = next((i for i in free if executed[i].tool == action.tool
+                       and executed[i].argument == action.argument), None)
+        if chosen is None:
+            chosen = next((i for i in free if executed[i].tool == action.tool), None)
+        if chosen is None:
+            chosen = next((i for i in free if executed[i].tool not in KNOWN_TOOLS), None)
         if chosen is None:
             result.append(None)
         else:

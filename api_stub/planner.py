@@ -61,8 +61,8 @@ _PY_TASKS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = [
     (re.compile(r"letter " + r"['\"]?(\w)['\"]?" + r" (?:appears?|occurs?)[^'\"]*? in (?:the word )?" + _Q,
                 re.I),
      lambda m: f"print({m[2]!r}.lower().count({m[1].lower()!r}))"),
-    (re.compile(r"how many (?:times does )?(?:the letter )?['\"]?(\w)['\"]?'?s? (?:are there |are |appear )?in "
-                + _Q, re.I),
+    (re.compile(r"how many (?:times does )?(?:the letter )?['\"]?(\w)['\"]?'?s? "
+                r"(?:are there |are |appear )?in " + _Q, re.I),
      lambda m: f"print({m[2]!r}.lower().count({m[1].lower()!r}))"),
     (re.compile(r"how many vowels[^'\"]*" + _Q, re.I),
      lambda m: f"print(sum(c in 'aeiou' for c in {m[1]!r}.lower()))"),

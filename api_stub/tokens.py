@@ -28,8 +28,7 @@ def _spans(text: str) -> Iterator[int]:
         if end - start <= _PIECE:
             yield end
             continue
-        for piece_end in range(start + _PIECE, end, _PIECE):
-            yield piece_end
+        yield from range(start + _PIECE, end, _PIECE)
         yield end
 
 
