@@ -1,0 +1,355 @@
+"""Turn a model's reply into a `ParsedTurn`: a thought plus tool calls, a final answer, or an error.
+
+Pure (standard library, pydantic, `worker.models`; no I/O), never raises, linear in the input:
+every regex is anchored at a line start with bounded quantifiers.
+
+Text mode (`parse_text`), the classic ReAct format: `Thought:` / `Action: <tool>` / `Action Input:
+<JSON>` / `Final Answer:`. Labels count only at a line start: any case, extra spaces, numbered
+(`Action Input 2:`), markdown (`**Action:**`, `- Thought:`, `### Final Answer:`), `:` or `：`,
+`_` for a space, the ReAct-paper `Act`/`Obs`, and 思考 / 行动 / 行动输入 / 观察 / 最终答案.
+A label's text runs to the next label line; `\r\n` and `\r` end lines. The rules, in order:
+
+1. None, empty or whitespace -> "empty"; no label at all (prose, binary junk) -> "garbage".
+2. The first Observation after an Action or Final Answer is the model's invention: it and all
+   after it are cut off ("hallucinated_observation"). An Observation before any Action is ignored.
+3. Whichever of Action / Final Answer comes first wins: an Action followed by a Final Answer is
+   executed and the answer (written without the observation) ignored; a Final Answer followed by
+   an Action is the answer. Both warn "action_and_final_answer". Only the first Action is
+   executed ("multiple_actions"). Neither present (a Thought alone) -> "no_action".
+4. The thought is the last Thought before that label, else the text before the first label
+   (chatter before a `Thought:` is dropped). A Final Answer keeps all its lines, trimmed; an
+   empty one -> "empty_final_answer".
+5. `Action: Name[arg]` (ReAct paper) is a call with the string `arg` ("bracket_action");
+   `Finish[answer]` is the final answer. `{"action": ..., "action_input": ...}` (LangChain) is
+   read too ("json_action"). Otherwise the line is the tool name, with quotes, backticks, `*`,
+   trailing punctuation and `()` dropped; no name -> "missing_action_name".
+6. The Action Input is the first one after the Action and before any other Action / Final
+   Answer. Code fences and backticks are removed; text after a closing fence or a complete JSON
+   value is dropped ("trailing_text"). JSON object -> dict; JSON string -> str; a Python dict
+   literal (single quotes) -> dict via `ast.literal_eval` ("python_literal_input"); anything
+   else starting with `{` -> "invalid_action_input"; other text (plain words, numbers, lists,
+   code) -> that text as str, outer quotes stripped. A str input warns "plain_string_input".
+   `Action Input:` with nothing after it -> `{}` (a tool without arguments; the tool's argument
+   validation reports anything missing). No Action Input line -> "missing_action_input", unless
+   the Action line goes on with a JSON object or a code fence ("unlabelled_action_input").
+   The one call of a text turn has id "text-0".
+
+Native function calling (`parse_tool_reply`): string arguments are decoded as JSON ("" is `{}`);
+one that is not a JSON object stays the raw string, for the engine to turn into that call's
+observation, with warning "invalid_tool_arguments" (not an error of the turn). Content beside
+tool calls is the thought. Without tool calls the content is the final answer (a `Final Answer:`
+label is stripped and text before it is the thought); no content -> "empty".
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from worker.models import ToolCall
+
+__all__ = ["PARSE_ERROR_KINDS", "PARSE_WARNINGS", "TEXT_STOP_SEQUENCES", "ParsedTurn", "parse_text",
+           "parse_tool_reply"]  # fmt: skip
+
+PARSE_ERROR_KINDS: tuple[str, ...] = (
+    "empty", "garbage", "no_action", "missing_action_name", "missing_action_input",
+    "invalid_action_input", "empty_final_answer",
+)  # fmt: skip
+PARSE_WARNINGS: tuple[str, ...] = (
+    "hallucinated_observation", "action_and_final_answer", "multiple_actions", "numbered_labels",
+    "bracket_action", "json_action", "plain_string_input", "python_literal_input", "trailing_text",
+    "unlabelled_action_input", "invalid_tool_arguments",
+)  # fmt: skip
+# The OpenAI API accepts at most four stop sequences.
+TEXT_STOP_SEQUENCES: list[str] = ["\nObservation:", "\n观察:", "\n观察："]
+
+
+class ParsedTurn(BaseModel):
+    """One model turn, parsed: exactly one of `calls`, `final_answer`, `error` is set."""
+
+    thought: str | None = None
+    calls: list[ToolCall] = Field(default_factory=list)
+    final_answer: str | None = None
+    error: str | None = None  # shown to the model as the observation; says what format is expected
+    error_kind: str | None = None  # one of PARSE_ERROR_KINDS, for metrics
+    warnings: list[str] = Field(default_factory=list)  # labels from PARSE_WARNINGS
+
+
+_FORMAT_HINT = (
+    "Reply with either\nThought: ...\nAction: <tool name>\nAction Input: <JSON arguments>\n"
+    "or\nThought: ...\nFinal Answer: <answer>"
+)
+_LABEL = re.compile(
+    r"[ \t]{0,16}(?P<pre>[*_#>\-][*_#>\- \t]{0,7})?"
+    r"(?P<label>final[ \t_]{0,3}answer|action[ \t_]{0,3}input|action|act|thoughts?|observations?|obs"
+    r"|最终答案|行动输入|行动|思考|观察)"
+    r"[ \t]{0,3}(?P<num>\d{1,3})?[ \t]{0,3}(?P<close>[*_]{1,3})?[ \t]{0,3}[:：]"
+    r"(?P<post>[ \t]{0,3}[*_]{1,3}(?![*_]))?(?P<rest>.*)",
+    re.IGNORECASE,
+)
+_KINDS = {
+    "finalanswer": "final", "最终答案": "final", "actioninput": "input", "行动输入": "input",
+    "action": "action", "act": "action", "行动": "action", "thought": "thought",
+    "thoughts": "thought", "思考": "thought", "observation": "obs", "observations": "obs",
+    "obs": "obs", "观察": "obs",
+}  # fmt: skip
+_BRACKET = re.compile(r"(?P<name>[A-Za-z_][\w.\-]{0,63})[ \t]{0,3}\[(?P<arg>.*)\]")
+_FENCE_LANG = re.compile(r"[A-Za-z0-9_+\-]{1,15}[ \t]*\n|json[ \t]+", re.IGNORECASE)
+_NAME_STRIP = " \t*`'\""
+_LITERAL_MAX = 20_000  # ast.literal_eval is slow and recursive: only for small inputs
+_DECODER = json.JSONDecoder(strict=False)  # strict=False: literal newlines inside strings (code)
+
+
+class _Block:
+    __slots__ = ("kind", "lines")
+
+    def __init__(self, kind: str, first: str) -> None:
+        self.kind = kind
+        self.lines = [first]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines).strip()
+
+
+def _label(line: str) -> tuple[str, str, bool] | None:
+    """(kind, rest of the line, numbered) if the line starts with a label."""
+    m = _LABEL.match(line)
+    if m is None:
+        return None
+    rest = m["rest"]
+    if m["pre"] and "*" in m["pre"] and not (m["close"] or m["post"]):
+        rest = rest.rstrip().rstrip("*")  # "**Final Answer: x**": the bold closes after the text
+    return _KINDS[re.sub(r"[ \t_]", "", m["label"].lower())], rest, m["num"] is not None
+
+
+def _error(
+    kind: str, message: str, thought: str | None = None, warnings: list[str] | None = None
+) -> ParsedTurn:
+    return ParsedTurn(thought=thought, error=message, error_kind=kind, warnings=warnings or [])
+
+
+def _unfence(s: str) -> tuple[str, bool]:
+    """Text without a surrounding code fence or backticks, and whether text after it was dropped."""
+    s = s.strip()
+    if s.startswith("```"):
+        body = s[3:]
+        lang = _FENCE_LANG.match(body)
+        if lang:
+            body = body[lang.end() :]
+        end = body.find("```")
+        if end < 0:
+            return body.strip(), False
+        return body[:end].strip(), bool(body[end + 3 :].strip())
+    if len(s) >= 2 and s[0] == s[-1] == "`":
+        return s.strip("`").strip(), False
+    return s, False
+
+
+def _decode_input(raw: str, warnings: list[str]) -> dict[str, Any] | str | None:
+    """An Action Input as dict or str; None if it looks like a JSON object but is not one."""
+    s, trailing = _unfence(raw)
+    if trailing:
+        warnings.append("trailing_text")
+    if not s:
+        return {}
+    value: Any = s
+    if s[0] in '{["':
+        try:
+            value, end = _DECODER.raw_decode(s)
+            if s[end:].strip():
+                warnings.append("trailing_text")
+        except (ValueError, RecursionError):
+            value = s
+            if s[0] in "{[" and len(s) <= _LITERAL_MAX:
+                try:
+                    value = ast.literal_eval(s)
+                    warnings.append("python_literal_input")
+                except Exception:  # noqa: BLE001 - any malformed literal just means "not a literal"
+                    value = s
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return value
+    if s[0] == "{":
+        return None
+    if not isinstance(value, str):
+        value = s  # a number, list or literal: the tool gets the text as written
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        value = value[1:-1]
+    warnings.append("plain_string_input")
+    return value
+
+
+def _json_action(text: str, thought: str | None, warnings: list[str]) -> ParsedTurn | None:
+    """The LangChain form: Action: {"action": name, "action_input": ...}, possibly fenced."""
+    body, _ = _unfence(text)
+    if not body.startswith("{"):
+        return None
+    try:
+        blob = _DECODER.raw_decode(body)[0]
+    except (ValueError, RecursionError):
+        return None
+    name = blob.get("action", blob.get("name")) if isinstance(blob, dict) else None
+    if not isinstance(name, str) or not name.strip():
+        return None
+    args = blob.get("action_input", blob.get("arguments", blob.get("input", {})))
+    warnings.append("json_action")
+    if re.fullmatch(r"(?i)final[ _]?answer|finish", name.strip()):
+        answer = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        return ParsedTurn(thought=thought, final_answer=answer.strip(), warnings=warnings)
+    if not isinstance(args, dict | str):
+        args = json.dumps(args, ensure_ascii=False)
+    if isinstance(args, str):
+        warnings.append("plain_string_input")
+    return ParsedTurn(thought=thought, calls=[ToolCall(id="text-0", name=name.strip(), arguments=args)],
+                      warnings=warnings)  # fmt: skip
+
+
+def _final(answer: str, thought: str | None, warnings: list[str]) -> ParsedTurn:
+    if not answer:
+        return _error("empty_final_answer", "Invalid format: 'Final Answer:' is empty. Write the answer "
+                      "after it, e.g.\nFinal Answer: <answer>", thought, warnings)  # fmt: skip
+    return ParsedTurn(thought=thought, final_answer=answer, warnings=warnings)
+
+
+def parse_text(text: str | None) -> ParsedTurn:
+    """Parse one reply in the Thought / Action / Action Input / Final Answer text format."""
+    if text is None or not text.strip():
+        return _error("empty", "Invalid format: your reply was empty. " + _FORMAT_HINT)
+    lines = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    preamble: list[str] = []
+    blocks: list[_Block] = []
+    warnings: list[str] = []
+    numbered = decided = False
+    for line in lines:
+        found = _label(line)
+        if found is None:
+            (blocks[-1].lines if blocks else preamble).append(line)
+            continue
+        kind, rest, num = found
+        if kind == "obs" and decided:
+            warnings.append("hallucinated_observation")
+            break
+        numbered = numbered or num
+        decided = decided or kind in ("action", "final")
+        blocks.append(_Block(kind, rest))
+    if numbered:
+        warnings.append("numbered_labels")
+    if not blocks:
+        return _error("garbage", "Invalid format: no 'Action:' or 'Final Answer:' found. " + _FORMAT_HINT)
+
+    at = next((i for i, b in enumerate(blocks) if b.kind in ("action", "final")), None)
+    before = blocks[:at] if at is not None else blocks
+    last_thought = next((b.text for b in reversed(before) if b.kind == "thought"), "")
+    thought = last_thought or "\n".join(preamble).strip() or None
+    if at is None:
+        return _error("no_action", "Invalid format: no 'Action:' or 'Final Answer:' found. " + _FORMAT_HINT,
+                      thought, warnings)  # fmt: skip
+    decisive, later = blocks[at], blocks[at + 1 :]
+    if any(b.kind != decisive.kind and b.kind in ("action", "final") for b in later):
+        warnings.append("action_and_final_answer")
+    if decisive.kind == "final":
+        return _final(decisive.text, thought, warnings)
+    if any(b.kind == "action" for b in later):
+        warnings.append("multiple_actions")
+    return _action(decisive, later, thought, warnings)
+
+
+def _action(block: _Block, later: list[_Block], thought: str | None, warnings: list[str]) -> ParsedTurn:
+    content = block.text
+    blob = _json_action(content, thought, warnings)
+    if blob is not None:
+        return blob
+    first, _, extra = content.partition("\n")
+    bracket = _BRACKET.fullmatch(first.strip(_NAME_STRIP))
+    if bracket:
+        warnings.append("bracket_action")
+        if bracket["name"].lower() == "finish":
+            return _final(bracket["arg"].strip(), thought, warnings)
+        call = ToolCall(id="text-0", name=bracket["name"], arguments=bracket["arg"].strip())
+        return ParsedTurn(thought=thought, calls=[call], warnings=warnings)
+
+    stop = next((i for i, b in enumerate(later) if b.kind in ("action", "final")), len(later))
+    inputs = next((b for b in later[:stop] if b.kind == "input"), None)
+    if inputs is not None:
+        name, raw = first, inputs.text
+    else:
+        brace = first.find("{")
+        if brace < 0 and not extra.lstrip().startswith(("{", "```")):
+            name = _clean_name(first)
+            if not name:
+                return _no_name(thought, warnings)
+            return _error("missing_action_input", f"Invalid format: 'Action: {name[:64]}' is not followed by "
+                          "an 'Action Input:' line. Give the tool's arguments as a JSON object on an "
+                          "'Action Input:' line ({} for a tool without arguments). " + _FORMAT_HINT,
+                          thought, warnings)  # fmt: skip
+        warnings.append("unlabelled_action_input")
+        name, raw = (first[:brace], content[brace:]) if brace >= 0 else (first, extra)
+    name = _clean_name(name)
+    if not name:
+        return _no_name(thought, warnings)
+    arguments = _decode_input(raw, warnings)
+    if arguments is None:
+        return _error("invalid_action_input", f"Invalid format: the Action Input for '{name[:64]}' is not "
+                      "valid JSON. Write it as one JSON object with double-quoted keys and strings, e.g.\n"
+                      'Action Input: {"query": "..."}', thought, warnings)  # fmt: skip
+    return ParsedTurn(thought=thought, calls=[ToolCall(id="text-0", name=name, arguments=arguments)],
+                      warnings=warnings)  # fmt: skip
+
+
+def _clean_name(name: str) -> str:
+    name = name.strip().strip(_NAME_STRIP).rstrip(".:;,").strip(_NAME_STRIP)
+    return name[:-2].rstrip() if name.endswith("()") else name
+
+
+def _no_name(thought: str | None, warnings: list[str]) -> ParsedTurn:
+    return _error("missing_action_name", "Invalid format: 'Action:' has no tool name. " + _FORMAT_HINT,
+                  thought, warnings)  # fmt: skip
+
+
+def parse_tool_reply(content: str | None, tool_calls: list[ToolCall]) -> ParsedTurn:
+    """Parse one reply in native function-calling mode."""
+    text = (content or "").strip()
+    if tool_calls:
+        calls: list[ToolCall] = []
+        warnings: list[str] = []
+        for i, call in enumerate(tool_calls):
+            arguments = call.arguments
+            if isinstance(arguments, str):
+                decoded = _decode_tool_arguments(arguments)
+                if decoded is None:
+                    if "invalid_tool_arguments" not in warnings:
+                        warnings.append("invalid_tool_arguments")
+                else:
+                    arguments = decoded
+            calls.append(call.model_copy(update={"id": call.id or f"call-{i}", "arguments": arguments}))
+        return ParsedTurn(thought=_strip_thought_label(text), calls=calls, warnings=warnings)
+    if not text:
+        return _error("empty", "Your reply was empty. Call one of the tools, or reply with the final answer.")
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    for i, line in enumerate(lines):
+        found = _label(line)
+        if found is not None and found[0] == "final":
+            answer = "\n".join([found[1], *lines[i + 1 :]]).strip()
+            return _final(answer, _strip_thought_label("\n".join(lines[:i])), [])
+    return ParsedTurn(final_answer=text)
+
+
+def _decode_tool_arguments(raw: str) -> dict[str, Any] | None:
+    if not raw.strip():
+        return {}
+    try:
+        value = _DECODER.decode(raw.strip())
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _strip_thought_label(text: str) -> str | None:
+    found = _label(text.partition("\n")[0])
+    if found is not None and found[0] == "thought":
+        text = "\n".join([found[1], text.partition("\n")[2]])
+    return text.strip() or None
