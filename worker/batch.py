@@ -1,0 +1,169 @@
+"""`reactq batch`: read JSONL, submit what is missing from the output file, write results as runs finish."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from . import keys
+from .config import Settings
+from .models import Run, RunSpec
+from .store import RunStore
+from .submit import InvalidRequest, known_tiers, new_batch_id, submit, validate_spec
+
+
+class BatchLine(BaseModel, extra="forbid"):
+    id: str | None = None
+    question: str
+    tenant: str | None = None
+    tier: str | None = None
+    max_steps: int | None = None
+    expected: str | None = None  # allowed for evaluation sets such as the demo's; not used by the engine
+
+
+@dataclass
+class LineError:
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@dataclass
+class ParsedInput:
+    specs: list[RunSpec] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+    expected: dict[str, str] = field(default_factory=dict)
+
+
+def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, tier: str | None) -> ParsedInput:
+    """Every good line becomes a spec; every bad one an error naming its line number."""
+    out = ParsedInput()
+    tiers = known_tiers(settings)
+    seen: set[str] = set()
+    for number, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            line = BatchLine.model_validate_json(text)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join(str(p) for p in problem["loc"])
+            out.errors.append(LineError(number, f"{where + ': ' if where else ''}{problem['msg']}"))
+            continue
+        client_id = line.id or f"line-{number}"
+        if client_id in seen:
+            out.errors.append(LineError(number, f"duplicate id {client_id!r}"))
+            continue
+        spec = RunSpec(question=line.question, tenant=line.tenant or tenant or "default",
+                       tier=line.tier or tier or "standard", max_steps=line.max_steps, client_id=client_id)
+        try:
+            validate_spec(spec, settings, tiers)
+        except InvalidRequest as exc:
+            out.errors.append(LineError(number, str(exc)))
+            continue
+        seen.add(client_id)
+        out.specs.append(spec)
+        if line.expected is not None:
+            out.expected[client_id] = line.expected
+    return out
+
+
+def finished_ids(out_path: Path) -> set[str]:
+    """Ids already written to the output file (a re-run skips them)."""
+    done: set[str] = set()
+    if out_path.exists():
+        for text in out_path.read_text(encoding="utf-8").splitlines():
+            try:
+                done.add(json.loads(text)["id"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return done
+
+
+@dataclass
+class Progress:
+    total: int
+    done: int = 0
+    failed: int = 0
+    running: int = 0
+    steps: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class BatchRunner:
+    """Submits a batch and follows it to the end, writing each result line as its run finishes."""
+
+    def __init__(self, store: RunStore, settings: Settings, send_step: Callable[[str, int], None]) -> None:
+        self.store = store
+        self.settings = settings
+        self.send_step = send_step
+
+    def start(self, specs: list[RunSpec], out_path: Path) -> tuple[str, dict[str, str]]:
+        """Submit the specs whose ids are missing from the output file, adopting runs a previous
+        invocation for the same output file already submitted. Returns (batch id, client id -> run id)."""
+        r = self.store.r
+        file_key = keys.batch_file(hashlib.sha256(str(out_path.resolve()).encode()).hexdigest()[:24])
+        done = finished_ids(out_path)
+        wanted = [s for s in specs if s.client_id not in done]
+        previous = r.get(file_key)
+        adopted: dict[str, str] = {}
+        if previous:
+            old = {k.decode(): v.decode() for k, v in r.hgetall(keys.batch_ids(previous.decode())).items()}
+            for spec, run in zip(wanted, self.store.load_runs([old.get(s.client_id or "", "") for s in wanted]),
+                                 strict=True):
+                if run is not None and run.spec.question == spec.question:
+                    adopted[spec.client_id or ""] = run.id
+        batch_id = new_batch_id()
+        self.store.create_batch(batch_id, {"size": str(len(wanted)), "out": str(out_path)})
+        fresh = [s for s in wanted if s.client_id not in adopted]
+        runs = submit(self.store, fresh, self.settings, self.send_step, batch_id=batch_id)
+        mapping = {**adopted, **{run.spec.client_id or "": run.id for run in runs}}
+        if mapping:
+            r.hset(keys.batch_ids(batch_id), mapping=mapping)
+        r.set(file_key, batch_id, ex=self.settings.record_ttl_s)
+        return batch_id, mapping
+
+    def follow(
+        self, run_ids: list[str], on_finished: Callable[[Run], None], on_tick: Callable[[Progress], None],
+        poll_s: float = 0.25, timeout_s: float | None = None,
+    ) -> Progress:
+        progress = Progress(total=len(run_ids))
+        pending = set(run_ids)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while pending:
+            running = 0
+            for chunk in _chunks(sorted(pending), 500):
+                for run_id, run in zip(chunk, self.store.load_runs(chunk), strict=True):
+                    if run is None:
+                        continue
+                    if run.status.finished:
+                        pending.discard(run_id)
+                        progress.done += 1
+                        progress.failed += run.status.value != "succeeded"
+                        progress.steps += run.current_step
+                        progress.tokens += run.usage.prompt_tokens + run.usage.completion_tokens
+                        progress.cost_usd += run.cost_usd
+                        on_finished(run)
+                    elif run.status.value == "running":
+                        running += 1
+            progress.running = running
+            on_tick(progress)
+            if pending:
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                time.sleep(poll_s if len(pending) < 2000 else 1.0)
+        return progress
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

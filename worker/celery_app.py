@@ -1,0 +1,44 @@
+"""The Celery app: Redis broker, at-least-once delivery, queues reactq.steps and reactq.sandbox."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from .config import get_settings
+
+STEPS_QUEUE = "reactq.steps"
+SANDBOX_QUEUE = "reactq.sandbox"
+STEP_TASK = "reactq.step"
+SANDBOX_TASK = "reactq.sandbox.execute"
+
+
+def make_app() -> Celery:
+    settings = get_settings()
+    app = Celery("reactq", broker=settings.redis_url, include=["worker.tasks", "tools_sandbox.tasks"])
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue=STEPS_QUEUE,
+        task_routes={STEP_TASK: {"queue": STEPS_QUEUE}, SANDBOX_TASK: {"queue": SANDBOX_QUEUE}},
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        # Sized for a threads pool holding hundreds of LLM calls in flight.
+        broker_pool_limit=settings.redis_max_connections,
+        redis_max_connections=settings.redis_max_connections,
+        broker_transport_options={
+            # A message taken by a worker that died comes back after this; above the longest step.
+            "visibility_timeout": settings.visibility_timeout_s,
+            "max_connections": settings.redis_max_connections,
+            "socket_keepalive": True,
+        },
+    )
+    return app
+
+
+app = make_app()

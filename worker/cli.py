@@ -1,0 +1,245 @@
+"""The `reactq` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from .config import get_settings
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _runtime():  # imported lazily: `reactq --help` and `reactq stub` need neither Celery nor Redis
+    from .runtime import get_runtime
+    from .store import StoreUnavailable, ping
+
+    rt = get_runtime()
+    try:
+        ping(rt.redis, rt.settings.redis_url)
+    except StoreUnavailable as exc:
+        console.print(f"[red]error:[/red] {exc}. Start Redis or set REACTQ_REDIS_URL.")
+        sys.exit(2)
+    return rt
+
+
+def _send_step():
+    from .tasks import send_step
+
+    return send_step
+
+
+@click.group()
+def cli() -> None:
+    """reactq: ReAct agents as durable background jobs on Celery + Redis."""
+
+
+@cli.command()
+@click.option("--queues", default="steps,sandbox", show_default=True, help="steps, sandbox, or both")
+@click.option("--concurrency", "-c", type=int, default=None, help="threads (default: 200 for steps, cores for sandbox)")
+@click.option("--metrics-port", type=int, default=None, help="port of /metrics (0: none; default REACTQ_METRICS_PORT)")
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(queues: str, concurrency: int | None, metrics_port: int | None, loglevel: str) -> None:
+    """A Celery worker for the reactq queues (a threads pool: LLM calls and sandbox runs are waits)."""
+    from . import logs
+    from .celery_app import SANDBOX_QUEUE, STEPS_QUEUE
+    from .metrics_server import start_metrics_server
+
+    names = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE}
+    try:
+        selected = [names[q.strip()] for q in queues.split(",") if q.strip()]
+    except KeyError as exc:
+        message = f"unknown queue {exc.args[0]!r}; use steps, sandbox or both"
+        raise click.BadParameter(message, param_hint="--queues") from None
+    if concurrency is None:
+        concurrency = 200 if STEPS_QUEUE in selected else (os.cpu_count() or 2)
+    os.environ["REACTQ_WORKER_QUEUES"] = ",".join(selected)
+    logs.setup(loglevel)
+    rt = _runtime()
+    port = rt.settings.metrics_port if metrics_port is None else metrics_port
+    if port:
+        start_metrics_server(port, rt)
+    from .celery_app import app
+
+    app.worker_main([
+        "worker", "-Q", ",".join(selected), "-P", "threads", "-c", str(concurrency),
+        "--loglevel", loglevel, "-n", f"reactq-{'-'.join(q.split('.')[-1] for q in selected)}-{os.getpid()}@%h",
+        "--without-gossip", "--without-mingle",
+    ])
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8900, show_default=True)
+@click.option("--faults", "faults_json", default="{}", help='fault injection as JSON, e.g. {"latency_ms": 200}')
+@click.option("--latency-ms", type=float, default=None)
+@click.option("--error-rate-429", type=float, default=None)
+@click.option("--error-rate-500", type=float, default=None)
+@click.option("--error-rate-503", type=float, default=None)
+@click.option("--malformed-rate", type=float, default=None)
+@click.option("--hallucinate-rate", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+def stub(host: str, port: int, faults_json: str, **options: float | None) -> None:
+    """The api_stub OpenAI-compatible server (deterministic ReAct model, fault injection)."""
+    from api_stub.server import FaultConfig, serve
+
+    fields = json.loads(faults_json)
+    fields.update({k: v for k, v in options.items() if v is not None})
+    serve(host, port, FaultConfig(**fields))
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+def api(host: str, port: int) -> None:
+    """The HTTP API (FastAPI): runs, batches, events, /metrics."""
+    import uvicorn
+
+    from . import logs
+
+    logs.setup()
+    _runtime()
+    uvicorn.run("worker.api:app", host=host, port=port, log_level="warning", backlog=4096)
+
+
+@cli.command()
+@click.argument("question")
+@click.option("--wait", is_flag=True, help="wait for the answer")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--tier", default="standard", show_default=True)
+@click.option("--max-steps", type=int, default=None)
+@click.option("--timeout", type=float, default=600, show_default=True, help="seconds to --wait")
+def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str, max_steps: int | None,
+        timeout: float) -> None:
+    """Submit one run."""
+    from .batch import BatchRunner
+    from .display import run_json
+    from .models import RunSpec
+    from .submit import InvalidRequest, submit
+
+    rt = _runtime()
+    try:
+        [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps)],
+                       rt.settings, _send_step())
+    except InvalidRequest as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    if wait:
+        BatchRunner(rt.store, rt.settings, _send_step()).follow([run.id], lambda r: None, lambda p: None,
+                                                                 timeout_s=timeout)
+        run = rt.store.load_run(run.id) or run
+    if as_json:
+        out.print_json(json.dumps(run_json(run)))
+    elif wait:
+        out.print(run.answer if run.answer is not None else f"[{run.status.value}] {run.error or ''}")
+    else:
+        out.print(run.id)
+    if wait and run.status.value != "succeeded":
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("infile", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", "outfile", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--tenant", default=None, help="default tenant for lines without one")
+@click.option("--tier", default=None, help="default tier for lines without one")
+def batch(infile: Path, outfile: Path, tenant: str | None, tier: str | None) -> None:
+    """Run many questions from JSONL; results are written to --out as they finish."""
+    from .batch_cli import run_batch_file
+
+    rt = _runtime()
+    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, _send_step(), console))
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+def status(run_id: str, as_json: bool) -> None:
+    """Show a run's state."""
+    from .display import print_status, run_json
+
+    run = _load(run_id)
+    if as_json:
+        out.print_json(json.dumps(run_json(run)))
+    else:
+        print_status(out, run)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+def trace(run_id: str, as_json: bool) -> None:
+    """Show each step: thought, action, arguments, observation, tokens, timings."""
+    from .display import print_trace, run_json
+
+    run = _load(run_id)
+    steps = _runtime().store.load_steps(run_id)
+    if as_json:
+        out.print_json(json.dumps(run_json(run, steps)))
+    else:
+        print_trace(out, run, steps)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+def cancel(run_id: str, as_json: bool) -> None:
+    """Cancel a run; it stops at its next step."""
+    from .display import run_json
+    from .runner import record_finished
+    from .submit import cancel as cancel_run
+
+    _load(run_id)
+    run = cancel_run(_runtime().store, run_id)
+    assert run is not None
+    if run.status.value == "cancelled":
+        record_finished(run)
+    if as_json:
+        out.print_json(json.dumps(run_json(run)))
+    else:
+        out.print(f"{run_id}: {run.status.value}")
+
+
+@cli.command()
+@click.option("--out", "outfile", default="reactq-demo-results.jsonl", show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path))
+def demo(outfile: Path) -> None:
+    """Run the bundled sample batch on the embedded default, starting whatever is missing."""
+    from .demo import run_demo
+
+    sys.exit(run_demo(outfile, console, out))
+
+
+def _load(run_id: str):
+    run = _runtime().store.load_run(run_id)
+    if run is None:
+        console.print(f"[red]error:[/red] no run {run_id!r} (unknown id, or its record expired)")
+        sys.exit(2)
+    return run
+
+
+def _add_sandbox_commands() -> None:
+    try:
+        from tools_sandbox.cli import sandbox
+    except ImportError:
+        return
+    cli.add_command(sandbox)
+
+
+_add_sandbox_commands()
+
+
+def main() -> None:
+    get_settings()
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Settings from the environment (prefix REACTQ_) and an optional settings file (REACTQ_SETTINGS_FILE,
+a .env-style file). Defaults make `reactq demo` work with nothing set."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .models import Mode
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="REACTQ_",
+        env_file=os.environ.get("REACTQ_SETTINGS_FILE"),
+        extra="ignore",
+    )
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    llm_base_url: str = "http://127.0.0.1:8900/v1"
+    llm_api_key: str = "reactq-stub"
+    model: str = "reactq-stub"
+    mode: Mode = Mode.TOOLS
+    max_steps: int = Field(8, ge=1, le=200)
+    sandbox_backend: str = "auto"
+    sandbox_image: str = "reactq-sandbox:latest"
+    metrics_port: int = 9808
+
+    # safeguards
+    max_invalid_outputs: int = Field(3, ge=1)  # invalid outputs in a row before the run fails
+    repeat_hint_at: int = Field(3, ge=2)  # the same call this many times gets a hint ...
+    repeat_fail_at: int = Field(4, ge=2)  # ... and this many times ends the run
+    observation_max_chars: int = Field(4000, ge=100)
+    context_budget_tokens: int = Field(6000, ge=500)
+    keep_recent_steps: int = Field(3, ge=1)
+    llm_timeout_s: float = Field(60.0, gt=0)
+    llm_max_retries: int = Field(4, ge=0)
+    run_deadline_s: float = Field(1800.0, gt=0)
+    reflect_every: int = Field(0, ge=0)  # 0 = off
+    max_question_chars: int = Field(8000, ge=1)
+    max_tokens_per_run: int = Field(0, ge=0)  # 0 = no token budget
+    llm_temperature: float = 0.0
+
+    # caches and durability
+    tool_cache_ttl_s: int = Field(3600, ge=0)
+    record_ttl_s: int = Field(7 * 24 * 3600, ge=60)
+    stale_after_s: float = Field(120.0, gt=0)  # a running run with no progress this long is re-kicked
+    reaper_interval_s: float = Field(15.0, gt=0)
+    sandbox_redispatch_after_s: int = Field(300, ge=10)  # a sandbox call not answered by then is sent again
+    visibility_timeout_s: int = Field(3600, ge=60)
+
+    # capacity
+    redis_max_connections: int = Field(512, ge=8)
+    llm_max_connections: int = Field(512, ge=1)
+
+    tool_modules: list[str] = Field(default_factory=list)  # users' tool modules, imported by workers
+
+    # tenants and prices
+    tenants: list[str] = Field(default_factory=lambda: ["default"])  # tenants that get their own metric label
+    tiers: list[str] = Field(default_factory=lambda: ["free", "standard", "pro"])
+    prices_per_mtok: dict[str, tuple[float, float]] = Field(
+        default_factory=lambda: {"reactq-stub": (0.15, 0.60)}
+    )  # model -> (USD per 1M prompt tokens, USD per 1M completion tokens)
+    serpapi_api_key: str | None = Field(None, validation_alias="SERPAPI_API_KEY")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,212 @@
+"""The step decision: what happens after the model's turn. Pure: no Redis, no Celery, no network.
+
+Whose fault decides the outcome (see STYLE.md): the model's mistakes (bad format, unknown tool,
+bad arguments, repeating itself) become observations and the run goes on; limits (max steps,
+deadline, token budget, too many invalid outputs in a row, a loop that a hint did not break) end
+the run with a status and a reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from .models import Observation, Run, RunStatus, Step, ToolCall
+from .parser import ParsedTurn
+
+TRUNCATION_MARKER = "\n…[truncated {n} chars]"
+
+
+class ToolLike(Protocol):
+    name: str
+    sandboxed: bool
+    idempotent: bool
+
+    def validate(self, arguments: dict[str, Any] | str) -> BaseModel: ...
+
+
+class ToolLookup(Protocol):
+    def get(self, name: str) -> ToolLike | None: ...
+
+    def names(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_steps: int = 8
+    max_invalid_outputs: int = 3
+    repeat_hint_at: int = 3
+    repeat_fail_at: int = 4
+    observation_max_chars: int = 4000
+    max_tokens_per_run: int = 0  # 0: no budget
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """A validated call to execute."""
+
+    call: ToolCall
+    tool: str
+    arguments: dict[str, Any]
+    sandboxed: bool
+    idempotent: bool
+    hint: str | None = None  # appended to the observation (the call repeats an earlier one)
+
+
+@dataclass(frozen=True)
+class Final:
+    answer: str
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The output was unusable; `error` is shown to the model as the observation."""
+
+    error: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Act:
+    """Execute `planned`; `rejected` are calls answered without running (unknown tool, bad arguments)."""
+
+    planned: list[PlannedCall]
+    rejected: list[Observation] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class End:
+    status: RunStatus
+    reason: str
+
+
+Decision = Final | Retry | Act | End
+
+
+def call_signature(name: str, arguments: dict[str, Any] | str) -> str:
+    canonical = arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
+    return f"{name.strip().lower()}:{canonical}"
+
+
+def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
+    """Models sometimes repeat or omit call ids; results are stored per call id, so make them unique."""
+    seen: set[str] = set()
+    out = []
+    for i, call in enumerate(calls):
+        call_id = call.id or f"call-{i}"
+        if call_id in seen:
+            call_id = f"{call_id}-{i}"
+        seen.add(call_id)
+        out.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
+    return out
+
+
+def precheck(run: Run, now: float, limits: Limits) -> End | None:
+    """Limits checked before a step calls the model."""
+    if run.status == RunStatus.CANCELLED:
+        return End(RunStatus.CANCELLED, run.error or "cancelled")
+    if run.deadline_at is not None and now >= run.deadline_at:
+        return End(RunStatus.TIMEOUT, "run deadline passed before the step could start")
+    if run.current_step >= run.max_steps:
+        return End(RunStatus.MAX_STEPS, f"reached max_steps={run.max_steps} without a final answer")
+    if limits.max_tokens_per_run and run.usage.prompt_tokens + run.usage.completion_tokens >= (
+        limits.max_tokens_per_run
+    ):
+        return End(RunStatus.BUDGET_EXCEEDED, f"token budget of {limits.max_tokens_per_run} spent")
+    return None
+
+
+def decide(run: Run, history: list[Step], turn: ParsedTurn, tools: ToolLookup, limits: Limits) -> Decision:
+    """Decide what the model's parsed turn leads to."""
+    if turn.final_answer is not None and not turn.calls:
+        return Final(turn.final_answer.strip())
+    if turn.error is not None or not turn.calls:
+        streak = run.invalid_streak + 1
+        error = turn.error or "Invalid output: no tool call and no final answer."
+        if streak >= limits.max_invalid_outputs:
+            return End(RunStatus.FAILED, f"{streak} invalid model outputs in a row; last: {error}")
+        return Retry(error, turn.error_kind or "empty")
+
+    seen: dict[str, int] = {}
+    for step in history:
+        for earlier in step.tool_calls:
+            sig = call_signature(earlier.name, earlier.arguments)
+            seen[sig] = seen.get(sig, 0) + 1
+
+    planned: list[PlannedCall] = []
+    rejected: list[Observation] = []
+    for call in turn.calls:
+        sig = call_signature(call.name, call.arguments)
+        seen[sig] = seen.get(sig, 0) + 1
+        occurrence = seen[sig]
+        if occurrence >= limits.repeat_fail_at:
+            return End(
+                RunStatus.FAILED,
+                f"the model repeated the same action {call.name}({_short(call.arguments)}) "
+                f"{occurrence} times; stopped as a loop",
+            )
+        tool = tools.get(call.name)
+        if tool is None:
+            rejected.append(
+                Observation(
+                    call_id=call.id,
+                    tool=call.name,
+                    outcome="unknown_tool",
+                    content=f"Error: unknown tool {call.name!r}. Available tools: {', '.join(tools.names())}.",
+                )
+            )
+            continue
+        try:
+            args = tool.validate(call.arguments)
+        except Exception as exc:  # the tool's InvalidArguments: a model mistake
+            rejected.append(
+                Observation(call_id=call.id, tool=tool.name, outcome="invalid_arguments", content=f"Error: {exc}")
+            )
+            continue
+        hint = None
+        if occurrence >= limits.repeat_hint_at:
+            hint = (
+                f"Note: you have called {tool.name} with these same arguments {occurrence} times. "
+                "Use the observations you already have or try something different; "
+                "one more repetition ends the run."
+            )
+        planned.append(
+            PlannedCall(call, tool.name, args.model_dump(), tool.sandboxed, tool.idempotent, hint)
+        )
+    return Act(planned, rejected)
+
+
+def truncate(text: str, max_chars: int) -> str:
+    """Cut an observation to its budget, with a visible marker saying how much was cut."""
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + TRUNCATION_MARKER.format(n=len(text) - max_chars)
+
+
+def finish_observation(content: str, hint: str | None, limits: Limits) -> str:
+    text = truncate(content, limits.observation_max_chars)
+    return f"{text}\n{hint}" if hint else text
+
+
+def after_step(run: Run, step: Step, now: float, limits: Limits) -> End | None:
+    """Outcome of a run once `step` is recorded; None means: enqueue the next step."""
+    if step.final_answer is not None:
+        return End(RunStatus.SUCCEEDED, "")
+    if step.index + 1 >= run.max_steps:
+        return End(RunStatus.MAX_STEPS, f"reached max_steps={run.max_steps} without a final answer")
+    if run.deadline_at is not None and now >= run.deadline_at:
+        return End(RunStatus.TIMEOUT, "run deadline passed")
+    spent = run.usage.prompt_tokens + run.usage.completion_tokens + step.usage.prompt_tokens + (
+        step.usage.completion_tokens
+    )
+    if limits.max_tokens_per_run and spent >= limits.max_tokens_per_run:
+        return End(RunStatus.BUDGET_EXCEEDED, f"token budget of {limits.max_tokens_per_run} spent ({spent})")
+    return None
+
+
+def _short(arguments: dict[str, Any] | str, limit: int = 80) -> str:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "…"

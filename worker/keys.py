@@ -1,0 +1,79 @@
+"""Every Redis key reactq uses, in one place."""
+
+PREFIX = "reactq"
+
+
+def run(run_id: str) -> str:
+    return f"{PREFIX}:run:{run_id}"
+
+
+def steps(run_id: str) -> str:
+    return f"{PREFIX}:run:{run_id}:steps"
+
+
+def events(run_id: str) -> str:
+    return f"{PREFIX}:run:{run_id}:events"
+
+
+def reply(run_id: str, step: int) -> str:
+    """The stored LLM reply of one step: a redelivered step reuses it."""
+    return f"{PREFIX}:run:{run_id}:reply:{step}"
+
+
+def tool_result(run_id: str, step: int, call_id: str) -> str:
+    return f"{PREFIX}:run:{run_id}:obs:{step}:{call_id}"
+
+
+def sandbox_dispatch(run_id: str, step: int, call_id: str) -> str:
+    """Set when a sandboxed call has been sent, so a re-run of the step does not send it again."""
+    return f"{PREFIX}:run:{run_id}:sent:{step}:{call_id}"
+
+
+def lease(run_id: str) -> str:
+    """Held by the worker executing a run's step, so duplicates of that step back off."""
+    return f"{PREFIX}:run:{run_id}:lease"
+
+
+def tool_cache(tool: str, digest: str) -> str:
+    return f"{PREFIX}:cache:{tool}:{digest}"
+
+
+ACTIVE_RUNS = f"{PREFIX}:active"  # zset: run id -> last progress time (the reaper scans it)
+REAPER_LOCK = f"{PREFIX}:reaper:lock"
+
+
+def batch(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_runs(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}:runs"
+
+
+def batch_done(batch_id: str) -> str:
+    """List of run ids in the order they finished."""
+    return f"{PREFIX}:batch:{batch_id}:done"
+
+
+def tenant_usage(tenant: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:usage"
+
+
+def sandbox_result(run_id: str, step: int, call_id: str) -> str:
+    """Where a sandbox worker stores its result object for one call."""
+    return f"{PREFIX}:run:{run_id}:sandbox:{step}:{call_id}"
+
+
+def workers(queue: str) -> str:
+    """zset of live workers consuming `queue`: member host:pid, score = last heartbeat."""
+    return f"{PREFIX}:workers:{queue}"
+
+
+def batch_ids(batch_id: str) -> str:
+    """hash: the batch input's `id` -> run id."""
+    return f"{PREFIX}:batch:{batch_id}:ids"
+
+
+def batch_file(digest: str) -> str:
+    """The batch last submitted for one output file (so a re-run adopts its runs)."""
+    return f"{PREFIX}:batchfile:{digest}"

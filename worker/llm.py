@@ -1,0 +1,167 @@
+"""The LLM edge: one chat call through the official `openai` client, with retries and backoff.
+
+The engine sees an `LLMClient` protocol, so tests and benchmarks can script the model at our own seam.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import httpx
+import openai
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+
+from .models import LLMReply, ToolCall, Usage
+
+
+class LLMError(Exception):
+    """The endpoint could not give a reply (after retries)."""
+
+    def __init__(self, message: str, attempts: int) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class LLMClient(Protocol):
+    def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply: ...
+
+
+RETRYABLE = (
+    openai.APIConnectionError,  # includes APITimeoutError
+    openai.RateLimitError,
+    openai.InternalServerError,
+)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, RETRYABLE) or (isinstance(exc, openai.APIStatusError) and exc.status_code == 408)
+
+
+def _retry_after(exc: BaseException | None) -> float | None:
+    """The server's own wait hint (retry-after-ms, then Retry-After seconds), capped at 60 s."""
+    response = getattr(exc, "response", None)
+    if response is None:
+        return None
+    headers = response.headers
+    try:
+        if "retry-after-ms" in headers:
+            return min(60.0, float(headers["retry-after-ms"]) / 1000)
+        if "retry-after" in headers:
+            return min(60.0, float(headers["retry-after"]))
+    except ValueError:
+        return None
+    return None
+
+
+class OpenAIChat:
+    """Chat completions against any OpenAI-compatible endpoint."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        max_connections: int = 512,
+        backoff_base_s: float = 0.5,
+        backoff_cap_s: float = 20.0,
+        on_attempt: Any = None,
+    ) -> None:
+        self.base_url = base_url
+        self._http = httpx.Client(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=timeout_s,
+        )
+        self._client = openai.OpenAI(
+            base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0, http_client=self._http
+        )
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self.on_attempt = on_attempt  # callback(model, outcome, seconds) for metrics
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _wait(self, state: RetryCallState) -> float:
+        hinted = _retry_after(state.outcome.exception() if state.outcome else None)
+        if hinted is not None:
+            return hinted
+        return min(self.backoff_cap_s, self.backoff_base_s * 2 ** (state.attempt_number - 1))
+
+    def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply:
+        model = options.get("model", "")
+        attempts = 0
+        started = time.monotonic()
+        retrying = Retrying(
+            retry=retry_if_exception(_retryable),
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=self._wait,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    t0 = time.monotonic()
+                    try:
+                        completion = self._client.chat.completions.create(messages=messages, **options)
+                    except openai.OpenAIError as exc:
+                        self._report(model, _outcome(exc), time.monotonic() - t0)
+                        raise
+                    self._report(model, "ok", time.monotonic() - t0)
+        except openai.OpenAIError as exc:
+            raise LLMError(f"LLM call to {self.base_url} failed after {attempts} attempt(s): "
+                           f"{_describe(exc)}", attempts) from None
+        return to_reply(completion, attempts, int((time.monotonic() - started) * 1000))
+
+    def _report(self, model: str, outcome: str, seconds: float) -> None:
+        if self.on_attempt is not None:
+            self.on_attempt(model, outcome, seconds)
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, openai.APIConnectionError):
+        return "connection_error"
+    if isinstance(exc, openai.RateLimitError):
+        return "rate_limited"
+    if isinstance(exc, openai.APIStatusError):
+        return "server_error" if exc.status_code >= 500 else "client_error"
+    return "error"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}: {exc.message}"
+    return f"{exc.__class__.__name__}: {exc}"
+
+
+def to_reply(completion: Any, attempts: int = 1, duration_ms: int = 0) -> LLMReply:
+    """Normalise a ChatCompletion into the stored reply shape."""
+    if not getattr(completion, "choices", None):
+        return LLMReply(content=None, model=getattr(completion, "model", "") or "", attempts=attempts,
+                        duration_ms=duration_ms, finish_reason="empty")
+    choice = completion.choices[0]
+    message = choice.message
+    calls = [
+        ToolCall(id=c.id or f"call-{i}", name=c.function.name or "", arguments=c.function.arguments or "")
+        for i, c in enumerate(message.tool_calls or [])
+        if getattr(c, "function", None) is not None
+    ]
+    usage = completion.usage
+    return LLMReply(
+        content=message.content,
+        tool_calls=calls,
+        finish_reason=choice.finish_reason,
+        model=completion.model or "",
+        usage=Usage(
+            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+        ),
+        duration_ms=duration_ms,
+        attempts=attempts,
+    )

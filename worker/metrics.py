@@ -1,0 +1,64 @@
+"""Prometheus metrics of the API and step workers (names fixed by DESIGN.md; dashboards query them).
+
+Label values are bounded: statuses, outcomes, tool names, models, configured tenants (others
+count as "other"). Never a run id or free text. Sandbox metrics live in tools_sandbox.metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from .models import RunStatus
+
+TURN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)
+LLM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
+
+RUNS_TOTAL = Counter("reactq_runs_total", "Runs that ended, by final status.", ["status"])
+RUNS_IN_PROGRESS = Gauge("reactq_runs_in_progress", "Runs queued or running (from Redis).",
+                         multiprocess_mode="max")
+RUN_TURNS = Histogram("reactq_run_turns", "ReAct steps a run took.", ["status"], buckets=TURN_BUCKETS)
+RUN_DURATION = Histogram("reactq_run_duration_seconds", "Run wall time from submit to end.", ["status"],
+                         buckets=DURATION_BUCKETS)
+STEPS_TOTAL = Counter("reactq_steps_total", "Steps executed, by outcome.", ["outcome"])
+LLM_REQUESTS = Counter("reactq_llm_requests_total", "LLM HTTP attempts.", ["model", "outcome"])
+LLM_DURATION = Histogram("reactq_llm_request_duration_seconds", "LLM attempt latency.", ["model"],
+                         buckets=LLM_BUCKETS)
+LLM_TOKENS = Counter("reactq_llm_tokens_total", "Tokens the provider reported.", ["model", "type", "tenant"])
+LLM_COST = Counter("reactq_llm_cost_usd_total", "Token spend in USD from the price table.", ["model", "tenant"])
+PARSE_ERRORS = Counter("reactq_parse_errors_total", "Model outputs that could not be used.", ["kind"])
+TOOL_CALLS = Counter("reactq_tool_calls_total", "Tool calls, by outcome.", ["tool", "outcome"])
+TOOL_FAILURES = Counter("reactq_tool_failures_total", "Tool calls that failed.", ["tool", "error_type"])
+TOOL_DURATION = Histogram("reactq_tool_duration_seconds", "Tool call latency.", ["tool"], buckets=LLM_BUCKETS)
+QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queue"], multiprocess_mode="max")
+
+STEP_OUTCOMES = ("tool_calls", "final_answer", "invalid_output", "ended", "waiting", "fenced", "llm_failed")
+LLM_OUTCOMES = ("ok", "rate_limited", "server_error", "client_error", "timeout", "connection_error")
+
+
+def tenant_label(tenant: str, configured: list[str]) -> str:
+    return tenant if tenant in configured else "other"
+
+
+def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tuple[str, ...]) -> None:
+    """Create the label sets dashboards divide by, so their rates exist from the first scrape."""
+    for status in RunStatus:
+        if status.finished:
+            RUNS_TOTAL.labels(status.value)
+    for outcome in STEP_OUTCOMES:
+        STEPS_TOTAL.labels(outcome)
+    for outcome in LLM_OUTCOMES:
+        LLM_REQUESTS.labels(model, outcome)
+    LLM_DURATION.labels(model)
+    for tenant in [*tenants, "other"]:
+        LLM_COST.labels(model, tenant)
+        for kind in ("prompt", "completion"):
+            LLM_TOKENS.labels(model, kind, tenant)
+    for kind in parse_kinds:
+        PARSE_ERRORS.labels(kind)
+    for tool in tools:
+        TOOL_CALLS.labels(tool, "ok")
+        TOOL_CALLS.labels(tool, "error")
+        TOOL_DURATION.labels(tool)
+    for queue in ("reactq.steps", "reactq.sandbox"):
+        QUEUE_DEPTH.labels(queue)

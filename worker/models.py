@@ -1,0 +1,138 @@
+"""Run and step records: the one shape stored in Redis, printed by `trace`, returned by the API
+and used to rebuild the prompt."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    MAX_STEPS = "max_steps"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    BUDGET_EXCEEDED = "budget_exceeded"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RunStatus.QUEUED, RunStatus.RUNNING)
+
+
+class Mode(StrEnum):
+    TOOLS = "tools"  # native function calling
+    TEXT = "text"  # Thought / Action / Action Input / Observation text format
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class ToolCall(BaseModel):
+    """One tool call the model asked for. `arguments` is what the model sent (dict or raw string)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class LLMReply(BaseModel):
+    """The provider's reply to one chat call, normalised; stored before it is used."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: str | None = None
+    model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    duration_ms: int = 0
+    attempts: int = 1
+
+
+class Observation(BaseModel):
+    """What one tool call returned, as the model will see it."""
+
+    call_id: str
+    tool: str
+    content: str
+    outcome: str = "ok"  # ok | error | invalid_arguments | unknown_tool | quota | repeated
+    duration_ms: int = 0
+
+
+class Step(BaseModel):
+    """One ReAct step: the model's turn and what came back."""
+
+    index: int
+    thought: str | None = None
+    raw_output: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    observations: list[Observation] = Field(default_factory=list)
+    final_answer: str | None = None
+    error: str | None = None  # format error shown to the model as observation
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+    llm_ms: int = 0
+    tools_ms: int = 0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+class RunSpec(BaseModel):
+    """What a user submits."""
+
+    question: str
+    tenant: str = "default"
+    tier: str = "standard"
+    max_steps: int | None = None
+    mode: Mode | None = None
+    model: str | None = None
+    batch_id: str | None = None
+    client_id: str | None = None  # the `id` of a batch input line
+
+
+class Run(BaseModel):
+    """The run record: one per run in Redis."""
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    spec: RunSpec
+    status: RunStatus = RunStatus.QUEUED
+    current_step: int = 0
+    max_steps: int = 8
+    mode: Mode = Mode.TOOLS
+    model: str = ""
+    answer: str | None = None
+    error: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+    invalid_streak: int = 0
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+    deadline_at: float | None = None
+    finished_at: float | None = None
+    waiting_on: str | None = None  # why a running run is not moving, e.g. "sandbox"
+
+    def result_line(self) -> dict[str, Any]:
+        """The batch output line of the contract."""
+        return {
+            "id": self.spec.client_id,
+            "run_id": self.id,
+            "status": self.status.value,
+            "answer": self.answer,
+            "steps": self.current_step,
+            "usage": self.usage.model_dump(),
+            "cost_usd": round(self.cost_usd, 8),
+            "error": self.error,
+        }

@@ -1,0 +1,261 @@
+"""One ReAct step of one run, end to end: the thin I/O shell around the pure engine.
+
+A step task for step n may run more than once (redelivery, the reaper, a sandbox continuation).
+Each run makes progress from what is stored: the LLM reply of step n, each tool result, each
+sandbox dispatch. The step is recorded exactly once, by a transaction fenced on the step number.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import engine, keys, metrics, prompts
+from .engine import Act, End, Final, PlannedCall, Retry
+from .llm import LLMError
+from .models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
+from .parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
+from .pricing import cost_usd
+from .runtime import Runtime
+from .sandbox_bridge import observation_from_sandbox
+from .tools.registry import ToolError
+
+log = logging.getLogger("reactq.step")
+
+
+@dataclass
+class Dispatcher:
+    """How the runner enqueues work (Celery in production; tests may record instead)."""
+
+    next_step: Callable[[str, int], None]
+    sandbox: Callable[[dict[str, Any]], None]
+
+
+class StepRunner:
+    def __init__(self, rt: Runtime, dispatch: Dispatcher) -> None:
+        self.rt = rt
+        self.store = rt.store
+        self.dispatch = dispatch
+
+    def run_step(self, run_id: str, index: int) -> str:
+        """Make progress on step `index` of a run. Returns the step outcome (for metrics and tests)."""
+        run = self.store.load_run(run_id)
+        if run is None or run.status.finished or run.current_step != index:
+            return "fenced"
+        token = uuid.uuid4().hex
+        lease_ttl = int(self.rt.settings.llm_timeout_s * (self.rt.settings.llm_max_retries + 1) + 120)
+        if not self.store.acquire_lease(run_id, token, lease_ttl):
+            return "fenced"  # another delivery of this step is working on it
+        try:
+            return self._run_step(run, index)
+        finally:
+            self.store.release_lease(run_id, token)
+
+    def _run_step(self, run: Run, index: int) -> str:
+        limits = self.rt.limits
+        started = time.time()
+        if (end := engine.precheck(run, started, limits)) is not None:
+            self._end(run, end, only_step=index)
+            return "ended"
+        if run.status == RunStatus.QUEUED:
+            self.store.mark_running(run.id, index)
+
+        steps = self.store.load_steps(run.id)
+        try:
+            reply = self._reply(run, steps, index)
+        except LLMError as exc:
+            self._end(run, End(RunStatus.FAILED, str(exc)), only_step=index)
+            return "llm_failed"
+
+        turn = self._parse(run.mode, reply)
+        for warning in turn.warnings:
+            log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": index})
+        decision = engine.decide(run, steps, turn, self.rt.tools, limits)
+        step = Step(
+            index=index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
+            cost_usd=cost_usd(run.model, reply.usage, self.rt.settings.prices_per_mtok),
+            llm_ms=reply.duration_ms, started_at=started,
+        )
+
+        if isinstance(decision, Final):
+            step.final_answer = decision.answer
+            return self._commit(run, step, "final_answer")
+        if isinstance(decision, Retry):
+            metrics.PARSE_ERRORS.labels(decision.kind).inc()
+            step.error = decision.error
+            return self._commit(run, step, "invalid_output", invalid=True)
+        if isinstance(decision, End):
+            metrics.PARSE_ERRORS.labels(turn.error_kind or "loop").inc()
+            step.error = decision.reason
+            step.tool_calls = turn.calls
+            return self._commit(run, step, "ended", end=decision)
+
+        assert isinstance(decision, Act)
+        step.tool_calls = turn.calls
+        observations = self._execute(run, index, decision, turn.calls)
+        if observations is None:
+            self.store.mark_running(run.id, index, waiting_on="sandbox")
+            return "waiting"
+        step.observations = observations
+        step.tools_ms = sum(o.duration_ms for o in observations)
+        return self._commit(run, step, "tool_calls")
+
+    # --- the LLM reply ----------------------------------------------------------------------
+    def _reply(self, run: Run, steps: list[Step], index: int) -> LLMReply:
+        stored = self.store.get_reply(run.id, index)
+        if stored is not None:
+            return stored
+        s = self.rt.settings
+        tools = self.rt.tools.all()
+        messages, compacted = prompts.build_messages(
+            run.mode, run.spec.question, steps, tools, context_budget_tokens=s.context_budget_tokens,
+            keep_recent_steps=s.keep_recent_steps, reflect_every=s.reflect_every,
+        )
+        options: dict[str, Any] = {"model": run.model, "temperature": s.llm_temperature}
+        if run.mode == Mode.TOOLS:
+            options["tools"] = [t.openai_schema() for t in tools]
+        else:
+            options["stop"] = TEXT_STOP_SEQUENCES[:4]
+        reply = self.rt.llm.chat(messages, **options)
+        tenant = metrics.tenant_label(run.spec.tenant, s.tenants)
+        metrics.LLM_TOKENS.labels(run.model, "prompt", tenant).inc(reply.usage.prompt_tokens)
+        metrics.LLM_TOKENS.labels(run.model, "completion", tenant).inc(reply.usage.completion_tokens)
+        metrics.LLM_COST.labels(run.model, tenant).inc(cost_usd(run.model, reply.usage, s.prices_per_mtok))
+        if compacted:
+            log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})
+        return self.store.save_reply(run.id, index, reply)
+
+    @staticmethod
+    def _parse(mode: Mode, reply: LLMReply) -> ParsedTurn:
+        turn = parse_tool_reply(reply.content, reply.tool_calls) if mode == Mode.TOOLS else parse_text(reply.content)
+        turn.calls = engine.unique_call_ids(turn.calls)
+        return turn
+
+    # --- tools --------------------------------------------------------------------------------
+    def _execute(self, run: Run, index: int, act: Act, calls: list[ToolCall]) -> list[Observation] | None:
+        """Observations in the order the model asked, or None while sandboxed calls are pending."""
+        by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
+        for obs in act.rejected:
+            metrics.TOOL_CALLS.labels(_tool_label(obs.tool, self.rt), obs.outcome).inc()
+        pending = False
+        for planned in act.planned:
+            obs = self.store.get_tool_result(run.id, index, planned.call.id)
+            if obs is None and planned.sandboxed:
+                obs = self._sandbox_result(run, index, planned)
+                pending = pending or obs is None
+            elif obs is None:
+                obs = self.store.save_tool_result(run.id, index, self._run_inline(planned))
+            if obs is not None:
+                by_id[planned.call.id] = obs
+        if pending:
+            return None
+        hints = {p.call.id: p.hint for p in act.planned}
+        limits = self.rt.limits
+        ordered = []
+        for call_id in [c.id for c in calls]:
+            obs = by_id[call_id]
+            content = engine.finish_observation(obs.content, hints.get(call_id), limits)
+            ordered.append(obs.model_copy(update={"content": content}))
+        return ordered
+
+    def _run_inline(self, planned: PlannedCall) -> Observation:
+        tool = self.rt.tools.get(planned.tool)
+        assert tool is not None
+        t0 = time.monotonic()
+        cached = (
+            self.store.cached_tool_result(tool.name, planned.arguments) if tool.idempotent else None
+        )
+        outcome = "ok"
+        if cached is not None:
+            content, outcome = cached, "cached"
+        else:
+            try:
+                content = tool.run(tool.args_model.model_validate(planned.arguments))
+                if tool.idempotent:
+                    self.store.cache_tool_result(tool.name, planned.arguments, content,
+                                                 self.rt.settings.tool_cache_ttl_s)
+            except ToolError as exc:
+                content, outcome = f"Error: {exc}", "error"
+                metrics.TOOL_FAILURES.labels(tool.name, exc.error_type).inc()
+            except Exception as exc:  # a bug in a tool: the model hears a short reason, the log has it all
+                log.exception("tool %s crashed", tool.name)
+                content, outcome = f"Error: {tool.name} failed ({exc.__class__.__name__})", "error"
+                metrics.TOOL_FAILURES.labels(tool.name, "exception").inc()
+        seconds = time.monotonic() - t0
+        metrics.TOOL_CALLS.labels(tool.name, outcome).inc()
+        metrics.TOOL_DURATION.labels(tool.name).observe(seconds)
+        return Observation(call_id=planned.call.id, tool=tool.name, content=content, outcome=outcome,
+                           duration_ms=int(seconds * 1000))
+
+    def _sandbox_result(self, run: Run, index: int, planned: PlannedCall) -> Observation | None:
+        raw = self.store.r.get(keys.sandbox_result(run.id, index, planned.call.id))
+        if raw is not None:
+            obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw)
+            metrics.TOOL_CALLS.labels(planned.tool, "ok" if error_type is None else "error").inc()
+            if error_type is not None:
+                metrics.TOOL_FAILURES.labels(planned.tool, error_type).inc()
+            metrics.TOOL_DURATION.labels(planned.tool).observe(obs.duration_ms / 1000)
+            return self.store.save_tool_result(run.id, index, obs)
+        ttl = self.rt.settings.sandbox_redispatch_after_s
+        if self.store.claim_dispatch(run.id, index, planned.call.id, ttl):
+            self.dispatch.sandbox({
+                "code": planned.arguments.get("code", ""),
+                "tier": run.spec.tier,
+                "tenant": run.spec.tenant,
+                "result_key": keys.sandbox_result(run.id, index, planned.call.id),
+                "continue_task": "reactq.step",
+                "continue_args": [run.id, index],
+                "continue_queue": "reactq.steps",
+            })
+        return None
+
+    # --- recording ----------------------------------------------------------------------------
+    def _commit(self, run: Run, step: Step, outcome: str, *, invalid: bool = False, end: End | None = None) -> str:
+        step.finished_at = time.time()
+        limits = self.rt.limits
+
+        def apply(r: Run) -> None:
+            r.status = RunStatus.RUNNING
+            r.invalid_streak = r.invalid_streak + 1 if invalid else 0
+            final = end or engine.after_step(r, step, step.finished_at, limits)
+            if final is not None:
+                r.status = final.status
+                r.error = final.reason or None
+                r.answer = step.final_answer
+                r.finished_at = step.finished_at
+
+        committed = self.store.commit_step(run.id, step, apply)
+        if committed is None:
+            return "fenced"
+        metrics.STEPS_TOTAL.labels(outcome).inc()
+        log.info("step", extra={"run_id": run.id, "step": step.index, "outcome": outcome,
+                                "tools": [c.name for c in step.tool_calls],
+                                "prompt_tokens": step.usage.prompt_tokens,
+                                "completion_tokens": step.usage.completion_tokens,
+                                "llm_ms": step.llm_ms, "tools_ms": step.tools_ms})
+        if committed.status.finished:
+            record_finished(committed)
+        else:
+            self.dispatch.next_step(run.id, step.index + 1)
+        return outcome
+
+    def _end(self, run: Run, end: End, only_step: int) -> None:
+        finished = self.store.finish(run.id, end.status, end.reason, only_step=only_step)
+        if finished is not None:
+            metrics.STEPS_TOTAL.labels("ended").inc()
+            record_finished(finished)
+
+
+def record_finished(run: Run) -> None:
+    metrics.RUNS_TOTAL.labels(run.status.value).inc()
+    metrics.RUN_TURNS.labels(run.status.value).observe(run.current_step)
+    metrics.RUN_DURATION.labels(run.status.value).observe(max(0.0, (run.finished_at or time.time()) - run.created_at))
+    log.info("run finished", extra={"run_id": run.id, "status": run.status.value, "steps": run.current_step})
+
+
+def _tool_label(name: str, rt: Runtime) -> str:
+    return name if rt.tools.get(name) is not None else "unknown"

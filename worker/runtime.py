@@ -1,0 +1,68 @@
+"""The process-wide collaborators of a worker or API process, created on first use (no I/O at import)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import cached_property
+
+import redis
+
+from . import metrics
+from .config import Settings, get_settings
+from .engine import Limits
+from .llm import OpenAIChat
+from .store import RunStore, connect
+from .tools import REGISTRY, ToolRegistry
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        return connect(self.settings.redis_url, self.settings.redis_max_connections)
+
+    @cached_property
+    def store(self) -> RunStore:
+        return RunStore(self.redis, self.settings.record_ttl_s)
+
+    @cached_property
+    def llm(self) -> OpenAIChat:
+        s = self.settings
+        return OpenAIChat(
+            s.llm_base_url, s.llm_api_key, timeout_s=s.llm_timeout_s, max_retries=s.llm_max_retries,
+            max_connections=s.llm_max_connections, on_attempt=_record_llm_attempt,
+        )
+
+    @cached_property
+    def tools(self) -> ToolRegistry:
+        REGISTRY.load_modules(self.settings.tool_modules)
+        return REGISTRY
+
+    @property
+    def limits(self) -> Limits:
+        s = self.settings
+        return Limits(
+            max_steps=s.max_steps, max_invalid_outputs=s.max_invalid_outputs, repeat_hint_at=s.repeat_hint_at,
+            repeat_fail_at=s.repeat_fail_at, observation_max_chars=s.observation_max_chars,
+            max_tokens_per_run=s.max_tokens_per_run,
+        )
+
+
+def _record_llm_attempt(model: str, outcome: str, seconds: float) -> None:
+    metrics.LLM_REQUESTS.labels(model, outcome).inc()
+    metrics.LLM_DURATION.labels(model).observe(seconds)
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+
+
+def get_runtime() -> Runtime:
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = Runtime(get_settings())
+        return _runtime

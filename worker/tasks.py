@@ -1,0 +1,40 @@
+"""Celery tasks: thin adapters from a message to the step runner."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import signals
+
+from .celery_app import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, app
+from .runner import Dispatcher, StepRunner
+from .runtime import get_runtime
+
+log = logging.getLogger("reactq.tasks")
+
+
+def send_step(run_id: str, index: int) -> None:
+    step.apply_async(args=[run_id, index], queue=STEPS_QUEUE)
+
+
+def send_sandbox(request: dict[str, Any]) -> None:
+    app.send_task(SANDBOX_TASK, args=[request], queue=SANDBOX_QUEUE)
+
+
+CELERY_DISPATCH = Dispatcher(next_step=send_step, sandbox=send_sandbox)
+
+
+@app.task(name=STEP_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def step(run_id: str, index: int) -> str:
+    """Make progress on step `index` of run `run_id` (idempotent; fenced on the step number)."""
+    return StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+
+
+@signals.worker_ready.connect
+def _start_background(sender: Any = None, **_: Any) -> None:
+    from .reaper import start_reaper
+
+    queues = os.environ.get("REACTQ_WORKER_QUEUES", STEPS_QUEUE).split(",")
+    start_reaper(get_runtime(), send_step, queues)

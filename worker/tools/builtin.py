@@ -1,0 +1,49 @@
+"""The built-in tools: calculator, search, python."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import httpx
+from pydantic import BaseModel, Field
+
+from ..config import get_settings
+from . import calculator as calc
+from . import search as web
+from .registry import ToolError, tool
+
+
+class CalculatorArgs(BaseModel):
+    expression: str = Field(description="arithmetic expression, e.g. (17 + 25) * 3 or sqrt(1764)")
+
+
+class SearchArgs(BaseModel):
+    query: str = Field(min_length=1, max_length=500, description="keywords to look up")
+
+
+class PythonArgs(BaseModel):
+    code: str = Field(min_length=1, max_length=50_000, description="Python 3 code; print() the result")
+
+
+@tool("calculator", CalculatorArgs, "Evaluate arithmetic and math functions exactly.", idempotent=True)
+def calculator(args: CalculatorArgs) -> str:
+    return calc.format_number(calc.evaluate(args.expression))
+
+
+@lru_cache(maxsize=1)
+def _http_client() -> httpx.Client:
+    return httpx.Client(timeout=10.0)
+
+
+@tool("search", SearchArgs, "Look up facts in the knowledge base / on the web.", idempotent=True)
+def search(args: SearchArgs) -> str:
+    key = get_settings().serpapi_api_key
+    results = (
+        web.serpapi_search(args.query, key, _http_client()) if key else web.default_corpus().search(args.query)
+    )
+    return web.format_results(args.query, results)
+
+
+@tool("python", PythonArgs, "Run Python 3 code in a sandbox and return what it prints.", sandboxed=True)
+def python(args: PythonArgs) -> str:  # pragma: no cover - sandboxed tools never run inline
+    raise ToolError("python runs in the sandbox", "not_inline")

@@ -1,0 +1,114 @@
+"""Arithmetic on a parsed AST, never `eval`: numbers, + - * / // % **, parentheses and math functions."""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from .registry import ToolError
+
+MAX_EXPRESSION_CHARS = 500
+MAX_EXPONENT = 10_000
+MAX_INT_DIGITS = 4_000
+MAX_FACTORIAL = 1_000
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+def _factorial(n: float) -> int:
+    if n != int(n) or n < 0:
+        raise ToolError("factorial takes a non-negative whole number", "math_domain")
+    if n > MAX_FACTORIAL:
+        raise ToolError(f"factorial argument too large (max {MAX_FACTORIAL})", "too_large")
+    return math.factorial(int(n))
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "sqrt": math.sqrt, "log": math.log, "log10": math.log10, "log2": math.log2, "exp": math.exp,
+    "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
+    "atan": math.atan, "abs": abs, "round": round, "floor": math.floor, "ceil": math.ceil,
+    "factorial": _factorial, "min": min, "max": max, "pow": pow,
+}
+CONSTANTS: dict[str, float] = {"pi": math.pi, "e": math.e, "tau": math.tau}
+
+
+def evaluate(expression: str) -> int | float:
+    """Evaluate an arithmetic expression; raises ToolError with a message meant for the model."""
+    text = expression.strip().replace("^", "**").replace("×", "*").replace("÷", "/")
+    if not text:
+        raise ToolError("empty expression", "syntax")
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ToolError(f"expression longer than {MAX_EXPRESSION_CHARS} characters", "too_large")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ToolError(f"cannot parse {expression!r} as arithmetic", "syntax") from None
+    try:
+        return _eval(tree.body)
+    except ZeroDivisionError:
+        raise ToolError("division by zero", "division_by_zero") from None
+    except OverflowError:
+        raise ToolError("result too large", "too_large") from None
+    except (ValueError, TypeError) as exc:
+        raise ToolError(f"math error: {exc}", "math_domain") from None
+
+
+def _eval(node: ast.AST) -> Any:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(
+        node.value, bool
+    ):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow):
+            _check_power(left, right)
+        result = _BINARY[type(node.op)](left, right)
+        return _check_size(result)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.Name):
+        if node.id in CONSTANTS:
+            return CONSTANTS[node.id]
+        raise ToolError(f"unknown name {node.id!r}; known constants: {', '.join(CONSTANTS)}", "unknown_name")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        func = FUNCTIONS.get(node.func.id)
+        if func is None:
+            raise ToolError(
+                f"unknown function {node.func.id!r}; known functions: {', '.join(FUNCTIONS)}", "unknown_name"
+            )
+        return _check_size(func(*(_eval(a) for a in node.args)))
+    raise ToolError(f"unsupported syntax: {ast.dump(node)[:60]}", "syntax")
+
+
+def _check_power(base: Any, exponent: Any) -> None:
+    if abs(exponent) > MAX_EXPONENT and abs(base) > 1:
+        raise ToolError(f"power too large (exponent above {MAX_EXPONENT})", "too_large")
+
+
+def _check_size(value: Any) -> Any:
+    if isinstance(value, int) and value.bit_length() > MAX_INT_DIGITS * 3.33:
+        raise ToolError(f"result has more than {MAX_INT_DIGITS} digits", "too_large")
+    if isinstance(value, complex):
+        raise ToolError("result is a complex number", "math_domain")
+    return value
+
+
+def format_number(value: int | float) -> str:
+    """Whole floats print as integers-with-.0 trimmed; others with up to 12 significant digits."""
+    if isinstance(value, float):
+        if math.isfinite(value) and value == int(value) and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:.12g}"
+    return str(value)

@@ -1,0 +1,124 @@
+"""The tool registry: names, schemas, argument validation."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+
+class ToolError(Exception):
+    """A tool failed in a way the model should hear about (becomes an `Error: ...` observation)."""
+
+    def __init__(self, message: str, error_type: str = "tool_error") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class InvalidArguments(ToolError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "invalid_arguments")
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    args_model: type[BaseModel]
+    description: str
+    func: Callable[[Any], str] | None = None
+    sandboxed: bool = False  # runs on the reactq.sandbox queue, not inside the step
+    idempotent: bool = False  # results may be cached by (tool, arguments)
+
+    def openai_schema(self) -> dict[str, Any]:
+        params = self.args_model.model_json_schema()
+        params.pop("title", None)
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": params},
+        }
+
+    def text_signature(self) -> str:
+        fields = ", ".join(
+            f"{name}: {getattr(f.annotation, '__name__', str(f.annotation))}"
+            for name, f in self.args_model.model_fields.items()
+        )
+        return f"{self.name}({fields}) - {self.description}"
+
+    def validate(self, arguments: dict[str, Any] | str) -> BaseModel:
+        """Validate what the model sent. A plain string is accepted for a tool with one required field."""
+        if isinstance(arguments, str):
+            arguments = self._coerce_string(arguments)
+        try:
+            return self.args_model.model_validate(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
+            raise InvalidArguments(
+                f"invalid arguments for {self.name}: {problems}. Expected JSON like "
+                f"{json.dumps(self._example())}"
+            ) from None
+
+    def _coerce_string(self, raw: str) -> dict[str, Any]:
+        required = [n for n, f in self.args_model.model_fields.items() if f.is_required()]
+        if len(required) == 1:
+            return {required[0]: raw}
+        raise InvalidArguments(
+            f"{self.name} takes a JSON object with fields {list(self.args_model.model_fields)}, got a string"
+        )
+
+    def _example(self) -> dict[str, str]:
+        return {name: "..." for name in self.args_model.model_fields}
+
+    def run(self, args: BaseModel) -> str:
+        if self.func is None:
+            raise ToolError(f"{self.name} cannot run inline", "not_inline")
+        return self.func(args)
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, t: Tool) -> Tool:
+        self._tools[t.name.lower()] = t
+        return t
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name.strip().lower())
+
+    def names(self) -> list[str]:
+        return sorted(t.name for t in self._tools.values())
+
+    def all(self) -> list[Tool]:
+        return [self._tools[n] for n in sorted(self._tools)]
+
+    def load_modules(self, modules: list[str]) -> None:
+        """Import users' tool modules (REACTQ_TOOL_MODULES); importing registers their tools."""
+        for module in modules:
+            importlib.import_module(module)
+
+
+REGISTRY = ToolRegistry()
+
+
+def tool(
+    name: str,
+    args_model: type[BaseModel],
+    description: str,
+    *,
+    sandboxed: bool = False,
+    idempotent: bool = False,
+    registry: ToolRegistry = REGISTRY,
+) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
+    """Decorator: register `func(args: args_model) -> str` as a tool."""
+
+    def decorate(func: Callable[[Any], str]) -> Callable[[Any], str]:
+        registry.register(Tool(name, args_model, description, func, sandboxed, idempotent))
+        return func
+
+    return decorate
