@@ -13,8 +13,8 @@ Wire format (stdin -> agent): ASCII decimal length + newline + ASCII JSON reques
 (agent -> stdout): frames of 1 byte kind + 4-byte big-endian length + payload;
 kind b"1" = program stdout, b"2" = program stderr, b"X" = JSON exit record.
 The request is pure printable ASCII so it can never contain Docker's detach key
-sequence (ctrl-p ctrl-q) on the attached stdin. The program may forge frames (it can reach the agent); that only lies about its own
-result. Limits, timeouts and kills are enforced outside the sandbox.
+sequence (ctrl-p ctrl-q) on the attached stdin. The program may forge frames (it
+can reach the agent); that only lies about its own result. Limits, timeouts and kills are enforced outside the sandbox.
 """
 
 import json

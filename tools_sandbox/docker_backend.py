@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import socket
 import struct
 import threading
@@ -29,7 +28,7 @@ from docker.types import LogConfig, Ulimit
 
 from .errors import SandboxUnavailable
 from .models import SandboxResult, Tier
-from .protocol import FrameParser, agent_source, decode, encode_request
+from .protocol import FrameParser, agent_source, decode, encode_request, interpret_exit
 
 log = logging.getLogger(__name__)
 
@@ -224,18 +223,11 @@ class DockerBackend:
         error: str | None = None
         stderr_note = ""
         if exit_rec is not None:
-            exit_code = exit_rec.get("exit_code")
-            sig = exit_rec.get("signal")
-            if sig is not None:
-                exit_code = 128 + int(sig)
-                if sig == signal.SIGXCPU or (sig == signal.SIGKILL and
-                                              exit_rec.get("cpu_s", 0) >= tier.cpu_time_s):
-                    timed_out = True
-                    stderr_note = f"\n[cpu time limit of {tier.cpu_time_s}s reached]"
-                elif sig == signal.SIGKILL:
-                    oom = exit_rec.get("oom_kills", 0) > 0 or self._oom_killed(sandbox)
-            if exit_rec.get("memory_error"):
-                oom = True
+            info = interpret_exit(exit_rec, tier)
+            exit_code = info.exit_code
+            timed_out = timed_out or info.cpu_limited
+            stderr_note = info.stderr_note
+            oom = info.memory_error or (info.killed_by_sigkill and (info.oom_kills > 0 or self._oom_killed(sandbox)))
             if exit_rec.get("truncated"):
                 parser.truncated = True
         elif not killed:
@@ -266,7 +258,7 @@ class DockerBackend:
             timed_out=timed_out, oom_killed=oom, truncated=parser.truncated,
             duration_ms=int((time.monotonic() - started) * 1000), tier=tier.name, error=error,
             backend=self.name,
-        )
+        ).with_cpu(parser.exit.get("cpu_s") if parser.exit else None)
 
     def _oom_killed(self, sandbox: DockerSandbox) -> bool:
         try:

@@ -6,7 +6,7 @@ observation says which isolation produced it ("docker" or the weaker "process").
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
 class SandboxResult(BaseModel):
@@ -22,6 +22,16 @@ class SandboxResult(BaseModel):
     tier: str
     error: str | None = None
     backend: str
+    # CPU seconds the program used, when the agent reported them (quota accounting only).
+    _cpu_seconds: float | None = PrivateAttr(default=None)
+
+    @property
+    def cpu_seconds(self) -> float | None:
+        return self._cpu_seconds
+
+    def with_cpu(self, seconds: float | None) -> SandboxResult:
+        self._cpu_seconds = seconds
+        return self
 
     @property
     def outcome(self) -> str:

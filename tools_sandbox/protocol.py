@@ -8,6 +8,7 @@ to the agent's stdout), so the worker's memory stays flat under an output flood.
 from __future__ import annotations
 
 import json
+import signal
 import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -101,3 +102,31 @@ class FrameParser:
 
 def decode(data: bytes | bytearray) -> str:
     return bytes(data).decode("utf-8", errors="replace")
+
+
+@dataclass
+class ExitInfo:
+    """What the agent's exit record means under a tier's limits."""
+
+    exit_code: int | None
+    cpu_limited: bool = False
+    killed_by_sigkill: bool = False
+    memory_error: bool = False
+    oom_kills: int = -1
+    stderr_note: str = ""
+
+
+def interpret_exit(record: dict, tier: Tier) -> ExitInfo:
+    """Exit code as a shell reports it (128+signal), and which limit, if any, ended the program."""
+    sig = record.get("signal")
+    info = ExitInfo(exit_code=record.get("exit_code"), memory_error=bool(record.get("memory_error")),
+                    oom_kills=int(record.get("oom_kills", -1)))
+    if sig is not None:
+        info.exit_code = 128 + int(sig)
+        # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one (soft + 1s).
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and record.get("cpu_s", 0) >= tier.cpu_time_s):
+            info.cpu_limited = True
+            info.stderr_note = f"\n[cpu time limit of {tier.cpu_time_s}s reached]"
+        elif sig == signal.SIGKILL:
+            info.killed_by_sigkill = True
+    return info
