@@ -1,0 +1,174 @@
+"""The HTTP API: submit runs and batches, read them, follow a run's events, cancel, /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field, ValidationError
+
+from . import metrics
+from .display import run_json
+from .metrics_server import initialise
+from .models import Mode, RunSpec
+from .reaper import queue_depths
+from .runner import record_finished
+from .runtime import get_runtime
+from .submit import InvalidRequest, cancel, new_batch_id, submit
+from .tasks import send_step
+
+
+@asynccontextmanager
+async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    initialise(get_runtime())
+    yield
+
+
+app = FastAPI(title="reactq", version="0.1.0", lifespan=_lifespan)
+
+
+class RunRequest(BaseModel, extra="forbid"):
+    question: str
+    tenant: str = "default"
+    tier: str = "standard"
+    max_steps: int | None = None
+    mode: Mode | None = None
+    id: str | None = None
+
+
+class BatchRequest(BaseModel, extra="forbid"):
+    runs: list[RunRequest] = Field(min_length=1, max_length=10_000)
+    tenant: str | None = None
+    tier: str | None = None
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "status": status}})
+
+
+@app.exception_handler(HTTPException)
+async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    return _error(exc.status_code, str(exc.detail))
+
+
+@app.exception_handler(InvalidRequest)
+async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
+    return _error(422, str(exc))
+
+
+@app.exception_handler(ValidationError)
+async def _validation(_: Request, exc: ValidationError) -> JSONResponse:
+    return _error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+
+
+@app.exception_handler(RequestValidationError)
+async def _request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    return _error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+
+
+def _spec(r: RunRequest, tenant: str | None = None, tier: str | None = None) -> RunSpec:
+    return RunSpec(question=r.question, tenant=tenant or r.tenant, tier=tier or r.tier, max_steps=r.max_steps,
+                   mode=r.mode, client_id=r.id)
+
+
+@app.post("/v1/runs", status_code=201)
+def create_run(body: RunRequest) -> dict:
+    rt = get_runtime()
+    [run] = submit(rt.store, [_spec(body)], rt.settings, send_step)
+    return run_json(run)
+
+
+@app.post("/v1/batches", status_code=201)
+def create_batch(body: BatchRequest) -> dict:
+    rt = get_runtime()
+    batch_id = new_batch_id()
+    specs = [_spec(r, body.tenant, body.tier) for r in body.runs]
+    rt.store.create_batch(batch_id, {"size": str(len(specs))})
+    runs = submit(rt.store, specs, rt.settings, send_step, batch_id=batch_id)
+    return {"batch_id": batch_id, "run_ids": [r.id for r in runs]}
+
+
+@app.get("/v1/runs/{run_id}")
+def get_run(run_id: str, trace: bool = False) -> dict:
+    rt = get_runtime()
+    run = rt.store.load_run(run_id)
+    if run is None:
+        raise HTTPException(404, f"no run {run_id!r}")
+    return run_json(run, rt.store.load_steps(run_id) if trace else None)
+
+
+@app.post("/v1/runs/{run_id}/cancel")
+def cancel_run(run_id: str) -> dict:
+    rt = get_runtime()
+    if rt.store.load_run(run_id) is None:
+        raise HTTPException(404, f"no run {run_id!r}")
+    run = cancel(rt.store, run_id)
+    assert run is not None
+    if run.status.value == "cancelled":
+        record_finished(run)
+    return run_json(run)
+
+
+@app.get("/v1/runs/{run_id}/events")
+def run_events(run_id: str) -> StreamingResponse:
+    """Server-sent events: queued, each step as it is recorded, finished."""
+    rt = get_runtime()
+    if rt.store.load_run(run_id) is None:
+        raise HTTPException(404, f"no run {run_id!r}")
+
+    def stream() -> Iterator[str]:
+        last = "0"
+        while True:
+            for entry_id, fields in rt.store.read_events(run_id, last, block_ms=15_000):
+                last = entry_id
+                yield f"id: {entry_id}\nevent: {fields['type']}\ndata: {fields['data']}\n\n"
+                if fields["type"] == "finished":
+                    return
+            yield ": keep-alive\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+@app.get("/v1/batches/{batch_id}")
+def get_batch(batch_id: str) -> dict:
+    rt = get_runtime()
+    info = rt.store.batch_info(batch_id)
+    if not info:
+        raise HTTPException(404, f"no batch {batch_id!r}")
+    run_ids = rt.store.batch_run_ids(batch_id)
+    counts: dict[str, int] = {}
+    for run in rt.store.load_runs(run_ids):
+        if run is not None:
+            counts[run.status.value] = counts.get(run.status.value, 0) + 1
+    return {
+        "batch_id": batch_id,
+        "size": len(run_ids),
+        "finished": len(rt.store.r.lrange(f"reactq:batch:{batch_id}:done", 0, -1)),
+        "statuses": counts,
+        "usage": {k: float(v) for k, v in info.items() if k in ("prompt_tokens", "completion_tokens", "cost_usd")},
+        "run_ids": run_ids,
+    }
+
+
+@app.get("/healthz")
+def healthz() -> dict:
+    rt = get_runtime()
+    try:
+        rt.redis.ping()
+    except Exception as exc:
+        raise HTTPException(503, f"Redis at {rt.settings.redis_url} unreachable: {exc}") from None
+    return {"status": "ok"}
+
+
+@app.get("/metrics")
+def metrics_endpoint() -> Response:
+    rt = get_runtime()
+    try:
+        for queue, depth in queue_depths(rt).items():
+            metrics.QUEUE_DEPTH.labels(queue).set(depth)
+        metrics.RUNS_IN_PROGRESS.set(rt.store.active_count())
+    except Exception:  # Redis down: still serve the counters this process has
+        pass
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
