@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
-from . import metrics
+from . import keys, metrics
 from .display import run_json
 from .metrics_server import initialise
 from .models import Mode, RunSpec
@@ -145,7 +147,7 @@ def get_batch(batch_id: str) -> dict:
     return {
         "batch_id": batch_id,
         "size": len(run_ids),
-        "finished": len(rt.store.r.lrange(f"reactq:batch:{batch_id}:done", 0, -1)),
+        "finished": len(rt.store.r.llen(keys.batch_done(batch_id))),
         "statuses": counts,
         "usage": {k: float(v) for k, v in info.items() if k in ("prompt_tokens", "completion_tokens", "cost_usd")},
         "run_ids": run_ids,
