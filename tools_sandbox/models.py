@@ -55,9 +55,9 @@ class SandboxResult(BaseModel):
         """The text an agent sees: output, then markers for every limit that was hit."""
         parts = []
         if self.stdout:
-            parts.append(self.stdout)
+            parts.append(self.stdout.rstrip("\n"))
         if self.stderr:
-            parts.append(f"[stderr]\n{self.stderr}")
+            parts.append(f"[stderr]\n{self.stderr.rstrip(chr(10))}")
         if self.truncated:
             parts.append("[output truncated: the tier's output limit was reached]")
         if self.timed_out:
