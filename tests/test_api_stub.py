@@ -239,7 +239,7 @@ def test_300_concurrent_requests_with_latency(make_stub) -> None:  # noqa: ANN00
 def test_serve_entry_point_in_a_subprocess() -> None:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "api_stub", "--port", str(port), "--latency-ms", "10",
-                             "--fail-first-n", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--fail-first-n", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port)
         assert httpx.get(f"http://127.0.0.1:{port}/stub/faults").json()["fail_first_n"] == 1
