@@ -1,1 +1,111 @@
-"""Sandbox test fixtures (owned by the sandbox work)."""
+"""Sandbox test fixtures (owned by the sandbox work).
+
+Docker tests need a real engine and the sandbox image. Without an engine they skip
+on a laptop, but fail when REACTQ_REQUIRE_DOCKER=1 (CI sets it): CI must never
+silently skip the attack suite.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TEST_TIERS = """
+[tiers.tiny]
+cpus = 0.5
+memory_mb = 64
+wall_time_s = 2
+cpu_time_s = 1
+pids = 32
+output_bytes = 8192
+tmpfs_mb = 8
+nofile = 64
+pool_size = 2
+
+[tiers.tiny.quota]
+concurrent_executions = 2
+executions_per_minute = 1000
+cpu_seconds_per_day = 1000
+
+[tiers.roomy]
+cpus = 1.0
+memory_mb = 256
+wall_time_s = 10
+cpu_time_s = 8
+pids = 64
+output_bytes = 65536
+tmpfs_mb = 32
+pool_size = 1
+
+[tiers.roomy.quota]
+concurrent_executions = 1
+executions_per_minute = 3
+cpu_seconds_per_day = 5
+"""
+
+
+def _require_docker() -> bool:
+    return os.environ.get("REACTQ_REQUIRE_DOCKER", "") == "1"
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[object]:
+    """A docker SDK client to a live engine (skip, or fail when REACTQ_REQUIRE_DOCKER=1)."""
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except (docker.errors.DockerException, OSError) as exc:
+        msg = f"no Docker engine answers ({exc}); run scripts/start-dockerd.sh"
+        if _require_docker():
+            pytest.fail(f"REACTQ_REQUIRE_DOCKER=1 but {msg}")
+        pytest.skip(msg)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(docker_engine: object) -> str:
+    """The sandbox image, built offline once (reused when present)."""
+    from tools_sandbox.config import SandboxSettings
+    from tools_sandbox.image import build_image
+
+    tag = SandboxSettings().sandbox_image
+    build_image(docker_engine, tag, log=lambda _msg: None)  # type: ignore[arg-type]
+    return tag
+
+
+@pytest.fixture(scope="session")
+def test_tiers_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Small, fast tiers for tests: `tiny` (2 s wall, 64 MB) and `roomy` (tight quotas)."""
+    path = tmp_path_factory.mktemp("tiers") / "tiers.toml"
+    path.write_text(TEST_TIERS, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def sandbox_settings(test_tiers_file: Path) -> object:
+    from tools_sandbox.config import SandboxSettings
+
+    return SandboxSettings(sandbox_tiers_file=test_tiers_file)
+
+
+@pytest.fixture
+def docker_backend(sandbox_image: str) -> Iterator[object]:
+    """A started DockerBackend (no pool); closing waits for its removals."""
+    from tools_sandbox.docker_backend import DockerBackend
+
+    backend = DockerBackend(sandbox_image)
+    backend.start()
+    yield backend
+    backend.close()
+
+
+def labelled_containers(client: object) -> list[dict]:
+    """Every container carrying the sandbox label, on the test engine."""
+    return client.api.containers(all=True, filters={"label": "reactq.sandbox=1"})  # type: ignore[attr-defined]

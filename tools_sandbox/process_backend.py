@@ -63,6 +63,8 @@ class ProcessBackend:
         cmd += [
             "--size", str(tier.tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp",
             "--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp", "--hostname", "sandbox",
+            # bwrap's own root is a writable tmpfs: make it read-only after the mounts.
+            "--remount-ro", "/",
             "--uid", str(NOBODY), "--gid", str(NOBODY), "--clearenv",
             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
             "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",

@@ -1,0 +1,98 @@
+"""The process (bubblewrap) backend: weaker isolation, but the basic attacks still fail."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tools_sandbox import load_tiers
+from tools_sandbox.process_backend import ProcessBackend
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = ProcessBackend()
+    b.start()
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def tier(test_tiers_file: Path):
+    return load_tiers(test_tiers_file)["tiny"]
+
+
+def test_runs_and_names_itself(backend, tier) -> None:
+    r = backend.execute("print(6*7)", tier)
+    assert (r.exit_code, r.stdout, r.backend, r.error) == (0, "42\n", "process", None)
+
+
+def test_no_host_env_no_root_no_caps(backend, tier, monkeypatch) -> None:
+    monkeypatch.setenv("REACTQ_FAKE_SECRET", "hunter2-process")
+    code = ("import os,glob\nprint(os.getuid(), os.getgid())\nprint(sorted(os.environ))\n"
+            "s=open('/proc/self/status').read()\nprint([l for l in s.splitlines() if l.startswith('CapEff')])\n"
+            "for p in glob.glob('/proc/*/environ'):\n  print(open(p,'rb').read())")
+    r = backend.execute(code, tier)
+    assert r.exit_code == 0, r.stderr
+    assert "hunter2" not in r.stdout and "REACTQ_FAKE_SECRET" not in r.stdout
+    assert r.stdout.splitlines()[0] == "65534 65534"
+    assert "CapEff:\\t0000000000000000" in r.stdout
+
+
+def test_no_network(backend, tier) -> None:
+    code = ("import socket\nfor a in [('1.1.1.1',53),('127.0.0.1',6379)]:\n  try:\n"
+            "    socket.create_connection(a,timeout=1); print('CONNECTED', a)\n"
+            "  except OSError as e: print('blocked', e.errno)\n"
+            "try:\n  socket.getaddrinfo('example.com', 80); print('RESOLVED')\nexcept OSError: print('nodns')\n"
+            "import os; print(os.listdir('/sys/class/net') if os.path.exists('/sys/class/net') else ['lo'])")
+    r = backend.execute(code, tier)
+    assert "CONNECTED" not in r.stdout and "RESOLVED" not in r.stdout and "nodns" in r.stdout
+
+
+def test_host_filesystem_hidden_and_read_only(backend, tier) -> None:
+    code = ("import os\nprint(sorted(os.listdir('/')))\nbad=[]\n"
+            "for p in ['/usr/x','/x','/etc/x','/root/x']:\n  try:\n    open(p,'w'); bad.append(p)\n"
+            "  except OSError: pass\nprint('writable', bad)\n"
+            f"print(os.path.exists({str(Path.cwd())!r}), os.path.exists('/var/run/docker.sock'))")
+    r = backend.execute(code, tier)
+    assert "writable []" in r.stdout
+    assert r.stdout.strip().endswith("False False")
+    assert "'home'" not in r.stdout and "'etc'" not in r.stdout
+
+
+def test_cpu_spin_and_sleep_are_stopped(backend, tier) -> None:
+    spin = backend.execute("while True: pass", tier)
+    assert spin.timed_out and spin.duration_ms < (tier.wall_time_s + 1) * 1000
+    sleep = backend.execute("import time; time.sleep(60)", tier)
+    assert sleep.timed_out and sleep.exit_code is None
+    assert sleep.duration_ms < (tier.wall_time_s + 1) * 1000
+
+
+def test_memory_bomb_and_output_flood(backend, tier) -> None:
+    mem = backend.execute("x = bytearray(512 << 20)", tier)
+    assert mem.oom_killed and mem.exit_code != 0
+    flood = backend.execute("import sys\nwhile True: sys.stdout.write('x'*65536)", tier)
+    assert flood.truncated and len(flood.stdout) <= tier.output_bytes
+
+
+def test_tmpfs_is_capped_and_private(backend, tier) -> None:
+    code = ("import errno\nn=0\ntry:\n  for i in range(100):\n    open(f'/tmp/f{i}','wb').write(b'x'*(1<<20)); n+=1\n"
+            "except OSError as e: print('stopped', e.errno, n)")
+    r = backend.execute(code, tier)
+    assert "stopped" in r.stdout
+    assert int(r.stdout.split()[-1]) <= tier.tmpfs_mb
+    assert not any(p.startswith("f") and (Path("/tmp") / p).stat().st_uid == 65534 for p in os.listdir("/tmp")
+                   if (Path("/tmp") / p).is_file() and p.startswith("f") and p[1:].isdigit())
+
+
+def test_background_process_dies_with_the_call(backend, tier) -> None:
+    r = backend.execute("import subprocess; subprocess.Popen(['sleep','300']); print('started')", tier)
+    assert r.stdout == "started\n"
+    assert r.duration_ms < tier.wall_time_s * 1000
+    out = os.popen("ps -eo user:20,args | grep '[s]leep 300' | grep -c nobody").read().strip()
+    assert out == "0"
