@@ -1,7 +1,7 @@
 """The production backend: one locked-down Docker container per execution.
 
 Each sandbox is a container running the agent (see _agent.py) under an init, with
-every hardening applied whatever the tier: no network, read-only root, a capped
+every hardening applied whatever the tier (tini from the image as init): no network, read-only root, a capped
 tmpfs at /tmp as the only writable place, uid 65534, all capabilities dropped,
 no-new-privileges, pids/memory(+no swap)/CPU limits, fsize/nofile ulimits, no
 /dev/shm, no logging driver (an output flood must not fill the host's disk), an
@@ -151,7 +151,6 @@ class DockerBackend:
                 Ulimit(name="nofile", soft=tier.nofile, hard=tier.nofile),
                 Ulimit(name="core", soft=0, hard=0),
             ],
-            init=True,
             ipc_mode="none",
             log_config=LogConfig(type="none"),
             runtime=tier.runtime if tier.runtime in self._runtimes else None,
@@ -164,6 +163,9 @@ class DockerBackend:
         try:
             created = self.api.create_container(
                 self.image,
+                # tini from the image as PID 1 reaps orphans and forwards signals. Not init=True:
+                # that bind-mounts the host's docker-init binary, and no host path enters a sandbox.
+                entrypoint=["/usr/bin/tini", "--"],
                 command=["python3", "-c", agent_source()],
                 user=SANDBOX_USER,
                 environment=SANDBOX_ENV,
@@ -215,6 +217,9 @@ class DockerBackend:
             return self._result(tier, started, parser, exit_code=None,
                                 error=f"sandbox_unavailable: lost the sandbox connection: {exc}")
         if timed_out or parser.truncated:
+            # Close our end first: the engine's stream copier must not block on a reader that
+            # stopped reading (an output flood), or the kill itself would wait for it.
+            self._close_socket(sandbox)
             self.kill(sandbox)
             killed = True
         exit_rec = parser.exit
@@ -281,11 +286,16 @@ class DockerBackend:
         except docker.errors.DockerException:
             pass
 
+    @staticmethod
+    def _close_socket(sandbox: DockerSandbox) -> None:
+        for closable in (sandbox.raw, sandbox.sock):
+            try:
+                closable.close()  # type: ignore[attr-defined]
+            except (OSError, AttributeError):
+                pass
+
     def destroy(self, sandbox: DockerSandbox) -> None:
-        try:
-            sandbox.raw.close()
-        except OSError:
-            pass
+        self._close_socket(sandbox)
         self.destroy_id(sandbox.container_id)
 
     def destroy_id(self, container_id: str) -> None:
