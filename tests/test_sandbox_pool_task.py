@@ -1,0 +1,140 @@
+"""Orphan reaping, the warm pool's replacement policy, and the Celery task."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import redis
+from celery import Celery
+
+from tests.fixtures_sandbox import labelled_containers
+from tools_sandbox import SandboxResult, SandboxService, load_tiers
+from tools_sandbox.pool import WarmPool
+
+
+@pytest.mark.docker
+def test_orphans_of_a_dead_worker_are_reaped(sandbox_image, docker_engine, test_tiers_file) -> None:
+    # A "worker" starts a sandbox and is SIGKILLed mid-execution: its container stays behind.
+    script = textwrap.dedent(f"""
+        import os, signal
+        from tools_sandbox.docker_backend import DockerBackend
+        from tools_sandbox.tiers import load_tiers
+        b = DockerBackend({sandbox_image!r}); b.start()
+        sb = b.create_sandbox(load_tiers({str(test_tiers_file)!r})["tiny"])
+        sb.raw.sendall(b"")
+        print(sb.container_id, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    orphan = proc.stdout.strip()
+    assert orphan, proc.stderr
+    assert orphan in [c["Id"] for c in labelled_containers(docker_engine)]
+
+    from tools_sandbox.docker_backend import DockerBackend
+
+    backend = DockerBackend(sandbox_image)
+    backend.start()
+    tiers = load_tiers(test_tiers_file)
+    pool = WarmPool(backend, tiers, {"tiny": 1})
+    try:
+        pool.start()
+        assert orphan in pool.reaped
+        assert pool.wait_ready(60)
+        ids = [c["Id"] for c in labelled_containers(docker_engine)]
+        assert orphan not in ids and len(ids) == 1  # only our live, warm sandbox
+        # A live worker's sandboxes are not reaped by a sibling.
+        assert backend.reap_orphans() == []
+    finally:
+        pool.close()
+        backend.close()
+    assert labelled_containers(docker_engine) == []
+
+
+@pytest.mark.docker
+def test_pool_never_reuses_a_sandbox(sandbox_image, sandbox_settings, docker_engine) -> None:
+    with SandboxService(sandbox_settings, backend="docker") as service:
+        assert service.pool.wait_ready(60)
+        cids = set()
+        for _ in range(3):
+            sb = service.pool.acquire(service.tiers["tiny"])
+            cids.add(sb.container_id)
+            service.backend.run(sb, "pass")
+        assert len(cids) == 3
+    assert labelled_containers(docker_engine) == []
+
+
+def _celery_app(redis_url: str) -> Celery:
+    app = Celery("sandbox-test", broker=redis_url)
+    app.conf.task_always_eager = False
+    app.set_current()
+    return app
+
+
+def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monkeypatch) -> None:
+    from tools_sandbox import tasks
+
+    monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
+    monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "process")
+    monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(sandbox_settings.sandbox_tiers_file))
+    tasks.close_service()
+    app = _celery_app(redis_url)
+    request = {"code": "print(6*7)", "tier": "tiny", "tenant": "acme", "result_key": "test:result:1",
+               "continue_task": "reactq.steps.continue", "continue_args": ["run-1", 3],
+               "continue_queue": "reactq.test.continue"}
+    client = redis.Redis.from_url(redis_url)
+    try:
+        out = tasks.execute.apply(args=[request]).get()
+        assert out == {"result_key": "test:result:1", "outcome": "ok"}
+        stored = SandboxResult.model_validate_json(client.get("test:result:1"))
+        assert stored.stdout == "42\n" and stored.backend == "process"
+        assert 0 < client.ttl("test:result:1") <= 7 * 24 * 3600
+        assert client.llen("reactq.test.continue") == 1
+        message = json.loads(client.lindex("reactq.test.continue", 0))
+        assert message["headers"]["task"] == "reactq.steps.continue"
+
+        # Redelivery: no second execution, same stored result, the continuation is sent again.
+        request2 = dict(request, code="print('should not run')")
+        out = tasks.execute.apply(args=[request2]).get()
+        assert out["outcome"] == "redelivered"
+        assert SandboxResult.model_validate_json(client.get("test:result:1")).stdout == "42\n"
+        assert client.llen("reactq.test.continue") == 2
+
+        # An unknown tier is a visible result, not a lost run.
+        out = tasks.execute.apply(args=[dict(request, tier="gold", result_key="test:result:2")]).get()
+        bad = SandboxResult.model_validate_json(client.get("test:result:2"))
+        assert bad.error and bad.error.startswith("unknown_tier") and "tiny" in bad.error
+    finally:
+        tasks.close_service()
+        client.close()
+        app.close()
+
+
+def test_task_with_the_engine_gone_reports_unavailable(redis_url: str, sandbox_settings, monkeypatch) -> None:
+    from tools_sandbox import tasks
+
+    monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
+    monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "docker")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(sandbox_settings.sandbox_tiers_file))
+    tasks.close_service()
+    app = _celery_app(redis_url)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        started = time.monotonic()
+        out = tasks.execute.apply(args=[{"code": "print(1)", "tier": "tiny", "tenant": "acme",
+                                         "result_key": "test:result:gone", "continue_task": "x.y",
+                                         "continue_queue": "reactq.test.continue"}]).get()
+        assert out["outcome"] == "unavailable"
+        stored = SandboxResult.model_validate_json(client.get("test:result:gone"))
+        assert stored.error.startswith("sandbox_unavailable:") and "Docker" in stored.error
+        assert client.llen("reactq.test.continue") == 1
+        assert time.monotonic() - started < 30
+    finally:
+        tasks.close_service()
+        client.close()
+        app.close()
