@@ -97,8 +97,10 @@ def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
     out = []
     for i, call in enumerate(calls):
         call_id = call.id or f"call-{i}"
-        if call_id in seen:
-            call_id = f"{call_id}-{i}"
+        base, n = call_id, i
+        while call_id in seen:  # a suffixed id may itself be taken: ["a", "a-2", "a"]
+            call_id = f"{base}-{n}"
+            n += 1
         seen.add(call_id)
         out.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
     return out
@@ -192,16 +194,18 @@ def finish_observation(content: str, hint: str | None, limits: Limits) -> str:
 
 
 def after_step(run: Run, step: Step, now: float, limits: Limits) -> End | None:
-    """Outcome of a run once `step` is recorded; None means: enqueue the next step."""
+    """Outcome of a run once `step` is recorded; None means: enqueue the next step.
+
+    `run` is the record with the step already applied: its usage includes `step.usage` (the store
+    adds it before asking), so the step's tokens are not counted a second time here.
+    """
     if step.final_answer is not None:
         return End(RunStatus.SUCCEEDED, "")
     if step.index + 1 >= run.max_steps:
         return End(RunStatus.MAX_STEPS, f"reached max_steps={run.max_steps} without a final answer")
     if run.deadline_at is not None and now >= run.deadline_at:
         return End(RunStatus.TIMEOUT, "run deadline passed")
-    spent = run.usage.prompt_tokens + run.usage.completion_tokens + step.usage.prompt_tokens + (
-        step.usage.completion_tokens
-    )
+    spent = run.usage.prompt_tokens + run.usage.completion_tokens
     if limits.max_tokens_per_run and spent >= limits.max_tokens_per_run:
         return End(RunStatus.BUDGET_EXCEEDED, f"token budget of {limits.max_tokens_per_run} spent ({spent})")
     return None

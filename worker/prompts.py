@@ -100,7 +100,8 @@ def step_messages(mode: Mode, step: Step) -> list[Message]:
 def summarize_step(step: Step, max_chars: int) -> str:
     """One line for a compacted step."""
     if step.error is not None:
-        line = f"step {step.index + 1}: invalid output ({step.error.splitlines()[0]})"
+        first = step.error.splitlines()[0] if step.error.strip() else ""  # "" has no first line
+        line = f"step {step.index + 1}: invalid output ({first})"
     else:
         parts = []
         for call, obs in zip(step.tool_calls, step.observations, strict=False):

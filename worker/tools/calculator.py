@@ -35,11 +35,17 @@ def _factorial(n: float) -> int:
     return math.factorial(int(n))
 
 
+def _pow(base: Any, exponent: Any, *modulus: Any) -> Any:
+    if not modulus:  # three-argument pow is modular and stays small
+        _check_power(base, exponent)
+    return pow(base, exponent, *modulus)
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sqrt": math.sqrt, "log": math.log, "log10": math.log10, "log2": math.log2, "exp": math.exp,
     "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
     "atan": math.atan, "abs": abs, "round": round, "floor": math.floor, "ceil": math.ceil,
-    "factorial": _factorial, "min": min, "max": max, "pow": pow,
+    "factorial": _factorial, "min": min, "max": max, "pow": _pow,
 }
 CONSTANTS: dict[str, float] = {"pi": math.pi, "e": math.e, "tau": math.tau}
 
@@ -102,6 +108,8 @@ def _check_size(value: Any) -> Any:
         raise ToolError(f"result has more than {MAX_INT_DIGITS} digits", "too_large")
     if isinstance(value, complex):
         raise ToolError("result is a complex number", "math_domain")
+    if isinstance(value, float) and not math.isfinite(value):  # 1e308 * 10 overflows to inf silently
+        raise ToolError("result too large", "too_large")
     return value
 
 

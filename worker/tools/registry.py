@@ -64,6 +64,11 @@ class Tool:
             ) from None
 
     def _coerce_string(self, raw: str) -> dict[str, Any]:
+        if raw.lstrip().startswith("{"):  # meant as a JSON object but unreadable; same rule as the text parser
+            raise InvalidArguments(
+                f"invalid arguments for {self.name}: not a valid JSON object. Expected JSON like "
+                f"{json.dumps(self._example())}"
+            )
         required = [n for n, f in self.args_model.model_fields.items() if f.is_required()]
         if len(required) == 1:
             return {required[0]: raw}

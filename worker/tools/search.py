@@ -69,7 +69,10 @@ def serpapi_search(query: str, api_key: str, client: httpx.Client, url: str = SE
         raise ToolError(f"web search unavailable: {exc.__class__.__name__}", "search_unavailable") from None
     if response.status_code != 200:
         raise ToolError(f"web search failed with HTTP {response.status_code}", "search_http_error")
-    payload = response.json()
+    try:
+        payload = response.json()
+    except ValueError:
+        raise ToolError("web search returned an unreadable response", "search_bad_response") from None
     results = []
     if answer := payload.get("answer_box", {}).get("answer"):
         results.append({"title": "Answer", "text": str(answer)})

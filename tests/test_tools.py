@@ -1,0 +1,472 @@
+"""Inline tools: the calculator, offline search and the SerpAPI backend (against a real local HTTP
+server), and the tool registry."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from pydantic import BaseModel, Field
+
+from worker.tools import REGISTRY
+from worker.tools import calculator as calc
+from worker.tools.registry import InvalidArguments, Tool, ToolError, ToolRegistry, tool
+from worker.tools.search import TOP_K, OfflineCorpus, format_results, serpapi_search
+
+# --- calculator ----------------------------------------------------------------------------------
+
+CALC_CASES = [
+    ("1 + 2 * 3", 7),
+    ("(1 + 2) * 3", 9),
+    ("10 - 4 - 3", 3),
+    ("2 ** 3 ** 2", 512),
+    ("2 ^ 10", 1024),
+    ("2^3^2", 512),
+    ("-2 ** 2", -4),
+    ("(-2) ** 2", 4),
+    ("--3", 3),
+    ("+5", 5),
+    ("-(3 - 5)", 2),
+    ("7 / 2", 3.5),
+    ("7 // 2", 3),
+    ("-7 // 2", -4),
+    ("7 % 3", 1),
+    ("3 × 4", 12),
+    ("12 ÷ 4", 3.0),
+    ("  (17 + 25) * 3  ", 126),
+    ("sqrt(1764)", 42.0),
+    ("abs(-3)", 3),
+    ("round(2.567, 2)", 2.57),
+    ("floor(2.7) + ceil(2.1)", 5),
+    ("min(4, 2, 8)", 2),
+    ("max(4, 2, 8)", 8),
+    ("pow(2, 10)", 1024),
+    ("pow(3, 200, 7)", pow(3, 200, 7)),
+    ("log(e)", 1.0),
+    ("log10(1000)", 3.0),
+    ("log2(8)", 3.0),
+    ("log(8, 2)", 3.0),
+    ("exp(0)", 1.0),
+    ("factorial(5)", 120),
+    ("factorial(5.0)", 120),
+    ("factorial(0)", 1),
+    ("sin(0) + cos(0)", 1.0),
+    ("pi", math.pi),
+    ("tau / 2", math.pi),
+    ("2 ** 0.5", math.sqrt(2)),
+    ("0.5 ** 100000", 0.0),
+    ("1 ** 100000", 1),
+    ("1e3 + 1", 1001.0),
+    ("2 ** 9999", 2**9999),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), CALC_CASES)
+def test_calculator_evaluates(expression, expected):
+    result = calc.evaluate(expression)
+    assert result == pytest.approx(expected)
+    assert type(result) is type(expected) or isinstance(expected, float)
+
+
+ERROR_CASES = [
+    ("1 / 0", "division_by_zero", "division by zero"),
+    ("5 // 0", "division_by_zero", "division by zero"),
+    ("5 % 0", "division_by_zero", "division by zero"),
+    ("1 / (2 - 2)", "division_by_zero", "division by zero"),
+    ("10 ** 100000", "too_large", "power too large"),
+    ("9 ** 9 ** 9", "too_large", "power too large"),
+    ("2 ^ 99999", "too_large", "power too large"),
+    ("pow(10, 100000)", "too_large", "power too large"),
+    ("pow(9, pow(9, 9))", "too_large", "power too large"),
+    ("9 ** 9999", "too_large", "more than 4000 digits"),
+    ("factorial(1000) * factorial(1000)", "too_large", "more than 4000 digits"),
+    ("10.0 ** 400", "too_large", "too large"),
+    ("1e308 * 10", "too_large", "too large"),
+    ("exp(1000)", "too_large", "too large"),
+    ("factorial(1001)", "too_large", "max 1000"),
+    ("factorial(-1)", "math_domain", "non-negative whole number"),
+    ("factorial(2.5)", "math_domain", "non-negative whole number"),
+    ("sqrt(-1)", "math_domain", "math error"),
+    ("log(0)", "math_domain", "math error"),
+    ("(-8) ** (1/3)", "math_domain", "complex"),
+    ("min()", "math_domain", "math error"),
+    ("", "syntax", "empty expression"),
+    ("   ", "syntax", "empty expression"),
+    ("1 +", "syntax", "cannot parse"),
+    ("2 + 3)", "syntax", "cannot parse"),
+    ("1" * 501, "too_large", "longer than 500"),
+    ("x + 1", "unknown_name", "unknown name 'x'; known constants: pi, e, tau"),
+    ("__import__('os')", "unknown_name", "unknown function '__import__'"),
+    ("open('/etc/passwd')", "unknown_name", "unknown function 'open'"),
+    ("foo(1)", "unknown_name", "known functions: sqrt, log,"),
+    ("(1).__class__", "syntax", "unsupported syntax"),
+    ("math.pi", "syntax", "unsupported syntax"),
+    ("sqrt.__self__", "syntax", "unsupported syntax"),
+    ("(lambda: 1)()", "syntax", "unsupported syntax"),
+    ("lambda x: x", "syntax", "unsupported syntax"),
+    ("[x for x in (1, 2)]", "syntax", "unsupported syntax"),
+    ("max(i for i in (1, 2))", "syntax", "unsupported syntax"),
+    ("'a' * 3", "syntax", "unsupported syntax"),
+    ("True + 1", "syntax", "unsupported syntax"),
+    ("1j * 2", "syntax", "unsupported syntax"),
+    ("1 << 100000", "syntax", "unsupported syntax"),
+    ("1 < 2", "syntax", "unsupported syntax"),
+    ("round(x=1)", "syntax", "unsupported syntax"),
+    ("max(*(1, 2))", "syntax", "unsupported syntax"),
+    ("sqrt(4)(2)", "syntax", "unsupported syntax"),
+    ("(1, 2)", "syntax", "unsupported syntax"),
+]
+
+
+@pytest.mark.parametrize(("expression", "error_type", "message"), ERROR_CASES)
+def test_calculator_errors(expression, error_type, message):
+    started = time.monotonic()
+    with pytest.raises(ToolError) as info:
+        calc.evaluate(expression)
+    assert time.monotonic() - started < 1.0  # huge powers are refused before they are computed
+    assert info.value.error_type == error_type
+    assert message in str(info.value)
+
+
+def test_unknown_function_lists_every_known_function():
+    with pytest.raises(ToolError) as info:
+        calc.evaluate("median(1, 2)")
+    for name in calc.FUNCTIONS:
+        assert name in str(info.value)
+
+
+def test_calculator_never_uses_eval(monkeypatch):
+    import builtins
+
+    def forbidden(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("eval called")
+
+    monkeypatch.setattr(builtins, "eval", forbidden)
+    assert calc.evaluate("6 * 7") == 42
+
+
+def test_deep_nesting_is_handled():
+    assert calc.evaluate("-" * 400 + "1") == 1
+    assert calc.evaluate("(" * 150 + "2" + ")" * 150) == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (42, "42"),
+        (-7, "-7"),
+        (42.0, "42"),
+        (-3.0, "-3"),
+        (0.0, "0"),
+        (3.5, "3.5"),
+        (0.1 + 0.2, "0.3"),
+        (1 / 3, "0.333333333333"),
+        (math.pi, "3.14159265359"),
+        (1e20, "1e+20"),
+        (1e-7, "1e-07"),
+        (2**70, str(2**70)),
+    ],
+)
+def test_format_number(value, text):
+    assert calc.format_number(value) == text
+
+
+def test_builtin_calculator_tool_formats_its_result():
+    t = REGISTRY.get("calculator")
+    assert t is not None and t.idempotent and not t.sandboxed
+    assert t.run(t.validate({"expression": "sqrt(1764)"})) == "42"
+    assert t.run(t.validate("2 ^ 10")) == "1024"
+    with pytest.raises(ToolError) as info:
+        t.run(t.validate({"expression": "1/0"}))
+    assert info.value.error_type == "division_by_zero"
+
+
+# --- offline search --------------------------------------------------------------------------------
+
+DOCS = [
+    {"title": "Paris", "text": "Paris is the capital of France, on the Seine."},
+    {"title": "Berlin", "text": "Berlin is the capital of Germany."},
+    {"title": "Seine", "text": "The Seine is a river that flows through Paris and Rouen to the sea."},
+    {"title": "Python", "text": "Python is a programming language created by Guido van Rossum."},
+    {"title": "Mount Everest", "text": "Everest is the highest mountain, 8849 metres tall."},
+]
+
+
+@pytest.fixture
+def corpus() -> OfflineCorpus:
+    return OfflineCorpus(DOCS)
+
+
+def titles(results) -> list[str]:
+    return [r["title"] for r in results]
+
+
+def test_search_ranks_the_best_match_first(corpus):
+    assert titles(corpus.search("capital of Germany"))[0] == "Berlin"
+    assert titles(corpus.search("Who created the Python programming language?")) == ["Python"]
+    assert titles(corpus.search("how tall is Everest"))[0] == "Mount Everest"
+
+
+def test_search_title_counts_more_than_text(corpus):
+    # "Seine" appears in the Paris text once, but is the title of its own document
+    assert titles(corpus.search("Seine"))[:2] == ["Seine", "Paris"]
+    assert titles(corpus.search("Paris"))[0] == "Paris"
+
+
+def test_search_is_case_insensitive_and_ignores_punctuation(corpus):
+    assert corpus.search("BERLIN!!!") == corpus.search("berlin")
+
+
+def test_search_returns_at_most_k(corpus):
+    results = corpus.search("capital Paris Berlin Seine Python Everest")
+    assert len(results) == TOP_K
+    assert len(corpus.search("capital Paris Berlin Seine", k=1)) == 1
+
+
+def test_search_without_matches_or_with_only_stop_words(corpus):
+    assert corpus.search("zebra quantum") == []
+    assert corpus.search("what is the") == []
+    assert corpus.search("") == []
+
+
+def test_rare_terms_outweigh_common_ones():
+    docs = [{"title": f"doc {i}", "text": "common words here"} for i in range(5)]
+    docs.append({"title": "special", "text": "common words and a rare unicorn"})
+    assert titles(OfflineCorpus(docs).search("common unicorn"))[0] == "special"
+
+
+def test_empty_corpus():
+    assert OfflineCorpus([]).search("anything") == []
+
+
+def test_format_results():
+    results = [{"title": "A", "text": "first"}, {"title": "B", "text": "second"}]
+    assert format_results("q", results) == "1. A: first\n2. B: second"
+    assert format_results("it's", []) == 'No results for "it\'s".'
+    assert format_results("zebra", []) == "No results for 'zebra'."
+
+
+# --- SerpAPI, up to the network boundary ---------------------------------------------------------
+
+
+class _FakeSerpApi(BaseHTTPRequestHandler):
+    """Answers every GET with the server's configured status and body, and records the path."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.server.requests.append(self.path)  # type: ignore[attr-defined]
+        config = self.server.config  # type: ignore[attr-defined]
+        self.send_response(config["status"])
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(config["body"])))
+        self.end_headers()
+        self.wfile.write(config["body"])
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+SERP_PAYLOAD = {
+    "search_metadata": {"status": "Success"},
+    "answer_box": {"answer": "8,849 m"},
+    "organic_results": [
+        {"position": 1, "title": "Mount Everest - Wikipedia", "snippet": "Everest is Earth's highest mountain."},
+        {"position": 2, "title": "Height of Everest", "snippet": "Surveyed at 8,848.86 m in 2020."},
+        {"position": 3, "title": "Third", "snippet": "cut by TOP_K"},
+    ],
+}
+
+
+@pytest.fixture
+def serp_server() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeSerpApi)
+    server.requests = []  # type: ignore[attr-defined]
+    server.config = {"status": 200, "body": json.dumps(SERP_PAYLOAD).encode()}  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=5.0) as c:
+        yield c
+
+
+def url_of(server: ThreadingHTTPServer) -> str:
+    host, port = server.server_address[:2]
+    return f"http://{host}:{port}/search.json"
+
+
+def test_serpapi_sends_the_query_and_key_and_reads_the_results(serp_server, client):
+    results = serpapi_search("how tall is Everest?", "secret-key", client, url=url_of(serp_server))
+    assert results == [
+        {"title": "Answer", "text": "8,849 m"},
+        {"title": "Mount Everest - Wikipedia", "text": "Everest is Earth's highest mountain."},
+        {"title": "Height of Everest", "text": "Surveyed at 8,848.86 m in 2020."},
+    ]
+    [path] = serp_server.requests
+    parts = urlsplit(path)
+    assert parts.path == "/search.json"
+    assert parse_qs(parts.query) == {
+        "q": ["how tall is Everest?"],
+        "api_key": ["secret-key"],
+        "engine": ["google"],
+        "num": [str(TOP_K)],
+    }
+
+
+def test_serpapi_without_answer_box_or_results(serp_server, client):
+    serp_server.config["body"] = json.dumps({"organic_results": [{"title": "T"}]}).encode()
+    assert serpapi_search("q", "k", client, url=url_of(serp_server)) == [{"title": "T", "text": ""}]
+    serp_server.config["body"] = b"{}"
+    results = serpapi_search("nothing", "k", client, url=url_of(serp_server))
+    assert format_results("nothing", results) == "No results for 'nothing'."
+
+
+def test_serpapi_http_error_is_a_tool_error(serp_server, client):
+    serp_server.config.update(status=500, body=b'{"error": "internal"}')
+    with pytest.raises(ToolError) as info:
+        serpapi_search("q", "secret-key", client, url=url_of(serp_server))
+    assert info.value.error_type == "search_http_error"
+    assert "HTTP 500" in str(info.value)
+    assert "secret-key" not in str(info.value)  # the key never reaches the model
+
+
+def test_serpapi_unreadable_body_is_a_tool_error(serp_server, client):
+    serp_server.config["body"] = b"<html>rate limited</html>"
+    with pytest.raises(ToolError) as info:
+        serpapi_search("q", "k", client, url=url_of(serp_server))
+    assert info.value.error_type == "search_bad_response"
+
+
+def test_serpapi_refused_connection_is_a_tool_error(client):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ToolError) as info:
+        serpapi_search("q", "k", client, url=f"http://127.0.0.1:{port}/search.json")
+    assert info.value.error_type == "search_unavailable"
+    assert "ConnectError" in str(info.value)
+
+
+# --- registry --------------------------------------------------------------------------------------
+
+
+class WeatherArgs(BaseModel):
+    city: str = Field(description="a city name")
+    days: int = 1
+
+
+class PairArgs(BaseModel):
+    a: int
+    b: int
+
+
+def test_registry_lookup_is_case_insensitive():
+    reg = ToolRegistry()
+    t = reg.register(Tool("Weather", WeatherArgs, "Forecast."))
+    assert reg.get("weather") is t
+    assert reg.get("  WEATHER ") is t
+    assert reg.get("forecast") is None
+    assert reg.names() == ["Weather"]
+
+
+def test_registry_names_and_all_are_sorted():
+    reg = ToolRegistry()
+    for name in ["zeta", "Alpha", "mid"]:
+        reg.register(Tool(name, PairArgs, name))
+    assert reg.names() == ["Alpha", "mid", "zeta"]
+    assert [t.name for t in reg.all()] == ["Alpha", "mid", "zeta"]
+
+
+def test_registering_the_same_name_replaces_the_tool():
+    reg = ToolRegistry()
+    reg.register(Tool("x", PairArgs, "old"))
+    reg.register(Tool("X", PairArgs, "new"))
+    assert [t.description for t in reg.all()] == ["new"]
+
+
+def test_openai_schema_shape():
+    schema = Tool("weather", WeatherArgs, "Forecast for a city.").openai_schema()
+    assert schema["type"] == "function"
+    fn = schema["function"]
+    assert fn["name"] == "weather"
+    assert fn["description"] == "Forecast for a city."
+    params = fn["parameters"]
+    assert params["type"] == "object"
+    assert "title" not in params
+    assert params["required"] == ["city"]
+    assert params["properties"]["city"]["type"] == "string"
+    assert params["properties"]["city"]["description"] == "a city name"
+    assert params["properties"]["days"]["default"] == 1
+    json.dumps(schema)  # serialisable as sent on the wire
+
+
+def test_text_signature():
+    assert Tool("weather", WeatherArgs, "Forecast.").text_signature() == "weather(city: str, days: int) - Forecast."
+
+
+def test_validate_messages():
+    t = Tool("pair", PairArgs, "two ints")
+    assert t.validate({"a": 1, "b": "2"}) == PairArgs(a=1, b=2)
+    with pytest.raises(InvalidArguments) as info:
+        t.validate({"a": 1})
+    assert info.value.error_type == "invalid_arguments"
+    assert str(info.value) == (
+        'invalid arguments for pair: b: Field required. Expected JSON like {"a": "...", "b": "..."}'
+    )
+    with pytest.raises(InvalidArguments, match="pair takes a JSON object with fields"):
+        t.validate("1 2")
+
+
+def test_validate_string_for_one_required_field():
+    t = Tool("weather", WeatherArgs, "Forecast.")
+    assert t.validate("Oslo") == WeatherArgs(city="Oslo", days=1)
+    with pytest.raises(InvalidArguments, match="not a valid JSON object"):
+        t.validate('{"city": "Oslo"')
+
+
+def test_tool_without_function_cannot_run_inline():
+    with pytest.raises(ToolError) as info:
+        Tool("p", PairArgs, "sandboxed", None, sandboxed=True).run(PairArgs(a=1, b=2))
+    assert info.value.error_type == "not_inline"
+
+
+def test_tool_decorator_registers_into_the_given_registry():
+    reg = ToolRegistry()
+
+    @tool("weather", WeatherArgs, "Current weather.", idempotent=True, registry=reg)
+    def weather(args: WeatherArgs) -> str:
+        return f"sunny in {args.city} for {args.days} day(s)"
+
+    assert weather(WeatherArgs(city="Rome")) == "sunny in Rome for 1 day(s)"  # still a plain function
+    t = reg.get("Weather")
+    assert t is not None
+    assert t.func is weather
+    assert (t.idempotent, t.sandboxed) == (True, False)
+    assert t.run(t.validate("Rome")) == "sunny in Rome for 1 day(s)"
+    assert REGISTRY.get("weather") is None  # the global registry is untouched
+
+
+def test_builtin_tools_are_registered():
+    assert {"calculator", "search", "python"} <= set(REGISTRY.names())
+    python = REGISTRY.get("python")
+    assert python is not None and python.sandboxed
+    search = REGISTRY.get("search")
+    assert search is not None and search.idempotent
+    with pytest.raises(InvalidArguments, match="query"):
+        search.validate({"query": ""})
