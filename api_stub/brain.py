@@ -119,6 +119,22 @@ def _first_argument(raw: str) -> str | None:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+_SCRATCHPAD = re.compile(r"Action\s*:\s*(.+?)\s*\nAction Input\s*:\s*(.*?)\nObservation\s*:\s*(.*?)"
+                         r"(?=\n\s*(?:Thought|Action|Final Answer|Question)\s*:|\Z)", re.S)
+
+
+def _scratchpad(text: str) -> list[_Executed]:
+    """Action/Observation pairs written out inside one prompt message (completion-style prompts)."""
+    # format instructions come before the question; only what follows it is the agent's own work
+    tail = re.split(r"^\s*Question\s*:", text, flags=re.M | re.I)[-1]
+    steps = []
+    for match in _SCRATCHPAD.finditer(tail):
+        tool = match[1].strip().strip("`'\"").lower()
+        if re.fullmatch(r"[a-z_][\w-]*", tool) and match[3].strip() not in ("", "...", "…"):
+            steps.append(_Executed(tool, _first_argument(match[2].strip()), match[3].strip()))
+    return steps
+
+
 def _read(messages: Sequence[Mapping[str, Any]]) -> _Conversation:
     conv = _Conversation(question=_question(messages))
     pending: dict[str, tuple[str | None, str | None]] = {}
@@ -140,6 +156,8 @@ def _read(messages: Sequence[Mapping[str, Any]]) -> _Conversation:
                 call_id = next((c for c in order if c in pending), None)
             tool, argument = pending.pop(call_id, (message.get("name"), None)) if call_id else (None, None)
             conv.executed.append(_Executed(tool, argument, message_text(message)))
+        elif role == "user" and not message_text(message).lstrip().startswith("Observation:"):
+            conv.executed.extend(_scratchpad(message_text(message)))
         elif role == "user":
             text = message_text(message).lstrip()
             if text.startswith("Observation:"):

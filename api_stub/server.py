@@ -122,7 +122,9 @@ async def _dropped(seconds: float):  # noqa: ANN202 - an async generator for Str
 
 def create_app(faults: FaultConfig | None = None) -> FastAPI:
     """The stub application with its own fault config, counters and metrics registry."""
-    logging.getLogger("uvicorn.error").addFilter(_QuietDrops())
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _QuietDrops) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_QuietDrops())
     app = FastAPI(title="reactq api_stub", docs_url=None, redoc_url=None, openapi_url=None)
     state = _State(faults or FaultConfig())
     app.state.stub = state
@@ -249,7 +251,7 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
 def _uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:
     # keep-alive longer than clients' idle expiry (httpx: 5 s) avoids resets on reused connections
     return uvicorn.Config(app, host=host, port=port, backlog=4096, access_log=False, log_level="warning",
-                          timeout_keep_alive=75, lifespan="off")
+                          timeout_keep_alive=75, timeout_graceful_shutdown=5, lifespan="off")
 
 
 def serve(host: str = "127.0.0.1", port: int = 8900, faults: FaultConfig | None = None) -> None:

@@ -229,6 +229,23 @@ def test_text_mode_tools_come_from_system_message() -> None:
     assert "Action: python" in (respond(python_only).content or "")
 
 
+def test_scratchpad_inside_one_prompt_message() -> None:
+    prompt = ("Question: What is 3+4 and what is the capital of France?\nThought: compute first\n"
+              "Action: calculator\nAction Input: {\"expression\": \"3+4\"}\nObservation: 7\nThought:")
+    reply = respond([{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}])
+    assert 'Action: search\nAction Input: {"query": "capital France"}' in (reply.content or "")
+
+
+def test_public_api_and_no_engine_imports() -> None:
+    import api_stub
+    assert all(hasattr(api_stub, name) for name in api_stub.__all__)
+    for path in (ROOT / "api_stub").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not {m for m in imported if m.split(".")[0] in {"worker", "tools_sandbox"}}, path
+
+
 def test_answers_only_from_observation() -> None:
     messages = [{"role": "user", "content": "What is the capital of Australia?"}]
     call = respond(messages, TOOLS).tool_calls[0]
