@@ -16,7 +16,7 @@ from api_stub.planner import Action, keywords
 
 __all__ = ["is_error", "answer_part", "combine"]
 
-_TRUNCATED = re.compile(r"\s*…?\s*\[truncated \d+ chars\]\s*$")
+_TRUNCATED = re.compile(r"\s*(?:…\s*\[[^\]\n]*\]|\[truncated \d+ chars\])\s*$")
 _ERROR_START = re.compile(r"^\s*(?:error|exception|traceback|invalid|unknown tool|tool error|failed|"
                           r"timed out|timeout|validation error)\b", re.I)
 _ERROR_ANY = re.compile(r"\b\w*(?:Error|Exception)\b|^exit code\s*-?[1-9]\d*\s*$|^timed out", re.M)
@@ -25,7 +25,10 @@ _SEARCH_LINE = re.compile(r"^\s*\d+\.\s*([^:\n]{1,200}):\s+(.*)$")
 
 def clean(observation: str) -> str:
     """The observation without a trailing truncation marker or surrounding blanks."""
-    return _TRUNCATED.sub("", observation or "").strip()
+    text, previous = (observation or "").strip(), None
+    while text != previous:  # the sandbox and the engine may each add a marker
+        text, previous = _TRUNCATED.sub("", text).strip(), text
+    return text
 
 
 def is_error(tool: str | None, observation: str) -> bool:

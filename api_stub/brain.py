@@ -104,6 +104,10 @@ def _text_action(content: str) -> tuple[str, str | None] | None:
     if not found:
         return tool, None
     raw = re.split(r"\n\s*Observation\s*:", found[1])[0].strip()
+    try:
+        json.loads(raw)
+    except ValueError:
+        return None  # an unparseable Action Input was rejected by the engine, not run
     return tool, _first_argument(raw)
 
 
@@ -123,11 +127,18 @@ _SCRATCHPAD = re.compile(r"Action\s*:\s*(.+?)\s*\nAction Input\s*:\s*(.*?)\nObse
                          r"(?=\n\s*(?:Thought|Action|Final Answer|Question)\s*:|\Z)", re.S)
 
 
+_SUMMARY_CALL = re.compile(r"([A-Za-z_][\w-]*)\((\{.*?\})\)\s*->\s*(.*?)(?=;\s*[A-Za-z_][\w-]*\(\{|$)", re.M)
+
+
 def _scratchpad(text: str) -> list[_Executed]:
-    """Action/Observation pairs written out inside one prompt message (completion-style prompts)."""
+    """Calls written out inside one prompt message: an Action/Observation scratchpad
+    (completion-style prompts) or a compaction summary (``step 1: calculator({...}) -> 84``)."""
     # format instructions come before the question; only what follows it is the agent's own work
     tail = re.split(r"^\s*Question\s*:", text, flags=re.M | re.I)[-1]
     steps = []
+    for line in re.findall(r"^\s*step \d+\s*:\s*(.*)$", tail, flags=re.M | re.I):
+        for match in _SUMMARY_CALL.finditer(line):
+            steps.append(_Executed(match[1].lower(), _first_argument(match[2]), match[3].strip()))
     for match in _SCRATCHPAD.finditer(tail):
         tool = match[1].strip().strip("`'\"").lower()
         if re.fullmatch(r"[a-z_][\w-]*", tool) and match[3].strip() not in ("", "...", "…"):

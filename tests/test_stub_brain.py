@@ -236,6 +236,22 @@ def test_scratchpad_inside_one_prompt_message() -> None:
     assert 'Action: search\nAction Input: {"query": "capital France"}' in (reply.content or "")
 
 
+def test_compaction_summary_counts_as_done() -> None:
+    summary = ("Summary of earlier steps (compacted to fit the context window):\n"
+               'step 1: calculator({"expression": "3+4"}) -> 7')
+    messages = [{"role": "user", "content": "What is 3+4 and what is the capital of France?"},
+                {"role": "user", "content": summary}]
+    reply = respond(messages, TOOLS)
+    assert [c.name for c in reply.tool_calls] == ["search"]
+
+
+def test_rejected_text_action_is_feedback_not_a_result() -> None:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Question: What is 2+2?"},
+                {"role": "assistant", "content": 'Thought: x\nAction: calculator\nAction Input: {"expr'},
+                {"role": "user", "content": "Observation: Error: could not parse Action Input as JSON"}]
+    assert 'Action Input: {"expression": "2+2"}' in (respond(messages).content or "")
+
+
 def test_public_api_and_no_engine_imports() -> None:
     import api_stub
     assert all(hasattr(api_stub, name) for name in api_stub.__all__)
@@ -272,6 +288,8 @@ def test_error_observations_give_honest_final_answers() -> None:
     reply = _after("Who wrote Hamlet?", "No results for 'wrote Hamlet'")
     assert reply.finish_reason == "stop" and "could not find" in reply.content
     assert _after("What is 2+2?", "4\n…[truncated 10 chars]").content == "4"
+    assert _after("What is the 30th Fibonacci number?",
+                  "832040\n…[output truncated at the tier's byte cap]\n…[truncated 5 chars]").content == "832040"
     assert _after("What is 2**0.5?", "1.4142135623730951").content == "1.4142135623730951"
 
 
