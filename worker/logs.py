@@ -1,12 +1,48 @@
-"""Structured logs: one JSON object a line, with the run id and step of the record when there is one."""
+"""Structured logs: one JSON object a line, with the run id and step of the record when there is one.
+
+Inside a Celery task the run id and step are bound for the whole task (task_prerun to task_postrun),
+so every line logged while a step runs carries them, whichever logger wrote it (ours, Celery's,
+a library's), as long as it is logged from the task's thread.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
 
 STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+STEP_TASK = "reactq.step"
+SANDBOX_TASK = "reactq.sandbox.execute"
+
+_bound: ContextVar[dict[str, Any] | None] = ContextVar("reactq_log_context", default=None)
+
+
+@contextmanager
+def bound(**fields: Any) -> Iterator[None]:
+    """Add `fields` (e.g. run_id, step) to every line logged in this thread/context meanwhile."""
+    token = _bound.set({**(_bound.get() or {}), **fields})
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
+def task_fields(task_name: str, args: Any) -> dict[str, Any]:
+    """The run id and step a reactq task works on, from its arguments (empty for other tasks)."""
+    try:
+        if task_name == STEP_TASK:
+            return {"run_id": args[0], "step": args[1]}
+        if task_name == SANDBOX_TASK:
+            run_id, step = args[0]["continue_args"][:2]
+            return {"run_id": run_id, "step": step}
+    except (IndexError, KeyError, TypeError, ValueError):
+        pass
+    return {}
 
 
 class JsonFormatter(logging.Formatter):
@@ -18,10 +54,28 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        data.update(_bound.get() or {})
         data.update({k: v for k, v in record.__dict__.items() if k not in STANDARD and not k.startswith("_")})
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
         return json.dumps(data, default=str, ensure_ascii=False)
+
+
+def _task_prerun(task_id: str | None = None, task: Any = None, args: Any = None, **_: Any) -> None:
+    fields = task_fields(getattr(task, "name", ""), args)
+    _bound.set(fields or None)
+
+
+def _task_postrun(**_: Any) -> None:
+    _bound.set(None)
+
+
+def bind_celery_tasks() -> None:
+    """Bind run_id/step for the duration of each task (Celery logs its 'succeeded' line before postrun)."""
+    from celery import signals
+
+    signals.task_prerun.connect(_task_prerun, weak=False, dispatch_uid="reactq-logs-prerun")
+    signals.task_postrun.connect(_task_postrun, weak=False, dispatch_uid="reactq-logs-postrun")
 
 
 def setup(level: str = "INFO") -> None:
@@ -32,3 +86,4 @@ def setup(level: str = "INFO") -> None:
     root.setLevel(level)
     for noisy in ("httpx", "httpcore", "openai", "urllib3", "docker"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    bind_celery_tasks()

@@ -1,4 +1,8 @@
-"""Exposing /metrics from a worker process (the API serves it on its own port)."""
+"""Exposing /metrics from a worker process (the API serves it on its own port).
+
+A `reactq worker` is one process running a Celery threads pool, so the default prometheus-client
+registry already holds every thread's figures: no multiprocess mode is needed (or used).
+"""
 
 from __future__ import annotations
 
@@ -16,11 +20,10 @@ log = logging.getLogger("reactq.metrics")
 def initialise(rt: Runtime) -> None:
     metrics.initialise(rt.settings.model, rt.settings.tenants, rt.tools.names(), (*PARSE_ERROR_KINDS, "loop"))
     try:
-        from tools_sandbox.metrics import initialise as init_sandbox
-
-        init_sandbox(rt.settings.tiers)
-    except ImportError:
-        pass
+        from tools_sandbox.metrics import init_labels as init_sandbox
+    except ImportError:  # a step-only host without tools_sandbox
+        return
+    init_sandbox(rt.settings.tiers)
 
 
 def start_metrics_server(port: int, rt: Runtime) -> bool:
