@@ -1,0 +1,83 @@
+"""The throughput floor: a bare Celery chain (no reactq code on the hot path).
+
+Each task makes one HTTP chat call to the LLM server and enqueues the next task of its chain,
+forever; bench/throughput.py starts N chains, counts completions at the stub, then stops the
+workers. Same broker settings as reactq's app (acks_late, prefetch 1, pools sized for hundreds
+of tasks in flight), and the request body is reactq's own step-0 prompt, so the LLM server does
+the same work per call.
+
+    celery -A bench.floor_app worker -Q bench.floor -P threads|gevent -c N
+
+Environment: FLOOR_REDIS_URL, FLOOR_LLM_BASE_URL, FLOOR_MAX_CONNECTIONS (default 1024).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import httpx
+from celery import Celery
+
+FLOOR_QUEUE = "bench.floor"
+FLOOR_TASK = "bench.floor.step"
+
+REDIS_URL = os.environ.get("FLOOR_REDIS_URL", "redis://127.0.0.1:6379/0")
+LLM_BASE_URL = os.environ.get("FLOOR_LLM_BASE_URL", "http://127.0.0.1:8900/v1").rstrip("/")
+MAX_CONNECTIONS = int(os.environ.get("FLOOR_MAX_CONNECTIONS", "1024"))
+
+app = Celery("bench_floor", broker=REDIS_URL)
+app.conf.update(
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    task_ignore_result=True,
+    task_serializer="json",
+    accept_content=["json"],
+    task_default_queue=FLOOR_QUEUE,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    worker_send_task_events=False,
+    broker_connection_retry_on_startup=True,
+    broker_pool_limit=MAX_CONNECTIONS,
+    redis_max_connections=MAX_CONNECTIONS,
+    broker_transport_options={"visibility_timeout": 3600, "max_connections": MAX_CONNECTIONS,
+                              "socket_keepalive": True},
+)
+
+
+def request_body(question: str) -> bytes:
+    """reactq's step-0 request for `question` (tools mode: system + user messages + tool schemas)."""
+    from worker.models import Mode
+    from worker.prompts import build_messages
+    from worker.tools import REGISTRY
+
+    tools = REGISTRY.all()
+    messages, _ = build_messages(Mode.TOOLS, question, [], tools, context_budget_tokens=6000)
+    return json.dumps({"model": "reactq-stub", "messages": messages, "temperature": 0.0,
+                       "tools": [t.openai_schema() for t in tools]}).encode()
+
+
+_BODY = request_body("What is 17 * 23 + 4?")
+_client: httpx.Client | None = None
+_lock = threading.Lock()
+
+
+def client() -> httpx.Client:
+    global _client
+    with _lock:
+        if _client is None:
+            _client = httpx.Client(
+                limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS),
+                timeout=60.0,
+            )
+        return _client
+
+
+@app.task(name=FLOOR_TASK, acks_late=True, ignore_result=True)
+def step(chain: int, index: int) -> None:
+    response = client().post(f"{LLM_BASE_URL}/chat/completions", content=_BODY,
+                             headers={"content-type": "application/json", "authorization": "Bearer floor"})
+    response.raise_for_status()
+    response.json()
+    step.apply_async(args=[chain, index + 1], queue=FLOOR_QUEUE)

@@ -1,0 +1,392 @@
+"""Step throughput of reactq against a bare Celery chain (the floor), measured in one invocation.
+
+    python bench/throughput.py [--procs 2] [--out BENCHMARKS-throughput.md]
+
+Every measurement gets its own fresh redis-server and stub process (`reactq stub --latency-ms L`)
+on free 127.0.0.1 ports, then P worker processes:
+  floor:  celery -A bench.floor_app worker -P threads|gevent -c C   (bench/floor_app.py: one HTTP
+          chat call to the stub, then enqueue the next task of the chain; N chains started)
+  reactq: reactq worker --queues steps --concurrency C --metrics-port 0   (N runs kept in flight:
+          this script submits a new run, via worker.submit.submit, whenever one finishes)
+Runs are "What is A * B + C?" with fresh numbers each (no tool-cache hits): two steps each
+(calculator call, final answer), one LLM call per step, no sandbox.
+steps/s = chat completions the stub served in a fixed window after a warm-up, divided by the
+window (the stub counts both systems the same way; reactq's committed steps are cross-checked).
+
+Targets: (a) stub latency 0:  reactq >= 0.5 x floor (threads);
+         (b) stub latency 2 s, 300 in flight: reactq >= 0.8 x best(floor threads, floor gevent).
+Exit status 1 if a target is missed, 2 if a measurement went wrong (errors, failed runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(url: str, data: bytes | None = None, timeout: float = 5.0) -> dict:
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+class Procs:
+    """Every process this script starts, each in its own session, stopped by pid at the end."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "wb")
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self.procs.append((name, proc))
+        return proc
+
+    def exited(self, name: str) -> bool:
+        return any(n == name and p.poll() is not None for n, p in self.procs)
+
+    def log(self, name: str) -> str:
+        return (self.logdir / f"{name}.log").read_text(errors="replace")
+
+    def stop(self, names: list[str] | None = None, sig: int = signal.SIGTERM, grace: float = 15.0) -> None:
+        chosen = [(n, p) for n, p in self.procs if names is None or n in names]
+        for _, p in chosen:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)  # the session we created for it: the process and its children
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for _, p in chosen:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        self.procs = [(n, p) for n, p in self.procs if (n, p) not in chosen]
+
+
+@dataclass
+class Result:
+    label: str
+    system: str
+    pool: str
+    procs: int
+    concurrency: int
+    in_flight: int
+    latency_ms: float
+    steps: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    notes: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, logdir: Path) -> None:
+        self.args = args
+        self.procs = Procs(logdir)
+        self.seq = 0
+
+    # --- infrastructure ------------------------------------------------------------------------
+    def start_redis(self) -> str:
+        import redis
+
+        port = free_port()
+        self.procs.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no", "--maxclients", "10000", "--tcp-backlog", "4096",
+                                   "--protected-mode", "no"])
+        client = redis.Redis(port=port)
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        client.flushall()
+        client.close()
+        return f"redis://127.0.0.1:{port}/0"
+
+    def start_stub(self, latency_ms: float) -> str:
+        port = free_port()
+        self.procs.start("stub", [str(BIN / "reactq"), "stub", "--port", str(port), "--latency-ms", str(latency_ms)])
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                http_json(f"{url}/healthz")
+                return url
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("stub did not start:\n" + self.procs.log("stub"))
+
+    def wait_ready(self, names: list[str], redis_url: str, timeout: float = 60.0) -> None:
+        """Until every worker answers a control ping (and so consumes its queue)."""
+        from celery import Celery
+
+        probe = Celery("bench_probe", broker=redis_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                for name in names:
+                    if self.procs.exited(name):
+                        raise RuntimeError(f"{name} exited:\n" + self.procs.log(name)[-3000:])
+                replies = probe.control.ping(timeout=0.5) or []
+                if len(replies) >= len(names):
+                    return
+            raise RuntimeError(f"workers not ready after {timeout}s: {names}")
+        finally:
+            probe.close()
+
+    def completions(self, stub_url: str) -> int:
+        return int(http_json(f"{stub_url}/stub/stats")["completions"])
+
+    def measure(self, stub_url: str, warmup: float, window: float, tick=None) -> tuple[int, float]:
+        """Completions served in `window` seconds after `warmup` seconds; `tick()` runs meanwhile."""
+
+        def wait(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                if tick is not None:
+                    tick()
+                time.sleep(min(0.02, max(0.0, end - time.monotonic())))
+
+        wait(warmup)
+        c0, t0 = self.completions(stub_url), time.monotonic()
+        wait(window)
+        c1, t1 = self.completions(stub_url), time.monotonic()
+        return c1 - c0, t1 - t0
+
+    def scan_errors(self, names: list[str], stub_url: str) -> list[str]:
+        errors = []
+        for name in names:
+            text = self.procs.log(name)
+            for marker in ("Traceback", "MaxConnectionsError", "ConnectionError", "Timeout", "Error:"):
+                if marker in text:
+                    errors.append(f"{name}: {text.count(marker)} x {marker!r}")
+        stats = http_json(f"{stub_url}/stub/stats")
+        bad = {k: v for k, v in stats["by_status"].items() if k != "200"}
+        if bad:
+            errors.append(f"stub answered non-200: {bad}")
+        return errors
+
+    # --- the floor -----------------------------------------------------------------------------
+    def floor(self, label: str, pool: str, latency_ms: float, in_flight: int, concurrency: int,
+              warmup: float, window: float) -> Result:
+        res = Result(label, "floor", pool, self.args.procs, concurrency, in_flight, latency_ms)
+        redis_url = self.start_redis()
+        stub_url = self.start_stub(latency_ms)
+        env = {"FLOOR_REDIS_URL": redis_url, "FLOOR_LLM_BASE_URL": f"{stub_url}/v1",
+               "FLOOR_MAX_CONNECTIONS": str(max(1024, 2 * concurrency))}
+        names = []
+        for i in range(self.args.procs):
+            self.seq += 1
+            name = f"floor-{pool}-{self.seq}"
+            names.append(name)
+            self.procs.start(name, [str(BIN / "celery"), "-A", "bench.floor_app", "worker", "-Q", "bench.floor",
+                                    "-P", pool, "-c", str(concurrency), "--loglevel", self.args.loglevel,
+                                    "-n", f"{name}@%h", "--without-gossip", "--without-mingle"], env)
+        try:
+            self.wait_ready(names, redis_url)
+            from celery import Celery
+
+            client = Celery("bench_floor_client", broker=redis_url)
+            client.conf.broker_pool_limit = 8
+            with client.connection_for_write() as conn:
+                for chain in range(in_flight):
+                    client.send_task("bench.floor.step", args=[chain, 0], queue="bench.floor", connection=conn)
+            res.steps, res.seconds = self.measure(stub_url, warmup, window)
+            res.errors = self.scan_errors(names, stub_url)
+        finally:
+            self.procs.stop(names, signal.SIGQUIT, grace=10)  # cold shutdown: the chains never end
+            self.procs.stop(["stub", "redis"])
+        return res
+
+    # --- reactq --------------------------------------------------------------------------------
+    def reactq(self, label: str, latency_ms: float, in_flight: int, concurrency: int,
+               warmup: float, window: float) -> Result:
+        res = Result(label, "reactq", "threads", self.args.procs, concurrency, in_flight, latency_ms)
+        redis_url = self.start_redis()
+        stub_url = self.start_stub(latency_ms)
+        env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1",
+               "REACTQ_REDIS_MAX_CONNECTIONS": str(max(512, 2 * concurrency)),
+               "REACTQ_LLM_MAX_CONNECTIONS": str(max(512, 2 * concurrency))}
+        names = []
+        for _ in range(self.args.procs):
+            self.seq += 1
+            name = f"reactq-{self.seq}"
+            names.append(name)
+            self.procs.start(name, [str(BIN / "reactq"), "worker", "--queues", "steps", "--concurrency",
+                                    str(concurrency), "--metrics-port", "0", "--loglevel", self.args.loglevel], env)
+        try:
+            self.wait_ready(names, redis_url)
+            from celery import Celery
+
+            from worker import keys
+            from worker.config import Settings
+            from worker.models import RunSpec
+            from worker.store import RunStore, connect
+            from worker.submit import new_batch_id, submit
+
+            settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
+            store = RunStore(connect(redis_url, 16), settings.record_ttl_s)
+            client = Celery("bench_reactq_client", broker=redis_url)
+            client.conf.broker_pool_limit = 8
+            conn = client.connection_for_write()
+            batch_id = new_batch_id()
+            rng = random.Random(1234)
+            used: set[tuple[int, int, int]] = set()
+
+            def question() -> str:
+                while True:
+                    a, b, c = rng.randint(100, 99999), rng.randint(100, 99999), rng.randint(1, 9999)
+                    if (a, b, c) not in used:
+                        used.add((a, b, c))
+                        return f"What is {a} * {b} + {c}?"
+
+            def send_step(run_id: str, index: int) -> None:
+                client.send_task("reactq.step", args=[run_id, index], queue="reactq.steps", connection=conn)
+
+            state = {"submitted": 0}
+
+            def top_up() -> None:
+                done = store.r.llen(keys.batch_done(batch_id))
+                need = in_flight - (state["submitted"] - done)
+                if need > 0:
+                    specs = [RunSpec(question=question()) for _ in range(need)]
+                    submit(store, specs, settings, send_step, batch_id=batch_id)
+                    state["submitted"] += need
+
+            top_up()
+            res.steps, res.seconds = self.measure(stub_url, warmup, window, tick=top_up)
+            done_ids = store.batch_finished_since(batch_id, 0)
+            runs = [r for r in store.load_runs(done_ids) if r is not None]
+            statuses: dict[str, int] = {}
+            for r in runs:
+                statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+            steps_per_run = {r.current_step for r in runs}
+            res.notes = (f"{len(runs)} runs finished ({statuses}), steps per run {sorted(steps_per_run)}, "
+                         f"{state['submitted']} submitted")
+            res.errors = self.scan_errors(names, stub_url)
+            bad = {s: n for s, n in statuses.items() if s != "succeeded"}
+            if bad:
+                res.errors.append(f"runs not completed: {bad}")
+            if steps_per_run - {2}:
+                res.errors.append(f"runs with other than 2 steps: {sorted(steps_per_run)}")
+            conn.release()
+        finally:
+            self.procs.stop(names, signal.SIGQUIT, grace=10)
+            self.procs.stop(["stub", "redis"])
+        return res
+
+
+def table(results: list[Result]) -> str:
+    lines = ["| case | system | pool | procs x conc | in flight | stub latency | steps | window s | steps/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.label} | {r.system} | {r.pool} | {r.procs} x {r.concurrency} | {r.in_flight} | "
+                     f"{r.latency_ms:g} ms | {r.steps} | {r.seconds:.1f} | {r.rate:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--procs", type=int, default=2, help="worker processes, for the floor and reactq alike")
+    ap.add_argument("--a-in-flight", type=int, default=100)
+    ap.add_argument("--a-concurrency", type=int, default=50, help="per worker process")
+    ap.add_argument("--a-warmup", type=float, default=5.0)
+    ap.add_argument("--a-window", type=float, default=20.0)
+    ap.add_argument("--b-in-flight", type=int, default=300)
+    ap.add_argument("--b-concurrency", type=int, default=300, help="per worker process")
+    ap.add_argument("--b-latency-ms", type=float, default=2000.0)
+    ap.add_argument("--b-warmup", type=float, default=8.0)
+    ap.add_argument("--b-window", type=float, default=30.0)
+    ap.add_argument("--loglevel", default="WARNING", help="worker log level (floor and reactq alike)")
+    ap.add_argument("--only", choices=["a", "b"], default=None)
+    ap.add_argument("--out", default=None, help="write a markdown report here")
+    args = ap.parse_args()
+
+    logdir = Path(tempfile.mkdtemp(prefix="reactq-bench-"))
+    bench = Bench(args, logdir)
+    results: list[Result] = []
+    verdicts: list[tuple[str, float, float, bool]] = []
+    try:
+        if args.only in (None, "a"):
+            fa = bench.floor("a", "threads", 0, args.a_in_flight, args.a_concurrency, args.a_warmup, args.a_window)
+            results.append(fa)
+            print(table([fa]), flush=True)
+            ra = bench.reactq("a", 0, args.a_in_flight, args.a_concurrency, args.a_warmup, args.a_window)
+            results.append(ra)
+            ratio = ra.rate / fa.rate if fa.rate else 0.0
+            verdicts.append(("a", ratio, 0.5, ratio >= 0.5))
+            print(table([ra]), flush=True)
+        if args.only in (None, "b"):
+            floors = []
+            for pool in ("threads", "gevent"):
+                fb = bench.floor("b", pool, args.b_latency_ms, args.b_in_flight, args.b_concurrency,
+                                 args.b_warmup, args.b_window)
+                results.append(fb)
+                floors.append(fb)
+                print(table([fb]), flush=True)
+            rb = bench.reactq("b", args.b_latency_ms, args.b_in_flight, args.b_concurrency,
+                              args.b_warmup, args.b_window)
+            results.append(rb)
+            print(table([rb]), flush=True)
+            best = max(f.rate for f in floors)
+            ratio = rb.rate / best if best else 0.0
+            verdicts.append(("b", ratio, 0.8, ratio >= 0.8))
+    finally:
+        bench.procs.stop()
+
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    machine = f"nproc {os.cpu_count()}, Python {platform.python_version()}, {platform.platform()}"
+    report = [f"command: `{command}`", f"machine: {machine}", "", table(results), ""]
+    for label, ratio, target, ok in verdicts:
+        report.append(f"({label}) reactq / floor = {ratio:.2f} (target >= {target}): {'met' if ok else 'MISSED'}")
+    problems = [f"{r.system} {r.pool} ({r.label}): {e}" for r in results for e in r.errors]
+    notes = [f"{r.system} ({r.label}): {r.notes}" for r in results if r.notes]
+    report += [""] + notes + problems + [f"logs: {logdir}"]
+    text = "\n".join(report)
+    print()
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if problems:
+        return 2
+    return 0 if all(ok for *_, ok in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
