@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures_services",
     "tests.fixtures_sandbox",
     "tests.fixtures_stub",
+    "tests.fixtures_prometheus",
 ]

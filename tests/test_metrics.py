@@ -1,0 +1,185 @@
+"""Exported metrics and structured logs tell the same story as the batch results.
+
+The integration test runs a small batch on a real `reactq worker` (steps and sandbox queues, threads pool)
+and scrapes its /metrics over HTTP: token and cost counters equal the sum of the runs' usage, a calculator
+division by zero and a sandbox quota rejection show up with the right labels, runs are counted by status.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.fixtures_cluster import Cluster
+from tests.fixtures_prometheus import Samples, scrape, series, total
+from tests.fixtures_services import free_port
+from tools_sandbox import keys as sandbox_keys
+from worker import logs, metrics
+
+BATCH = [
+    {"id": "calc", "question": "What is (17 + 25) * 3?"},
+    {"id": "search", "question": "What is the capital of Australia?", "tenant": "acme"},
+    {"id": "python", "question": "What is the 30th Fibonacci number?"},
+    {"id": "div0", "question": "What is 1 / 0?"},
+    {"id": "quota", "question": "Reverse the string 'reactq'", "tenant": "acme", "tier": "free"},
+    {"id": "divided", "question": "What is 144 divided by 12?", "tenant": "acme"},
+]
+
+
+def exhaust_quota(redis_url: str, tier: str, tenant: str, minutes: int = 15) -> None:
+    """Fill the executions-per-minute windows of the next minutes, so the tenant's next sandbox call is refused."""
+    client = redis.Redis.from_url(redis_url)
+    now_minute = int(time.time() // 60)
+    for minute in range(now_minute - 1, now_minute + minutes):
+        client.set(sandbox_keys.quota_minute(tier, tenant, minute), 1_000_000, ex=minutes * 60 + 120)
+    client.close()
+
+
+def run_batch(cluster: Cluster, tmp_path: Path, lines: list[dict]) -> list[dict]:
+    infile, outfile = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    infile.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = cluster.reactq("batch", str(infile), "--out", str(outfile), timeout=180)
+    assert outfile.exists(), result.stderr
+    results = [json.loads(line) for line in outfile.read_text().splitlines()]
+    assert sorted(r["id"] for r in results) == sorted(line["id"] for line in lines), result.stderr
+    return results
+
+
+def wait_for_sample(url: str, name: str, value: float, timeout: float = 20, **labels: str) -> Samples:
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(url)
+        if total(samples, name, **labels) == value or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.2)
+
+
+@pytest.mark.integration
+def test_batch_metrics_match_results(cluster: Cluster, tmp_path: Path, redis_url: str) -> None:
+    port = free_port()
+    cluster.start_worker(queues="steps,sandbox", metrics_port=port)
+    url = f"http://127.0.0.1:{port}/metrics"
+    before = scrape(url)
+    assert total(before, "reactq_llm_tokens_total") == 0
+    # Rates exist from the first scrape: the series dashboards divide by are there at 0.
+    assert {"status": "succeeded"} in series(before, "reactq_runs_total")
+    assert {"tier": "free", "quota": "executions_per_minute"} in series(before, "reactq_quota_rejections_total")
+    assert {"tier": "standard", "outcome": "ok"} in series(before, "reactq_sandbox_executions_total")
+
+    exhaust_quota(redis_url, "free", "acme")
+    results = run_batch(cluster, tmp_path, BATCH)
+    by_id = {r["id"]: r for r in results}
+    # The reaper samples Redis gauges every second (REACTQ_REAPER_INTERVAL_S=1).
+    samples = wait_for_sample(url, "reactq_runs_in_progress", 0)
+    assert total(samples, "reactq_runs_in_progress") == 0
+
+    # Token spend: the counter is the sum of the runs' usage, per type and per (bounded) tenant.
+    prompt = sum(r["usage"]["prompt_tokens"] for r in results)
+    completion = sum(r["usage"]["completion_tokens"] for r in results)
+    assert prompt > 0 and completion > 0
+    assert total(samples, "reactq_llm_tokens_total") == prompt + completion
+    assert total(samples, "reactq_llm_tokens_total", type="prompt") == prompt
+    assert total(samples, "reactq_llm_tokens_total", type="completion") == completion
+    tenant_of = {line["id"]: line.get("tenant", "default") for line in BATCH}
+    for tenant in ("default", "acme"):
+        usage = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
+                    for r in results if tenant_of[r["id"]] == tenant)
+        assert total(samples, "reactq_llm_tokens_total", tenant=tenant) == usage, tenant
+    # Unconfigured tenants are refused at submit; their label would be "other" (initialised at 0).
+    assert total(samples, "reactq_llm_tokens_total", tenant="other") == 0
+    assert {s["tenant"] for s in series(samples, "reactq_llm_tokens_total")} == {"default", "acme", "other"}
+    assert total(samples, "reactq_llm_cost_usd_total") == pytest.approx(sum(r["cost_usd"] for r in results),
+                                                                        rel=1e-6, abs=1e-7)
+    assert total(samples, "reactq_llm_cost_usd_total") > 0
+
+    # One LLM call per recorded step: a step continued after the sandbox reuses its stored reply.
+    steps = sum(r["steps"] for r in results)
+    assert total(samples, "reactq_llm_requests_total", outcome="ok") == steps
+    assert total(samples, "reactq_llm_requests_total") == steps
+    assert total(samples, "reactq_llm_request_duration_seconds_count") == steps
+    assert total(samples, "reactq_steps_total") == steps
+
+    # Runs by status, and turns per run.
+    statuses = Counter(r["status"] for r in results)
+    for status, count in statuses.items():
+        assert total(samples, "reactq_runs_total", status=status) == count, status
+        assert total(samples, "reactq_run_turns_count", status=status) == count, status
+        assert total(samples, "reactq_run_duration_seconds_count", status=status) == count, status
+    assert total(samples, "reactq_runs_total") == len(BATCH)
+    assert total(samples, "reactq_run_turns_sum") == steps
+
+    # A failing inline tool: the calculator's division by zero, labelled by tool and error type.
+    assert "zero" in (by_id["div0"]["answer"] or "").lower(), by_id["div0"]
+    assert total(samples, "reactq_tool_failures_total", tool="calculator", error_type="division_by_zero") == 1
+    assert total(samples, "reactq_tool_failures_total", tool="calculator") == 1
+    assert total(samples, "reactq_tool_calls_total", tool="calculator", outcome="error") == 1
+
+    # A quota rejection: counted by the sandbox worker, and as a python tool failure by the step worker.
+    assert total(samples, "reactq_quota_rejections_total", tier="free", quota="executions_per_minute") == 1
+    assert total(samples, "reactq_quota_rejections_total") == 1
+    assert total(samples, "reactq_sandbox_executions_total", tier="free", outcome="quota_exceeded") == 1
+    assert total(samples, "reactq_tool_failures_total", tool="python", error_type="quota_exceeded") == 1
+    assert total(samples, "reactq_sandbox_executions_total", tier="standard", outcome="ok") == 1
+    assert total(samples, "reactq_sandbox_duration_seconds_count", tier="standard") == 1
+    assert total(samples, "reactq_tool_calls_total", tool="python") == 2
+    assert total(samples, "reactq_tool_calls_total", tool="search") >= 1
+
+    assert {s["queue"] for s in series(samples, "reactq_queue_depth")} == {"reactq.steps", "reactq.sandbox"}
+
+    # Bounded labels: never a run id, a question or a tenant that is not configured.
+    run_ids = {r["run_id"] for r in results}
+    questions = {line["question"] for line in BATCH}
+    for _name, labels in samples:
+        for value in dict(labels).values():
+            assert value not in run_ids and value not in questions
+
+    # Logs tell the same story: one JSON line per step, and the run id on every line of a task.
+    lines = [json.loads(line) for line in (cluster.logdir / "worker-0.log").read_text().splitlines()
+             if line.startswith("{")]
+    step_lines = [line for line in lines if line.get("logger") == "reactq.step" and line["msg"] == "step"]
+    assert len(step_lines) == steps
+    assert {line["run_id"] for line in step_lines} == run_ids
+    for line in step_lines:
+        assert {"step", "outcome", "tools", "prompt_tokens", "completion_tokens", "llm_ms", "tools_ms"} <= set(line)
+    assert sum(line["prompt_tokens"] + line["completion_tokens"] for line in step_lines) == prompt + completion
+    task_lines = [line for line in lines if line.get("logger") == "celery.app.trace"]
+    assert task_lines, "expected Celery's per-task lines in the worker log"
+    for line in task_lines:
+        assert line.get("run_id") in run_ids and "step" in line, line
+
+
+# --- fast tests: no processes ---------------------------------------------------------------------
+
+
+def test_tenant_label_is_bounded() -> None:
+    assert metrics.tenant_label("acme", ["default", "acme"]) == "acme"
+    assert metrics.tenant_label("somebody's free text", ["default", "acme"]) == "other"
+
+
+def test_task_fields_name_the_run_and_step() -> None:
+    assert logs.task_fields("reactq.step", ["r1", 3]) == {"run_id": "r1", "step": 3}
+    sandbox_request = {"code": "print(1)", "result_key": "k", "continue_args": ["r2", 1]}
+    assert logs.task_fields("reactq.sandbox.execute", [sandbox_request]) == {"run_id": "r2", "step": 1}
+    assert logs.task_fields("reactq.sandbox.execute", [{"code": "x"}]) == {}
+    assert logs.task_fields("other.task", ["r1", 3]) == {}
+
+
+def test_bound_fields_reach_every_logger_and_record_fields_win() -> None:
+    formatter = logs.JsonFormatter()
+
+    def line(name: str, **extra: object) -> dict:
+        record = logging.LogRecord(name, logging.INFO, __file__, 1, "hello", None, None)
+        record.__dict__.update(extra)
+        return json.loads(formatter.format(record))
+
+    assert "run_id" not in line("anything")
+    with logs.bound(run_id="r1", step=2):
+        assert line("some.library")["run_id"] == "r1"
+        assert line("reactq.step", step=5)["step"] == 5
+    assert "run_id" not in line("anything")
