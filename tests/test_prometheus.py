@@ -26,6 +26,7 @@ from tests.test_metrics import BATCH, exhaust_quota, run_batch
 
 GRAFANA_DIR = ROOT / "deploy" / "grafana"
 DASHBOARDS = sorted((GRAFANA_DIR / "dashboards").glob("*.json"))
+K8S_PROMETHEUS = ROOT / "deploy" / "k8s" / "prometheus" / "prometheus.yml"
 RULE_FILES = [PROMETHEUS_DIR / "recording.rules.yml", PROMETHEUS_DIR / "alerts.rules.yml"]
 
 # What Grafana substitutes in the dashboard's queries; the test's scrapes are 1 s apart.
@@ -87,9 +88,18 @@ def exported_names() -> set[str]:
 def test_shipped_files_pass_promtool() -> None:
     promtool = promtool_binary()
     for args in (["check", "config", str(PROMETHEUS_DIR / "prometheus.yml")],
+                 ["check", "config", str(K8S_PROMETHEUS)],
                  ["check", "rules", *map(str, RULE_FILES)]):
         result = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_and_kubernetes_scrape_the_same_jobs() -> None:
+    """The alert rules and the dashboard name jobs; both deployments must use those names."""
+    jobs = [{job["job_name"] for job in yaml.safe_load(path.read_text())["scrape_configs"]}
+            for path in (PROMETHEUS_DIR / "prometheus.yml", K8S_PROMETHEUS)]
+    assert jobs[0] == jobs[1]
+    assert {"reactq-api", "reactq-step-worker", "reactq-sandbox-worker", "reactq-stub"} <= jobs[0]
 
 
 def test_queries_use_only_exported_metrics_and_the_provisioned_datasource() -> None:
