@@ -6,6 +6,8 @@ count as "other"). Never a run id or free text. Sandbox metrics live in tools_sa
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from .models import RunStatus
@@ -36,8 +38,16 @@ STEP_OUTCOMES = ("tool_calls", "final_answer", "invalid_output", "ended", "waiti
 LLM_OUTCOMES = ("ok", "rate_limited", "server_error", "client_error", "timeout", "connection_error")
 
 
+_ERROR_TYPE = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
 def tenant_label(tenant: str, configured: list[str]) -> str:
     return tenant if tenant in configured else "other"
+
+
+def error_type_label(error_type: str) -> str:
+    """A tool failure's error type as a label: a short identifier, else "other" (never free text)."""
+    return error_type if _ERROR_TYPE.fullmatch(error_type) else "other"
 
 
 def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tuple[str, ...]) -> None:

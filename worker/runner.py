@@ -180,7 +180,7 @@ class StepRunner:
                                                  self.rt.settings.tool_cache_ttl_s)
             except ToolError as exc:
                 content, outcome = f"Error: {exc}", "error"
-                metrics.TOOL_FAILURES.labels(tool.name, exc.error_type).inc()
+                metrics.TOOL_FAILURES.labels(tool.name, metrics.error_type_label(exc.error_type)).inc()
             except Exception as exc:  # a bug in a tool: the model hears a short reason, the log has it all
                 log.exception("tool %s crashed", tool.name)
                 content, outcome = f"Error: {tool.name} failed ({exc.__class__.__name__})", "error"
@@ -197,7 +197,7 @@ class StepRunner:
             obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw)
             metrics.TOOL_CALLS.labels(planned.tool, "ok" if error_type is None else "error").inc()
             if error_type is not None:
-                metrics.TOOL_FAILURES.labels(planned.tool, error_type).inc()
+                metrics.TOOL_FAILURES.labels(planned.tool, metrics.error_type_label(error_type)).inc()
             metrics.TOOL_DURATION.labels(planned.tool).observe(obs.duration_ms / 1000)
             return self.store.save_tool_result(run.id, index, obs)
         ttl = self.rt.settings.sandbox_redispatch_after_s
