@@ -162,6 +162,12 @@ def test_tenant_label_is_bounded() -> None:
     assert metrics.tenant_label("somebody's free text", ["default", "acme"]) == "other"
 
 
+def test_error_type_label_is_bounded() -> None:
+    assert metrics.error_type_label("division_by_zero") == "division_by_zero"
+    assert metrics.error_type_label("web search failed with HTTP 503") == "other"
+    assert metrics.error_type_label("x" * 80) == "other"
+
+
 def test_task_fields_name_the_run_and_step() -> None:
     assert logs.task_fields("reactq.step", ["r1", 3]) == {"run_id": "r1", "step": 3}
     sandbox_request = {"code": "print(1)", "result_key": "k", "continue_args": ["r2", 1]}
