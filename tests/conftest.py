@@ -4,5 +4,6 @@ pytest_plugins = [
     "tests.fixtures_services",
     "tests.fixtures_sandbox",
     "tests.fixtures_stub",
+    "tests.fixtures_cluster",
     "tests.fixtures_prometheus",
 ]

@@ -12,8 +12,7 @@ from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TIERS_FILE = REPO_ROOT / "deploy" / "sandbox" / "tiers.toml"
+DEFAULT_TIERS_FILE = Path(__file__).resolve().parent / "tiers.toml"  # deploy/sandbox/tiers.toml links here
 
 
 class SandboxSettings(BaseSettings):

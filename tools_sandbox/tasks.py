@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import random
 import threading
 from typing import Any
 
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 QUEUE = "reactq.sandbox"
 TASK_NAME = "reactq.sandbox.execute"
 RESULT_TTL_S = 7 * 24 * 3600
+# A tenant at its concurrent-executions quota is back-pressure, not a failure: the call waits
+# (re-queued with a short delay) for up to about this long before the rejection becomes its result.
+CONCURRENCY_WAIT_S = 120.0
+CONCURRENCY_RETRY_S = 0.5
 
 _lock = threading.Lock()
 _service: SandboxService | None = None
@@ -120,6 +125,10 @@ def run_request(req: ExecuteRequest) -> SandboxResult:
                              error=f"sandbox_unavailable: {type(exc).__name__}: {exc}", backend="none")
 
 
+def _waits_for_a_slot(result: SandboxResult) -> bool:
+    return (result.error or "").startswith("quota_exceeded: concurrent_executions")
+
+
 @shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)
 def execute(self: Any, request: dict[str, Any]) -> dict[str, Any]:
     """Run the code unless its result is already stored, store it (SET NX), enqueue the continuation."""
@@ -130,6 +139,8 @@ def execute(self: Any, request: dict[str, Any]) -> dict[str, Any]:
             outcome = "redelivered"
         else:
             result = run_request(req)
+            if _waits_for_a_slot(result) and self.request.retries < CONCURRENCY_WAIT_S / CONCURRENCY_RETRY_S:
+                raise self.retry(countdown=CONCURRENCY_RETRY_S * (1 + random.random()), max_retries=None)
             store.set(req.result_key, result.model_dump_json(), nx=True, ex=RESULT_TTL_S)
             outcome = result.outcome
     except redis.exceptions.ConnectionError as exc:

@@ -23,7 +23,9 @@ def initialise(rt: Runtime) -> None:
         from tools_sandbox.metrics import init_labels as init_sandbox
     except ImportError:  # a step-only host without tools_sandbox
         return
-    init_sandbox(rt.settings.tiers)
+    from .submit import known_tiers
+
+    init_sandbox(known_tiers(rt.settings))
 
 
 def start_metrics_server(port: int, rt: Runtime) -> bool:

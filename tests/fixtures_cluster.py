@@ -1,0 +1,107 @@
+"""A real reactq cluster for integration tests: `reactq worker` processes (Celery, threads pool) on the
+test's redis-server, talking to the test's api_stub over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.fixtures_services import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Cluster:
+    """Environment for the reactq processes of one test, and the worker processes started for it."""
+
+    env: dict[str, str]
+    logdir: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start_worker(self, queues: str = "steps,sandbox", concurrency: int = 32,
+                     metrics_port: int = 0, **extra_env: str) -> subprocess.Popen[bytes]:
+        log = (self.logdir / f"worker-{len(self.procs)}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "worker", "--queues", queues, "--concurrency", str(concurrency),
+             "--metrics-port", str(metrics_port)],
+            env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        self.wait_for_workers(queues)
+        return proc
+
+    def wait_for_workers(self, queues: str, timeout: float = 60) -> None:
+        """Workers heartbeat into Redis once Celery is consuming."""
+        client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
+        wanted = [f"reactq:workers:reactq.{q.strip()}" for q in queues.split(",")]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(client.zcount(k, time.time() - 30, "+inf") for k in wanted):
+                return
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"worker exited with {proc.returncode}; logs in {self.logdir}")
+            time.sleep(0.1)
+        raise TimeoutError(f"no worker for {queues} after {timeout}s; logs in {self.logdir}")
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def reactq(self, *args: str, check: bool = False, timeout: float = 300,
+               **extra_env: str) -> subprocess.CompletedProcess[str]:
+        """Run the real `reactq` CLI against this cluster."""
+        return subprocess.run(
+            [sys.executable, "-m", "worker.cli", *args], env={**self.env, **extra_env}, cwd=ROOT,
+            capture_output=True, text=True, timeout=timeout, check=check,
+        )
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+@pytest.fixture
+def cluster_env(redis_url: str, stub_base_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REACTQ_")}
+    env.update({
+        "REACTQ_REDIS_URL": redis_url,
+        "REACTQ_LLM_BASE_URL": stub_base_url,
+        "REACTQ_SANDBOX_BACKEND": os.environ.get("REACTQ_TEST_SANDBOX_BACKEND", "process"),
+        "REACTQ_STALE_AFTER_S": "4",
+        "REACTQ_REAPER_INTERVAL_S": "1",
+        "REACTQ_LLM_TIMEOUT_S": "10",
+        "REACTQ_TENANTS": '["default", "acme"]',
+        "REACTQ_METRICS_PORT": "0",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+@pytest.fixture
+def cluster(cluster_env: dict[str, str], tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(cluster_env, tmp_path)
+    yield c
+    c.stop()
+
+
+def metrics_port() -> int:
+    return free_port()

@@ -1,0 +1,191 @@
+"""Bad days, end to end: a worker killed mid-batch, a flaky or dead LLM endpoint, cancellation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.fixtures_cluster import Cluster
+from tests.fixtures_stub import StubControl
+from tests.test_integration import SAMPLE, read_results
+from worker.models import Run, Step
+
+pytestmark = pytest.mark.integration
+
+
+def inline_questions(tmp_path: Path, repeat: int = 1) -> tuple[Path, dict[str, str]]:
+    """The sample batch without the python questions (no sandbox involved), repeated with fresh ids."""
+    lines, expected = [], {}
+    for item in map(json.loads, SAMPLE.read_text().splitlines()):
+        if "python" in item.get("tags", []) or any(w in item["question"].lower() for w in (
+                "prime", "fibonacci", "reverse", "sort", "letter", "days", "factorial of 20")):
+            continue
+        for i in range(repeat):
+            qid = f"{item['id']}-{i}"
+            lines.append(json.dumps({"id": qid, "question": item["question"]}))
+            expected[qid] = item["expected"]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path, expected
+
+
+def load_run(redis_url: str, run_id: str) -> tuple[Run, list[Step]]:
+    client = redis.Redis.from_url(redis_url)
+    run = Run.model_validate_json(client.get(f"reactq:run:{run_id}"))
+    steps = [Step.model_validate_json(s) for s in client.lrange(f"reactq:run:{run_id}:steps", 0, -1)]
+    return run, steps
+
+
+def test_worker_killed_mid_batch_every_run_finishes_and_no_reply_is_asked_twice(
+    cluster: Cluster, stub_control: StubControl, tmp_path: Path, redis_url: str
+) -> None:
+    stub_control.set_faults(latency_ms=400)
+    victim = cluster.start_worker(queues="steps", concurrency=8)
+    infile, expected = inline_questions(tmp_path, repeat=2)
+    out = tmp_path / "out.jsonl"
+    batch = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
+        env=cluster.env, cwd=Path(__file__).resolve().parent.parent,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
+        time.sleep(0.1)
+    assert out.exists(), "no run finished before the kill"
+    cluster.kill(victim)  # SIGKILL: its reserved and in-flight steps are stranded
+    cluster.start_worker(queues="steps", concurrency=16)
+    assert batch.wait(180) == 0
+
+    results = read_results(out)
+    assert set(results) == set(expected)
+    total_steps = 0
+    for qid, line in results.items():
+        assert line["status"] == "succeeded", line
+        assert expected[qid].lower() in line["answer"].lower(), line
+        run, steps = load_run(redis_url, line["run_id"])
+        assert [s.index for s in steps] == list(range(run.current_step))  # each step recorded once
+        assert run.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in steps)
+        assert run.usage.completion_tokens == sum(s.usage.completion_tokens for s in steps)
+        total_steps += run.current_step
+    calls = stub_control.stats()["completions"]
+    # Only the calls in flight on the killed worker (at most its 8 threads) may have been repeated.
+    assert total_steps <= calls <= total_steps + 8, (calls, total_steps)
+
+
+def test_rate_limits_and_server_errors_are_retried(
+    cluster: Cluster, stub_control: StubControl, tmp_path: Path
+) -> None:
+    stub_control.set_faults(error_rate_429=0.25, error_rate_500=0.15, retry_after_s=0.05, seed=7)
+    cluster.start_worker(queues="steps", concurrency=16, REACTQ_LLM_MAX_RETRIES="8")
+    infile, expected = inline_questions(tmp_path)
+    out = tmp_path / "out.jsonl"
+    result = cluster.reactq("batch", str(infile), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    for qid, line in read_results(out).items():
+        assert line["status"] == "succeeded", line
+        assert expected[qid].lower() in line["answer"].lower()
+    by_status = stub_control.stats()["by_status"]
+    assert by_status.get("429", 0) > 0 and by_status.get("500", 0) > 0, by_status
+
+
+def test_llm_endpoint_down_fails_the_run_with_the_reason(
+    cluster: Cluster, stub_control: StubControl
+) -> None:
+    stub_control.set_faults(fail_first_n=1000, fail_status=503)
+    cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_MAX_RETRIES="2")
+    result = cluster.reactq("ask", "What is 2 + 2?", "--wait", "--json", "--timeout", "60")
+    assert result.returncode == 1
+    run = json.loads(result.stdout)
+    assert run["status"] == "failed"
+    assert "3 attempt(s)" in run["error"] and "503" in run["error"], run["error"]
+
+
+def test_unreachable_llm_endpoint_fails_cleanly(cluster: Cluster) -> None:
+    cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_BASE_URL="http://127.0.0.1:9/v1",
+                         REACTQ_LLM_MAX_RETRIES="1")
+    result = cluster.reactq("ask", "What is 2 + 2?", "--wait", "--json", "--timeout", "60")
+    run = json.loads(result.stdout)
+    assert run["status"] == "failed"
+    assert "127.0.0.1:9" in run["error"] and "Connection" in run["error"], run["error"]
+
+
+def test_garbage_from_the_model_ends_the_run_failed_after_three_invalid_outputs(
+    cluster: Cluster, stub_control: StubControl
+) -> None:
+    stub_control.set_faults(malformed_rate=1.0)
+    cluster.start_worker(queues="steps", concurrency=4, REACTQ_MODE="text")
+    result = cluster.reactq("ask", "What is 2 + 2?", "--wait", "--json", "--timeout", "60", REACTQ_MODE="text")
+    run = json.loads(result.stdout)
+    assert run["status"] == "failed"
+    assert "3 invalid model outputs in a row" in run["error"], run["error"]
+    trace = json.loads(cluster.reactq("trace", run["run_id"], "--json").stdout)["trace"]
+    assert len(trace) == 3 and all(step["error"] for step in trace)
+
+
+def test_cancel_stops_a_run_at_its_next_step(cluster: Cluster, stub_control: StubControl, redis_url: str) -> None:
+    stub_control.set_faults(latency_ms=1500)
+    cluster.start_worker(queues="steps", concurrency=4)
+    run_id = cluster.reactq("ask", "What is 6 * 7?").stdout.strip()
+    time.sleep(0.5)
+    cancelled = json.loads(cluster.reactq("cancel", run_id, "--json").stdout)
+    assert cancelled["status"] == "cancelled"
+    time.sleep(4)  # the in-flight step's commit is fenced out; no further step runs
+    run, steps = load_run(redis_url, run_id)
+    assert run.status.value == "cancelled" and steps == []
+    assert stub_control.stats()["completions"] == 1
+
+
+def test_batch_rerun_submits_only_what_is_missing(
+    cluster: Cluster, stub_control: StubControl, tmp_path: Path
+) -> None:
+    cluster.start_worker(queues="steps", concurrency=16)
+    infile, expected = inline_questions(tmp_path)
+    out = tmp_path / "out.jsonl"
+    assert cluster.reactq("batch", str(infile), "--out", str(out)).returncode == 0
+    first = out.read_text().splitlines()
+    calls_after_first = stub_control.stats()["completions"]
+    out.write_text("\n".join(first[:-3]) + "\n")  # lose three results
+    assert cluster.reactq("batch", str(infile), "--out", str(out)).returncode == 0
+    again = read_results(out)
+    assert set(again) == set(expected)
+    assert {json.loads(line)["run_id"] for line in first} == {r["run_id"] for r in again.values()}
+    assert stub_control.stats()["completions"] == calls_after_first  # the three were adopted, not re-run
+
+
+def test_malformed_batch_lines_are_reported_with_line_numbers_and_the_rest_runs(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    cluster.start_worker(queues="steps", concurrency=4)
+    infile = tmp_path / "in.jsonl"
+    infile.write_text("\n".join([
+        json.dumps({"id": "ok1", "question": "What is 2 + 3?"}),
+        "{not json",
+        json.dumps({"id": "empty", "question": "   "}),
+        json.dumps({"id": "tier", "question": "What is 1 + 1?", "tier": "platinum"}),
+        json.dumps({"id": "ok2", "question": "What is 4 * 5?"}),
+        json.dumps({"id": "ok1", "question": "duplicate id"}),
+    ]) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = cluster.reactq("batch", str(infile), "--out", str(out))
+    assert result.returncode == 1
+    err = " ".join(result.stderr.split())
+    assert "line 2:" in err and "line 3:" in err and "question is empty" in err
+    assert "line 4:" in err and "unknown tier 'platinum'" in err and "line 6:" in err and "duplicate id" in err
+    results = read_results(out)
+    assert set(results) == {"ok1", "ok2"} and results["ok2"]["answer"] == "20"
+
+
+def test_cli_rejects_bad_input_and_names_an_unreachable_redis(cluster: Cluster) -> None:
+    result = cluster.reactq("ask", "")
+    assert result.returncode == 2 and "question is empty" in result.stderr
+    result = cluster.reactq("ask", "x" * 9000)
+    assert result.returncode == 2 and "limit is 8000" in result.stderr
+    result = cluster.reactq("ask", "hi", "--tenant", "nobody")
+    assert result.returncode == 2 and "unknown tenant 'nobody'" in result.stderr
+    result = cluster.reactq("status", "x", REACTQ_REDIS_URL="redis://127.0.0.1:1/0")
+    assert result.returncode == 2 and "redis://127.0.0.1:1/0" in result.stderr
