@@ -88,6 +88,7 @@ def cluster_env(redis_url: str, stub_base_url: str) -> dict[str, str]:
         "REACTQ_SANDBOX_BACKEND": os.environ.get("REACTQ_TEST_SANDBOX_BACKEND", "process"),
         "REACTQ_STALE_AFTER_S": "4",
         "REACTQ_REAPER_INTERVAL_S": "1",
+        "REACTQ_LEASE_TTL_S": "3",
         "REACTQ_LLM_TIMEOUT_S": "10",
         "REACTQ_TENANTS": '["default", "acme"]',
         "REACTQ_METRICS_PORT": "0",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,14 +45,19 @@ class StepRunner:
         run = self.store.load_run(run_id)
         if run is None or run.status.finished or run.current_step != index:
             return "fenced"
-        token = uuid.uuid4().hex
-        lease_ttl = int(self.rt.settings.llm_timeout_s * (self.rt.settings.llm_max_retries + 1) + 120)
-        if not self.store.acquire_lease(run_id, token, lease_ttl):
+        token = self.rt.leases.acquire(run_id)
+        if token is None:
             return "fenced"  # another delivery of this step is working on it
+        self._next_step: int | None = None
         try:
-            return self._run_step(run, index)
+            outcome = self._run_step(run, index)
         finally:
-            self.store.release_lease(run_id, token)
+            self.rt.leases.release(run_id, token)
+        # Enqueue the next step only once the lease is gone: sent earlier, it could start (on another
+        # thread or worker) while this step still held the lease, be fenced, and strand the run.
+        if self._next_step is not None:
+            self.dispatch.next_step(run_id, self._next_step)
+        return outcome
 
     def _run_step(self, run: Run, index: int) -> str:
         limits = self.rt.limits
@@ -240,7 +244,7 @@ class StepRunner:
         if committed.status.finished:
             record_finished(committed)
         else:
-            self.dispatch.next_step(run.id, step.index + 1)
+            self._next_step = step.index + 1  # sent by run_step after the lease is released
         return outcome
 
     def _end(self, run: Run, end: End, only_step: int) -> None:

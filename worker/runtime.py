@@ -11,6 +11,7 @@ import redis
 from . import metrics
 from .config import Settings, get_settings
 from .engine import Limits
+from .leases import LeaseKeeper
 from .llm import OpenAIChat
 from .store import RunStore, connect
 from .tools import REGISTRY, ToolRegistry
@@ -27,6 +28,10 @@ class Runtime:
     @cached_property
     def store(self) -> RunStore:
         return RunStore(self.redis, self.settings.record_ttl_s)
+
+    @cached_property
+    def leases(self) -> LeaseKeeper:
+        return LeaseKeeper(self.store, self.settings.lease_ttl_s)
 
     @cached_property
     def llm(self) -> OpenAIChat:

@@ -17,6 +17,9 @@ from . import keys
 from .models import LLMReply, Observation, Run, RunStatus, Step, Usage
 
 EVENTS_MAXLEN = 2000
+_RENEW_LEASE = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+)
 
 
 class StoreUnavailable(Exception):
@@ -206,8 +209,14 @@ class RunStore:
     def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
         return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
 
-    def acquire_lease(self, run_id: str, token: str, ttl_s: int) -> bool:
-        return bool(self.r.set(keys.lease(run_id), token, nx=True, ex=ttl_s))
+    def acquire_lease(self, run_id: str, token: str, ttl_ms: int) -> bool:
+        return bool(self.r.set(keys.lease(run_id), token, nx=True, px=ttl_ms))
+
+    def renew_leases(self, held: list[tuple[str, str]], ttl_ms: int) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for run_id, token in held:
+            pipe.eval(_RENEW_LEASE, 1, keys.lease(run_id), token, ttl_ms)
+        pipe.execute()
 
     def release_lease(self, run_id: str, token: str) -> None:
         # delete only our own lease

@@ -1,0 +1,52 @@
+"""Step leases that live exactly as long as the worker holding them.
+
+A lease keeps duplicate deliveries of a step from calling the LLM twice. It has a short TTL that a
+background thread renews while the step works, so a slow LLM call keeps its lease but a killed
+worker's leases lapse within one TTL and the reaper can hand its runs to another worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+from .store import RunStore
+
+log = logging.getLogger("reactq.leases")
+
+
+class LeaseKeeper:
+    def __init__(self, store: RunStore, ttl_s: float) -> None:
+        self.store = store
+        self.ttl_ms = max(1000, int(ttl_s * 1000))
+        self._held: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, run_id: str) -> str | None:
+        """A token when this process now holds the run's lease, None when another holder has it."""
+        token = uuid.uuid4().hex
+        if not self.store.acquire_lease(run_id, token, self.ttl_ms):
+            return None
+        with self._lock:
+            self._held[run_id] = token
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._renew_forever, name="reactq-leases", daemon=True)
+                self._thread.start()
+        return token
+
+    def release(self, run_id: str, token: str) -> None:
+        with self._lock:
+            self._held.pop(run_id, None)
+        self.store.release_lease(run_id, token)
+
+    def _renew_forever(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(self.ttl_ms / 3000):
+            with self._lock:
+                held = list(self._held.items())
+            try:
+                self.store.renew_leases(held, self.ttl_ms)
+            except Exception:  # Redis restarting: the next round retries; a lapsed lease only costs a duplicate
+                log.exception("lease renewal failed")
