@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,17 +43,18 @@ class StepRunner:
     def run_step(self, run_id: str, index: int) -> str:
         """Make progress on step `index` of a run. Returns the step outcome (for metrics and tests)."""
         run = self.store.load_run(run_id)
+        if run is not None and run.status == RunStatus.CANCELLED and not run.cancel_recorded:
+            self._record_cancel(run_id)
         if run is None or run.status.finished or run.current_step != index:
             return "fenced"
-        token = uuid.uuid4().hex
-        lease_ttl = int(self.rt.settings.llm_timeout_s * (self.rt.settings.llm_max_retries + 1) + 120)
-        if not self.store.acquire_lease(run_id, token, lease_ttl):
+        token = self.rt.leases.acquire(run_id)
+        if token is None:
             return "fenced"  # another delivery of this step is working on it
         self._next_step: int | None = None
         try:
             outcome = self._run_step(run, index)
         finally:
-            self.store.release_lease(run_id, token)
+            self.rt.leases.release(run_id, token)
         # Enqueue the next step only once the lease is gone: sent earlier, it could start (on another
         # thread or worker) while this step still held the lease, be fenced, and strand the run.
         if self._next_step is not None:
@@ -201,7 +201,7 @@ class StepRunner:
         raw = self.store.r.get(keys.sandbox_result(run.id, index, planned.call.id))
         if raw is not None:
             obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw)
-            metrics.TOOL_CALLS.labels(planned.tool, "ok" if error_type is None else "error").inc()
+            metrics.TOOL_CALLS.labels(planned.tool, obs.outcome).inc()
             if error_type is not None:
                 metrics.TOOL_FAILURES.labels(planned.tool, metrics.error_type_label(error_type)).inc()
             metrics.TOOL_DURATION.labels(planned.tool).observe(obs.duration_ms / 1000)
@@ -248,6 +248,18 @@ class StepRunner:
         else:
             self._next_step = step.index + 1  # sent by run_step after the lease is released
         return outcome
+
+    def _record_cancel(self, run_id: str) -> None:
+        """A run cancelled from the CLI or API is counted by the first worker that sees it, once."""
+
+        def mutate(run: Run) -> bool:
+            if run.cancel_recorded:
+                return False
+            run.cancel_recorded = True
+            return True
+
+        if (run := self.store.update_run(run_id, mutate)) is not None:
+            record_finished(run)
 
     def _end(self, run: Run, end: End, only_step: int) -> None:
         finished = self.store.finish(run.id, end.status, end.reason, only_step=only_step)
