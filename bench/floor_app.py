@@ -17,6 +17,16 @@ import json
 import os
 import threading
 
+try:  # under `-P gevent` the select module lacks epoll, so trio (which httpcore probes for) fails to import
+    from gevent import monkey
+
+    if monkey.is_module_patched("select"):
+        import sys
+
+        sys.modules.setdefault("trio", None)  # makes `import trio` raise ImportError: httpcore then skips it
+except ImportError:
+    pass
+
 import httpx
 from celery import Celery
 

@@ -1,6 +1,6 @@
 """Step throughput of reactq against a bare Celery chain (the floor), measured in one invocation.
 
-    python bench/throughput.py [--procs 2] [--out BENCHMARKS-throughput.md]
+    python bench/throughput.py [--procs 4] [--out BENCHMARKS-throughput.md]
 
 Every measurement gets its own fresh redis-server and stub process (`reactq stub --latency-ms L`)
 on free 127.0.0.1 ports, then P worker processes:
@@ -323,7 +323,7 @@ def table(results: list[Result]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--procs", type=int, default=2, help="worker processes, for the floor and reactq alike")
+    ap.add_argument("--procs", type=int, default=4, help="worker processes, for the floor and reactq alike")
     ap.add_argument("--a-in-flight", type=int, default=100)
     ap.add_argument("--a-concurrency", type=int, default=50, help="per worker process")
     ap.add_argument("--a-warmup", type=float, default=5.0)
