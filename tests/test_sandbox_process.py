@@ -1,4 +1,9 @@
-"""The process (bubblewrap) backend: weaker isolation, but the basic attacks still fail."""
+"""The process backend: weaker isolation, but the basic attacks still fail.
+
+Every attack runs under both confinements: bubblewrap, and the util-linux unshare
+fallback for hosts without bwrap (forced here with confinement="unshare", so both are
+tested on a host that has bwrap).
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,20 @@ from pathlib import Path
 import pytest
 
 from tools_sandbox import load_tiers
-from tools_sandbox.process_backend import ProcessBackend
+from tools_sandbox.errors import SandboxUnavailable
+from tools_sandbox.process_backend import ProcessBackend, unshare_unavailable
+from tools_sandbox.service import SandboxService
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+NAMES = {"bwrap": "process", "unshare": "process-unshare"}
 
 
-@pytest.fixture(scope="module")
-def backend():
-    b = ProcessBackend()
+@pytest.fixture(scope="module", params=["bwrap", "unshare"])
+def backend(request):
+    if request.param == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    if request.param == "unshare" and os.geteuid() != 0:
+        pytest.skip("the unshare confinement needs root")
+    b = ProcessBackend(confinement=request.param)
     b.start()
     yield b
     b.close()
@@ -29,7 +40,8 @@ def tier(test_tiers_file: Path):
 
 def test_runs_and_names_itself(backend, tier) -> None:
     r = backend.execute("print(6*7)", tier)
-    assert (r.exit_code, r.stdout, r.backend, r.error) == (0, "42\n", "process", None)
+    assert (r.exit_code, r.stdout, r.error) == (0, "42\n", None)
+    assert r.backend == NAMES[backend.confinement]
 
 
 def test_no_host_env_no_root_no_caps(backend, tier, monkeypatch) -> None:
@@ -96,3 +108,68 @@ def test_background_process_dies_with_the_call(backend, tier) -> None:
     assert r.duration_ms < tier.wall_time_s * 1000
     out = os.popen("ps -eo user:20,args | grep '[s]leep 300' | grep -c nobody").read().strip()
     assert out == "0"
+
+
+def test_fork_bomb_is_contained(backend, tier) -> None:
+    code = ("import os,time\nn=0\ntry:\n  for _ in range(10000):\n    if os.fork()==0:\n"
+            "      time.sleep(30); os._exit(0)\n    n+=1\nexcept OSError as e: print('stopped', n)")
+    r = backend.execute(code, tier)
+    assert "stopped" in r.stdout, (r.stdout, r.stderr, r.error)
+    assert int(r.stdout.split()[-1]) < tier.pids
+    assert r.duration_ms < tier.wall_time_s * 1000
+
+
+def test_privilege_cannot_be_regained(backend, tier) -> None:
+    code = ("import os,subprocess\n"
+            "for cmd in (['mount','-t','tmpfs','x','/tmp'],['unshare','-r','true'],['hostname','evil']):\n"
+            "  try: print(cmd[0], subprocess.run(cmd,capture_output=True).returncode)\n"
+            "  except OSError as e: print(cmd[0], 'missing')\n"
+            "s=open('/proc/self/status').read().splitlines()\n"
+            "print([l for l in s if l.startswith(('NoNewPrivs','CapBnd','CapAmb','CapPrm'))])\n"
+            "print(open('/proc/sys/kernel/hostname').read().strip())")
+    r = backend.execute(code, tier)
+    assert r.exit_code == 0, r.stderr
+    assert "mount 0" not in r.stdout and "hostname 0" not in r.stdout
+    for cap in ("CapBnd", "CapAmb", "CapPrm"):
+        assert f"{cap}:\\t0000000000000000" in r.stdout, r.stdout
+    assert r.stdout.strip().endswith("sandbox")
+
+
+def test_confinement_from_the_environment(monkeypatch, test_tiers_file: Path) -> None:
+    """REACTQ_SANDBOX_PROCESS_CONFINEMENT reaches the backend the service builds."""
+    if os.geteuid() != 0:
+        pytest.skip("the unshare confinement needs root")
+    from tools_sandbox.config import SandboxSettings
+
+    monkeypatch.setenv("REACTQ_SANDBOX_PROCESS_CONFINEMENT", "unshare")
+    with SandboxService(SandboxSettings(sandbox_tiers_file=test_tiers_file), backend="process", pool=False) as svc:
+        r = svc.execute("print('hi')", tier="tiny")
+    assert (r.stdout, r.backend, r.error) == ("hi\n", "process-unshare", None)
+
+
+def test_auto_falls_back_to_unshare_without_bwrap(monkeypatch, tmp_path: Path, tier) -> None:
+    """A host without bwrap (hidden from PATH here): auto picks unshare; bwrap forced is refused clearly."""
+    if os.geteuid() != 0:
+        pytest.skip("the unshare confinement needs root")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        ProcessBackend(confinement="bwrap").start()
+    b = ProcessBackend(confinement="auto")
+    b.start()
+    try:
+        r = b.execute("print(6*7)", tier)
+    finally:
+        b.close()
+    assert (r.stdout, r.backend, r.error) == ("42\n", "process-unshare", None)
+
+
+def test_without_root_unshare_is_refused_with_a_reason() -> None:
+    why = unshare_unavailable(1000)
+    assert "root" in why and "unshare" in why
+    if os.geteuid() == 0:
+        assert unshare_unavailable(0) == ""
+
+
+def test_unknown_confinement_is_refused() -> None:
+    with pytest.raises(ValueError, match="confinement"):
+        ProcessBackend(confinement="chroot").start()

@@ -30,5 +30,8 @@ class SandboxSettings(BaseSettings):
     sandbox_pool_tiers: str = ""
     # Interpreter the process backend runs (system python, not a virtualenv).
     sandbox_process_python: str = "/usr/bin/python3"
+    # How the process backend confines code: bubblewrap, util-linux unshare (root only,
+    # for hosts without bwrap), or auto = bwrap when installed, else unshare.
+    sandbox_process_confinement: Literal["auto", "bwrap", "unshare"] = "auto"
     # Debian mirror for the offline image build; empty = the one apt uses here.
     sandbox_mirror: str = ""

@@ -1,7 +1,8 @@
 """Data shapes: the result of one execution, a tier, and a tenant's quotas.
 
 SandboxResult is the contract's result object (DESIGN.md) plus `backend`, so every
-observation says which isolation produced it ("docker" or the weaker "process").
+observation says which isolation produced it: "docker", or the weaker "process"
+(bubblewrap) or "process-unshare" (util-linux unshare, for hosts without bwrap).
 """
 
 from __future__ import annotations

@@ -1,56 +1,132 @@
-"""The no-Docker fallback: the agent in fresh namespaces via bubblewrap, with rlimits.
+"""The no-Docker fallback: the agent in fresh namespaces, with rlimits.
 
-WEAKER ISOLATION than the Docker backend, and every result it produces says so
-(`backend="process"`). What it gives: new user/pid/net/ipc/uts/cgroup namespaces
-(no network at all), uid 65534, no capabilities, a read-only view of /usr only (no
-/etc, /home, /root, /work, no host env), a size-capped private /tmp, and rlimits for
-CPU time, address space, file size, open files and processes. What it lacks: cgroup
-memory/CPU/pids limits (RLIMIT_NPROC counts every process of uid 65534 on the host,
-RLIMIT_AS is not a cgroup limit), seccomp filtering beyond bwrap's defaults, and a
-separate kernel view of /usr (host-installed python packages are visible read-only).
-Used only when chosen, or when no Docker engine answers.
+WEAKER ISOLATION than the Docker backend, and every result it produces says so:
+`backend="process"` when bubblewrap confines it, `backend="process-unshare"` when
+util-linux `unshare` does (bwrap is a Debian package, not pip-installable, so a fresh
+machine often lacks it; unshare is always there but needs root).
+
+What both give: new pid/net/ipc/uts/cgroup/mount namespaces (no network at all), uid
+and gid 65534 with no capabilities and no_new_privs, a read-only view of /usr only (no
+/etc, /home, /root, /work, no host env), a size-capped private /tmp, a read-only root,
+and rlimits for CPU time, address space, file size, open files and processes; the
+whole sandbox is killed with its worker and at the end of every call.
+Differences: bwrap also runs in a new user namespace and brings loopback up; the
+unshare path stays in the host user namespace (as uid 65534, without capabilities) and
+leaves loopback down, and its mount setup runs as root (a shell script of fixed
+commands, before any untrusted code) in the new namespaces.
+What both lack: cgroup memory/CPU/pids limits (RLIMIT_NPROC counts every process of
+uid 65534 on the host, RLIMIT_AS is not a cgroup limit), seccomp filtering, and a
+separate view of /usr (host-installed python packages are visible read-only).
+Used only when chosen, or when no Docker engine answers; REACTQ_SANDBOX_PROCESS_CONFINEMENT
+(auto | bwrap | unshare) picks the confinement, auto = bwrap when installed, else unshare.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import selectors
+import shlex
 import shutil
 import signal
 import subprocess
 import time
 
+from .config import SandboxSettings
 from .errors import SandboxUnavailable
 from .models import SandboxResult, Tier
 from .protocol import FrameParser, agent_source, decode, encode_request, interpret_exit
 
 _ERR_CAP = 4096
 NOBODY = 65534
+CONFINEMENTS = ("auto", "bwrap", "unshare")
+# Where the unshare path looks for its tools: a worker's PATH may lack the sbin dirs.
+_TOOL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+_UNSHARE_TOOLS = ("unshare", "setpriv", "mount", "umount", "pivot_root")
+_PR_SET_PDEATHSIG = 1
+_SANDBOX_ENV = (("PATH", "/usr/local/bin:/usr/bin:/bin"), ("HOME", "/tmp"), ("LANG", "C.UTF-8"),
+                ("PYTHONDONTWRITEBYTECODE", "1"), ("OPENBLAS_NUM_THREADS", "1"))
+
+
+def unshare_unavailable(euid: int) -> str:
+    """Why the unshare confinement cannot work for this user on this host ('' when it can)."""
+    if euid != 0:
+        return "the util-linux unshare fallback needs root (run the sandbox worker as root)"
+    missing = [tool for tool in _UNSHARE_TOOLS if shutil.which(tool, path=_TOOL_PATH) is None]
+    if missing:
+        return f"the util-linux unshare fallback lacks {', '.join(missing)} (apt-get install util-linux mount)"
+    return ""
 
 
 class ProcessBackend:
-    """Runs each execution as a bwrap-confined subprocess of this worker."""
+    """Runs each execution as a namespaced subprocess of this worker (bwrap, else unshare)."""
 
     name = "process"
 
-    def __init__(self, python: str = "/usr/bin/python3") -> None:
+    def __init__(self, python: str = "/usr/bin/python3", confinement: str | None = None) -> None:
         self.python = python
+        # None = REACTQ_SANDBOX_PROCESS_CONFINEMENT, read at start().
+        self.confinement = confinement
         self._bwrap: str | None = None
+        self._unshare: str | None = None
+        self._libc: ctypes.CDLL | None = None
 
     def start(self) -> None:
-        self._bwrap = shutil.which("bwrap")
-        if self._bwrap is None:
-            raise SandboxUnavailable("the process backend needs bubblewrap (apt-get install bubblewrap)")
+        choice = self.confinement or SandboxSettings().sandbox_process_confinement
+        if choice not in CONFINEMENTS:
+            raise ValueError(f"unknown process confinement {choice!r}; use {', '.join(CONFINEMENTS)}")
         if not os.path.exists(self.python):
             raise SandboxUnavailable(f"the process backend's interpreter {self.python} is missing")
+        bwrap = shutil.which("bwrap") if choice != "unshare" else None
+        if bwrap is not None:
+            self._bwrap, self.name = bwrap, "process"
+            return
+        if choice == "bwrap":
+            raise SandboxUnavailable("the process backend needs bubblewrap (apt-get install bubblewrap)")
+        prefix = "" if choice == "unshare" else "bubblewrap is not installed (apt-get install bubblewrap) and "
+        why = unshare_unavailable(os.geteuid())
+        if why:
+            raise SandboxUnavailable(f"the process backend cannot confine code: {prefix}{why}")
+        self._unshare = shutil.which("unshare", path=_TOOL_PATH)
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.name = "process-unshare"
+        try:
+            self._probe_unshare()
+        except SandboxUnavailable as exc:
+            self.close()
+            raise SandboxUnavailable(f"the process backend cannot confine code: {prefix}{exc}") from None
 
     def close(self) -> None:
         self._bwrap = None
+        self._unshare = None
+
+    def _probe_unshare(self) -> None:
+        """Build one empty sandbox now, so a host that forbids it fails at start, not per call."""
+        probe = Tier.model_validate({
+            "name": "probe", "cpus": 1, "memory_mb": 64, "wall_time_s": 10, "cpu_time_s": 1, "pids": 8,
+            "output_bytes": 1024, "tmpfs_mb": 1,
+            "quota": {"concurrent_executions": 1, "executions_per_minute": 1, "cpu_seconds_per_day": 1},
+        })
+        try:
+            done = subprocess.run(self._unshare_command(probe, ["true"]), env={}, capture_output=True,
+                                  timeout=10, check=False, preexec_fn=self._die_with_parent)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SandboxUnavailable(f"cannot start unshare: {exc}") from exc
+        if done.returncode != 0:
+            said = decode(done.stderr).strip()[-300:]
+            raise SandboxUnavailable(f"util-linux unshare cannot build a sandbox here (needs CAP_SYS_ADMIN): {said!r}")
 
     def command(self, tier: Tier) -> list[str]:
-        if self._bwrap is None:
-            raise SandboxUnavailable("the process backend is not started")
+        agent = [self.python, "-I", "-c", agent_source()]
+        if self._bwrap is not None:
+            return self._bwrap_command(tier, agent)
+        if self._unshare is not None:
+            return self._unshare_command(tier, agent)
+        raise SandboxUnavailable("the process backend is not started")
+
+    def _bwrap_command(self, tier: Tier, agent: list[str]) -> list[str]:
+        assert self._bwrap is not None
         cmd = [
             self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/usr", "/usr",
@@ -66,33 +142,83 @@ class ProcessBackend:
             # bwrap's own root is a writable tmpfs: make it read-only after the mounts.
             "--remount-ro", "/",
             "--uid", str(NOBODY), "--gid", str(NOBODY), "--clearenv",
-            "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-            "--setenv", "OPENBLAS_NUM_THREADS", "1",
-            self.python, "-I", "-c", agent_source(),
         ]
-        return cmd
+        for key, value in _SANDBOX_ENV:
+            cmd += ["--setenv", key, value]
+        return cmd + agent
+
+    def _unshare_command(self, tier: Tier, agent: list[str]) -> list[str]:
+        """unshare (as root) + a fixed setup script that builds bwrap's view, then setpriv to 65534.
+
+        The script takes no untrusted input: the agent command arrives as "$@". --kill-child
+        and setpriv --pdeathsig kill the namespace's init (the agent) when unshare dies.
+        """
+        assert self._unshare is not None
+        binds = []
+        for link in ("lib", "lib64", "bin", "sbin"):
+            if os.path.islink(f"/{link}"):
+                binds.append(f"ln -s {shlex.quote(os.readlink(f'/{link}'))} {link}")
+            elif os.path.isdir(f"/{link}"):
+                binds.append(f"mkdir {link} && mount --bind /{link} {link} "
+                             f"&& mount -o remount,bind,ro,nosuid,nodev {link}")
+        devices = "null zero full random urandom tty"
+        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in _SANDBOX_ENV)
+        script = "\n".join([
+            "set -eu",
+            f"PATH={_TOOL_PATH}",
+            # A tmpfs over /tmp becomes the new root (in this mount namespace only).
+            "mount -t tmpfs -o size=1m,mode=0755,nosuid,nodev sandbox-root /tmp",
+            "cd /tmp",
+            "mkdir usr tmp proc dev .old",
+            "mount --bind /usr usr && mount -o remount,bind,ro,nosuid,nodev usr",
+            *binds,
+            f"mount -t tmpfs -o size={tier.tmpfs_mb * 1024 * 1024},mode=1777,nosuid,nodev sandbox-tmp tmp",
+            "mount -t proc -o nosuid,nodev,noexec proc proc",
+            "mount -t tmpfs -o size=64k,mode=0755,nosuid,noexec sandbox-dev dev",
+            f"for d in {devices}; do : > dev/$d && mount --bind /dev/$d dev/$d; done",
+            "ln -s /proc/self/fd dev/fd && ln -s /proc/self/fd/0 dev/stdin",
+            "ln -s /proc/self/fd/1 dev/stdout && ln -s /proc/self/fd/2 dev/stderr",
+            "mount -o remount,ro,nosuid,noexec dev",
+            "echo sandbox > proc/sys/kernel/hostname",
+            # Drop the host's mounts entirely: nothing of it stays reachable, not even by path.
+            "pivot_root . .old && umount -l /.old && rmdir /.old",
+            "mount -o remount,ro,nosuid,nodev /",
+            "cd /tmp",
+            f"exec env -i {env} setpriv --reuid {NOBODY} --regid {NOBODY} --clear-groups "
+            "--inh-caps=-all --ambient-caps=-all --bounding-set=-all --no-new-privs --pdeathsig KILL \"$@\"",
+        ])
+        return [
+            self._unshare, "--net", "--pid", "--fork", "--kill-child", "--mount", "--ipc", "--uts", "--cgroup",
+            "--propagation", "private", "/bin/sh", "-c", script, "sandbox", *agent,
+        ]
+
+    def _die_with_parent(self) -> None:
+        """In the child before exec: the kernel kills unshare if this worker dies (bwrap's --die-with-parent)."""
+        if self._libc is not None:
+            self._libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     def execute(self, code: str, tier: Tier) -> SandboxResult:
         started = time.monotonic()
         deadline = started + tier.wall_time_s
-        as_root = os.geteuid() == 0
+        # bwrap runs unprivileged (it sets up a user namespace); unshare needs root to mount.
+        drop = os.geteuid() == 0 and self._unshare is None
         fsize = tier.tmpfs_mb * 1024 * 1024
 
         def limits() -> None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
             resource.setrlimit(resource.RLIMIT_NOFILE, (tier.nofile, tier.nofile))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            self._die_with_parent()
 
         try:
             proc = subprocess.Popen(
                 self.command(tier), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env={}, close_fds=True, start_new_session=True, preexec_fn=limits,
-                user=NOBODY if as_root else None, group=NOBODY if as_root else None,
-                extra_groups=[] if as_root else None, cwd="/",
+                user=NOBODY if drop else None, group=NOBODY if drop else None,
+                extra_groups=[] if drop else None, cwd="/",
             )
         except OSError as exc:
-            raise SandboxUnavailable(f"cannot start bwrap: {exc}") from exc
+            raise SandboxUnavailable(f"cannot start {self._tool()}: {exc}") from exc
         parser = FrameParser(cap=tier.output_bytes)
         agent_err = bytearray()
         timed_out = False
@@ -135,7 +261,7 @@ class ProcessBackend:
             parser.truncated = parser.truncated or bool(parser.exit.get("truncated"))
         elif not timed_out and not parser.truncated:
             why = parser.protocol_error or "the sandbox exited without a result"
-            error = f"sandbox_failed: {why}; bwrap said: {decode(agent_err)[-500:]!r}"
+            error = f"sandbox_failed: {why}; {self._tool()} said: {decode(agent_err)[-500:]!r}"
         return SandboxResult(
             exit_code=exit_code, stdout=decode(parser.stdout), stderr=decode(parser.stderr) + note,
             timed_out=timed_out, oom_killed=oom, truncated=parser.truncated,
@@ -143,9 +269,12 @@ class ProcessBackend:
             backend=self.name,
         ).with_cpu(parser.exit.get("cpu_s") if parser.exit else None)
 
+    def _tool(self) -> str:
+        return "unshare" if self._unshare is not None else "bwrap"
+
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:
-        """Kill the whole session (bwrap and, via --die-with-parent, everything it started)."""
+        """Kill the session: bwrap or unshare and its namespace's init, which takes the pid namespace with it."""
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
