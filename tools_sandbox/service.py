@@ -40,7 +40,7 @@ def make_backend(choice: str, settings: SandboxSettings) -> Backend:
             if choice == "docker":
                 raise
             log.warning("no usable Docker engine; using the process backend (weaker isolation)")
-    backend = ProcessBackend(settings.sandbox_process_python)
+    backend = ProcessBackend(settings.sandbox_process_python, confinement=settings.sandbox_process_confinement)
     backend.start()
     return backend
 

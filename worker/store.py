@@ -107,12 +107,12 @@ class RunStore:
                     run.updated_at = time.time()
                     pipe.multi()
                     pipe.set(key, run.model_dump_json(), keepttl=True)
+                    if extra is not None:
+                        extra(pipe, run)
                     if run.status.finished and not was_finished:
                         self._on_finished(pipe, run)
                     elif not run.status.finished:
                         pipe.zadd(keys.ACTIVE_RUNS, {run.id: run.updated_at})
-                    if extra is not None:
-                        extra(pipe, run)
                     pipe.execute()
                     return run
                 except redis.WatchError:
