@@ -171,7 +171,7 @@ class Bench:
             probe.close()
 
     def completions(self, stub_url: str) -> int:
-        return int(http_json(f"{stub_url}/stub/stats")["completions"])
+        return int(http_json(f"{stub_url}/stub/stats", timeout=60)["completions"])
 
     def measure(self, stub_url: str, warmup: float, window: float, tick=None) -> tuple[int, float]:
         """Completions served in `window` seconds after `warmup` seconds; `tick()` runs meanwhile."""
@@ -196,7 +196,7 @@ class Bench:
             for marker in ("Traceback", "MaxConnectionsError", "ConnectionError", "Timeout", "Error:"):
                 if marker in text:
                     errors.append(f"{name}: {text.count(marker)} x {marker!r}")
-        stats = http_json(f"{stub_url}/stub/stats")
+        stats = http_json(f"{stub_url}/stub/stats", timeout=60)
         bad = {k: v for k, v in stats["by_status"].items() if k != "200"}
         if bad:
             errors.append(f"stub answered non-200: {bad}")
