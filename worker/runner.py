@@ -49,7 +49,7 @@ class StepRunner:
             return "fenced"
         token = self.rt.leases.acquire(run_id)
         if token is None:
-            return "fenced"  # another delivery of this step is working on it
+            return "busy"  # another delivery (or the step before, finishing) holds the run's lease
         self._next_step: int | None = None
         try:
             outcome = self._run_step(run, index)

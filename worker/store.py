@@ -36,12 +36,12 @@ def connect(url: str, max_connections: int = 64) -> redis.Redis:
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=30, health_check_interval=30,
         socket_connect_timeout=5, socket_keepalive=True,
-    )
-    return redis.Redis(
-        connection_pool=pool,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+        # ~30 s of retries: long enough to ride out a Redis restart
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20,
+                    supported_errors=(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
     )
+    return redis.Redis(connection_pool=pool)
 
 
 def ping(client: redis.Redis, url: str) -> None:

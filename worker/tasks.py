@@ -27,10 +27,20 @@ def send_sandbox(request: dict[str, Any]) -> None:
 CELERY_DISPATCH = Dispatcher(next_step=send_step, sandbox=send_sandbox)
 
 
-@app.task(name=STEP_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def step(run_id: str, index: int) -> str:
-    """Make progress on step `index` of run `run_id` (idempotent; fenced on the step number)."""
-    return StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+BUSY_RETRIES = 20
+BUSY_RETRY_S = 0.5
+
+
+@app.task(name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def step(self: Any, run_id: str, index: int) -> str:
+    """Make progress on step `index` of run `run_id` (idempotent; fenced on the step number).
+
+    When another delivery holds the run's lease (a duplicate, or a sandbox continuation that arrived
+    before the dispatching step let go), try again shortly; past that the reaper has the run."""
+    outcome = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+    if outcome == "busy" and self.request.retries < BUSY_RETRIES:
+        raise self.retry(countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
+    return outcome
 
 
 @signals.worker_ready.connect

@@ -1,0 +1,52 @@
+"""A Redis restart in the middle of a batch: workers reconnect and every run still finishes right."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures_cluster import ROOT, Cluster
+from tests.fixtures_services import RedisServer
+from tests.fixtures_stub import StubControl
+from tests.test_integration import read_results
+from tests.test_recovery import inline_questions
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis-data")
+    server.workdir.mkdir()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_redis_restart_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_control: StubControl,
+                                 tmp_path: Path) -> None:
+    cluster.env["REACTQ_REDIS_URL"] = own_redis.url
+    stub_control.set_faults(latency_ms=300)
+    cluster.start_worker(queues="steps", concurrency=16)
+    infile, expected = inline_questions(tmp_path, repeat=2)
+    out = tmp_path / "out.jsonl"
+    batch = subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
+                             env=cluster.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
+        time.sleep(0.1)
+    own_redis.stop()  # SIGTERM: Redis writes its AOF and exits
+    time.sleep(2)
+    own_redis.start()  # same port, same data directory
+    _, stderr = batch.communicate(timeout=240)
+    assert batch.returncode == 0, stderr.decode()[-3000:]
+    results = read_results(out)
+    assert set(results) == set(expected)
+    for qid, line in results.items():
+        assert line["status"] == "succeeded", line
+        assert expected[qid].lower() in line["answer"].lower(), line
