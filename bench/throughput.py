@@ -211,7 +211,7 @@ class Bench:
         env = {"FLOOR_REDIS_URL": redis_url, "FLOOR_LLM_BASE_URL": f"{stub_url}/v1",
                "FLOOR_MAX_CONNECTIONS": str(max(1024, 2 * concurrency))}
         names = []
-        for i in range(self.args.procs):
+        for _ in range(self.args.procs):
             self.seq += 1
             name = f"floor-{pool}-{self.seq}"
             names.append(name)
