@@ -39,3 +39,40 @@ def test_sample_batch_end_to_end(cluster: Cluster, tmp_path: Path, mode: str) ->
     if mode == "tools":  # the multi-part questions were answered with parallel tool calls in one step
         parallel = [r for r in results.values() if r["steps"] == 2 and ";" in (r["answer"] or "")]
         assert parallel, "expected at least one run answered with parallel calls in one step"
+
+
+@pytest.mark.docker
+def test_python_questions_run_in_docker_sandboxes(cluster: Cluster, sandbox_image: str, tmp_path: Path) -> None:
+    """The whole data path with the production backend: step worker → reactq.sandbox → Docker → next step."""
+    cluster.start_worker(queues="steps", concurrency=16)
+    cluster.start_worker(queues="sandbox", concurrency=4, REACTQ_SANDBOX_BACKEND="docker",
+                         REACTQ_SANDBOX_IMAGE=sandbox_image)
+    items = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    python_items = [i for i in items if any(w in i["question"].lower() for w in ("prime", "fibonacci", "reverse"))]
+    infile = tmp_path / "in.jsonl"
+    infile.write_text("".join(json.dumps({"id": i["id"], "question": i["question"]}) + "\n" for i in python_items))
+    out = tmp_path / "out.jsonl"
+    assert cluster.reactq("batch", str(infile), "--out", str(out)).returncode == 0
+    for item in python_items:
+        line = read_results(out)[item["id"]]
+        assert line["status"] == "succeeded" and item["expected"] in line["answer"], line
+        trace = json.loads(cluster.reactq("trace", line["run_id"], "--json").stdout)["trace"]
+        assert trace[0]["tool_calls"][0]["name"] == "python"
+        assert trace[0]["observations"][0]["outcome"] == "ok"
+
+
+def test_limits_end_runs_with_their_status(cluster: Cluster, stub_control) -> None:
+    stub_control.set_faults(latency_ms=700)
+    cluster.start_worker(queues="steps", concurrency=8, REACTQ_RUN_DEADLINE_S="1")
+    timed_out = json.loads(cluster.reactq("ask", "What is 3 * 3?", "--wait", "--json",
+                                          REACTQ_RUN_DEADLINE_S="1").stdout)
+    assert timed_out["status"] == "timeout" and "deadline" in timed_out["error"]
+    capped = json.loads(cluster.reactq("ask", "What is 3 * 4?", "--wait", "--json", "--max-steps", "1").stdout)
+    assert capped["status"] == "max_steps" and capped["steps"] == 1 and "max_steps=1" in capped["error"]
+
+
+def test_llm_call_timeout_is_enforced(cluster: Cluster, stub_control) -> None:
+    stub_control.set_faults(timeout_rate=1.0, timeout_s=30)
+    cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_TIMEOUT_S="1", REACTQ_LLM_MAX_RETRIES="1")
+    run = json.loads(cluster.reactq("ask", "What is 3 * 5?", "--wait", "--json", "--timeout", "60").stdout)
+    assert run["status"] == "failed" and "2 attempt(s)" in run["error"], run["error"]
