@@ -1,6 +1,6 @@
 """Sandbox latency: `docker run`, `docker exec` and the warm pool, measured in one run.
 
-    python bench/sandbox_latency.py [--runs 200] [--cold-runs 20] [--tier standard] [--out BENCHMARKS-sandbox.md]
+    python bench/sandbox_latency.py [--runs 200] [--cold-runs 20] [--tier standard] [--out FILE]
 
 End-to-end pool figure = SandboxService.execute("print(6*7)") from call to result
 (pool take, request, fork+exec in the agent, output, exit record); the container's

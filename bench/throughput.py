@@ -1,6 +1,6 @@
 """Step throughput of reactq against a bare Celery chain (the floor), measured in one invocation.
 
-    python bench/throughput.py [--procs 4] [--out BENCHMARKS-throughput.md]
+    python bench/throughput.py [--procs 4] [--out FILE]
 
 Every measurement gets its own fresh redis-server and stub process (`reactq stub --latency-ms L`)
 on free 127.0.0.1 ports, then P worker processes:
