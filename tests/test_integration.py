@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import redis
 
-from tests.fixtures_cluster import Cluster
+from tests.fixtures_cluster import ROOT, Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -76,3 +80,17 @@ def test_llm_call_timeout_is_enforced(cluster: Cluster, stub_control) -> None:
     cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_TIMEOUT_S="1", REACTQ_LLM_MAX_RETRIES="1")
     run = json.loads(cluster.reactq("ask", "What is 3 * 5?", "--wait", "--json", "--timeout", "60").stdout)
     assert run["status"] == "failed" and "2 attempt(s)" in run["error"], run["error"]
+
+
+def test_worker_processes_flag_runs_and_stops_several_processes(cluster: Cluster, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "worker", "--queues", "steps", "-c", "4",
+                             "--processes", "2"], env=cluster.env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and client.zcard("reactq:workers:reactq.steps") < 2:
+        time.sleep(0.2)
+    assert client.zcard("reactq:workers:reactq.steps") == 2
+    assert json.loads(cluster.reactq("ask", "What is 5 * 5?", "--wait", "--json").stdout)["answer"] == "25"
+    proc.terminate()
+    assert proc.wait(30) == 0

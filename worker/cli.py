@@ -44,9 +44,17 @@ def cli() -> None:
 @click.option("--queues", default="steps,sandbox", show_default=True, help="steps, sandbox, or both")
 @click.option("--concurrency", "-c", type=int, default=None, help="threads (default: 200 for steps, cores for sandbox)")
 @click.option("--metrics-port", type=int, default=None, help="port of /metrics (0: none; default REACTQ_METRICS_PORT)")
+@click.option("--processes", "-p", type=int, default=1, show_default=True,
+              help="worker processes to run (one Python process is GIL-bound: use about 2 per core for steps); "
+                   "process i serves /metrics on metrics-port + i")
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker(queues: str, concurrency: int | None, metrics_port: int | None, loglevel: str) -> None:
+def worker(queues: str, concurrency: int | None, metrics_port: int | None, processes: int, loglevel: str) -> None:
     """A Celery worker for the reactq queues (a threads pool: LLM calls and sandbox runs are waits)."""
+    if processes > 1:
+        from .services import supervise_workers
+
+        port = get_settings().metrics_port if metrics_port is None else metrics_port
+        sys.exit(supervise_workers(processes, queues, concurrency, port, loglevel))
     from . import logs
     from .celery_app import SANDBOX_QUEUE, STEPS_QUEUE
     from .metrics_server import start_metrics_server

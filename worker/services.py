@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -43,7 +45,8 @@ class Started:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _wait(check: callable, what: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:  # type: ignore[valid-type]
+def _wait(check: Callable[[], bool], what: str, proc: subprocess.Popen[bytes], log_path: Path,
+          timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -117,6 +120,28 @@ def start_stub(base_url: str, workdir: Path) -> Started:
 def port_free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def supervise_workers(count: int, queues: str, concurrency: int | None, metrics_port: int, loglevel: str) -> int:
+    """Run `count` worker processes in the foreground; SIGTERM/SIGINT stops them all. Returns the
+    first non-zero exit code of a child, if any."""
+    procs = []
+    for i in range(count):
+        argv = [sys.executable, "-m", "worker.cli", "worker", "--queues", queues, "--loglevel", loglevel,
+                "--metrics-port", str(metrics_port + i if metrics_port else 0)]
+        if concurrency is not None:
+            argv += ["--concurrency", str(concurrency)]
+        procs.append(subprocess.Popen(argv))
+
+    def stop(signum: int, _frame: object) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    codes = [proc.wait() for proc in procs]
+    return next((c for c in codes if c), 0)
 
 
 def start_worker(queues: str, concurrency: int, workdir: Path, env: dict[str, str] | None = None,
