@@ -82,6 +82,9 @@ _PY_TASKS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = [
                f"date.fromisoformat({m[1]!r})).days))"),
     (re.compile(r"sum of (?:all )?(?:the )?(?:integers|numbers|whole numbers) from (\d+) to (\d+)", re.I),
      lambda m: f"print(sum(range({m[1]}, {m[2]} + 1)))"),
+    # a deliberately slow task, for tests and demos of long sandbox calls
+    (re.compile(r"(?:wait|sleep) (?:for )?(\d+(?:\.\d+)?) seconds?,? (?:and )?then print ['\"]?(\w+)", re.I),
+     lambda m: f"import time\ntime.sleep({m[1]})\nprint({m[2]!r})"),
 ]
 
 

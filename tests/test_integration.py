@@ -94,3 +94,40 @@ def test_worker_processes_flag_runs_and_stops_several_processes(cluster: Cluster
     assert json.loads(cluster.reactq("ask", "What is 5 * 5?", "--wait", "--json").stdout)["answer"] == "25"
     proc.terminate()
     assert proc.wait(30) == 0
+
+
+@pytest.mark.docker
+def test_sandbox_worker_killed_mid_execution_leaves_no_container_and_the_run_resumes(
+    cluster: Cluster, sandbox_image: str, redis_url: str
+) -> None:
+    import docker
+
+    sandbox_env = {"REACTQ_SANDBOX_BACKEND": "docker", "REACTQ_SANDBOX_IMAGE": sandbox_image,
+                   "REACTQ_SANDBOX_REDISPATCH_AFTER_S": "10"}
+    cluster.env["REACTQ_SANDBOX_REDISPATCH_AFTER_S"] = "10"
+    cluster.start_worker(queues="steps", concurrency=4)
+    victim = cluster.start_worker(queues="sandbox", concurrency=2, **sandbox_env)
+    run_id = cluster.reactq("ask", "Wait 4 seconds and then print resumed").stdout.strip()
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not client.keys(f"reactq:run:{run_id}:sent:*"):
+        time.sleep(0.1)
+    time.sleep(1.5)  # the call is now executing in one of the victim's containers
+    cluster.kill(victim)
+    engine = docker.from_env()
+
+    def victims_containers() -> list:
+        return [c for c in engine.containers.list(all=True, filters={"label": "reactq.sandbox=1"})
+                if c.labels.get("reactq.sandbox.owner", "").split("/")[1:2] == [str(victim.pid)]]
+
+    assert victims_containers(), "the killed worker's containers should be there until someone reaps them"
+    cluster.start_worker(queues="sandbox", concurrency=2, **sandbox_env)  # reaps orphans at start-up
+    run = None
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        run = json.loads(cluster.reactq("status", run_id, "--json").stdout)
+        if run["status"] not in ("queued", "running"):
+            break
+        time.sleep(1)
+    assert run is not None and run["status"] == "succeeded" and run["answer"] == "resumed", run
+    assert victims_containers() == []

@@ -384,3 +384,9 @@ def test_malform_and_hallucinate() -> None:
         assert "Final Answer" not in garbled
     fake = hallucinate(text_reply).content or ""
     assert fake.startswith(text_reply.content) and "\nObservation: " in fake and "Final Answer: 999999" in fake
+
+
+def test_slow_python_task_for_long_sandbox_calls() -> None:
+    from api_stub.planner import python_code
+
+    assert python_code("Sleep for 2.5 seconds, then print ready") == "import time\ntime.sleep(2.5)\nprint('ready')"
