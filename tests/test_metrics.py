@@ -189,3 +189,19 @@ def test_bound_fields_reach_every_logger_and_record_fields_win() -> None:
         assert line("some.library")["run_id"] == "r1"
         assert line("reactq.step", step=5)["step"] == 5
     assert "run_id" not in line("anything")
+
+
+@pytest.mark.integration
+def test_safeguards_are_counted(cluster: Cluster, tmp_path: Path) -> None:
+    port = free_port()
+    cluster.start_worker(queues="steps", metrics_port=port, REACTQ_OBSERVATION_MAX_CHARS="100")
+    lines = [
+        {"id": "capped", "question": "What is 3 * 4?", "max_steps": 1},
+        {"id": "long", "question": "Who wrote Pride and Prejudice?"},  # search results exceed 100 chars
+    ]
+    results = {r["id"]: r for r in run_batch(cluster, tmp_path, lines)}
+    assert results["capped"]["status"] == "max_steps"
+    samples = wait_for_sample(f"http://127.0.0.1:{port}/metrics", "reactq_safeguards_total", 1, kind="max_steps")
+    assert total(samples, "reactq_safeguards_total", kind="max_steps") == 1
+    assert total(samples, "reactq_safeguards_total", kind="observation_truncated") >= 1
+    assert {"kind": "loop"} in series(samples, "reactq_safeguards_total")  # initialised, so rate() exists

@@ -81,6 +81,18 @@ class Act:
 class End:
     status: RunStatus
     reason: str
+    safeguard: str = ""  # which safeguard ended the run, for the reactq_safeguards_total metric
+
+    def __post_init__(self) -> None:
+        if not self.safeguard and self.status in LIMIT_SAFEGUARDS:
+            object.__setattr__(self, "safeguard", LIMIT_SAFEGUARDS[self.status])
+
+
+LIMIT_SAFEGUARDS = {
+    RunStatus.MAX_STEPS: "max_steps",
+    RunStatus.TIMEOUT: "deadline",
+    RunStatus.BUDGET_EXCEEDED: "token_budget",
+}
 
 
 Decision = Final | Retry | Act | End
@@ -129,7 +141,8 @@ def decide(run: Run, history: list[Step], turn: ParsedTurn, tools: ToolLookup, l
         streak = run.invalid_streak + 1
         error = turn.error or "Invalid output: no tool call and no final answer."
         if streak >= limits.max_invalid_outputs:
-            return End(RunStatus.FAILED, f"{streak} invalid model outputs in a row; last: {error}")
+            return End(RunStatus.FAILED, f"{streak} invalid model outputs in a row; last: {error}",
+                       "invalid_outputs")
         return Retry(error, turn.error_kind or "empty")
 
     seen: dict[str, int] = {}
@@ -149,6 +162,7 @@ def decide(run: Run, history: list[Step], turn: ParsedTurn, tools: ToolLookup, l
                 RunStatus.FAILED,
                 f"the model repeated the same action {call.name}({_short(call.arguments)}) "
                 f"{occurrence} times; stopped as a loop",
+                "loop",
             )
         tool = tools.get(call.name)
         if tool is None:

@@ -32,8 +32,12 @@ PARSE_ERRORS = Counter("reactq_parse_errors_total", "Model outputs that could no
 TOOL_CALLS = Counter("reactq_tool_calls_total", "Tool calls, by outcome.", ["tool", "outcome"])
 TOOL_FAILURES = Counter("reactq_tool_failures_total", "Tool calls that failed.", ["tool", "error_type"])
 TOOL_DURATION = Histogram("reactq_tool_duration_seconds", "Tool call latency.", ["tool"], buckets=LLM_BUCKETS)
+SAFEGUARDS = Counter("reactq_safeguards_total", "Times a safeguard acted (hint, compaction, cut-off, limit).",
+                     ["kind"])
 QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queue"], multiprocess_mode="max")
 
+SAFEGUARD_KINDS = ("repeat_hint", "loop", "invalid_outputs", "observation_truncated", "context_compacted",
+                   "max_steps", "deadline", "token_budget")
 STEP_OUTCOMES = ("tool_calls", "final_answer", "invalid_output", "ended", "waiting", "fenced", "llm_failed")
 LLM_OUTCOMES = ("ok", "rate_limited", "server_error", "client_error", "timeout", "connection_error")
 
@@ -70,5 +74,7 @@ def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tu
         TOOL_CALLS.labels(tool, "ok")
         TOOL_CALLS.labels(tool, "error")
         TOOL_DURATION.labels(tool)
+    for kind in SAFEGUARD_KINDS:
+        SAFEGUARDS.labels(kind)
     for queue in ("reactq.steps", "reactq.sandbox"):
         QUEUE_DEPTH.labels(queue)

@@ -132,6 +132,7 @@ class StepRunner:
         metrics.LLM_TOKENS.labels(run.model, "completion", tenant).inc(reply.usage.completion_tokens)
         metrics.LLM_COST.labels(run.model, tenant).inc(cost_usd(run.model, reply.usage, s.prices_per_mtok))
         if compacted:
+            metrics.SAFEGUARDS.labels("context_compacted").inc()
             log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})
         return self.store.save_reply(run.id, index, reply)
 
@@ -164,6 +165,10 @@ class StepRunner:
         ordered = []
         for call_id in [c.id for c in calls]:
             obs = by_id[call_id]
+            if len(obs.content) > limits.observation_max_chars:
+                metrics.SAFEGUARDS.labels("observation_truncated").inc()
+            if hints.get(call_id):
+                metrics.SAFEGUARDS.labels("repeat_hint").inc()
             content = engine.finish_observation(obs.content, hints.get(call_id), limits)
             ordered.append(obs.model_copy(update={"content": content}))
         return ordered
@@ -223,11 +228,13 @@ class StepRunner:
     def _commit(self, run: Run, step: Step, outcome: str, *, invalid: bool = False, end: End | None = None) -> str:
         step.finished_at = time.time()
         limits = self.rt.limits
+        ended: list[End] = []  # what apply() decided in the attempt that committed
 
         def apply(r: Run) -> None:
             r.status = RunStatus.RUNNING
             r.invalid_streak = r.invalid_streak + 1 if invalid else 0
             final = end or engine.after_step(r, step, step.finished_at, limits)
+            ended[:] = [final] if final is not None else []
             if final is not None:
                 r.status = final.status
                 r.error = final.reason or None
@@ -243,6 +250,8 @@ class StepRunner:
                                 "prompt_tokens": step.usage.prompt_tokens,
                                 "completion_tokens": step.usage.completion_tokens,
                                 "llm_ms": step.llm_ms, "tools_ms": step.tools_ms})
+        if ended and ended[0].safeguard:
+            metrics.SAFEGUARDS.labels(ended[0].safeguard).inc()
         if committed.status.finished:
             record_finished(committed)
         else:
@@ -265,6 +274,8 @@ class StepRunner:
         finished = self.store.finish(run.id, end.status, end.reason, only_step=only_step)
         if finished is not None:
             metrics.STEPS_TOTAL.labels("ended").inc()
+            if end.safeguard:
+                metrics.SAFEGUARDS.labels(end.safeguard).inc()
             record_finished(finished)
 
 
