@@ -24,17 +24,17 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def acquire(self, run_id: str) -> str | None:
-        """A token when this process now holds the run's lease, None when another holder has it."""
-        token = uuid.uuid4().hex
-        if not self.store.acquire_lease(run_id, token, self.ttl_ms):
-            return None
+    @staticmethod
+    def new_token() -> str:
+        return uuid.uuid4().hex
+
+    def hold(self, run_id: str, token: str) -> None:
+        """Keep renewing a lease taken with `token` until it is released."""
         with self._lock:
             self._held[run_id] = token
             if self._thread is None:
                 self._thread = threading.Thread(target=self._renew_forever, name="reactq-leases", daemon=True)
                 self._thread.start()
-        return token
 
     def release(self, run_id: str, token: str) -> None:
         with self._lock:

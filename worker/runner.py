@@ -42,26 +42,30 @@ class StepRunner:
 
     def run_step(self, run_id: str, index: int) -> str:
         """Make progress on step `index` of a run. Returns the step outcome (for metrics and tests)."""
-        run = self.store.load_run(run_id)
+        leases = self.rt.leases
+        token = leases.new_token()
+        acquired, run, steps, stored = self.store.lease_and_load(run_id, index, token, leases.ttl_ms)
         if run is not None and run.status == RunStatus.CANCELLED and not run.cancel_recorded:
             self._record_cancel(run_id)
-        if run is None or run.status.finished or run.current_step != index:
-            return "fenced"
-        token = self.rt.leases.acquire(run_id)
-        if token is None:
-            return "busy"  # another delivery (or the step before, finishing) holds the run's lease
+        fenced = run is None or run.status.finished or run.current_step != index
+        if not acquired:
+            # another delivery (or the step before, finishing) holds the run's lease
+            return "fenced" if fenced else "busy"
+        leases.hold(run_id, token)
         self._next_step: int | None = None
         try:
-            outcome = self._run_step(run, index)
+            if fenced or run is None:
+                return "fenced"
+            outcome = self._run_step(run, index, steps, stored)
         finally:
-            self.rt.leases.release(run_id, token)
+            leases.release(run_id, token)
         # Enqueue the next step only once the lease is gone: sent earlier, it could start (on another
         # thread or worker) while this step still held the lease, be fenced, and strand the run.
         if self._next_step is not None:
             self.dispatch.next_step(run_id, self._next_step)
         return outcome
 
-    def _run_step(self, run: Run, index: int) -> str:
+    def _run_step(self, run: Run, index: int, steps: list[Step], stored: LLMReply | None) -> str:
         limits = self.rt.limits
         started = time.time()
         if (end := engine.precheck(run, started, limits)) is not None:
@@ -70,9 +74,8 @@ class StepRunner:
         if run.status == RunStatus.QUEUED:
             self.store.mark_running(run.id, index)
 
-        steps = self.store.load_steps(run.id)
         try:
-            reply = self._reply(run, steps, index)
+            reply = stored or self._reply(run, steps, index)
         except LLMError as exc:
             self._end(run, End(RunStatus.FAILED, str(exc)), only_step=index)
             return "llm_failed"
@@ -112,9 +115,7 @@ class StepRunner:
 
     # --- the LLM reply ----------------------------------------------------------------------
     def _reply(self, run: Run, steps: list[Step], index: int) -> LLMReply:
-        stored = self.store.get_reply(run.id, index)
-        if stored is not None:
-            return stored
+        """Ask the model, and store the reply before anything uses it."""
         s = self.rt.settings
         tools = self.rt.tools.all()
         messages, compacted = prompts.build_messages(

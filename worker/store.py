@@ -78,6 +78,23 @@ class RunStore:
         raws = self.r.mget([keys.run(i) for i in run_ids])
         return [Run.model_validate_json(r) if r else None for r in raws]
 
+    def lease_and_load(
+        self, run_id: str, index: int, token: str, ttl_ms: int
+    ) -> tuple[bool, Run | None, list[Step], LLMReply | None]:
+        """Try to take the run's lease and read the run, its steps and the stored reply of step `index`,
+        in one round trip. Reads are meaningful only with the lease: no holder writes behind them."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.set(keys.lease(run_id), token, nx=True, px=ttl_ms)
+        pipe.get(keys.run(run_id))
+        pipe.lrange(keys.steps(run_id), 0, -1)
+        pipe.get(keys.reply(run_id, index))
+        acquired, raw_run, raw_steps, raw_reply = pipe.execute()
+        run = Run.model_validate_json(raw_run) if raw_run else None
+        if not acquired or run is None or run.status.finished or run.current_step != index:
+            return bool(acquired), run, [], None
+        steps = [Step.model_validate_json(s) for s in raw_steps]
+        return True, run, steps, LLMReply.model_validate_json(raw_reply) if raw_reply else None
+
     def load_steps(self, run_id: str) -> list[Step]:
         return [Step.model_validate_json(s) for s in self.r.lrange(keys.steps(run_id), 0, -1)]
 
@@ -209,9 +226,6 @@ class RunStore:
 
     def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
         return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
-
-    def acquire_lease(self, run_id: str, token: str, ttl_ms: int) -> bool:
-        return bool(self.r.set(keys.lease(run_id), token, nx=True, px=ttl_ms))
 
     def renew_leases(self, held: list[tuple[str, str]], ttl_ms: int) -> None:
         pipe = self.r.pipeline(transaction=False)
