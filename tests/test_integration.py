@@ -66,7 +66,7 @@ def test_python_questions_run_in_docker_sandboxes(cluster: Cluster, sandbox_imag
 
 
 def test_limits_end_runs_with_their_status(cluster: Cluster, stub_control) -> None:
-    stub_control.set_faults(latency_ms=700)
+    stub_control.set_faults(latency_ms=1500)  # the first step's reply arrives after the 1 s deadline
     cluster.start_worker(queues="steps", concurrency=8, REACTQ_RUN_DEADLINE_S="1")
     timed_out = json.loads(cluster.reactq("ask", "What is 3 * 3?", "--wait", "--json",
                                           REACTQ_RUN_DEADLINE_S="1").stdout)

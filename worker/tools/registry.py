@@ -6,6 +6,7 @@ import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -34,12 +35,7 @@ class Tool:
     idempotent: bool = False  # results may be cached by (tool, arguments)
 
     def openai_schema(self) -> dict[str, Any]:
-        params = self.args_model.model_json_schema()
-        params.pop("title", None)
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": params},
-        }
+        return _openai_schema(self.name, self.description, self.args_model)
 
     def text_signature(self) -> str:
         fields = ", ".join(
@@ -83,6 +79,14 @@ class Tool:
         if self.func is None:
             raise ToolError(f"{self.name} cannot run inline", "not_inline")
         return self.func(args)
+
+
+@lru_cache(maxsize=1024)
+def _openai_schema(name: str, description: str, args_model: type[BaseModel]) -> dict[str, Any]:
+    """Built once per tool: pydantic's schema generation is costly and the schema never changes."""
+    params = args_model.model_json_schema()
+    params.pop("title", None)
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
 
 
 class ToolRegistry:
