@@ -295,6 +295,13 @@ def test_repetition_ignores_key_order_and_name_case(tools):
     assert isinstance(decision, Act) and decision.planned[0].hint is not None
 
 
+def test_repetition_is_judged_on_the_validated_arguments(tools):
+    """A plain string for a one-field tool and the equivalent JSON object are the same call."""
+    earlier = [call("calc", "2+2"), call("calc", {"expression": "2+2"}), call("calc", "2+2")]
+    decision = decide(run_(), history_with(*earlier), acting(call("calc", {"expression": "2+2"})), tools, LIMITS)
+    assert isinstance(decision, End) and "4 times" in decision.reason
+
+
 def test_different_arguments_are_not_a_repetition(tools):
     earlier = [call("calc", {"expression": f"{i}+1"}) for i in range(5)]
     decision = decide(run_(), history_with(*earlier), acting(call("calc", {"expression": "9+1"})), tools, LIMITS)

@@ -13,11 +13,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from . import keys, metrics
 from .display import run_json
+from .errors import InvalidRequest
 from .metrics_server import initialise
 from .models import Mode, RunSpec
 from .reaper import queue_depths
 from .runtime import get_runtime
-from .submit import InvalidRequest, cancel, new_batch_id, submit
+from .submit import cancel, new_batch_id, submit
 from .tasks import send_step
 
 

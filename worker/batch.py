@@ -13,9 +13,10 @@ from pydantic import BaseModel, ValidationError
 
 from . import keys
 from .config import Settings
+from .errors import InvalidRequest
 from .models import Run, RunSpec
 from .store import RunStore
-from .submit import InvalidRequest, known_tiers, new_batch_id, submit, validate_spec
+from .submit import known_tiers, new_batch_id, submit, validate_spec
 
 
 class BatchLine(BaseModel, extra="forbid"):

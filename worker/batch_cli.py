@@ -11,9 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .batch import BatchRunner, parse_input
 from .batch import Progress as BatchProgress
+from .errors import InvalidRequest
 from .models import Run
 from .runtime import Runtime
-from .submit import InvalidRequest
 
 
 def run_batch_file(

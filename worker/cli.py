@@ -17,8 +17,9 @@ out = Console()
 
 
 def _runtime():  # imported lazily: `reactq --help` and `reactq stub` need neither Celery nor Redis
+    from .errors import StoreUnavailable
     from .runtime import get_runtime
-    from .store import StoreUnavailable, ping
+    from .store import ping
 
     rt = get_runtime()
     try:
@@ -129,8 +130,9 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str, max_st
     """Submit one run."""
     from .batch import BatchRunner
     from .display import run_json
+    from .errors import InvalidRequest
     from .models import RunSpec
-    from .submit import InvalidRequest, submit
+    from .submit import submit
 
     rt = _runtime()
     try:

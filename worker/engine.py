@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from .errors import InvalidArguments
 from .models import Observation, Run, RunStatus, Step, ToolCall
 from .parser import ParsedTurn
 
@@ -148,13 +149,13 @@ def decide(run: Run, history: list[Step], turn: ParsedTurn, tools: ToolLookup, l
     seen: dict[str, int] = {}
     for step in history:
         for earlier in step.tool_calls:
-            sig = call_signature(earlier.name, earlier.arguments)
+            sig = _effective_signature(earlier, tools)
             seen[sig] = seen.get(sig, 0) + 1
 
     planned: list[PlannedCall] = []
     rejected: list[Observation] = []
     for call in turn.calls:
-        sig = call_signature(call.name, call.arguments)
+        sig = _effective_signature(call, tools)
         seen[sig] = seen.get(sig, 0) + 1
         occurrence = seen[sig]
         if occurrence >= limits.repeat_fail_at:
@@ -177,7 +178,7 @@ def decide(run: Run, history: list[Step], turn: ParsedTurn, tools: ToolLookup, l
             continue
         try:
             args = tool.validate(call.arguments)
-        except Exception as exc:  # the tool's InvalidArguments: a model mistake
+        except InvalidArguments as exc:  # a model mistake; anything else is a bug in the tool and propagates
             rejected.append(
                 Observation(call_id=call.id, tool=tool.name, outcome="invalid_arguments", content=f"Error: {exc}")
             )
@@ -193,6 +194,17 @@ def decide(run: Run, history: list[Step], turn: ParsedTurn, tools: ToolLookup, l
             PlannedCall(call, tool.name, args.model_dump(), tool.sandboxed, tool.idempotent, hint)
         )
     return Act(planned, rejected)
+
+
+def _effective_signature(call: ToolCall, tools: ToolLookup) -> str:
+    """Repeats are judged on what the tool would receive: `"2+2"` and `{"expression": "2+2"}` are one call."""
+    tool = tools.get(call.name)
+    if tool is not None:
+        try:
+            return call_signature(tool.name, tool.validate(call.arguments).model_dump())
+        except InvalidArguments:
+            pass
+    return call_signature(call.name, call.arguments)
 
 
 def truncate(text: str, max_chars: int) -> str:

@@ -13,15 +13,8 @@ import openai
 from openai.types.chat import ChatCompletion
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
+from .errors import LLMError
 from .models import LLMReply, ToolCall, Usage
-
-
-class LLMError(Exception):
-    """The endpoint could not give a reply (after retries)."""
-
-    def __init__(self, message: str, attempts: int) -> None:
-        super().__init__(message)
-        self.attempts = attempts
 
 
 class LLMClient(Protocol):

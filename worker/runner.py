@@ -15,13 +15,12 @@ from typing import Any
 
 from . import engine, keys, metrics, prompts
 from .engine import Act, End, Final, PlannedCall, Retry
-from .llm import LLMError
+from .errors import LLMError, ToolError
 from .models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
 from .parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
 from .pricing import cost_usd
 from .runtime import Runtime
 from .sandbox_bridge import observation_from_sandbox
-from .tools.registry import ToolError
 
 log = logging.getLogger("reactq.step")
 

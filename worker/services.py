@@ -19,11 +19,9 @@ from urllib.parse import urlparse
 import httpx
 import redis
 
+from .errors import ServiceError
+
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
-class ServiceError(Exception):
-    """A service could not be started or reached."""
 
 
 @dataclass

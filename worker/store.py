@@ -14,20 +14,13 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from . import keys
+from .errors import StoreUnavailable
 from .models import LLMReply, Observation, Run, RunStatus, Step, Usage
 
 EVENTS_MAXLEN = 2000
 _RENEW_LEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 )
-
-
-class StoreUnavailable(Exception):
-    """Redis cannot be reached."""
-
-    def __init__(self, url: str, cause: Exception) -> None:
-        super().__init__(f"cannot reach Redis at {url}: {cause}")
-        self.url = url
 
 
 def connect(url: str, max_connections: int = 64) -> redis.Redis:

@@ -7,12 +7,9 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from .config import Settings
+from .errors import InvalidRequest
 from .models import Run, RunSpec, RunStatus
 from .store import RunStore
-
-
-class InvalidRequest(ValueError):
-    """A submission that cannot run; the message says what was wrong and where."""
 
 
 def known_tiers(settings: Settings) -> list[str]:

@@ -8,9 +8,10 @@ import httpx
 from pydantic import BaseModel, Field
 
 from ..config import get_settings
+from ..errors import ToolError
 from . import calculator as calc
 from . import search as web
-from .registry import ToolError, tool
+from .registry import tool
 
 
 class CalculatorArgs(BaseModel):

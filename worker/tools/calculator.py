@@ -8,7 +8,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from .registry import ToolError
+from ..errors import ToolError
 
 MAX_EXPRESSION_CHARS = 500
 MAX_EXPONENT = 10_000

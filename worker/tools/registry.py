@@ -11,18 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ..errors import InvalidArguments, ToolError
 
-class ToolError(Exception):
-    """A tool failed in a way the model should hear about (becomes an `Error: ...` observation)."""
-
-    def __init__(self, message: str, error_type: str = "tool_error") -> None:
-        super().__init__(message)
-        self.error_type = error_type
-
-
-class InvalidArguments(ToolError):
-    def __init__(self, message: str) -> None:
-        super().__init__(message, "invalid_arguments")
+__all__ = ["InvalidArguments", "Tool", "ToolError", "ToolRegistry", "REGISTRY", "tool"]
 
 
 @dataclass(frozen=True)

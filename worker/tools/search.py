@@ -11,7 +11,7 @@ from importlib import resources
 
 import httpx
 
-from .registry import ToolError
+from ..errors import ToolError
 
 TOP_K = 3
 SERPAPI_URL = "https://serpapi.com/search.json"

@@ -1,0 +1,55 @@
+"""reactq's exceptions, by whose fault they are. Each carries data; none logs.
+
+    ReactqError
+    ├── InvalidRequest      a submission that cannot run (the user's input; says what and where)
+    ├── StoreUnavailable    Redis cannot be reached (names the URL)
+    ├── LLMError            the LLM endpoint gave no reply after retries (the run ends `failed`)
+    ├── ServiceError        `reactq demo` could not start or reach a service it needs
+    └── ToolError           a tool failed; the model hears it as an `Error: ...` observation
+        └── InvalidArguments   the model's arguments did not validate (a model mistake)
+"""
+
+from __future__ import annotations
+
+
+class ReactqError(Exception):
+    """Root of reactq's own exceptions."""
+
+
+class InvalidRequest(ReactqError, ValueError):
+    """A submission that cannot run; the message says what was wrong and where."""
+
+
+class StoreUnavailable(ReactqError):
+    """Redis cannot be reached."""
+
+    def __init__(self, url: str, cause: Exception) -> None:
+        super().__init__(f"cannot reach Redis at {url}: {cause}")
+        self.url = url
+
+
+class LLMError(ReactqError):
+    """The endpoint could not give a reply (after retries)."""
+
+    def __init__(self, message: str, attempts: int) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class ServiceError(ReactqError):
+    """A service could not be started or reached."""
+
+
+class ToolError(ReactqError):
+    """A tool failed in a way the model should hear about (becomes an `Error: ...` observation)."""
+
+    def __init__(self, message: str, error_type: str = "tool_error") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class InvalidArguments(ToolError):
+    """The model's arguments for a tool did not validate."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "invalid_arguments")
