@@ -50,7 +50,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from worker.models import ToolCall
+from .models import ToolCall
 
 __all__ = ["PARSE_ERROR_KINDS", "PARSE_WARNINGS", "TEXT_STOP_SEQUENCES", "ParsedTurn", "parse_text",
            "parse_tool_reply"]  # fmt: skip
