@@ -51,6 +51,17 @@ def test_submit_follow_and_read_a_run(cluster: Cluster, api: httpx.Client) -> No
     assert run["usage"]["prompt_tokens"] == sum(s["usage"]["prompt_tokens"] for s in run["trace"])
 
 
+def test_events_resume_after_last_event_id(cluster: Cluster, api: httpx.Client) -> None:
+    cluster.start_worker(queues="steps", concurrency=8)
+    run_id = api.post("/v1/runs", json={"question": "What is 6 * 6?"}).json()["run_id"]
+    wait_finished(api, run_id)
+    with api.stream("GET", f"/v1/runs/{run_id}/events") as response:
+        ids = [line.split(": ", 1)[1] for line in response.iter_lines() if line.startswith("id: ")]
+    with api.stream("GET", f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": ids[1]}) as response:
+        rest = [line.split(": ", 1)[1] for line in response.iter_lines() if line.startswith("id: ")]
+    assert rest == ids[2:]
+
+
 def test_batches_and_their_usage(cluster: Cluster, api: httpx.Client) -> None:
     cluster.start_worker(queues="steps", concurrency=8)
     questions = ["What is 2 + 2?", "What is the capital of France?", "What is 9 * 9?"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, HTTPException, Request
@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
+from redis import asyncio as aioredis
 
 from . import keys, metrics
 from .display import run_json
@@ -111,21 +112,36 @@ def cancel_run(run_id: str) -> dict:
     return run_json(run)
 
 
+_events_redis: aioredis.Redis | None = None
+
+
+def _events_client() -> aioredis.Redis:
+    """An asyncio client for the event streams: a waiting SSE client holds no thread."""
+    global _events_redis
+    if _events_redis is None:
+        s = get_runtime().settings
+        _events_redis = aioredis.Redis.from_url(s.redis_url, max_connections=s.redis_max_connections)
+    return _events_redis
+
+
 @app.get("/v1/runs/{run_id}/events")
-def run_events(run_id: str) -> StreamingResponse:
-    """Server-sent events: queued, each step as it is recorded, finished."""
-    rt = get_runtime()
-    if rt.store.load_run(run_id) is None:
+async def run_events(run_id: str, request: Request) -> StreamingResponse:
+    """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`."""
+    client = _events_client()
+    if not await client.exists(keys.run(run_id)):
         raise HTTPException(404, f"no run {run_id!r}")
 
-    def stream() -> Iterator[str]:
-        last = "0"
+    async def stream() -> AsyncIterator[str]:
+        last = request.headers.get("last-event-id", "0")
         while True:
-            for entry_id, fields in rt.store.read_events(run_id, last, block_ms=15_000):
-                last = entry_id
-                yield f"id: {entry_id}\nevent: {fields['type']}\ndata: {fields['data']}\n\n"
-                if fields["type"] == "finished":
-                    return
+            result = await client.xread({keys.events(run_id): last}, count=100, block=15_000)
+            for _stream, entries in result or []:
+                for entry_id, fields in entries:
+                    last = entry_id.decode()
+                    kind, data = fields[b"type"].decode(), fields[b"data"].decode()
+                    yield f"id: {last}\nevent: {kind}\ndata: {data}\n\n"
+                    if kind == "finished":
+                        return
             yield ": keep-alive\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream")

@@ -274,11 +274,3 @@ class RunStore:
 
     def active_count(self) -> int:
         return int(self.r.zcard(keys.ACTIVE_RUNS))
-
-    def read_events(self, run_id: str, last_id: str = "0", block_ms: int = 0) -> list[tuple[str, dict[str, str]]]:
-        result = self.r.xread({keys.events(run_id): last_id}, count=100, block=block_ms or None)
-        out = []
-        for _stream, entries in result or []:
-            for entry_id, fields in entries:
-                out.append((entry_id.decode(), {k.decode(): v.decode() for k, v in fields.items()}))
-        return out
