@@ -120,7 +120,8 @@ class Run(BaseModel):
     invalid_streak: int = 0
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
-    deadline_at: float | None = None
+    deadline_s: float | None = None  # the run's wall-time budget, counted from its first step ...
+    deadline_at: float | None = None  # ... so time spent waiting in a long queue does not use it up
     finished_at: float | None = None
     waiting_on: str | None = None  # why a running run is not moving, e.g. "sandbox"
     cancel_recorded: bool = False  # a worker has counted this cancellation in its metrics

@@ -71,7 +71,7 @@ class StepRunner:
             self._end(run, end, only_step=index)
             return "ended"
         if run.status == RunStatus.QUEUED:
-            self.store.mark_running(run.id, index)
+            run = self.store.mark_running(run.id, index) or run
 
         try:
             reply = stored or self._reply(run, steps, index)

@@ -185,9 +185,13 @@ class RunStore:
         return self.update_run(run_id, mutate)
 
     def mark_running(self, run_id: str, step_index: int, waiting_on: str | None = None) -> Run | None:
+        """Running (and, on its first step, its deadline clock started), or waiting on something."""
+
         def mutate(run: Run) -> bool:
             if run.status.finished or run.current_step != step_index:
                 return False
+            if run.deadline_at is None and run.deadline_s is not None:
+                run.deadline_at = time.time() + run.deadline_s
             run.status = RunStatus.RUNNING
             run.waiting_on = waiting_on
             return True

@@ -51,7 +51,7 @@ def new_run(spec: RunSpec, settings: Settings) -> Run:
         model=spec.model or settings.model,
         created_at=now,
         updated_at=now,
-        deadline_at=now + settings.run_deadline_s,
+        deadline_s=settings.run_deadline_s,
     )
 
 
