@@ -24,7 +24,7 @@ class StoreUnavailable(ReactqError):
     """Redis cannot be reached."""
 
     def __init__(self, url: str, cause: Exception) -> None:
-        super().__init__(f"cannot reach Redis at {url}: {cause}")
+        super().__init__(f"cannot reach Redis at {url}: {str(cause).rstrip('.')}")
         self.url = url
 
 
