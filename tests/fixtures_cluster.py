@@ -3,6 +3,7 @@ test's redis-server, talking to the test's api_stub over HTTP."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -66,6 +67,15 @@ class Cluster:
             [sys.executable, "-m", "worker.cli", *args], env={**self.env, **extra_env}, cwd=ROOT,
             capture_output=True, text=True, timeout=timeout, check=check,
         )
+
+    def wait_for_run(self, run_id: str, timeout: float = 60) -> dict:
+        """Poll `reactq status` until the run has ended (or the timeout); returns its last status."""
+        deadline = time.monotonic() + timeout
+        while True:
+            run = json.loads(self.reactq("status", run_id, "--json").stdout)
+            if run["status"] not in ("queued", "running") or time.monotonic() > deadline:
+                return run
+            time.sleep(0.5)
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -122,14 +122,8 @@ def test_sandbox_worker_killed_mid_execution_leaves_no_container_and_the_run_res
 
     assert victims_containers(), "the killed worker's containers should be there until someone reaps them"
     cluster.start_worker(queues="sandbox", concurrency=2, **sandbox_env)  # reaps orphans at start-up
-    run = None
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        run = json.loads(cluster.reactq("status", run_id, "--json").stdout)
-        if run["status"] not in ("queued", "running"):
-            break
-        time.sleep(1)
-    assert run is not None and run["status"] == "succeeded" and run["answer"] == "resumed", run
+    run = cluster.wait_for_run(run_id, timeout=90)
+    assert run["status"] == "succeeded" and run["answer"] == "resumed", run
     assert victims_containers() == []
 
 
@@ -137,10 +131,5 @@ def test_time_waiting_in_the_queue_does_not_use_up_the_run_deadline(cluster: Clu
     run_id = cluster.reactq("ask", "What is 7 * 8?", REACTQ_RUN_DEADLINE_S="2").stdout.strip()
     time.sleep(3)  # no worker yet: the run waits in the queue longer than its deadline
     cluster.start_worker(queues="steps", concurrency=4)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        run = json.loads(cluster.reactq("status", run_id, "--json").stdout)
-        if run["status"] not in ("queued", "running"):
-            break
-        time.sleep(0.5)
+    run = cluster.wait_for_run(run_id, timeout=30)
     assert run["status"] == "succeeded" and run["answer"] == "56", run
