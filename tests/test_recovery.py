@@ -189,3 +189,30 @@ def test_cli_rejects_bad_input_and_names_an_unreachable_redis(cluster: Cluster) 
     assert result.returncode == 2 and "unknown tenant 'nobody'" in result.stderr
     result = cluster.reactq("status", "x", REACTQ_REDIS_URL="redis://127.0.0.1:1/0")
     assert result.returncode == 2 and "redis://127.0.0.1:1/0" in result.stderr
+
+
+def test_a_run_lost_from_redis_is_reported_and_resubmitted_on_rerun(
+    cluster: Cluster, stub_control: StubControl, tmp_path: Path, redis_url: str
+) -> None:
+    """What a Redis crash without its AOF would do: a run record vanishes. The batch says so and exits 1;
+    the same command again submits that question anew."""
+    stub_control.set_faults(latency_ms=1500)
+    cluster.start_worker(queues="steps", concurrency=8)
+    infile = tmp_path / "in.jsonl"
+    infile.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i} + 10?"}) + "\n" for i in range(4)))
+    out = tmp_path / "out.jsonl"
+    batch = subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
+                             env=cluster.env, cwd=Path(__file__).resolve().parent.parent,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not client.keys("reactq:batch:*:ids"):
+        time.sleep(0.05)
+    [ids_key] = client.keys("reactq:batch:*:ids")
+    client.delete(f"reactq:run:{client.hget(ids_key, 'q2').decode()}")
+    _, stderr = batch.communicate(timeout=120)
+    assert batch.returncode == 1 and "1 run(s) vanished from Redis" in " ".join(stderr.split())
+    assert set(read_results(out)) == {"q0", "q1", "q3"}
+    assert cluster.reactq("batch", str(infile), "--out", str(out)).returncode == 0
+    results = read_results(out)
+    assert set(results) == {"q0", "q1", "q2", "q3"} and results["q2"]["answer"] == "12"

@@ -98,6 +98,10 @@ class Progress:
     steps: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
+    lost: list[str] = field(default_factory=list)  # run records that vanished from Redis
+
+
+LOST_AFTER_S = 10.0
 
 
 class BatchRunner:
@@ -139,12 +143,16 @@ class BatchRunner:
     ) -> Progress:
         progress = Progress(total=len(run_ids))
         pending = set(run_ids)
+        missing_since: dict[str, float] = {}
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pending:
             running = 0
             for chunk in _chunks(sorted(pending), 500):
                 for run_id, run in zip(chunk, self.store.load_runs(chunk), strict=True):
-                    if run is None:
+                    if run is None:  # only a Redis that lost data (or a record past its TTL) does this
+                        if time.monotonic() - missing_since.setdefault(run_id, time.monotonic()) > LOST_AFTER_S:
+                            pending.discard(run_id)
+                            progress.lost.append(run_id)
                         continue
                     if run.status.finished:
                         pending.discard(run_id)

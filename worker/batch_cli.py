@@ -54,9 +54,13 @@ def run_batch_file(
                 f"failed {p.failed} · running {p.running} · steps {p.steps} · tokens {p.tokens} · ${p.cost_usd:.4f}"))
 
         try:
-            runner.follow(list(mapping.values()), finished, tick)
+            progress = runner.follow(list(mapping.values()), finished, tick)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted:[/yellow] the runs go on in the background; "
                           "run the same command again to collect the rest")
             return 130
+    if progress.lost:
+        console.print(f"[red]{len(progress.lost)} run(s) vanished from Redis[/red] (was it restarted without "
+                      "its AOF?); run the same command again to submit them anew")
+        return 1
     return 1 if parsed.errors else 0

@@ -43,8 +43,9 @@ def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | N
     queues_empty = not any(depths.values())
     candidates = rt.store.stale_runs(now - s.stale_after_s)
     kicked = []
-    for run in rt.store.load_runs(candidates):
-        if run is None:
+    for run_id, run in zip(candidates, rt.store.load_runs(candidates), strict=True):
+        if run is None:  # its record is gone (expired, or lost with Redis data): nothing to resume
+            rt.redis.zrem(keys.ACTIVE_RUNS, run_id)
             continue
         if run.status.finished:
             rt.redis.zrem(keys.ACTIVE_RUNS, run.id)
