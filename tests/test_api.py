@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
 
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_services import free_port, wait_for_port
@@ -74,6 +75,9 @@ def test_batches_and_their_usage(cluster: Cluster, api: httpx.Client) -> None:
     assert batch["usage"]["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in runs)
     assert batch["usage"]["completion_tokens"] == sum(r["usage"]["completion_tokens"] for r in runs)
     assert all(r["tenant"] == "acme" for r in runs)
+    tenant = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"]).hgetall("reactq:tenant:acme:usage")
+    assert int(tenant[b"prompt_tokens"]) == batch["usage"]["prompt_tokens"]
+    assert int(tenant[b"completion_tokens"]) == batch["usage"]["completion_tokens"]
 
 
 def test_errors_are_json_with_a_clear_message(cluster: Cluster, api: httpx.Client) -> None:

@@ -216,3 +216,16 @@ def test_a_run_lost_from_redis_is_reported_and_resubmitted_on_rerun(
     assert cluster.reactq("batch", str(infile), "--out", str(out)).returncode == 0
     results = read_results(out)
     assert set(results) == {"q0", "q1", "q2", "q3"} and results["q2"]["answer"] == "12"
+
+
+def test_text_mode_survives_a_model_that_hallucinates_observations(
+    cluster: Cluster, stub_control: StubControl, tmp_path: Path
+) -> None:
+    stub_control.set_faults(hallucinate_rate=1.0)  # every Action is followed by a made-up Observation + answer
+    cluster.start_worker(queues="steps", concurrency=8, REACTQ_MODE="text")
+    infile, expected = inline_questions(tmp_path)
+    out = tmp_path / "out.jsonl"
+    assert cluster.reactq("batch", str(infile), "--out", str(out), REACTQ_MODE="text").returncode == 0
+    for qid, line in read_results(out).items():
+        assert line["status"] == "succeeded" and expected[qid].lower() in line["answer"].lower(), line
+        assert "999999" not in line["answer"]
