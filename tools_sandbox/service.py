@@ -35,11 +35,11 @@ def make_backend(choice: str, settings: SandboxSettings) -> Backend:
         try:
             docker_backend.start()
             return docker_backend
-        except SandboxUnavailable:
+        except SandboxUnavailable as exc:
             docker_backend.close()
             if choice == "docker":
                 raise
-            log.warning("no usable Docker engine; using the process backend (weaker isolation)")
+            log.warning("Docker backend unavailable (%s); using the process backend (weaker isolation)", exc)
     backend = ProcessBackend(settings.sandbox_process_python, confinement=settings.sandbox_process_confinement)
     backend.start()
     return backend
