@@ -157,10 +157,15 @@ def test_every_promql_expression_evaluates(cluster: Cluster, tmp_path: Path, red
     prom.wait_for("sum(reactq_runs_total)", lambda v: v == finished)
     prom.wait_for("sum(reactq_quota_rejections_total)", lambda v: v == 1)
     prom.wait_for("sum(reactq_tool_failures_total)", lambda v: v is not None and v >= 2)
+    # A series born with the failures needs two scrapes before rate() sees it.
+    prom.wait_for("sum(rate(reactq_tool_failures_total[1m]))", lambda v: v is not None)
     prom.wait_for("sum(reactq_stub_requests_total)", lambda v: v is not None and v > 0)
     # Recording rules evaluated after the last scrape (evaluation every second).
     prom.wait_for("sum(reactq:runs_finished:rate5m)", lambda v: v is not None and v > 0)
     prom.wait_for('reactq:runs_in_progress:max', lambda v: v == 0)
+    # Every target scraped twice more, so each series born during the workload has two samples for rate().
+    settled = time.time() + 2.5
+    prom.wait_for("min(timestamp(up))", lambda v: v is not None and v > settled)
 
     expressions = {**dashboard_expressions(), **rule_expressions()}
     assert len(expressions) > 30
