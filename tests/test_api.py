@@ -91,6 +91,8 @@ def test_errors_are_json_with_a_clear_message(cluster: Cluster, api: httpx.Clien
         (api.get("/v1/runs/nope"), 404, "no run 'nope'"),
         (api.get("/v1/batches/nope"), 404, "no batch 'nope'"),
         (api.post("/v1/runs/nope/cancel"), 404, "no run 'nope'"),
+        (api.get("/v1/nothing-here"), 404, "Not Found"),
+        (api.delete("/v1/runs"), 405, "Method Not Allowed"),
     ]
     for response, status, text in cases:
         assert response.status_code == status, response.text

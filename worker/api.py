@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 from redis import asyncio as aioredis
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import keys, metrics
 from .display import run_json
@@ -51,8 +52,8 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "status": status}})
 
 
-@app.exception_handler(HTTPException)
-async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+@app.exception_handler(StarletteHTTPException)  # ours, and the framework's own (unknown route, wrong method)
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     return _error(exc.status_code, str(exc.detail))
 
 
@@ -62,12 +63,8 @@ async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
 
 
 @app.exception_handler(ValidationError)
-async def _validation(_: Request, exc: ValidationError) -> JSONResponse:
-    return _error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
-
-
 @app.exception_handler(RequestValidationError)
-async def _request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation(_: Request, exc: ValidationError | RequestValidationError) -> JSONResponse:
     return _error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
 
 
