@@ -41,7 +41,6 @@ class LineError:
 class ParsedInput:
     specs: list[RunSpec] = field(default_factory=list)
     errors: list[LineError] = field(default_factory=list)
-    expected: dict[str, str] = field(default_factory=dict)
 
 
 def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, tier: str | None) -> ParsedInput:
@@ -72,8 +71,6 @@ def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, ti
             continue
         seen.add(client_id)
         out.specs.append(spec)
-        if line.expected is not None:
-            out.expected[client_id] = line.expected
     return out
 
 
