@@ -50,3 +50,34 @@ def test_redis_restart_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_
     for qid, line in results.items():
         assert line["status"] == "succeeded", line
         assert expected[qid].lower() in line["answer"].lower(), line
+
+
+def test_redis_killed_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_control: StubControl,
+                                tmp_path: Path) -> None:
+    """SIGKILL, not a clean shutdown: up to a second of AOF writes may be lost. Every run still ends up
+    answered — in this invocation, or (if its record was lost) by re-running the same command."""
+    cluster.env["REACTQ_REDIS_URL"] = own_redis.url
+    stub_control.set_faults(latency_ms=300)
+    cluster.start_worker(queues="steps", concurrency=16)
+    infile, expected = inline_questions(tmp_path, repeat=2)
+    out = tmp_path / "out.jsonl"
+    batch = subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
+                             env=cluster.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
+        time.sleep(0.1)
+    assert own_redis.proc is not None
+    own_redis.proc.kill()
+    own_redis.proc.wait(10)
+    time.sleep(1)
+    own_redis.start()
+    _, stderr = batch.communicate(timeout=240)
+    assert batch.returncode in (0, 1), stderr.decode()[-3000:]
+    if batch.returncode == 1:
+        assert b"vanished from Redis" in stderr
+        assert cluster.reactq("batch", str(infile), "--out", str(out)).returncode == 0
+    results = read_results(out)
+    assert set(results) == set(expected)
+    for qid, line in results.items():
+        assert line["status"] == "succeeded", line
+        assert expected[qid].lower() in line["answer"].lower(), line
