@@ -68,6 +68,19 @@ class Cluster:
             capture_output=True, text=True, timeout=timeout, check=check,
         )
 
+    def start_batch(self, infile: Path, out: Path) -> subprocess.Popen[str]:
+        """`reactq batch` in the background (stderr captured), for tests that act while it runs."""
+        return subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
+                                env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+
+    @staticmethod
+    def wait_for_results(out: Path, count: int, timeout: float = 60) -> None:
+        """Until `count` result lines are in `out` (or the timeout)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < count):
+            time.sleep(0.1)
+
     def wait_for_run(self, run_id: str, timeout: float = 60) -> dict:
         """Poll `reactq status` until the run has ended (or the timeout); returns its last status."""
         deadline = time.monotonic() + timeout

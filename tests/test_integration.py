@@ -22,6 +22,16 @@ def read_results(path: Path) -> dict[str, dict]:
     return {line["id"]: line for line in map(json.loads, path.read_text().splitlines())}
 
 
+def assert_all_answered(out: Path, expected: dict[str, str]) -> dict[str, dict]:
+    """Every expected id has a result line that succeeded with the expected answer in it."""
+    results = read_results(out)
+    assert set(results) == set(expected)
+    for qid, line in results.items():
+        assert line["status"] == "succeeded", line
+        assert expected[qid].lower() in line["answer"].lower(), line
+    return results
+
+
 def expected_answers() -> dict[str, str]:
     return {item["id"]: item["expected"] for item in map(json.loads, SAMPLE.read_text().splitlines())}
 
@@ -32,13 +42,8 @@ def test_sample_batch_end_to_end(cluster: Cluster, tmp_path: Path, mode: str) ->
     out = tmp_path / "out.jsonl"
     result = cluster.reactq("batch", str(SAMPLE), "--out", str(out), REACTQ_MODE=mode)
     assert result.returncode == 0, result.stderr
-    results = read_results(out)
-    expected = expected_answers()
-    assert set(results) == set(expected)
-    for qid, want in expected.items():
-        line = results[qid]
-        assert line["status"] == "succeeded", line
-        assert want.lower() in line["answer"].lower(), line
+    results = assert_all_answered(out, expected_answers())
+    for line in results.values():
         assert line["usage"]["prompt_tokens"] > 0 and line["usage"]["completion_tokens"] > 0
     if mode == "tools":  # the multi-part questions were answered with parallel tool calls in one step
         parallel = [r for r in results.values() if r["steps"] == 2 and ";" in (r["answer"] or "")]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import redis
 
 from tests.fixtures_cluster import Cluster
 from tests.fixtures_stub import StubControl
-from tests.test_integration import SAMPLE, read_results
+from tests.test_integration import SAMPLE, assert_all_answered, read_results
 from worker.models import Run, Step
 
 pytestmark = pytest.mark.integration
@@ -49,24 +47,15 @@ def test_worker_killed_mid_batch_every_run_finishes_and_no_reply_is_asked_twice(
     victim = cluster.start_worker(queues="steps", concurrency=8)
     infile, expected = inline_questions(tmp_path, repeat=2)
     out = tmp_path / "out.jsonl"
-    batch = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
-        env=cluster.env, cwd=Path(__file__).resolve().parent.parent,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
-        time.sleep(0.1)
+    batch = cluster.start_batch(infile, out)
+    cluster.wait_for_results(out, 3)
     assert out.exists(), "no run finished before the kill"
     cluster.kill(victim)  # SIGKILL: its reserved and in-flight steps are stranded
     cluster.start_worker(queues="steps", concurrency=16)
     assert batch.wait(180) == 0
 
-    results = read_results(out)
-    assert set(results) == set(expected)
     total_steps = 0
-    for qid, line in results.items():
-        assert line["status"] == "succeeded", line
-        assert expected[qid].lower() in line["answer"].lower(), line
+    for line in assert_all_answered(out, expected).values():
         run, steps = load_run(redis_url, line["run_id"])
         assert [s.index for s in steps] == list(range(run.current_step))  # each step recorded once
         assert run.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in steps)
@@ -86,9 +75,7 @@ def test_rate_limits_and_server_errors_are_retried(
     out = tmp_path / "out.jsonl"
     result = cluster.reactq("batch", str(infile), "--out", str(out))
     assert result.returncode == 0, result.stderr
-    for qid, line in read_results(out).items():
-        assert line["status"] == "succeeded", line
-        assert expected[qid].lower() in line["answer"].lower()
+    assert_all_answered(out, expected)
     by_status = stub_control.stats()["by_status"]
     assert by_status.get("429", 0) > 0 and by_status.get("500", 0) > 0, by_status
 
@@ -201,9 +188,7 @@ def test_a_run_lost_from_redis_is_reported_and_resubmitted_on_rerun(
     infile = tmp_path / "in.jsonl"
     infile.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i} + 10?"}) + "\n" for i in range(4)))
     out = tmp_path / "out.jsonl"
-    batch = subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
-                             env=cluster.env, cwd=Path(__file__).resolve().parent.parent,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    batch = cluster.start_batch(infile, out)
     client = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not client.keys("reactq:batch:*:ids"):
@@ -226,6 +211,5 @@ def test_text_mode_survives_a_model_that_hallucinates_observations(
     infile, expected = inline_questions(tmp_path)
     out = tmp_path / "out.jsonl"
     assert cluster.reactq("batch", str(infile), "--out", str(out), REACTQ_MODE="text").returncode == 0
-    for qid, line in read_results(out).items():
-        assert line["status"] == "succeeded" and expected[qid].lower() in line["answer"].lower(), line
+    for line in assert_all_answered(out, expected).values():
         assert "999999" not in line["answer"]

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures_cluster import ROOT, Cluster
+from tests.fixtures_cluster import Cluster
 from tests.fixtures_services import RedisServer
 from tests.fixtures_stub import StubControl
-from tests.test_integration import read_results
+from tests.test_integration import assert_all_answered
 from tests.test_recovery import inline_questions
 
 pytestmark = pytest.mark.integration
@@ -35,21 +33,14 @@ def test_redis_restart_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_
     cluster.start_worker(queues="steps", concurrency=16)
     infile, expected = inline_questions(tmp_path, repeat=2)
     out = tmp_path / "out.jsonl"
-    batch = subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
-                             env=cluster.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
-        time.sleep(0.1)
+    batch = cluster.start_batch(infile, out)
+    cluster.wait_for_results(out, 3)
     own_redis.stop()  # SIGTERM: Redis writes its AOF and exits
     time.sleep(2)
     own_redis.start()  # same port, same data directory
     _, stderr = batch.communicate(timeout=240)
-    assert batch.returncode == 0, stderr.decode()[-3000:]
-    results = read_results(out)
-    assert set(results) == set(expected)
-    for qid, line in results.items():
-        assert line["status"] == "succeeded", line
-        assert expected[qid].lower() in line["answer"].lower(), line
+    assert batch.returncode == 0, stderr[-3000:]
+    assert_all_answered(out, expected)
 
 
 def test_redis_killed_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_control: StubControl,
@@ -61,23 +52,16 @@ def test_redis_killed_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_c
     cluster.start_worker(queues="steps", concurrency=16)
     infile, expected = inline_questions(tmp_path, repeat=2)
     out = tmp_path / "out.jsonl"
-    batch = subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
-                             env=cluster.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
-        time.sleep(0.1)
+    batch = cluster.start_batch(infile, out)
+    cluster.wait_for_results(out, 3)
     assert own_redis.proc is not None
     own_redis.proc.kill()
     own_redis.proc.wait(10)
     time.sleep(1)
     own_redis.start()
     _, stderr = batch.communicate(timeout=240)
-    assert batch.returncode in (0, 1), stderr.decode()[-3000:]
+    assert batch.returncode in (0, 1), stderr[-3000:]
     if batch.returncode == 1:
-        assert b"vanished from Redis" in stderr
+        assert "vanished from Redis" in stderr
         assert cluster.reactq("batch", str(infile), "--out", str(out)).returncode == 0
-    results = read_results(out)
-    assert set(results) == set(expected)
-    for qid, line in results.items():
-        assert line["status"] == "succeeded", line
-        assert expected[qid].lower() in line["answer"].lower(), line
+    assert_all_answered(out, expected)
