@@ -38,7 +38,8 @@ QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queu
 
 SAFEGUARD_KINDS = ("repeat_hint", "loop", "invalid_outputs", "observation_truncated", "context_compacted",
                    "max_steps", "deadline", "token_budget")
-STEP_OUTCOMES = ("tool_calls", "final_answer", "invalid_output", "ended", "waiting", "fenced", "llm_failed")
+# Recorded steps by what they did, and "ended" for a run stopped between steps (limit, LLM failure).
+STEP_OUTCOMES = ("tool_calls", "final_answer", "invalid_output", "ended")
 LLM_OUTCOMES = ("ok", "rate_limited", "server_error", "client_error", "timeout", "connection_error")
 
 
