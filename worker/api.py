@@ -158,7 +158,7 @@ def get_batch(batch_id: str) -> dict:
     return {
         "batch_id": batch_id,
         "size": len(run_ids),
-        "finished": rt.store.r.llen(keys.batch_done(batch_id)),
+        "finished": rt.store.batch_finished_count(batch_id),
         "statuses": counts,
         "usage": {k: float(v) for k, v in info.items() if k in ("prompt_tokens", "completion_tokens", "cost_usd")},
         "run_ids": run_ids,

@@ -44,11 +44,8 @@ def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | N
     candidates = rt.store.stale_runs(now - s.stale_after_s)
     kicked = []
     for run_id, run in zip(candidates, rt.store.load_runs(candidates), strict=True):
-        if run is None:  # its record is gone (expired, or lost with Redis data): nothing to resume
+        if run is None or run.status.finished:  # a missing record (expired, or lost with Redis data) too
             rt.redis.zrem(keys.ACTIVE_RUNS, run_id)
-            continue
-        if run.status.finished:
-            rt.redis.zrem(keys.ACTIVE_RUNS, run.id)
             continue
         long_stale = run.updated_at < now - s.visibility_timeout_s
         if rt.store.lease_held(run.id) or not (queues_empty or long_stale):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import engine, keys, metrics, prompts
+from .celery_app import STEP_TASK, STEPS_QUEUE
 from .engine import Act, End, Final, PlannedCall, Retry
 from .errors import LLMError, ToolError
 from .models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
@@ -203,7 +204,7 @@ class StepRunner:
                            duration_ms=int(seconds * 1000))
 
     def _sandbox_result(self, run: Run, index: int, planned: PlannedCall) -> Observation | None:
-        raw = self.store.r.get(keys.sandbox_result(run.id, index, planned.call.id))
+        raw = self.store.get_sandbox_result(run.id, index, planned.call.id)
         if raw is not None:
             obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw)
             metrics.TOOL_CALLS.labels(planned.tool, obs.outcome).inc()
@@ -218,9 +219,9 @@ class StepRunner:
                 "tier": run.spec.tier,
                 "tenant": run.spec.tenant,
                 "result_key": keys.sandbox_result(run.id, index, planned.call.id),
-                "continue_task": "reactq.step",
+                "continue_task": STEP_TASK,
                 "continue_args": [run.id, index],
-                "continue_queue": "reactq.steps",
+                "continue_queue": STEPS_QUEUE,
             })
         return None
 

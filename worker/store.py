@@ -221,6 +221,10 @@ class RunStore:
             return obs
         return self.get_tool_result(run_id, step, obs.call_id) or obs
 
+    def get_sandbox_result(self, run_id: str, step: int, call_id: str) -> bytes | None:
+        """The sandbox worker's raw result object for one call, once it has stored it."""
+        return self.r.get(keys.sandbox_result(run_id, step, call_id))
+
     def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
         return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
 
@@ -262,6 +266,9 @@ class RunStore:
 
     def batch_finished_since(self, batch_id: str, start: int) -> list[str]:
         return [i.decode() for i in self.r.lrange(keys.batch_done(batch_id), start, -1)]
+
+    def batch_finished_count(self, batch_id: str) -> int:
+        return int(self.r.llen(keys.batch_done(batch_id)))
 
     def batch_info(self, batch_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch(batch_id)).items()}
