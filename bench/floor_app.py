@@ -58,8 +58,8 @@ app.conf.update(
 
 def request_body(question: str) -> bytes:
     """reactq's step-0 request for `question` (tools mode: system + user messages + tool schemas)."""
-    from worker.models import Mode
-    from worker.prompts import build_messages
+    from worker.core.models import Mode
+    from worker.core.prompts import build_messages
     from worker.tools import REGISTRY
 
     tools = REGISTRY.all()

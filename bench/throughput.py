@@ -256,7 +256,7 @@ class Bench:
 
             from worker import keys
             from worker.config import Settings
-            from worker.models import RunSpec
+            from worker.core.models import RunSpec
             from worker.store import RunStore, connect
             from worker.submit import new_batch_id, submit
 

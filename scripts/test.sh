@@ -36,7 +36,7 @@ trap stop_dockerd EXIT
 bash scripts/build-sandbox-image.sh
 
 python3 -m ruff check .
-python3 -m mypy worker/models.py worker/parser.py worker/engine.py worker/prompts.py worker/pricing.py worker/errors.py
+python3 -m mypy worker/core worker/errors.py
 
 export REACTQ_REQUIRE_DOCKER=1
 python3 -m pytest -q -p no:cacheprovider "$@"

@@ -11,7 +11,7 @@ import random
 import pytest
 from pydantic import BaseModel
 
-from worker.engine import (
+from worker.core.engine import (
     TRUNCATION_MARKER,
     Act,
     End,
@@ -27,9 +27,9 @@ from worker.engine import (
     truncate,
     unique_call_ids,
 )
-from worker.models import Run, RunSpec, RunStatus, Step, ToolCall, Usage
-from worker.parser import ParsedTurn, parse_text, parse_tool_reply
-from worker.pricing import cost_usd
+from worker.core.models import Run, RunSpec, RunStatus, Step, ToolCall, Usage
+from worker.core.parser import ParsedTurn, parse_text, parse_tool_reply
+from worker.core.pricing import cost_usd
 from worker.tools.registry import Tool, ToolRegistry
 
 

@@ -1,5 +1,6 @@
-"""Which way imports go (DESIGN.md): the pure engine imports only its own models and pydantic;
-tools_sandbox never imports worker; api_stub imports neither."""
+"""Which way imports go (DESIGN.md): the pure engine (`worker/core/`) imports only itself,
+`worker.errors`, the standard library and pydantic; tools_sandbox never imports worker; api_stub
+imports neither."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE = ["models", "parser", "engine", "prompts", "pricing", "errors"]
+CORE = ROOT / "worker" / "core"
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -23,14 +24,32 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module", PURE)
-def test_pure_engine_imports_only_stdlib_pydantic_and_itself(module: str) -> None:
-    for name in imported_modules(ROOT / "worker" / f"{module}.py"):
-        top = name.lstrip(".").split(".")[0]
-        if name.startswith("."):
-            assert top in PURE, f"worker/{module}.py imports .{top}, which is not pure"
-        else:
-            assert top in sys.stdlib_module_names or top == "pydantic", f"worker/{module}.py imports {name}"
+def resolve(path: Path, name: str) -> str:
+    """The dotted module a (possibly relative) import in `path` names."""
+    if not name.startswith("."):
+        return name
+    level = len(name) - len(name.lstrip("."))
+    package = list(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    base = package[: len(package) - (level - 1)]
+    rest = name.lstrip(".")
+    return ".".join(base + ([rest] if rest else []))
+
+
+@pytest.mark.parametrize("path", sorted(CORE.rglob("*.py")), ids=lambda p: p.name)
+def test_core_imports_only_core_errors_stdlib_and_pydantic(path: Path) -> None:
+    for name in imported_modules(path):
+        target = resolve(path, name)
+        top = target.split(".")[0]
+        inside = target == "worker.core" or target.startswith("worker.core.") or target == "worker.errors"
+        assert inside or top in sys.stdlib_module_names or top == "pydantic", (
+            f"{path.relative_to(ROOT)} imports {target}, which is outside worker/core"
+        )
+
+
+def test_errors_imports_nothing_from_the_package() -> None:
+    for name in imported_modules(ROOT / "worker" / "errors.py"):
+        top = resolve(ROOT / "worker" / "errors.py", name).split(".")[0]
+        assert top in sys.stdlib_module_names, f"worker/errors.py imports {name}"
 
 
 @pytest.mark.parametrize("package, forbidden", [("tools_sandbox", {"worker", "api_stub"}),

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-import worker.parser as parser_module
-from worker.models import ToolCall
-from worker.parser import (
+import worker.core.parser as parser_module
+from worker.core.models import ToolCall
+from worker.core.parser import (
     PARSE_ERROR_KINDS,
     PARSE_WARNINGS,
     TEXT_STOP_SEQUENCES,

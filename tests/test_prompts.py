@@ -7,8 +7,8 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from worker.models import Mode, Observation, Step, ToolCall
-from worker.prompts import (
+from worker.core.models import Mode, Observation, Step, ToolCall
+from worker.core.prompts import (
     REFLECTION,
     TOOLS_SYSTEM,
     build_messages,

@@ -12,7 +12,7 @@ import redis
 from tests.fixtures_cluster import Cluster
 from tests.fixtures_stub import StubControl
 from tests.test_integration import SAMPLE, assert_all_answered, read_results
-from worker.models import Run, Step
+from worker.core.models import Run, Step
 
 pytestmark = pytest.mark.integration
 

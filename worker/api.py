@@ -14,10 +14,10 @@ from redis import asyncio as aioredis
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import keys, metrics
+from .core.models import Mode, RunSpec
 from .display import run_json
 from .errors import InvalidRequest
 from .metrics_server import initialise
-from .models import Mode, RunSpec
 from .reaper import queue_depths
 from .runtime import get_runtime
 from .submit import cancel, new_batch_id, submit

@@ -13,8 +13,8 @@ from pydantic import BaseModel, ValidationError
 
 from . import keys
 from .config import Settings
+from .core.models import Run, RunSpec
 from .errors import InvalidRequest
-from .models import Run, RunSpec
 from .store import RunStore
 from .submit import known_tiers, new_batch_id, submit, validate_spec
 

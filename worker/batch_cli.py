@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .batch import BatchRunner, parse_input
 from .batch import Progress as BatchProgress
+from .core.models import Run
 from .errors import InvalidRequest
-from .models import Run
 from .runtime import Runtime
 
 

@@ -129,9 +129,9 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str, max_st
         timeout: float) -> None:
     """Submit one run."""
     from .batch import BatchRunner
+    from .core.models import RunSpec
     from .display import run_json
     from .errors import InvalidRequest
-    from .models import RunSpec
     from .submit import submit
 
     rt = _runtime()

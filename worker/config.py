@@ -9,7 +9,7 @@ from functools import lru_cache
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .models import Mode
+from .core.models import Mode
 
 
 class Settings(BaseSettings):

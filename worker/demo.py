@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .models import Run
+from .core.models import Run
 from .services import Started, http_ok, redis_reachable, start_redis, start_stub, start_worker
 
 

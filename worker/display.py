@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .models import Run, Step
+from .core.models import Run, Step
 
 
 def run_json(run: Run, steps: list[Step] | None = None) -> dict[str, Any]:

@@ -13,8 +13,8 @@ import openai
 from openai.types.chat import ChatCompletion
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
+from .core.models import LLMReply, ToolCall, Usage
 from .errors import LLMError
-from .models import LLMReply, ToolCall, Usage
 
 
 class LLMClient(Protocol):

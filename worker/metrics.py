@@ -10,7 +10,7 @@ import re
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from .models import RunStatus
+from .core.models import RunStatus
 
 TURN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)

@@ -11,7 +11,7 @@ import logging
 from prometheus_client import start_http_server
 
 from . import metrics
-from .parser import PARSE_ERROR_KINDS
+from .core.parser import PARSE_ERROR_KINDS
 from .runtime import Runtime
 
 log = logging.getLogger("reactq.metrics")

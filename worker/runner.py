@@ -13,13 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import engine, keys, metrics, prompts
+from . import keys, metrics
 from .celery_app import STEP_TASK, STEPS_QUEUE
-from .engine import Act, End, Final, PlannedCall, Retry
+from .core import engine, prompts
+from .core.engine import Act, End, Final, PlannedCall, Retry
+from .core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
+from .core.parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
+from .core.pricing import cost_usd
 from .errors import LLMError, ToolError
-from .models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
-from .parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
-from .pricing import cost_usd
 from .runtime import Runtime
 from .sandbox_bridge import observation_from_sandbox
 

@@ -10,7 +10,7 @@ import redis
 
 from . import metrics
 from .config import Settings, get_settings
-from .engine import Limits
+from .core.engine import Limits
 from .leases import LeaseKeeper
 from .llm import OpenAIChat
 from .store import RunStore, connect

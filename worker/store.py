@@ -14,8 +14,8 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from . import keys
+from .core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
 from .errors import StoreUnavailable
-from .models import LLMReply, Observation, Run, RunStatus, Step, Usage
 
 EVENTS_MAXLEN = 2000
 _RENEW_LEASE = (

@@ -7,8 +7,8 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from .config import Settings
+from .core.models import Run, RunSpec, RunStatus
 from .errors import InvalidRequest
-from .models import Run, RunSpec, RunStatus
 from .store import RunStore
 
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from .errors import InvalidArguments
+from ..errors import InvalidArguments
 from .models import Observation, Run, RunStatus, Step, ToolCall
 from .parser import ParsedTurn
 

@@ -1,6 +1,6 @@
 """Turn a model's reply into a `ParsedTurn`: a thought plus tool calls, a final answer, or an error.
 
-Pure (standard library, pydantic, `worker.models`; no I/O), never raises, linear in the input:
+Pure (standard library, pydantic, `worker.core.models`; no I/O), never raises, linear in the input:
 every regex is anchored at a line start with bounded quantifiers.
 
 Text mode (`parse_text`), the classic ReAct format: `Thought:` / `Action: <tool>` / `Action Input:
