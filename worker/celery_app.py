@@ -5,11 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from .config import get_settings
-
-STEPS_QUEUE = "reactq.steps"
-SANDBOX_QUEUE = "reactq.sandbox"
-STEP_TASK = "reactq.step"
-SANDBOX_TASK = "reactq.sandbox.execute"
+from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE
 
 
 def make_app() -> Celery:

@@ -1,6 +1,7 @@
 """The LLM edge: one chat call through the official `openai` client, with retries and backoff.
 
-The engine sees an `LLMClient` protocol, so tests and benchmarks can script the model at our own seam.
+The step runner sees the model only through the `LLMClient` protocol (`Runtime.llm`), so tests and
+benchmarks script it at our own seam (tests/harness.py) instead of patching the openai client.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from .errors import LLMError
 
 
 class LLMClient(Protocol):
+    """A chat model: the messages of the next turn and the request options in, the normalised reply out.
+    Raises LLMError when the call fails for good."""
+
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply: ...
 
 

@@ -14,22 +14,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import keys, metrics
-from .celery_app import STEP_TASK, STEPS_QUEUE
 from .core import engine, prompts
-from .core.engine import Act, End, Final, PlannedCall, Retry
+from .core.engine import Act, End, Final, PlannedCall, Reflect, Retry
 from .core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
+from .core.outcome import BUSY, FENCED, WAITING, Outcome, StepOutcome
 from .core.parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
 from .core.pricing import cost_usd
+from .core.sandbox_bridge import observation_from_sandbox
 from .errors import LLMError, ToolError
+from .names import STEP_TASK, STEPS_QUEUE
 from .runtime import Runtime
-from .sandbox_bridge import observation_from_sandbox
 
 log = logging.getLogger("reactq.step")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Dispatcher:
-    """How the runner enqueues work (Celery in production; tests may record instead)."""
+    """How the runner enqueues work: Celery in production (worker.tasks), a recording fake in the
+    in-process test harness (tests/harness.py)."""
 
     next_step: Callable[[str, int], None]
     sandbox: Callable[[dict[str, Any]], None]
@@ -41,50 +43,47 @@ class StepRunner:
         self.store = rt.store
         self.dispatch = dispatch
 
-    def run_step(self, run_id: str, index: int) -> str:
-        """Make progress on step `index` of a run. Returns the step outcome (for metrics and tests)."""
+    def run_step(self, run_id: str, index: int) -> StepOutcome:
+        """Make progress on step `index` of a run, and say what happened."""
         leases = self.rt.leases
         token = leases.new_token()
         acquired, run, steps, stored = self.store.lease_and_load(run_id, index, token, leases.ttl_ms)
         if run is not None and run.status == RunStatus.CANCELLED and not run.cancel_recorded:
             self._record_cancel(run_id)
-        fenced = run is None or run.status.finished or run.current_step != index
+        live = run is not None and not run.status.finished and run.current_step == index
         if not acquired:
             # another delivery (or the step before, finishing) holds the run's lease
-            return "fenced" if fenced else "busy"
+            return BUSY if live else FENCED
         leases.hold(run_id, token)
-        self._next_step: int | None = None
         try:
-            if fenced or run is None:
-                return "fenced"
-            outcome = self._run_step(run, index, steps, stored)
+            result = self._run_step(run, index, steps, stored) if live and run is not None else FENCED
         finally:
             leases.release(run_id, token)
         # Enqueue the next step only once the lease is gone: sent earlier, it could start (on another
         # thread or worker) while this step still held the lease, be fenced, and strand the run.
-        if self._next_step is not None:
-            self.dispatch.next_step(run_id, self._next_step)
-        return outcome
+        if result.next_step is not None:
+            self.dispatch.next_step(run_id, result.next_step)
+        return result
 
-    def _run_step(self, run: Run, index: int, steps: list[Step], stored: LLMReply | None) -> str:
+    def _run_step(self, run: Run, index: int, steps: list[Step], stored: LLMReply | None) -> StepOutcome:
         limits = self.rt.limits
         started = time.time()
         if (end := engine.precheck(run, started, limits)) is not None:
-            self._end(run, end, only_step=index)
-            return "ended"
+            return self._end(run, end, index, Outcome.ENDED)
         if run.status == RunStatus.QUEUED:
             run = self.store.mark_running(run.id, index) or run
 
+        reflecting = prompts.reflection_due(steps, self.rt.settings.reflect_every)
         try:
             reply = stored or self._reply(run, steps, index)
         except LLMError as exc:
-            self._end(run, End(RunStatus.FAILED, str(exc)), only_step=index)
-            return "llm_failed"
+            return self._end(run, End(RunStatus.FAILED, str(exc)), index, Outcome.LLM_FAILED)
 
         turn = self._parse(run.mode, reply)
         for warning in turn.warnings:
             log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": index})
-        decision = engine.decide(run, steps, turn, self.rt.tools, limits)
+        decision = engine.decide(run, steps, turn, self.rt.tools, limits,
+                                 reflection=(reply.content or "") if reflecting else None)
         step = Step(
             index=index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
             cost_usd=cost_usd(run.model, reply.usage, self.rt.settings.prices_per_mtok),
@@ -93,26 +92,28 @@ class StepRunner:
 
         if isinstance(decision, Final):
             step.final_answer = decision.answer
-            return self._commit(run, step, "final_answer")
+            return self._commit(run, step, Outcome.FINAL_ANSWER)
+        if isinstance(decision, Reflect):
+            step.thought, step.reflection = decision.thought, True
+            return self._commit(run, step, Outcome.REFLECTION)
         if isinstance(decision, Retry):
             metrics.PARSE_ERRORS.labels(decision.kind).inc()
             step.error = decision.error
-            return self._commit(run, step, "invalid_output", invalid=True)
+            return self._commit(run, step, Outcome.INVALID_OUTPUT, invalid=True)
         if isinstance(decision, End):
             metrics.PARSE_ERRORS.labels(turn.error_kind or "loop").inc()
             step.error = decision.reason
             step.tool_calls = turn.calls
-            return self._commit(run, step, "ended", end=decision)
+            return self._commit(run, step, Outcome.ENDED, end=decision)
 
-        assert isinstance(decision, Act)
         step.tool_calls = turn.calls
         observations = self._execute(run, index, decision, turn.calls)
         if observations is None:
             self.store.mark_running(run.id, index, waiting_on="sandbox")
-            return "waiting"
+            return WAITING
         step.observations = observations
         step.tools_ms = sum(o.duration_ms for o in observations)
-        return self._commit(run, step, "tool_calls")
+        return self._commit(run, step, Outcome.TOOL_CALLS)
 
     # --- the LLM reply ----------------------------------------------------------------------
     def _reply(self, run: Run, steps: list[Step], index: int) -> LLMReply:
@@ -227,58 +228,47 @@ class StepRunner:
         return None
 
     # --- recording ----------------------------------------------------------------------------
-    def _commit(self, run: Run, step: Step, outcome: str, *, invalid: bool = False, end: End | None = None) -> str:
+    def _commit(self, run: Run, step: Step, outcome: Outcome, *, invalid: bool = False,
+                end: End | None = None) -> StepOutcome:
         step.finished_at = time.time()
         limits = self.rt.limits
-        ended: list[End] = []  # what apply() decided in the attempt that committed
 
-        def apply(r: Run) -> None:
-            r.status = RunStatus.RUNNING
-            r.invalid_streak = r.invalid_streak + 1 if invalid else 0
-            final = end or engine.after_step(r, step, step.finished_at, limits)
-            ended[:] = [final] if final is not None else []
-            if final is not None:
-                r.status = final.status
-                r.error = final.reason or None
-                r.answer = step.final_answer
-                r.finished_at = step.finished_at
+        def conclude(r: Run) -> End | None:
+            """The run's end once `r` (the stored record, the step's usage added) records the step."""
+            return end or engine.after_step(r, step, step.finished_at, limits)
 
-        committed = self.store.commit_step(run.id, step, apply)
+        committed = self.store.commit_step(run.id, step, conclude, invalid=invalid)
         if committed is None:
-            return "fenced"
-        metrics.STEPS_TOTAL.labels(outcome).inc()
-        log.info("step", extra={"run_id": run.id, "step": step.index, "outcome": outcome,
+            return FENCED
+        metrics.STEPS_TOTAL.labels(outcome.value).inc()
+        log.info("step", extra={"run_id": run.id, "step": step.index, "outcome": outcome.value,
                                 "tools": [c.name for c in step.tool_calls],
                                 "prompt_tokens": step.usage.prompt_tokens,
                                 "completion_tokens": step.usage.completion_tokens,
                                 "llm_ms": step.llm_ms, "tools_ms": step.tools_ms})
-        if ended and ended[0].safeguard:
-            metrics.SAFEGUARDS.labels(ended[0].safeguard).inc()
-        if committed.status.finished:
-            record_finished(committed)
-        else:
-            self._next_step = step.index + 1  # sent by run_step after the lease is released
-        return outcome
+        if not committed.run.status.finished:
+            return StepOutcome(outcome, next_step=step.index + 1)
+        safeguard = committed.end.safeguard if committed.end is not None else ""
+        if safeguard:
+            metrics.SAFEGUARDS.labels(safeguard).inc()
+        record_finished(committed.run)
+        return StepOutcome(outcome, safeguard=safeguard or None)
 
     def _record_cancel(self, run_id: str) -> None:
         """A run cancelled from the CLI or API is counted by the first worker that sees it, once."""
-
-        def mutate(run: Run) -> bool:
-            if run.cancel_recorded:
-                return False
-            run.cancel_recorded = True
-            return True
-
-        if (run := self.store.update_run(run_id, mutate)) is not None:
+        if (run := self.store.mark_cancel_recorded(run_id)) is not None:
             record_finished(run)
 
-    def _end(self, run: Run, end: End, only_step: int) -> None:
+    def _end(self, run: Run, end: End, only_step: int, outcome: Outcome) -> StepOutcome:
+        """End the run without recording a step (a limit before the step, an LLM failure)."""
         finished = self.store.finish(run.id, end.status, end.reason, only_step=only_step)
-        if finished is not None:
-            metrics.STEPS_TOTAL.labels("ended").inc()
-            if end.safeguard:
-                metrics.SAFEGUARDS.labels(end.safeguard).inc()
-            record_finished(finished)
+        if finished is None:
+            return FENCED
+        metrics.STEPS_TOTAL.labels(Outcome.ENDED.value).inc()
+        if end.safeguard:
+            metrics.SAFEGUARDS.labels(end.safeguard).inc()
+        record_finished(finished)
+        return StepOutcome(outcome, safeguard=end.safeguard or None)
 
 
 def record_finished(run: Run) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import redis
@@ -12,14 +12,16 @@ from . import metrics
 from .config import Settings, get_settings
 from .core.engine import Limits
 from .leases import LeaseKeeper
-from .llm import OpenAIChat
+from .llm import LLMClient, OpenAIChat
 from .store import RunStore, connect
+from .store_cluster import ClusterStore
 from .tools import REGISTRY, ToolRegistry
 
 
 @dataclass
 class Runtime:
     settings: Settings
+    llm_client: LLMClient | None = field(default=None, repr=False)  # a scripted model (tests, benchmarks)
 
     @cached_property
     def redis(self) -> redis.Redis:
@@ -30,11 +32,17 @@ class Runtime:
         return RunStore(self.redis, self.settings.record_ttl_s)
 
     @cached_property
+    def cluster(self) -> ClusterStore:
+        return ClusterStore(self.redis)
+
+    @cached_property
     def leases(self) -> LeaseKeeper:
         return LeaseKeeper(self.store, self.settings.lease_ttl_s)
 
     @cached_property
-    def llm(self) -> OpenAIChat:
+    def llm(self) -> LLMClient:
+        if self.llm_client is not None:
+            return self.llm_client
         s = self.settings
         return OpenAIChat(
             s.llm_base_url, s.llm_api_key, timeout_s=s.llm_timeout_s, max_retries=s.llm_max_retries,
@@ -50,7 +58,7 @@ class Runtime:
     def limits(self) -> Limits:
         s = self.settings
         return Limits(
-            max_steps=s.max_steps, max_invalid_outputs=s.max_invalid_outputs, repeat_hint_at=s.repeat_hint_at,
+            max_invalid_outputs=s.max_invalid_outputs, repeat_hint_at=s.repeat_hint_at,
             repeat_fail_at=s.repeat_fail_at, observation_max_chars=s.observation_max_chars,
             max_tokens_per_run=s.max_tokens_per_run,
         )

@@ -7,6 +7,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -14,6 +15,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from . import keys
+from .core.engine import End
 from .core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
 from .errors import StoreUnavailable
 
@@ -42,6 +44,30 @@ def ping(client: redis.Redis, url: str) -> None:
         client.ping()
     except redis.exceptions.RedisError as exc:
         raise StoreUnavailable(url, exc) from None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A recorded step: the run record as stored, and how the step ended the run (None: it goes on)."""
+
+    run: Run
+    end: End | None
+
+
+def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool) -> None:
+    """Apply a recorded step to the run record (the record must be at `step.index`)."""
+    run.current_step = step.index + 1
+    run.usage = run.usage + step.usage
+    run.cost_usd += step.cost_usd
+    run.waiting_on = None
+    run.status = RunStatus.RUNNING
+    run.invalid_streak = run.invalid_streak + 1 if invalid else 0
+    end = conclude(run)
+    if end is not None:
+        run.status = end.status
+        run.error = end.reason or None
+        run.answer = step.final_answer
+        run.finished_at = step.finished_at
 
 
 class RunStore:
@@ -141,18 +167,15 @@ class RunStore:
             pipe.rpush(keys.batch_done(run.spec.batch_id), run.id)
 
     def commit_step(
-        self, run_id: str, step: Step, apply: Callable[[Run], None]
-    ) -> Run | None:
-        """Record step `step.index` and advance the run, only if the run is still at that step."""
+        self, run_id: str, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool = False
+    ) -> Committed | None:
+        """Record step `step.index` and advance the run, only if the run is still at that step.
+        `conclude` (pure) says whether the advanced record ends the run, and how."""
 
         def mutate(run: Run) -> bool:
             if run.status.finished or run.current_step != step.index:
                 return False
-            run.current_step = step.index + 1
-            run.usage = run.usage + step.usage
-            run.cost_usd += step.cost_usd
-            run.waiting_on = None
-            apply(run)
+            advance(run, step, conclude, invalid=invalid)
             return True
 
         def extra(pipe: Any, run: Run) -> None:
@@ -160,7 +183,8 @@ class RunStore:
             pipe.xadd(keys.events(run_id), {"type": "step", "data": step.model_dump_json()}, maxlen=EVENTS_MAXLEN)
             self._count_usage(pipe, run, step.usage, step.cost_usd)
 
-        return self.update_run(run_id, mutate, extra)
+        committed = self.update_run(run_id, mutate, extra)
+        return None if committed is None else Committed(committed, conclude(committed))
 
     def _count_usage(self, pipe: Any, run: Run, usage: Usage, cost: float) -> None:
         targets = [keys.tenant_usage(run.spec.tenant)]
@@ -180,6 +204,17 @@ class RunStore:
             run.status = status
             run.error = reason or None
             run.finished_at = time.time()
+            return True
+
+        return self.update_run(run_id, mutate)
+
+    def mark_cancel_recorded(self, run_id: str) -> Run | None:
+        """Note that a worker has counted this run's cancellation; the run if this call was the first."""
+
+        def mutate(run: Run) -> bool:
+            if run.cancel_recorded:
+                return False
+            run.cancel_recorded = True
             return True
 
         return self.update_run(run_id, mutate)
@@ -270,6 +305,20 @@ class RunStore:
     def batch_finished_count(self, batch_id: str) -> int:
         return int(self.r.llen(keys.batch_done(batch_id)))
 
+    def batch_for_file(self, digest: str) -> dict[str, str]:
+        """The client id -> run id map of the batch last submitted for one output file (empty if none)."""
+        previous = self.r.get(keys.batch_file(digest))
+        if not previous:
+            return {}
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch_ids(previous.decode())).items()}
+
+    def remember_batch_for_file(self, digest: str, batch_id: str, mapping: dict[str, str]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        if mapping:
+            pipe.hset(keys.batch_ids(batch_id), mapping=mapping)
+        pipe.set(keys.batch_file(digest), batch_id, ex=self.ttl)
+        pipe.execute()
+
     def batch_info(self, batch_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch(batch_id)).items()}
 
@@ -282,6 +331,9 @@ class RunStore:
 
     def touch_active(self, run_id: str) -> None:
         self.r.zadd(keys.ACTIVE_RUNS, {run_id: time.time()}, xx=True)
+
+    def forget_active(self, run_id: str) -> None:
+        self.r.zrem(keys.ACTIVE_RUNS, run_id)
 
     def active_count(self) -> int:
         return int(self.r.zcard(keys.ACTIVE_RUNS))

@@ -9,7 +9,9 @@ from typing import Any
 
 from celery import signals
 
-from .celery_app import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, app
+from .celery_app import app
+from .core.outcome import Outcome
+from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE
 from .runner import Dispatcher, StepRunner
 from .runtime import get_runtime
 
@@ -37,10 +39,10 @@ def step(self: Any, run_id: str, index: int) -> str:
 
     When another delivery holds the run's lease (a duplicate, or a sandbox continuation that arrived
     before the dispatching step let go), try again shortly; past that the reaper has the run."""
-    outcome = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
-    if outcome == "busy" and self.request.retries < BUSY_RETRIES:
+    result = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+    if result.outcome == Outcome.BUSY and self.request.retries < BUSY_RETRIES:
         raise self.retry(countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
-    return outcome
+    return result.outcome.value
 
 
 @signals.worker_ready.connect
