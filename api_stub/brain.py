@@ -157,15 +157,16 @@ def _read(messages: Sequence[Mapping[str, Any]]) -> _Conversation:
             for call in message.get("tool_calls") or []:
                 if not isinstance(call, Mapping):
                     continue
-                function = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+                raw_function = call.get("function")
+                function: Mapping[str, Any] = raw_function if isinstance(raw_function, Mapping) else {}
                 call_id = str(call.get("id", len(order)))
                 pending[call_id] = (function.get("name"), _first_argument(str(function.get("arguments", ""))))
                 order.append(call_id)
         elif role in ("tool", "function"):
-            call_id = message.get("tool_call_id")
-            if call_id not in pending and order:
-                call_id = next((c for c in order if c in pending), None)
-            tool, argument = pending.pop(call_id, (message.get("name"), None)) if call_id else (None, None)
+            answered: str | None = message.get("tool_call_id")
+            if answered not in pending and order:
+                answered = next((c for c in order if c in pending), None)
+            tool, argument = pending.pop(answered, (message.get("name"), None)) if answered else (None, None)
             conv.executed.append(_Executed(tool, argument, message_text(message)))
         elif role == "user" and not message_text(message).lstrip().startswith("Observation:"):
             conv.executed.extend(_scratchpad(message_text(message)))

@@ -63,8 +63,8 @@ def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tu
     for status in RunStatus:
         if status.finished:
             RUNS_TOTAL.labels(status.value)
-    for outcome in STEP_OUTCOMES:
-        STEPS_TOTAL.labels(outcome.value)
+    for step_outcome in STEP_OUTCOMES:
+        STEPS_TOTAL.labels(step_outcome.value)
     for outcome in LLM_OUTCOMES:
         LLM_REQUESTS.labels(model, outcome)
     LLM_DURATION.labels(model)

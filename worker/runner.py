@@ -149,8 +149,8 @@ class StepRunner:
     def _execute(self, run: Run, index: int, act: Act, calls: list[ToolCall]) -> list[Observation] | None:
         """Observations in the order the model asked, or None while sandboxed calls are pending."""
         by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
-        for obs in act.rejected:
-            metrics.TOOL_CALLS.labels(_tool_label(obs.tool, self.rt), obs.outcome).inc()
+        for rejected in act.rejected:
+            metrics.TOOL_CALLS.labels(_tool_label(rejected.tool, self.rt), rejected.outcome).inc()
         pending = False
         for planned in act.planned:
             obs = self.store.get_tool_result(run.id, index, planned.call.id)
