@@ -283,8 +283,8 @@ def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, tex
     offered = _available(messages, tools)
     actions = plan(conv.question, frozenset(offered))
     if actions and _asked_to_reflect(messages):
-        pending = sum(1 for o in _match(actions, conv.executed) if o is None)
-        return _reflection(conv, pending, text_mode)
+        to_call = sum(1 for o in _match(actions, conv.executed) if o is None)
+        return _reflection(conv, to_call, text_mode)
     if not actions:
         return _final(DONT_KNOW, text_mode)
     observations = _match(actions, conv.executed)
