@@ -90,9 +90,11 @@ class RecordingDispatch:
 
 
 class Harness:
-    def __init__(self, settings: Settings) -> None:
+    """`real_llm=True` talks to the model at settings.llm_base_url instead (bench/step_cpu.py)."""
+
+    def __init__(self, settings: Settings, *, real_llm: bool = False) -> None:
         self.llm = ScriptedLLM()
-        self.rt = Runtime(settings, llm_client=self.llm)
+        self.rt = Runtime(settings, llm_client=None if real_llm else self.llm)
         self.store = self.rt.store
         self.dispatch = RecordingDispatch()
         self.runner = StepRunner(self.rt, self.dispatch.as_dispatcher())
