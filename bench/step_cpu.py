@@ -80,9 +80,8 @@ def main() -> int:
                 return super().send_packed_command(command, check_health)
 
         settings = Settings(redis_url=f"redis://127.0.0.1:{rport}/0", llm_base_url=f"http://127.0.0.1:{sport}/v1")
-        h = Harness(settings, real_llm=True)
-        h.store.r = redis.Redis(connection_pool=redis.BlockingConnectionPool(
-            host="127.0.0.1", port=rport, max_connections=8, connection_class=Counting))
+        h = Harness(settings, real_llm=True, redis_client=redis.Redis(connection_pool=redis.BlockingConnectionPool(
+            host="127.0.0.1", port=rport, max_connections=8, connection_class=Counting)))
         rng = random.Random(7)
 
         spent = {"cpu": 0.0, "wall": 0.0, "trips": 0}

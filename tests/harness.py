@@ -92,9 +92,11 @@ class RecordingDispatch:
 class Harness:
     """`real_llm=True` talks to the model at settings.llm_base_url instead (bench/step_cpu.py)."""
 
-    def __init__(self, settings: Settings, *, real_llm: bool = False) -> None:
+    def __init__(self, settings: Settings, *, real_llm: bool = False, redis_client: Any = None) -> None:
         self.llm = ScriptedLLM()
         self.rt = Runtime(settings, llm_client=None if real_llm else self.llm)
+        if redis_client is not None:
+            self.rt.redis = redis_client
         self.store = self.rt.store
         self.dispatch = RecordingDispatch()
         self.runner = StepRunner(self.rt, self.dispatch.as_dispatcher())

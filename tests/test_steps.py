@@ -9,7 +9,7 @@ from typing import Any
 from tests.harness import Harness, call, calls, final
 from tools_sandbox.models import SandboxResult
 from tools_sandbox.tasks import ExecuteRequest
-from worker.core.models import LLMReply, RunStatus, Usage
+from worker.core.models import LLMReply, Observation, RunStatus, Usage
 from worker.core.outcome import Outcome
 from worker.core.prompts import REFLECTION
 from worker.errors import LLMError
@@ -90,8 +90,7 @@ def test_a_redelivered_step_reuses_the_reply_a_dead_worker_stored(harness: Harne
 def test_a_step_whose_run_lease_is_held_is_busy_and_does_nothing(harness: Harness) -> None:
     run_id = harness.submit("What is 6 * 7?")
     harness.dispatch.steps.clear()
-    acquired, *_ = harness.store.lease_and_load(run_id, 0, "another-worker", 15_000)
-    assert acquired
+    assert harness.store.lease_and_load(run_id, 0, "another-worker", 15_000).acquired
     result = harness.deliver(run_id, 0)
     assert (result.outcome, result.next_step) == (Outcome.BUSY, None)
     assert harness.llm.requests == [] and harness.dispatch.sent_steps == [(run_id, 0)]
@@ -278,3 +277,32 @@ def test_a_deadline_passed_before_a_step_ends_the_run_without_asking(make_harnes
     result = harness.step()
     assert (result.outcome, result.safeguard) == (Outcome.ENDED, "deadline")
     assert harness.run(run_id).status == RunStatus.TIMEOUT and len(harness.llm.requests) == 1
+
+
+def test_a_step_commits_even_when_its_run_record_changed_underneath_without_fencing_it(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+
+    def record_touched_meanwhile(messages: list[dict[str, Any]]) -> LLMReply:
+        harness.store.update_run(run_id, lambda run: True)  # any write: the step's compare-and-set misses
+        return SIX_BY_SEVEN
+
+    harness.llm.script(record_touched_meanwhile, final("42"))
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    assert [s.index for s in harness.steps(run_id)] == [0, 1] and harness.run(run_id).answer == "42"
+    assert not harness.store.lease_held(run_id)
+
+
+def test_the_commit_lets_go_of_the_lease(harness: Harness) -> None:
+    harness.llm.script(SIX_BY_SEVEN)
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert not harness.store.lease_held(run_id) and harness.rt.leases.held() == []
+
+
+def test_a_redelivered_step_reuses_the_tool_results_a_dead_worker_stored(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+    harness.store.save_reply(run_id, 0, SIX_BY_SEVEN)
+    harness.store.save_tool_result(run_id, 0, Observation(call_id="c1", tool="calculator", content="42 (stored)"))
+    harness.llm.script(final("42"))
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    assert harness.steps(run_id)[0].observations[0].content == "42 (stored)"

@@ -24,8 +24,21 @@ from .core.sandbox_bridge import observation_from_sandbox
 from .errors import LLMError, ToolError
 from .names import STEP_TASK, STEPS_QUEUE
 from .runtime import Runtime
+from .store_cas import Snapshot
 
 log = logging.getLogger("reactq.step")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of step `index` that holds the run's lease (taken with `token`), and what it read
+    with it: the recorded steps, and the reply and tool results stored for this step by earlier ones."""
+
+    index: int
+    token: str
+    steps: list[Step]
+    stored_reply: LLMReply | None
+    stored_results: dict[str, Observation]
 
 
 @dataclass(frozen=True)
@@ -47,77 +60,88 @@ class StepRunner:
         """Make progress on step `index` of a run, and say what happened."""
         leases = self.rt.leases
         token = leases.new_token()
-        acquired, run, steps, stored = self.store.lease_and_load(run_id, index, token, leases.ttl_ms)
+        loaded = self.store.lease_and_load(run_id, index, token, leases.ttl_ms)
+        run = loaded.run
         if run is not None and run.status == RunStatus.CANCELLED and not run.cancel_recorded:
             self._record_cancel(run_id)
         live = run is not None and not run.status.finished and run.current_step == index
-        if not acquired:
+        if not loaded.acquired:
             # another delivery (or the step before, finishing) holds the run's lease
             return BUSY if live else FENCED
         leases.hold(run_id, token)
         try:
-            result = self._run_step(run, index, steps, stored) if live and run is not None else FENCED
+            if live and loaded.snapshot is not None:
+                delivery = Delivery(index, token, loaded.steps, loaded.reply, loaded.results)
+                result = self._run_step(loaded.snapshot, delivery)
+            else:
+                result = FENCED
         finally:
-            leases.release(run_id, token)
+            leases.release(run_id, token)  # unless the step's commit already let it go
         # Enqueue the next step only once the lease is gone: sent earlier, it could start (on another
         # thread or worker) while this step still held the lease, be fenced, and strand the run.
         if result.next_step is not None:
             self.dispatch.next_step(run_id, result.next_step)
         return result
 
-    def _run_step(self, run: Run, index: int, steps: list[Step], stored: LLMReply | None) -> StepOutcome:
-        limits = self.rt.limits
+    def _run_step(self, snap: Snapshot, d: Delivery) -> StepOutcome:
+        run, limits = snap.run, self.rt.limits
         started = time.time()
         if (end := engine.precheck(run, started, limits)) is not None:
-            return self._end(run, end, index, Outcome.ENDED)
+            return self._end(run, end, d.index, Outcome.ENDED)
         if run.status == RunStatus.QUEUED:
-            run = self.store.mark_running(run.id, index) or run
+            if (running := self.store.mark_running(snap, d.index)) is None:
+                return FENCED  # cancelled meanwhile
+            snap, run = running, running.run
 
-        reflecting = prompts.reflection_due(steps, self.rt.settings.reflect_every)
+        reflecting = prompts.reflection_due(d.steps, self.rt.settings.reflect_every)
         try:
-            reply = stored or self._reply(run, steps, index)
+            reply = d.stored_reply or self._ask(run, d.steps, d.index)
         except LLMError as exc:
-            return self._end(run, End(RunStatus.FAILED, str(exc)), index, Outcome.LLM_FAILED)
+            return self._end(run, End(RunStatus.FAILED, str(exc)), d.index, Outcome.LLM_FAILED)
 
         turn = self._parse(run.mode, reply)
         for warning in turn.warnings:
-            log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": index})
-        decision = engine.decide(run, steps, turn, self.rt.tools, limits,
+            log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
+        decision = engine.decide(run, d.steps, turn, self.rt.tools, limits,
                                  reflection=(reply.content or "") if reflecting else None)
         step = Step(
-            index=index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
+            index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
             cost_usd=cost_usd(run.model, reply.usage, self.rt.settings.prices_per_mtok),
             llm_ms=reply.duration_ms, started_at=started,
         )
 
         if isinstance(decision, Final):
             step.final_answer = decision.answer
-            return self._commit(run, step, Outcome.FINAL_ANSWER)
+            return self._commit(snap, d, step, Outcome.FINAL_ANSWER)
         if isinstance(decision, Reflect):
             step.thought, step.reflection = decision.thought, True
-            return self._commit(run, step, Outcome.REFLECTION)
+            return self._commit(snap, d, step, Outcome.REFLECTION)
         if isinstance(decision, Retry):
             metrics.PARSE_ERRORS.labels(decision.kind).inc()
             step.error = decision.error
-            return self._commit(run, step, Outcome.INVALID_OUTPUT, invalid=True)
+            return self._commit(snap, d, step, Outcome.INVALID_OUTPUT, invalid=True)
         if isinstance(decision, End):
             metrics.PARSE_ERRORS.labels(turn.error_kind or "loop").inc()
             step.error = decision.reason
             step.tool_calls = turn.calls
-            return self._commit(run, step, Outcome.ENDED, end=decision)
+            return self._commit(snap, d, step, Outcome.ENDED, end=decision)
 
+        # Acting has effects outside the run record: store the reply first, so that a redelivery acts
+        # on the same calls. (A reply that is recorded without acting is stored by the commit itself.)
+        if d.stored_reply is None and self.store.save_reply(run.id, d.index, reply) is not reply:
+            return FENCED  # another delivery, whose lease outlived ours, stored its reply first
         step.tool_calls = turn.calls
-        observations = self._execute(run, index, decision, turn.calls)
+        observations = self._execute(run, d, decision, turn.calls)
         if observations is None:
-            self.store.mark_running(run.id, index, waiting_on="sandbox")
+            self.store.mark_running(snap, d.index, waiting_on="sandbox")
             return WAITING
         step.observations = observations
         step.tools_ms = sum(o.duration_ms for o in observations)
-        return self._commit(run, step, Outcome.TOOL_CALLS)
+        return self._commit(snap, d, step, Outcome.TOOL_CALLS)
 
     # --- the LLM reply ----------------------------------------------------------------------
-    def _reply(self, run: Run, steps: list[Step], index: int) -> LLMReply:
-        """Ask the model, and store the reply before anything uses it."""
+    def _ask(self, run: Run, steps: list[Step], index: int) -> LLMReply:
+        """Ask the model for step `index`'s turn."""
         s = self.rt.settings
         tools = self.rt.tools.all()
         messages, compacted = prompts.build_messages(
@@ -137,7 +161,7 @@ class StepRunner:
         if compacted:
             metrics.SAFEGUARDS.labels("context_compacted").inc()
             log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})
-        return self.store.save_reply(run.id, index, reply)
+        return reply
 
     @staticmethod
     def _parse(mode: Mode, reply: LLMReply) -> ParsedTurn:
@@ -146,19 +170,19 @@ class StepRunner:
         return turn
 
     # --- tools --------------------------------------------------------------------------------
-    def _execute(self, run: Run, index: int, act: Act, calls: list[ToolCall]) -> list[Observation] | None:
+    def _execute(self, run: Run, d: Delivery, act: Act, calls: list[ToolCall]) -> list[Observation] | None:
         """Observations in the order the model asked, or None while sandboxed calls are pending."""
         by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
         for rejected in act.rejected:
             metrics.TOOL_CALLS.labels(_tool_label(rejected.tool, self.rt), rejected.outcome).inc()
         pending = False
         for planned in act.planned:
-            obs = self.store.get_tool_result(run.id, index, planned.call.id)
+            obs = d.stored_results.get(planned.call.id)
             if obs is None and planned.sandboxed:
-                obs = self._sandbox_result(run, index, planned)
+                obs = self._sandbox_result(run, d.index, planned)
                 pending = pending or obs is None
             elif obs is None:
-                obs = self.store.save_tool_result(run.id, index, self._run_inline(planned))
+                obs = self._run_inline(run.id, d.index, planned)
             if obs is not None:
                 by_id[planned.call.id] = obs
         if pending:
@@ -176,7 +200,8 @@ class StepRunner:
             ordered.append(obs.model_copy(update={"content": content}))
         return ordered
 
-    def _run_inline(self, planned: PlannedCall) -> Observation:
+    def _run_inline(self, run_id: str, index: int, planned: PlannedCall) -> Observation:
+        """Run one inline tool call (or take its result from the idempotent-tool cache) and store it."""
         tool = self.rt.tools.get(planned.tool)
         assert tool is not None
         t0 = time.monotonic()
@@ -189,9 +214,6 @@ class StepRunner:
         else:
             try:
                 content = tool.run(tool.args_model.model_validate(planned.arguments))
-                if tool.idempotent:
-                    self.store.cache_tool_result(tool.name, planned.arguments, content,
-                                                 self.rt.settings.tool_cache_ttl_s)
             except ToolError as exc:
                 content, outcome = f"Error: {exc}", "error"
                 metrics.TOOL_FAILURES.labels(tool.name, metrics.error_type_label(exc.error_type)).inc()
@@ -202,8 +224,11 @@ class StepRunner:
         seconds = time.monotonic() - t0
         metrics.TOOL_CALLS.labels(tool.name, outcome).inc()
         metrics.TOOL_DURATION.labels(tool.name).observe(seconds)
-        return Observation(call_id=planned.call.id, tool=tool.name, content=content, outcome=outcome,
-                           duration_ms=int(seconds * 1000))
+        obs = Observation(call_id=planned.call.id, tool=tool.name, content=content, outcome=outcome,
+                          duration_ms=int(seconds * 1000))
+        cache = ((tool.name, planned.arguments, self.rt.settings.tool_cache_ttl_s)
+                 if tool.idempotent and outcome == "ok" else None)
+        return self.store.save_tool_result(run_id, index, obs, cache)
 
     def _sandbox_result(self, run: Run, index: int, planned: PlannedCall) -> Observation | None:
         raw = self.store.get_sandbox_result(run.id, index, planned.call.id)
@@ -228,8 +253,10 @@ class StepRunner:
         return None
 
     # --- recording ----------------------------------------------------------------------------
-    def _commit(self, run: Run, step: Step, outcome: Outcome, *, invalid: bool = False,
+    def _commit(self, snap: Snapshot, d: Delivery, step: Step, outcome: Outcome, *, invalid: bool = False,
                 end: End | None = None) -> StepOutcome:
+        """Record the step (fenced on its index) and let go of the lease in the same transaction."""
+        run = snap.run
         step.finished_at = time.time()
         limits = self.rt.limits
 
@@ -237,9 +264,10 @@ class StepRunner:
             """The run's end once `r` (the stored record, the step's usage added) records the step."""
             return end or engine.after_step(r, step, step.finished_at, limits)
 
-        committed = self.store.commit_step(run.id, step, conclude, invalid=invalid)
+        committed = self.store.commit_step(snap, step, conclude, invalid=invalid, release_lease=d.token)
         if committed is None:
             return FENCED
+        self.rt.leases.forget(run.id, d.token)
         metrics.STEPS_TOTAL.labels(outcome.value).inc()
         log.info("step", extra={"run_id": run.id, "step": step.index, "outcome": outcome.value,
                                 "tools": [c.name for c in step.tool_calls],
