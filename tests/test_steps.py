@@ -306,3 +306,15 @@ def test_a_redelivered_step_reuses_the_tool_results_a_dead_worker_stored(harness
     harness.llm.script(final("42"))
     assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
     assert harness.steps(run_id)[0].observations[0].content == "42 (stored)"
+
+
+def test_an_idempotent_tool_result_is_cached_with_the_step_and_reused_by_the_next_run(make_harness: Any) -> None:
+    harness = make_harness(tool_cache_ttl_s=60)
+    harness.llm.script(SIX_BY_SEVEN, final("42"), SIX_BY_SEVEN, final("42"))
+    first = harness.submit("What is 6 * 7?")
+    harness.drain()
+    second = harness.submit("What is 6 times 7?")
+    harness.drain()
+    assert harness.steps(first)[0].observations[0].outcome == "ok"
+    assert harness.steps(second)[0].observations[0].outcome == "cached"
+    assert harness.steps(second)[0].observations[0].content == "42"

@@ -24,7 +24,7 @@ from .core.sandbox_bridge import observation_from_sandbox
 from .errors import LLMError, ToolError
 from .names import STEP_TASK, STEPS_QUEUE
 from .runtime import Runtime
-from .store_cas import Snapshot
+from .store_cas import Command, Snapshot
 
 log = logging.getLogger("reactq.step")
 
@@ -128,16 +128,22 @@ class StepRunner:
 
         # Acting has effects outside the run record: store the reply first, so that a redelivery acts
         # on the same calls. (A reply that is recorded without acting is stored by the commit itself.)
-        if d.stored_reply is None and self.store.save_reply(run.id, d.index, reply) is not reply:
+        ttl = self.rt.settings.tool_cache_ttl_s
+        cacheable = [p for p in decision.planned if p.idempotent and not p.sandboxed and ttl > 0
+                     and p.call.id not in d.stored_results]
+        ours, cached = self.store.prepare_act(run.id, d.index, None if d.stored_reply else reply,
+                                              [(p.tool, p.arguments) for p in cacheable])
+        if not ours:
             return FENCED  # another delivery, whose lease outlived ours, stored its reply first
         step.tool_calls = turn.calls
-        observations = self._execute(run, d, decision, turn.calls)
-        if observations is None:
+        from_cache = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}
+        executed = self._execute(run, d, decision, turn.calls, from_cache)
+        if executed is None:
             self.store.mark_running(snap, d.index, waiting_on="sandbox")
             return WAITING
-        step.observations = observations
-        step.tools_ms = sum(o.duration_ms for o in observations)
-        return self._commit(snap, d, step, Outcome.TOOL_CALLS)
+        step.observations, fresh = executed
+        step.tools_ms = sum(o.duration_ms for o in step.observations)
+        return self._commit(snap, d, step, Outcome.TOOL_CALLS, also=self.store.cache_commands(fresh, ttl))
 
     # --- the LLM reply ----------------------------------------------------------------------
     def _ask(self, run: Run, steps: list[Step], index: int) -> LLMReply:
@@ -170,19 +176,28 @@ class StepRunner:
         return turn
 
     # --- tools --------------------------------------------------------------------------------
-    def _execute(self, run: Run, d: Delivery, act: Act, calls: list[ToolCall]) -> list[Observation] | None:
-        """Observations in the order the model asked, or None while sandboxed calls are pending."""
+    def _execute(
+        self, run: Run, d: Delivery, act: Act, calls: list[ToolCall], cached: dict[str, str | None]
+    ) -> tuple[list[Observation], list[tuple[str, dict[str, Any], str]]] | None:
+        """Observations in the order the model asked, and the fresh results of idempotent tools (for
+        the cache); or None while sandboxed calls are pending. Results of tools with effects are stored
+        before anything else happens; an idempotent tool's result is recorded with the step."""
         by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
         for rejected in act.rejected:
             metrics.TOOL_CALLS.labels(_tool_label(rejected.tool, self.rt), rejected.outcome).inc()
         pending = False
+        fresh: list[tuple[str, dict[str, Any], str]] = []
         for planned in act.planned:
             obs = d.stored_results.get(planned.call.id)
             if obs is None and planned.sandboxed:
                 obs = self._sandbox_result(run, d.index, planned)
                 pending = pending or obs is None
             elif obs is None:
-                obs = self._run_inline(run.id, d.index, planned)
+                obs = self._run_inline(planned, cached.get(planned.call.id))
+                if not planned.idempotent:
+                    obs = self.store.save_tool_result(run.id, d.index, obs)
+                elif obs.outcome == "ok":
+                    fresh.append((planned.tool, planned.arguments, obs.content))
             if obs is not None:
                 by_id[planned.call.id] = obs
         if pending:
@@ -198,16 +213,13 @@ class StepRunner:
                 metrics.SAFEGUARDS.labels("repeat_hint").inc()
             content = engine.finish_observation(obs.content, hints.get(call_id), limits)
             ordered.append(obs.model_copy(update={"content": content}))
-        return ordered
+        return ordered, fresh
 
-    def _run_inline(self, run_id: str, index: int, planned: PlannedCall) -> Observation:
-        """Run one inline tool call (or take its result from the idempotent-tool cache) and store it."""
+    def _run_inline(self, planned: PlannedCall, cached: str | None) -> Observation:
+        """Run one inline tool call, or take its result from the idempotent-tool cache."""
         tool = self.rt.tools.get(planned.tool)
         assert tool is not None
         t0 = time.monotonic()
-        cached = (
-            self.store.cached_tool_result(tool.name, planned.arguments) if tool.idempotent else None
-        )
         outcome = "ok"
         if cached is not None:
             content, outcome = cached, "cached"
@@ -224,11 +236,8 @@ class StepRunner:
         seconds = time.monotonic() - t0
         metrics.TOOL_CALLS.labels(tool.name, outcome).inc()
         metrics.TOOL_DURATION.labels(tool.name).observe(seconds)
-        obs = Observation(call_id=planned.call.id, tool=tool.name, content=content, outcome=outcome,
-                          duration_ms=int(seconds * 1000))
-        cache = ((tool.name, planned.arguments, self.rt.settings.tool_cache_ttl_s)
-                 if tool.idempotent and outcome == "ok" else None)
-        return self.store.save_tool_result(run_id, index, obs, cache)
+        return Observation(call_id=planned.call.id, tool=tool.name, content=content, outcome=outcome,
+                           duration_ms=int(seconds * 1000))
 
     def _sandbox_result(self, run: Run, index: int, planned: PlannedCall) -> Observation | None:
         raw = self.store.get_sandbox_result(run.id, index, planned.call.id)
@@ -254,7 +263,7 @@ class StepRunner:
 
     # --- recording ----------------------------------------------------------------------------
     def _commit(self, snap: Snapshot, d: Delivery, step: Step, outcome: Outcome, *, invalid: bool = False,
-                end: End | None = None) -> StepOutcome:
+                end: End | None = None, also: list[Command] | None = None) -> StepOutcome:
         """Record the step (fenced on its index) and let go of the lease in the same transaction."""
         run = snap.run
         step.finished_at = time.time()
@@ -264,7 +273,8 @@ class StepRunner:
             """The run's end once `r` (the stored record, the step's usage added) records the step."""
             return end or engine.after_step(r, step, step.finished_at, limits)
 
-        committed = self.store.commit_step(snap, step, conclude, invalid=invalid, release_lease=d.token)
+        committed = self.store.commit_step(snap, step, conclude, invalid=invalid, release_lease=d.token,
+                                           also=also)
         if committed is None:
             return FENCED
         self.rt.leases.forget(run.id, d.token)

@@ -225,11 +225,11 @@ class RunStore:
 
     def commit_step(
         self, snapshot: Snapshot, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool = False,
-        release_lease: str | None = None,
+        release_lease: str | None = None, also: list[Command] | None = None,
     ) -> Committed | None:
         """Record step `step.index` and advance the run, only if the run is still at that step.
         `conclude` (pure) says whether the advanced record ends the run, and how. The lease held with
-        `release_lease` is let go in the same transaction."""
+        `release_lease` is let go, and the `also` writes are made, in the same transaction."""
         run_id = snapshot.run.id
 
         def mutate(run: Run) -> bool:
@@ -241,7 +241,7 @@ class RunStore:
         def extra(run: Run) -> list[Command]:
             data = step.model_dump_json()
             return [("RPUSH", keys.steps(run_id), data), _event(run_id, "step", data),
-                    *self._count_usage(run, step.usage, step.cost_usd)]
+                    *self._count_usage(run, step.usage, step.cost_usd), *(also or [])]
 
         written = self.write_run(run_id, mutate, extra, expect=snapshot, release_lease=release_lease)
         return None if written is None else Committed(written.run, conclude(written.run))
@@ -308,17 +308,34 @@ class RunStore:
         stored = self.get_reply(run_id, step)
         return stored or reply
 
-    def save_tool_result(self, run_id: str, step: int, obs: Observation,
-                         cache: tuple[str, dict[str, Any], int] | None = None) -> Observation:
-        """Store one call's result unless one is there already; return the one that counts. `cache`
-        (tool, arguments, ttl) also puts the content in the idempotent-tool cache, same round trip."""
+    def prepare_act(
+        self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]]
+    ) -> tuple[bool, list[str | None]]:
+        """Before a step acts, in one round trip: store its `reply` unless one is stored already (None:
+        it came from the store), and read the idempotent-tool cache for the `cacheable` (tool,
+        arguments) calls. Returns whether our reply is the one that counts, and the cached contents."""
+        pipe = self.r.pipeline(transaction=False)
+        if reply is not None:
+            pipe.set(keys.reply(run_id, step), reply.model_dump_json(), nx=True, ex=self.ttl)
+        for tool, arguments in cacheable:
+            pipe.get(keys.tool_cache(tool, self._digest(arguments)))
+        results = pipe.execute()
+        stored = bool(results.pop(0)) if reply is not None else True
+        return stored, [r.decode() if r else None for r in results]
+
+    def cache_commands(self, entries: list[tuple[str, dict[str, Any], str]], ttl_s: int) -> list[Command]:
+        """Writes that put (tool, arguments, content) results in the idempotent-tool cache."""
+        if ttl_s <= 0:
+            return []
+        return [("SET", keys.tool_cache(tool, self._digest(arguments)), content, "EX", ttl_s)
+                for tool, arguments, content in entries]
+
+    def save_tool_result(self, run_id: str, step: int, obs: Observation) -> Observation:
+        """Store one call's result unless one is there already; return the one that counts."""
         key = keys.tool_results(run_id, step)
         pipe = self.r.pipeline(transaction=False)
         pipe.hsetnx(key, obs.call_id, obs.model_dump_json())
         pipe.expire(key, self.ttl)
-        if cache is not None and cache[2] > 0:
-            tool, arguments, ttl_s = cache
-            pipe.set(keys.tool_cache(tool, self._digest(arguments)), obs.content, ex=ttl_s)
         if pipe.execute()[0]:
             return obs
         stored = self.r.hget(key, obs.call_id)
@@ -347,10 +364,6 @@ class RunStore:
     @staticmethod
     def _digest(arguments: dict[str, Any]) -> str:
         return hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:32]
-
-    def cached_tool_result(self, tool: str, arguments: dict[str, Any]) -> str | None:
-        raw = self.r.get(keys.tool_cache(tool, self._digest(arguments)))
-        return raw.decode() if raw else None
 
     # --- batches, usage, reaper ----------------------------------------------------------------
     def create_batch(self, batch_id: str, meta: dict[str, str]) -> None:
