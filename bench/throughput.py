@@ -335,6 +335,9 @@ def main() -> int:
     ap.add_argument("--b-window", type=float, default=30.0)
     ap.add_argument("--loglevel", default="WARNING", help="worker log level (floor and reactq alike)")
     ap.add_argument("--only", choices=["a", "b"], default=None, help="measure one case (a: ~1 minute)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure case (a) this many times, floor and reactq alternated, and compare the best "
+                         "of each (on a shared machine, other load can only lower a measurement)")
     ap.add_argument("--out", default=None, help="write a markdown report here")
     args = ap.parse_args()
 
@@ -344,14 +347,20 @@ def main() -> int:
     verdicts: list[tuple[str, float, float, bool]] = []
     try:
         if args.only in (None, "a"):
-            fa = bench.floor("a", "threads", 0, args.a_in_flight, args.a_concurrency, args.a_warmup, args.a_window)
-            results.append(fa)
-            print(table([fa]), flush=True)
-            ra = bench.reactq("a", 0, args.a_in_flight, args.a_concurrency, args.a_warmup, args.a_window)
-            results.append(ra)
-            ratio = ra.rate / fa.rate if fa.rate else 0.0
+            floors_a, reactqs_a = [], []
+            for _ in range(args.repeat):  # alternated, so a burst of other load hits both sides alike
+                fa = bench.floor("a", "threads", 0, args.a_in_flight, args.a_concurrency, args.a_warmup,
+                                 args.a_window)
+                results.append(fa)
+                floors_a.append(fa)
+                print(table([fa]), flush=True)
+                ra = bench.reactq("a", 0, args.a_in_flight, args.a_concurrency, args.a_warmup, args.a_window)
+                results.append(ra)
+                reactqs_a.append(ra)
+                print(table([ra]), flush=True)
+            best_floor, best_reactq = max(r.rate for r in floors_a), max(r.rate for r in reactqs_a)
+            ratio = best_reactq / best_floor if best_floor else 0.0
             verdicts.append(("a", ratio, 0.8, ratio >= 0.8))
-            print(table([ra]), flush=True)
         if args.only in (None, "b"):
             floors = []
             for pool in ("threads", "gevent"):
@@ -374,7 +383,8 @@ def main() -> int:
     machine = f"nproc {os.cpu_count()}, Python {platform.python_version()}, {platform.platform()}"
     report = [f"command: `{command}`", f"machine: {machine}", "", table(results), ""]
     for label, ratio, target, ok in verdicts:
-        report.append(f"({label}) reactq / floor = {ratio:.2f} (target >= {target}): {'met' if ok else 'MISSED'}")
+        best = " (best of each)" if label == "a" and args.repeat > 1 else ""
+        report.append(f"({label}) reactq / floor{best} = {ratio:.2f} (target >= {target}): {'met' if ok else 'MISSED'}")
     problems = [f"{r.system} {r.pool} ({r.label}): {e}" for r in results for e in r.errors]
     notes = [f"{r.system} ({r.label}): {r.notes}" for r in results if r.notes]
     report += [""] + notes + problems + [f"logs: {logdir}"]
