@@ -126,18 +126,23 @@ class StepRunner:
             step.tool_calls = turn.calls
             return self._commit(snap, d, step, Outcome.ENDED, end=decision)
 
-        # Acting has effects outside the run record: store the reply first, so that a redelivery acts
-        # on the same calls. (A reply that is recorded without acting is stored by the commit itself.)
-        ttl = self.rt.settings.tool_cache_ttl_s
-        cacheable = [p for p in decision.planned if p.idempotent and not p.sandboxed and ttl > 0
+        step.tool_calls = turn.calls
+        return self._act(snap, d, step, decision, reply)
+
+    def _act(self, snap: Snapshot, d: Delivery, step: Step, act: Act, reply: LLMReply) -> StepOutcome:
+        """Run the step's tool calls (or send its sandboxed ones) and record the step once all answered.
+
+        Acting has effects outside the run record: the reply is stored first, so that a redelivery acts
+        on the same calls. (A reply that is recorded without acting is stored by the commit itself.)"""
+        run, ttl = snap.run, self.rt.settings.tool_cache_ttl_s
+        cacheable = [p for p in act.planned if p.idempotent and not p.sandboxed and ttl > 0
                      and p.call.id not in d.stored_results]
         ours, cached = self.store.prepare_act(run.id, d.index, None if d.stored_reply else reply,
                                               [(p.tool, p.arguments) for p in cacheable])
         if not ours:
             return FENCED  # another delivery, whose lease outlived ours, stored its reply first
-        step.tool_calls = turn.calls
         from_cache = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}
-        executed = self._execute(run, d, decision, turn.calls, from_cache)
+        executed = self._execute(run, d, act, step.tool_calls, from_cache)
         if executed is None:
             self.store.mark_running(snap, d.index, waiting_on="sandbox")
             return WAITING
