@@ -131,11 +131,10 @@ def test_sandbox_worker_killed_mid_execution_leaves_no_container_and_the_run_res
     assert victims_containers() == []
 
 
-@pytest.mark.parametrize("mode", ["tools", "text"])
-def test_a_reflection_answered_in_prose_is_a_thought_and_the_run_goes_on(cluster: Cluster, mode: str) -> None:
-    cluster.start_worker(queues="steps", concurrency=4, REACTQ_REFLECT_EVERY="1", REACTQ_MODE=mode)
-    run = json.loads(cluster.reactq("ask", "What is 17 * 23 + 4?", "--wait", "--json", "--timeout", "60",
-                                    REACTQ_MODE=mode).stdout)
+def test_a_reflection_answered_in_prose_is_a_thought_and_the_run_goes_on(cluster: Cluster) -> None:
+    """Tools mode, where a prose reply would otherwise be the final answer (text mode: tests/test_steps.py)."""
+    cluster.start_worker(queues="steps", concurrency=4, REACTQ_REFLECT_EVERY="1")
+    run = json.loads(cluster.reactq("ask", "What is 17 * 23 + 4?", "--wait", "--json", "--timeout", "60").stdout)
     assert run["status"] == "succeeded" and run["answer"] == "395", run
     trace = json.loads(cluster.reactq("trace", run["run_id"], "--json").stdout)["trace"]
     assert [s["reflection"] for s in trace] == [False, True, False]

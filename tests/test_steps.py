@@ -318,3 +318,17 @@ def test_an_idempotent_tool_result_is_cached_with_the_step_and_reused_by_the_nex
     assert harness.steps(first)[0].observations[0].outcome == "ok"
     assert harness.steps(second)[0].observations[0].outcome == "cached"
     assert harness.steps(second)[0].observations[0].content == "42"
+
+
+def test_in_text_mode_a_reflection_is_a_thought_but_an_explicit_final_answer_still_ends_the_run(
+    make_harness: Any,
+) -> None:
+    harness = make_harness(reflect_every=1, mode="text")
+    action = LLMReply(content='Thought: compute\nAction: calculator\nAction Input: {"expression": "6*7"}')
+    harness.llm.script(action, final("I have 42 so far; the approach works."),
+                       LLMReply(content='Thought: add one\nAction: calculator\nAction Input: {"expression": "42+1"}'),
+                       final("Thought: I now know the final answer\nFinal Answer: 43"))
+    run_id = harness.submit("What is 6 * 7 + 1?")
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.REFLECTION, Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    assert (harness.run(run_id).status, harness.run(run_id).answer) == (RunStatus.SUCCEEDED, "43")
+    assert harness.steps(run_id)[1].thought == "I have 42 so far; the approach works."
