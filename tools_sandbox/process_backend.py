@@ -17,7 +17,9 @@ commands, before any untrusted code) in the new namespaces.
 What both lack: cgroup memory/CPU/pids limits (RLIMIT_NPROC counts every process of
 uid 65534 on the host, RLIMIT_AS is not a cgroup limit), seccomp filtering, and a
 separate view of /usr (host-installed python packages are visible read-only).
-Used only when chosen, or when no Docker engine answers; REACTQ_SANDBOX_PROCESS_CONFINEMENT
+CPU time is the host's figure: wait4 on bwrap/unshare once the namespace's init has been
+killed and reaped sums every process the sandbox ran (see `_stop`), never the agent's report.
+Used only when chosen (`process`, or `auto` with no Docker engine); REACTQ_SANDBOX_PROCESS_CONFINEMENT
 (auto | bwrap | unshare) picks the confinement, auto = bwrap when installed, else unshare.
 """
 
@@ -36,7 +38,9 @@ import time
 from .config import SandboxSettings
 from .errors import SandboxUnavailable
 from .models import SandboxResult, Tier
-from .protocol import FrameParser, agent_source, decode, encode_request, interpret_exit
+from .outcome import HostFacts, finish
+from .protocol import FrameParser, agent_source, decode, encode_request
+from .sweeper import ReapReason, SweepPolicy
 
 _ERR_CAP = 4096
 NOBODY = 65534
@@ -100,6 +104,10 @@ class ProcessBackend:
     def close(self) -> None:
         self._bwrap = None
         self._unshare = None
+
+    def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
+        """Nothing outlives a call here: each sandbox is killed at its end and dies with this worker."""
+        return []
 
     def _probe_unshare(self) -> None:
         """Build one empty sandbox now, so a host that forbids it fails at start, not per call."""
@@ -222,64 +230,99 @@ class ProcessBackend:
         parser = FrameParser(cap=tier.output_bytes)
         agent_err = bytearray()
         timed_out = False
-        assert proc.stdin and proc.stdout and proc.stderr
+        cpu: float | None = None
         try:
-            proc.stdin.write(encode_request(code, tier, as_bytes=tier.memory_mb * 1024 * 1024,
-                                            nproc=tier.pids))
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ, "out")
-        sel.register(proc.stderr, selectors.EVENT_READ, "err")
-        open_streams = 2
-        while open_streams and parser.exit is None and parser.protocol_error is None and not parser.truncated:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(remaining):
-                data = os.read(key.fileobj.fileno(), 65536)
-                if not data:
-                    sel.unregister(key.fileobj)
-                    open_streams -= 1
-                elif key.data == "out":
-                    parser.feed(data)
-                elif len(agent_err) < _ERR_CAP:
-                    agent_err += data[: _ERR_CAP - len(agent_err)]
-        sel.close()
-        self._kill(proc)
-        exit_code: int | None = None
-        oom = False
-        error = None
-        note = ""
-        if parser.exit is not None and not timed_out:
-            info = interpret_exit(parser.exit, tier)
-            exit_code, note = info.exit_code, info.stderr_note
-            timed_out = info.cpu_limited
-            oom = info.memory_error
-            parser.truncated = parser.truncated or bool(parser.exit.get("truncated"))
-        elif not timed_out and not parser.truncated:
-            why = parser.protocol_error or "the sandbox exited without a result"
-            error = f"sandbox_failed: {why}; {self._tool()} said: {decode(agent_err)[-500:]!r}"
-        return SandboxResult(
-            exit_code=exit_code, stdout=decode(parser.stdout), stderr=decode(parser.stderr) + note,
-            timed_out=timed_out, oom_killed=oom, truncated=parser.truncated,
-            duration_ms=int((time.monotonic() - started) * 1000), tier=tier.name, error=error,
-            backend=self.name,
-        ).with_cpu(parser.exit.get("cpu_s") if parser.exit else None)
+            assert proc.stdin and proc.stdout and proc.stderr
+            try:
+                proc.stdin.write(encode_request(code, tier, as_bytes=tier.memory_mb * 1024 * 1024,
+                                                nproc=tier.pids))
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ, "out")
+                sel.register(proc.stderr, selectors.EVENT_READ, "err")
+                open_streams = 2
+                while open_streams and parser.exit is None and parser.protocol_error is None \
+                        and not parser.truncated:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        timed_out = True
+                        break
+                    for key, _ in sel.select(remaining):
+                        data = os.read(key.fd, 65536)
+                        if not data:
+                            sel.unregister(key.fileobj)
+                            open_streams -= 1
+                        elif key.data == "out":
+                            parser.feed(data)
+                        elif len(agent_err) < _ERR_CAP:
+                            agent_err += data[: _ERR_CAP - len(agent_err)]
+        finally:
+            cpu = self._stop(proc)
+        facts = HostFacts(started=started, timed_out=timed_out, cpu_seconds=cpu, agent_said=bytes(agent_err))
+        return finish(tier, self.name, parser, facts)
 
     def _tool(self) -> str:
         return "unshare" if self._unshare is not None else "bwrap"
 
     @staticmethod
-    def _kill(proc: subprocess.Popen[bytes]) -> None:
-        """Kill the session: bwrap or unshare and its namespace's init, which takes the pid namespace with it."""
+    def _stop(proc: subprocess.Popen[bytes]) -> float | None:
+        """Kill the sandbox and return the CPU seconds of its whole process tree (None if unmeasurable).
+
+        The namespace's init is killed first (the kernel then kills every process in the pid
+        namespace, double-forked orphans included, and the init reaps them), so bwrap or
+        unshare, our direct child, reaps it and exits by itself: wait4 on it then sums the CPU
+        time of every process the sandbox ever ran. Only if that does not happen promptly is
+        the whole session killed, and the CPU time is unknown (the quota then charges wall
+        time x CPUs).
+        """
+        for child in _children(proc.pid):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+        cpu: float | None = None
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                cpu = usage.ru_utime + usage.ru_stime
+                break
+            time.sleep(0.002)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
+        if proc.returncode is None:
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
-                stream.close()
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        return cpu
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (the sandbox's namespace init)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
