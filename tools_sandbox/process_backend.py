@@ -35,6 +35,7 @@ import signal
 import subprocess
 import time
 
+from .cgroup import ProcessCgroup, Usage
 from .config import SandboxSettings
 from .errors import SandboxUnavailable
 from .models import SandboxResult, Tier
@@ -206,13 +207,24 @@ class ProcessBackend:
             self._libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     def execute(self, code: str, tier: Tier) -> SandboxResult:
+        if tier.runtime is not None:
+            raise SandboxUnavailable(
+                f"tier {tier.name} requires the OCI runtime {tier.runtime!r}, which the process backend cannot "
+                "provide; the tier is unavailable rather than run with weaker isolation"
+            )
         started = time.monotonic()
         deadline = started + tier.wall_time_s
         # bwrap runs unprivileged (it sets up a user namespace); unshare needs root to mount.
         drop = os.geteuid() == 0 and self._unshare is None
         fsize = tier.tmpfs_mb * 1024 * 1024
 
+        cgroup = ProcessCgroup.create() if os.geteuid() == 0 else None
+        if cgroup is not None and drop:
+            cgroup.delegate(NOBODY)
+
         def limits() -> None:
+            if cgroup is not None:
+                cgroup.join()
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
             resource.setrlimit(resource.RLIMIT_NOFILE, (tier.nofile, tier.nofile))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -225,12 +237,14 @@ class ProcessBackend:
                 user=NOBODY if drop else None, group=NOBODY if drop else None,
                 extra_groups=[] if drop else None, cwd="/",
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
+            if cgroup is not None:
+                cgroup.remove()
             raise SandboxUnavailable(f"cannot start {self._tool()}: {exc}") from exc
         parser = FrameParser(cap=tier.output_bytes)
         agent_err = bytearray()
         timed_out = False
-        cpu: float | None = None
+        usage: Usage | None = None
         try:
             assert proc.stdin and proc.stdout and proc.stderr
             try:
@@ -259,23 +273,26 @@ class ProcessBackend:
                         elif len(agent_err) < _ERR_CAP:
                             agent_err += data[: _ERR_CAP - len(agent_err)]
         finally:
-            cpu = self._stop(proc)
-        facts = HostFacts(started=started, timed_out=timed_out, cpu_seconds=cpu, agent_said=bytes(agent_err))
+            usage = self._stop(proc, cgroup)
+        facts = HostFacts(started=started, timed_out=timed_out, agent_said=bytes(agent_err),
+                          cpu_seconds=usage.cpu_seconds if usage is not None else None,
+                          memory_peak_bytes=usage.memory_peak_bytes if usage is not None else None)
         return finish(tier, self.name, parser, facts)
 
     def _tool(self) -> str:
         return "unshare" if self._unshare is not None else "bwrap"
 
     @staticmethod
-    def _stop(proc: subprocess.Popen[bytes]) -> float | None:
+    def _stop(proc: subprocess.Popen[bytes], cgroup: ProcessCgroup | None) -> Usage | None:
         """Kill the sandbox and return the CPU seconds of its whole process tree (None if unmeasurable).
 
-        The namespace's init is killed first (the kernel then kills every process in the pid
-        namespace, double-forked orphans included, and the init reaps them), so bwrap or
-        unshare, our direct child, reaps it and exits by itself: wait4 on it then sums the CPU
-        time of every process the sandbox ever ran. Only if that does not happen promptly is
-        the whole session killed, and the CPU time is unknown (the quota then charges wall
-        time x CPUs).
+        With a cgroup (a root worker), every process the sandbox started is in it, however it
+        forked, reparented or ptraced: all are killed and the cgroup's totals read, exactly.
+        Without one (best effort): the namespace's init is killed first (the kernel then kills
+        every process in the pid namespace and the init reaps them), so bwrap or unshare, our
+        direct child, reaps it and exits, and wait4 on it sums the CPU time of the processes
+        reaped along that chain. A program that breaks the chain (a ptrace of its agent) can
+        hide CPU time there: run the process backend as root, or use Docker.
         """
         for child in _children(proc.pid):
             try:
@@ -286,12 +303,12 @@ class ProcessBackend:
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             try:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid:
                 proc.returncode = os.waitstatus_to_exitcode(status)
-                cpu = usage.ru_utime + usage.ru_stime
+                cpu = rusage.ru_utime + rusage.ru_stime
                 break
             time.sleep(0.002)
         try:
@@ -300,13 +317,18 @@ class ProcessBackend:
             pass
         if proc.returncode is None:
             proc.wait()
+        usage = Usage(cpu, None, 0) if cpu is not None else None
+        if cgroup is not None:
+            cgroup.kill_all()
+            usage = cgroup.usage() or usage
+            cgroup.remove()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 try:
                     stream.close()
                 except OSError:
                     pass
-        return cpu
+        return usage
 
 
 def _children(pid: int) -> list[int]:
