@@ -25,7 +25,7 @@ from .models import ErrorKind, SandboxResult, Tier
 from .pool import WarmPool
 from .process_backend import ProcessBackend
 from .quotas import QuotaGate, Rejection
-from .sweeper import Sweeper, SweepPolicy
+from .sweeper import ReapReason, Sweeper, SweepPolicy
 from .tiers import get_tier, load_tiers
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,8 @@ class SandboxService:
         except SandboxUnavailable as exc:
             self.start_error = str(exc)
             return
+        for _ in self.pool.reaped if self.pool is not None else []:
+            REAPED.labels(reason=ReapReason.ORPHAN.value).inc()
         policy = self.sweep_policy()
         backend = self.backend
         self.sweeper = Sweeper(lambda: backend.sweep(policy), self.settings.sandbox_sweep_interval_s,
