@@ -146,4 +146,5 @@ def test_observation_method_uses_the_same_renderer():
     from tools_sandbox import SandboxResult
 
     raw = result(exit_code=1, stdout="partial", stderr="boom")
-    assert SandboxResult.model_validate_json(raw).observation() == observation_from_sandbox("c", "python", raw)[0].content
+    via_bridge = observation_from_sandbox("c", "python", raw)[0].content
+    assert SandboxResult.model_validate_json(raw).observation() == via_bridge
