@@ -261,6 +261,7 @@ def test_a_forged_zero_cpu_claim_is_not_believed(one_shot: SandboxService) -> No
     # forgery cannot reach the agent at all: an ordinary PermissionError).
     assert result.error_kind is None and result.exit_code == (0 if one_shot.backend_name == "docker" else 1)
     assert result.cpu_seconds is not None and result.cpu_seconds >= 0.45, result
+    assert result.memory_peak_bytes is not None  # measured in the sandbox's cgroup, not estimated
 
 
 @pytest.mark.docker
@@ -272,6 +273,7 @@ def test_an_orphaned_cpu_burner_is_charged_and_the_quota_then_refuses(
         first = svc.execute(ORPHAN_BURNER, tier="burn", tenant="acme")
         assert first.stdout == "parent idle, orphan done\n" and first.error_kind is None, first
         assert first.cpu_seconds is not None and first.cpu_seconds >= 1.4, first
+        assert first.memory_peak_bytes is not None  # the cgroup's figure, not the wall-time estimate
         second = svc.execute("print(1)", tier="burn", tenant="acme")
     assert second.error_kind is ErrorKind.QUOTA_EXCEEDED and second.quota == "cpu_seconds_per_day", second
     assert "cpu_seconds_per_day" in render_result(second).text

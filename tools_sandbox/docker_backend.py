@@ -229,7 +229,8 @@ class DockerBackend:
         removal when this returns, whatever happened."""
         started = started if started is not None else time.monotonic()
         tier = sandbox.tier
-        deadline = started + tier.wall_time_s
+        # The wall time is the program's: it starts when the code is sent, not while a container started.
+        deadline = time.monotonic() + tier.wall_time_s
         parser = FrameParser(cap=tier.output_bytes)
         demux = _Demux(parser)
         timed_out = False
