@@ -48,6 +48,7 @@ class WarmPool:
         self._ready: dict[str, deque[DockerSandbox]] = {name: deque() for name in tiers}
         self._building: dict[str, int] = dict.fromkeys(tiers, 0)
         self._takes: dict[str, deque[float]] = {name: deque() for name in tiers}
+        self._waiting: dict[str, int] = dict.fromkeys(tiers, 0)
         self._build_s = 0.3  # moving average of one container's build time
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -99,18 +100,28 @@ class WarmPool:
         rate = len(takes) / RATE_WINDOW_S
         return min(self.max_size, max(base, math.ceil(rate * self._build_s * 1.5)))
 
-    def acquire(self, tier: Tier) -> DockerSandbox:
-        """A ready sandbox of `tier` (warm if available, else started now)."""
+    def acquire(self, tier: Tier, wait_s: float = 30.0) -> DockerSandbox:
+        """A ready sandbox of `tier`: warm if one is ready; for a pooled tier whose builders are busy,
+        the next one they finish (a queue of callers each starting a container at once only slows
+        the engine down); else one started now."""
+        deadline = time.monotonic() + wait_s
         with self._lock:
-            if self._closing:
-                raise SandboxUnavailable("the sandbox pool is closed")
-            ready = self._ready.get(tier.name)
-            sandbox = ready.popleft() if ready else None
             if tier.name in self._takes:
                 self._takes[tier.name].append(time.monotonic())
             self._wake.notify_all()
-        if sandbox is not None:
-            return sandbox
+            while True:
+                if self._closing:
+                    raise SandboxUnavailable("the sandbox pool is closed")
+                ready = self._ready.get(tier.name)
+                if ready:
+                    return ready.popleft()
+                if tier.name not in self.sizes or self._building[tier.name] == 0 or time.monotonic() >= deadline:
+                    break
+                self._waiting[tier.name] += 1
+                try:
+                    self._wake.wait(timeout=deadline - time.monotonic())
+                finally:
+                    self._waiting[tier.name] -= 1
         self.cold_starts += 1
         return self.backend.create_sandbox(tier)
 
@@ -152,7 +163,7 @@ class WarmPool:
     def _deficit(self) -> str | None:
         now = time.monotonic()
         for name in self.sizes:
-            if len(self._ready[name]) + self._building[name] < self.target(name, now):
+            if len(self._ready[name]) + self._building[name] < self.target(name, now) + self._waiting[name]:
                 return name
         return None
 
@@ -187,6 +198,7 @@ class WarmPool:
                 closing = self._closing
                 if not closing:
                     self._ready[name].append(sandbox)
+                    self._wake.notify_all()
             if closing:
                 self.backend.destroy(sandbox)
                 return
