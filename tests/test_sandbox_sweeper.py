@@ -125,3 +125,18 @@ def test_leaked_containers_are_swept_and_counted(sandbox_image: str, docker_engi
         assert warm <= running
     for reason in ("expired", "leftover", "orphan"):
         assert _reaped(reason) >= before[reason] + 1, reason
+
+
+def test_the_pool_grows_with_the_take_rate_and_is_capped() -> None:
+    from tools_sandbox.docker_backend import DockerBackend
+    from tools_sandbox.pool import RATE_WINDOW_S, WarmPool
+
+    tiers = parse_tiers(TEST_TIERS)
+    pool = WarmPool(DockerBackend(), tiers, {"tiny": 2}, max_size=6)  # never started: no engine needed
+    assert pool.target("tiny", now=NOW) == 2 and pool.target("roomy", now=NOW) == 0
+    pool._build_s = 0.3
+    pool._takes["tiny"].extend(sorted(NOW - i * RATE_WINDOW_S / 100 for i in range(100)))  # 10 takes/s
+    assert pool.target("tiny", now=NOW) == 5  # ceil(10/s x 0.3 s x 1.5)
+    pool._takes["tiny"].extend([NOW] * 400)
+    assert pool.target("tiny", now=NOW) == 6  # the cap
+    assert pool.target("tiny", now=NOW + 2 * RATE_WINDOW_S) == 2  # traffic stopped: back to the base
