@@ -69,7 +69,13 @@ def test_a_dead_owners_container_is_an_orphan_at_once() -> None:
     assert verdict(container(0.5), owner_alive=False) is ReapReason.ORPHAN
 
 
-def test_stopped_containers_are_leftovers_after_wall_time_and_grace() -> None:
+def test_stopped_containers_are_leftovers_after_the_grace_since_they_stopped() -> None:
+    old_but_just_stopped = container(900, state="exited")
+    assert policy().verdict(old_but_just_stopped, now=NOW, executing_since=None, owner_alive=True,
+                            stopped_at=NOW - 1) is None
+    assert policy().verdict(old_but_just_stopped, now=NOW, executing_since=None, owner_alive=True,
+                            stopped_at=NOW - 6) is ReapReason.LEFTOVER
+    # When the engine cannot say when it stopped: by age, like a container that never started.
     assert verdict(container(6, state="exited")) is None
     assert verdict(container(8, state="exited")) is ReapReason.LEFTOVER
     assert verdict(container(8, state="created")) is ReapReason.LEFTOVER

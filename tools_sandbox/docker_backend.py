@@ -27,6 +27,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import docker
 import docker.errors
@@ -389,14 +390,24 @@ class DockerBackend:
         for c in self.list_sandboxes():
             cid = c["Id"]
             owner = (c.get("Labels") or {}).get(LABEL_OWNER, "")
+            stopped_at = self._stopped_at(cid) if c.get("State") not in ("running", "created") else None
             reason = policy.verdict(c, now=now, executing_since=self.executing_since(cid),
-                                    owner_alive=owner_alive(owner))
+                                    owner_alive=owner_alive(owner), stopped_at=stopped_at)
             if reason is None:
                 continue
             self.kill_id(cid)
             if self.remove_now(cid):
                 reaped.append((cid, reason))
         return reaped
+
+    def _stopped_at(self, container_id: str) -> float | None:
+        """When a stopped container stopped (epoch seconds); None if the engine cannot say."""
+        try:
+            finished = str(self.api.inspect_container(container_id)["State"].get("FinishedAt") or "")
+            stamp = datetime.fromisoformat(finished[:26].rstrip("Z") + "+00:00")
+        except Exception:  # noqa: BLE001 - gone meanwhile, or an odd timestamp: judge by age instead
+            return None
+        return stamp.timestamp() if stamp.year > 1 else None
 
     def list_sandboxes(self) -> list[dict]:
         return self.api.containers(all=True, filters={"label": f"{LABEL}=1"})

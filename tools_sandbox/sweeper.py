@@ -12,8 +12,9 @@ Rules, per labelled container (its tier from its label; a tier this worker does 
   executes for at most its wall time, so a container of any live, healthy worker — this one or
   another sharing the engine — never reaches this age. Idle warm containers are therefore not
   swept for being old: age is counted from creation only past the point no execution can reach.
-- `leftover`: not running (killed, or never started) and older than the tier's wall time + grace:
-  a removal that failed, or a creation that was abandoned.
+- `leftover`: stopped for longer than the grace (a removal that failed), or created and never
+  started for longer than the tier's wall time + grace (an abandoned creation). Counted from the
+  stop, not the creation: the worker that just stopped a container may still be inspecting it.
 Start-up additionally reaps orphans before the pool fills (DockerBackend.reap_orphans).
 """
 
@@ -53,13 +54,15 @@ class SweepPolicy:
         return tier.max_idle_s if tier.max_idle_s is not None else self.default_max_idle_s
 
     def verdict(self, container: dict, *, now: float, executing_since: float | None,
-                owner_alive: bool) -> ReapReason | None:
+                owner_alive: bool, stopped_at: float | None = None) -> ReapReason | None:
         """Whether (and why) one container from the engine's list must go now."""
         tier = self.tiers.get((container.get("Labels") or {}).get("reactq.sandbox.tier", ""))
         age = now - float(container.get("Created") or now)
         running = container.get("State") == "running"
         wall = tier.wall_time_s if tier is not None else UNKNOWN_TIER_CAP_S
         if not running:
+            if stopped_at is not None:
+                return ReapReason.LEFTOVER if now - stopped_at > self.grace_s else None
             return ReapReason.LEFTOVER if age > wall + self.grace_s else None
         if executing_since is not None and tier is not None and now - executing_since > wall + self.grace_s:
             return ReapReason.OVERRAN
