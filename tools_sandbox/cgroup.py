@@ -16,6 +16,7 @@ reparents or ptraces, so its CPU time is exact.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 import uuid
@@ -227,14 +228,17 @@ class CgroupMeter(CgroupFiles):
             pass
         except OSError:
             return False
+        # The pidfd turns readable when the init has exited, which the kernel lets happen only once
+        # every other process of its pid namespace is gone: one wake-up, no polling.
+        waiter = select.poll()
+        waiter.register(self.pidfd, select.POLLIN)
         deadline = time.monotonic() + timeout
-        delay = 0.0002
-        while time.monotonic() < deadline:
-            if self.empty():
-                return True
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
-        return False
+        waiter.poll(timeout * 1000)
+        while not self.empty():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     def close(self) -> None:
         try:

@@ -51,7 +51,8 @@ class WarmPool:
         self._waiting: dict[str, int] = dict.fromkeys(tiers, 0)
         self._build_s = 0.3  # moving average of one container's build time
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._wake = threading.Condition(self._lock)  # builders: a deficit may have appeared
+        self._arrived = threading.Condition(self._lock)  # callers waiting: a sandbox is ready
         self._closing = False
         self._threads: list[threading.Thread] = []
         self.reaped: list[str] = []
@@ -108,7 +109,7 @@ class WarmPool:
         with self._lock:
             if tier.name in self._takes:
                 self._takes[tier.name].append(time.monotonic())
-            self._wake.notify_all()
+            self._wake.notify()
             while True:
                 if self._closing:
                     raise SandboxUnavailable("the sandbox pool is closed")
@@ -118,8 +119,9 @@ class WarmPool:
                 if tier.name not in self.sizes or self._building[tier.name] == 0 or time.monotonic() >= deadline:
                     break
                 self._waiting[tier.name] += 1
+                self._wake.notify()
                 try:
-                    self._wake.wait(timeout=deadline - time.monotonic())
+                    self._arrived.wait(timeout=deadline - time.monotonic())
                 finally:
                     self._waiting[tier.name] -= 1
         self.cold_starts += 1
@@ -150,6 +152,7 @@ class WarmPool:
         with self._lock:
             self._closing = True
             self._wake.notify_all()
+            self._arrived.notify_all()
         for thread in self._threads:
             thread.join(timeout=30)
         self._threads = []
@@ -198,7 +201,7 @@ class WarmPool:
                 closing = self._closing
                 if not closing:
                     self._ready[name].append(sandbox)
-                    self._wake.notify_all()
+                    self._arrived.notify()
             if closing:
                 self.backend.destroy(sandbox)
                 return
