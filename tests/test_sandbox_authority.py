@@ -327,3 +327,25 @@ def test_auto_without_an_engine_names_the_weaker_isolation(monkeypatch, authorit
 
 def test_tiers_file_may_name_a_runtime(authority_tiers: Path) -> None:
     assert load_tiers(authority_tiers)["gvisor"].runtime == "runsc-not-installed"
+
+
+@pytest.mark.docker
+def test_without_a_view_of_the_cgroup_the_engine_measures_and_kills(sandbox_image: str, authority_tiers: Path,
+                                                                     docker_engine) -> None:
+    """A remote engine (dind): no local cgroup or pidfd, so the stats API measures and the API kills."""
+    from tools_sandbox.docker_backend import DockerBackend
+
+    backend = DockerBackend(sandbox_image)
+    backend.start()
+    try:
+        sandbox = backend.create_sandbox(load_tiers(authority_tiers)["roomy"])
+        assert sandbox.meter is not None  # this engine is local; pretend it is not
+        sandbox.meter.close()
+        sandbox.meter = None
+        code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass\nprint('spun')"
+        result = backend.run(sandbox, code)
+        assert result.stdout == "spun\n" and result.error_kind is None, result
+        assert result.cpu_seconds is not None and result.cpu_seconds >= 0.25, result
+        assert not _running(docker_engine, sandbox.container_id)
+    finally:
+        backend.close()
