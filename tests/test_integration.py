@@ -13,7 +13,7 @@ import redis
 
 from tests.fixtures_cluster import ROOT, Cluster, wait_until
 from worker import keys
-from worker.celery_app import STEPS_QUEUE
+from worker.names import STEPS_QUEUE
 
 pytestmark = pytest.mark.integration
 

@@ -20,10 +20,10 @@ from .core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, Tool
 from .core.outcome import BUSY, FENCED, WAITING, Outcome, StepOutcome
 from .core.parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
 from .core.pricing import cost_usd
-from .core.sandbox_bridge import observation_from_sandbox
 from .errors import LLMError, ToolError
 from .names import STEP_TASK, STEPS_QUEUE
 from .runtime import Runtime
+from .sandbox_bridge import observation_from_sandbox
 from .store_cas import Command, Snapshot
 
 log = logging.getLogger("reactq.step")
