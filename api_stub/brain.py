@@ -256,10 +256,19 @@ def respond(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> Repl
         return _final(f"I could not understand the conversation ({type(exc).__name__}).", text_mode)
 
 
+_FORCED = re.compile(r"call (\w+) with (.+)", re.I | re.S)
+
+
 def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, text_mode: bool) -> Reply:
     conv = _read(messages)
     offered = _available(messages, tools)
-    actions = plan(conv.question, frozenset(offered))
+    forced = _FORCED.fullmatch(conv.question.strip())
+    if forced:  # "call TOOL with ARGUMENT": that call, offered or not (tests of how the agent refuses it)
+        tool = forced[1].lower()
+        offered.setdefault(tool, DEFAULT_ARG.get(tool, "input"))
+        actions = [Action(tool, forced[2].strip(), conv.question)]
+    else:
+        actions = plan(conv.question, frozenset(offered))
     if not actions:
         return _final(DONT_KNOW, text_mode)
     observations = _match(actions, conv.executed)

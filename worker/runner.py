@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import keys, metrics
+from .budgets import BudgetExceeded, reserve_call
 from .celery_app import STEP_TASK, STEPS_QUEUE
 from .core import engine, prompts
 from .core.engine import Act, End, Final, PlannedCall, Retry
@@ -80,11 +81,14 @@ class StepRunner:
         except LLMError as exc:
             self._end(run, End(RunStatus.FAILED, str(exc)), only_step=index)
             return "llm_failed"
+        except BudgetExceeded as exc:
+            self._end(run, End(RunStatus.BUDGET_EXCEEDED, str(exc)), only_step=index)
+            return "budget_exceeded"
 
         turn = self._parse(run.mode, reply)
         for warning in turn.warnings:
             log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": index})
-        decision = engine.decide(run, steps, turn, self.rt.tools, limits)
+        decision = engine.decide(run, steps, turn, self.rt.tools_for(run.spec.tenant), limits)
         step = Step(
             index=index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
             cost_usd=cost_usd(run.model, reply.usage, self.rt.settings.prices_per_mtok),
@@ -118,7 +122,7 @@ class StepRunner:
     def _reply(self, run: Run, steps: list[Step], index: int) -> LLMReply:
         """Ask the model, and store the reply before anything uses it."""
         s = self.rt.settings
-        tools = self.rt.tools.all()
+        tools = self.rt.tools_for(run.spec.tenant).all()
         messages, compacted = prompts.build_messages(
             run.mode, run.spec.question, steps, tools, context_budget_tokens=s.context_budget_tokens,
             keep_recent_steps=s.keep_recent_steps, reflect_every=s.reflect_every,
@@ -128,7 +132,9 @@ class StepRunner:
             options["tools"] = [t.openai_schema() for t in tools]
         else:
             options["stop"] = TEXT_STOP_SEQUENCES[:4]
-        reply = self.rt.llm.chat(messages, **options)
+        with reserve_call(self.rt, run, messages, options) as budget:
+            reply = self.rt.llm.chat(messages, **options, max_tokens=budget.max_tokens)
+            budget.spent(reply.usage, cost_usd(run.model, reply.usage, s.prices_per_mtok))
         tenant = metrics.tenant_label(run.spec.tenant, s.tenants)
         metrics.LLM_TOKENS.labels(run.model, "prompt", tenant).inc(reply.usage.prompt_tokens)
         metrics.LLM_TOKENS.labels(run.model, "completion", tenant).inc(reply.usage.completion_tokens)

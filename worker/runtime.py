@@ -9,11 +9,14 @@ from functools import cached_property
 import redis
 
 from . import metrics
+from .budgets import TenantBudgets
 from .config import Settings, get_settings
 from .core.engine import Limits
 from .leases import LeaseKeeper
 from .llm import OpenAIChat
+from .plans import AllowedTools
 from .store import RunStore, connect
+from .tenants import Tenants
 from .tools import REGISTRY, ToolRegistry
 
 
@@ -27,7 +30,15 @@ class Runtime:
 
     @cached_property
     def store(self) -> RunStore:
-        return RunStore(self.redis, self.settings.record_ttl_s)
+        return RunStore(self.redis, self.settings.run_ttl_s, self.settings.retention_s)
+
+    @cached_property
+    def tenants(self) -> Tenants:
+        return Tenants(self.redis, self.settings)
+
+    @cached_property
+    def budgets(self) -> TenantBudgets:
+        return TenantBudgets(self.redis)
 
     @cached_property
     def leases(self) -> LeaseKeeper:
@@ -45,6 +56,11 @@ class Runtime:
     def tools(self) -> ToolRegistry:
         REGISTRY.load_modules(self.settings.tool_modules)
         return REGISTRY
+
+    def tools_for(self, tenant: str) -> ToolRegistry | AllowedTools:
+        """The tools `tenant`'s plan allows (read from Redis each time: a plan change applies at once)."""
+        policy = self.tenants.policy(tenant)
+        return self.tools if policy is None else AllowedTools(self.tools, policy.plan)
 
     @property
     def limits(self) -> Limits:

@@ -64,21 +64,33 @@ def ping_quickly(url: str, timeout_s: float = QUICK_TIMEOUT_S) -> None:
 
 
 class RunStore:
-    def __init__(self, client: redis.Redis, record_ttl_s: int = 7 * 24 * 3600) -> None:
+    def __init__(self, client: redis.Redis, run_ttl_s: int = 7 * 24 * 3600, retention_s: int = 30 * 24 * 3600) -> None:
         self.r = client
-        self.ttl = record_ttl_s
+        self.ttl = run_ttl_s  # every key of an unfinished run; refreshed on each step
+        self.retention = retention_s  # a finished run's record, steps and events
+        self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
 
     # --- run records -------------------------------------------------------------------------
     def create_runs(self, runs: Iterable[Run], batch_id: str | None = None) -> None:
         pipe = self.r.pipeline(transaction=False)
         now = time.time()
         for run in runs:
-            pipe.set(keys.run(run.id), run.model_dump_json())
+            pipe.set(keys.run(run.id), run.model_dump_json(), ex=self.ttl)
             pipe.zadd(keys.ACTIVE_RUNS, {run.id: now})
             pipe.xadd(keys.events(run.id), {"type": "queued", "data": "{}"}, maxlen=EVENTS_MAXLEN)
+            pipe.expire(keys.events(run.id), self.ttl)
+            pipe.zadd(keys.tenant_runs(run.spec.tenant), {run.id: run.created_at})
+            pipe.sadd(keys.tenant_inflight(run.spec.tenant), run.id)
             if batch_id:
                 pipe.rpush(keys.batch_runs(batch_id), run.id)
+        if batch_id:
+            self._refresh_batch(pipe, batch_id)
         pipe.execute()
+
+    def _refresh_batch(self, pipe: Any, batch_id: str) -> None:
+        for key in (keys.batch(batch_id), keys.batch_runs(batch_id), keys.batch_done(batch_id),
+                    keys.batch_ids(batch_id)):
+            pipe.expire(key, self.batch_ttl)
 
     def load_run(self, run_id: str) -> Run | None:
         raw = self.r.get(keys.run(run_id))
@@ -142,6 +154,10 @@ class RunStore:
                         self._on_finished(pipe, run)
                     elif not run.status.finished:
                         pipe.zadd(keys.ACTIVE_RUNS, {run.id: run.updated_at})
+                        for moving in (key, keys.steps(run.id), keys.events(run.id)):
+                            pipe.expire(moving, self.ttl)
+                    if run.spec.batch_id:
+                        self._refresh_batch(pipe, run.spec.batch_id)
                     pipe.execute()
                     return run
                 except redis.WatchError:
@@ -149,13 +165,14 @@ class RunStore:
 
     def _on_finished(self, pipe: Any, run: Run) -> None:
         pipe.zrem(keys.ACTIVE_RUNS, run.id)
+        pipe.srem(keys.tenant_inflight(run.spec.tenant), run.id)
         pipe.xadd(
             keys.events(run.id),
             {"type": "finished", "data": json.dumps({"status": run.status.value, "answer": run.answer})},
             maxlen=EVENTS_MAXLEN,
         )
         for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id)):
-            pipe.expire(key, self.ttl)
+            pipe.expire(key, self.retention)
         if run.spec.batch_id:
             pipe.rpush(keys.batch_done(run.spec.batch_id), run.id)
 
@@ -278,7 +295,11 @@ class RunStore:
 
     # --- batches, usage, reaper ----------------------------------------------------------------
     def create_batch(self, batch_id: str, meta: dict[str, str]) -> None:
-        self.r.hset(keys.batch(batch_id), mapping={"created_at": str(time.time()), **meta})
+        """`meta` names the batch's `tenant` (its owner) and its `size`."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.batch(batch_id), mapping={"created_at": str(time.time()), **meta})
+        pipe.expire(keys.batch(batch_id), self.batch_ttl)
+        pipe.execute()
 
     def batch_run_ids(self, batch_id: str) -> list[str]:
         return [i.decode() for i in self.r.lrange(keys.batch_runs(batch_id), 0, -1)]
