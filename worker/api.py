@@ -7,6 +7,7 @@ another tenant's run or batch answers 404 exactly like an unknown one.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import keys, metrics
@@ -31,6 +33,8 @@ from .runtime import get_runtime
 from .submit import TierNotAllowed, cancel, new_batch_id, submit
 from .tasks import send_step
 from .tenants import Policy
+
+log = logging.getLogger("reactq.api")
 
 
 @asynccontextmanager
@@ -83,6 +87,12 @@ async def _too_many(_: Request, exc: AdmissionRefused) -> JSONResponse:
     response = _error(429, str(exc))
     response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
+
+
+@app.exception_handler(RedisError)
+async def _store_down(_: Request, exc: RedisError) -> JSONResponse:
+    log.warning("Redis error while serving a request: %s", exc.__class__.__name__)
+    return _error(503, "the run store is unavailable; try again shortly")
 
 
 @app.exception_handler(TooLarge)
@@ -205,10 +215,9 @@ def get_batch(batch_id: str, tenant: CallerTenant) -> dict:
 
 
 @app.get("/healthz")
-def healthz() -> dict:
-    rt = get_runtime()
+async def healthz() -> dict:
     try:
-        rt.redis.ping()
+        await async_redis().ping()
     except Exception:  # the URL and the driver's message may name hosts and credentials: say no more
         raise HTTPException(503, "Redis is unreachable") from None
     return {"status": "ok"}

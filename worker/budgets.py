@@ -31,6 +31,7 @@ from .errors import ReactqError
 from .plans import Budgets
 
 MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
+MIN_CALL_TOKENS = 256  # no prompt is smaller: a tenant with fewer tokens left cannot make a call
 _CHARS_PER_TOKEN = 2.5  # conservative: JSON and code tokenise densely, so over- rather than under-reserve
 
 
@@ -170,14 +171,16 @@ class TenantBudgets:
         return out[0], out[1]
 
     def over(self, tenant: str, budgets: Budgets, now: float | None = None) -> Over | None:
-        """The first spent budget (429 on submit), or None."""
+        """The first spent budget (429 on submit), or None. A token budget with less left than the
+        smallest useful call (`MIN_CALL_TOKENS`) counts as spent: a run submitted then could not
+        make its first call."""
         now = now or time.time()
         day, month = self.spend(tenant, now)
         for budget, used, limit in (("tokens_per_day", day.tokens, budgets.tokens_per_day),
                                     ("usd_per_day", day.usd, budgets.usd_per_day),
                                     ("tokens_per_month", month.tokens, budgets.tokens_per_month),
                                     ("usd_per_month", month.usd, budgets.usd_per_month)):
-            if limit and used >= limit:
+            if limit and used + (MIN_CALL_TOKENS if budget.startswith("tokens") else 0) >= limit:
                 return Over(budget, used, limit, _resets_at(budget, now))
         return None
 
