@@ -71,13 +71,17 @@ def live_workers(rt: Runtime, queue: str, within_s: float = 45) -> int:
 
 
 def start_reaper(rt: Runtime, send_step: Callable[[str, int], None], queues: list[str]) -> threading.Thread:
+    """Heartbeat for `queues`; step workers also reap (sandbox workers may hold a Redis user that cannot
+    read run records: deploy/redis/acl.conf)."""
     member = f"{socket.gethostname()}:{os.getpid()}"
+    reap = STEPS_QUEUE in queues
 
     def loop() -> None:
         while True:
             try:
                 heartbeat(rt, queues, member)
-                reap_once(rt, send_step)
+                if reap:
+                    reap_once(rt, send_step)
             except Exception:  # Redis restarting: try again next round
                 log.exception("reaper pass failed")
             time.sleep(rt.settings.reaper_interval_s)
