@@ -333,3 +333,16 @@ def test_no_error_names_the_redis_url_or_its_password(tenancy_cluster: Cluster, 
             api.stop()
     finally:
         server.stop()
+
+
+def test_insecure_no_auth_serves_loopback_as_the_first_configured_tenant(tenancy_cluster: Cluster,
+                                                                        api_server: Callable[..., Api]) -> None:
+    api = api_server("--insecure-no-auth", "--host", "0.0.0.0")
+    created = api.client(None).post("/v1/runs", json={"question": "What is 2 + 2?"})
+    assert created.status_code == 201 and created.json()["tenant"] == "default"
+    log = next(tenancy_cluster.logdir.glob("api-*.log")).read_text()
+    assert "--insecure-no-auth" in log and "serving on 127.0.0.1" in log
+    port = int(api.url.rsplit(":", 1)[1])
+    listening = [line.split()[1] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+                 if line.split()[3] == "0A" and int(line.split()[1].split(":")[1], 16) == port]
+    assert listening == [f"0100007F:{port:04X}"], listening  # 127.0.0.1 only, despite --host 0.0.0.0
