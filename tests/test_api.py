@@ -10,22 +10,23 @@ import redis
 
 from tests.fixtures_api import make_key, start_api
 from tests.fixtures_cluster import Cluster
+from worker import keys
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def keys(cluster: Cluster) -> dict[str, str]:
+def api_keys(cluster: Cluster) -> dict[str, str]:
     """API keys of the REACTQ_TENANTS tenants `default` and `acme` (the `operator` plan)."""
     return {name: make_key(cluster, name) for name in ("default", "acme")}
 
 
 @pytest.fixture
-def api(cluster: Cluster, keys: dict[str, str]) -> Iterator[httpx.Client]:
+def api(cluster: Cluster, api_keys: dict[str, str]) -> Iterator[httpx.Client]:
     """A client acting as tenant `default`."""
     server = start_api(cluster)
     try:
-        yield server.client(keys["default"])
+        yield server.client(api_keys["default"])
     finally:
         server.stop()
 
@@ -63,9 +64,9 @@ def test_events_resume_after_last_event_id(cluster: Cluster, api: httpx.Client) 
     assert rest == ids[2:]
 
 
-def test_batches_and_their_usage(cluster: Cluster, api: httpx.Client, keys: dict[str, str]) -> None:
+def test_batches_and_their_usage(cluster: Cluster, api: httpx.Client, api_keys: dict[str, str]) -> None:
     cluster.start_worker(queues="steps", concurrency=8)
-    api.headers["Authorization"] = f"Bearer {keys['acme']}"
+    api.headers["Authorization"] = f"Bearer {api_keys['acme']}"
     questions = ["What is 2 + 2?", "What is the capital of France?", "What is 9 * 9?"]
     created = api.post("/v1/batches", json={"runs": [{"question": q} for q in questions], "tenant": "acme"})
     assert created.status_code == 201
@@ -76,7 +77,7 @@ def test_batches_and_their_usage(cluster: Cluster, api: httpx.Client, keys: dict
     assert batch["usage"]["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in runs)
     assert batch["usage"]["completion_tokens"] == sum(r["usage"]["completion_tokens"] for r in runs)
     assert all(r["tenant"] == "acme" for r in runs)
-    tenant = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"]).hgetall("reactq:tenant:acme:usage")
+    tenant = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"]).hgetall(keys.tenant_usage("acme"))
     assert int(tenant[b"prompt_tokens"]) == batch["usage"]["prompt_tokens"]
     assert int(tenant[b"completion_tokens"]) == batch["usage"]["completion_tokens"]
 

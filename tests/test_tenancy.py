@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from tests.fixtures_api import Api, make_key, start_api
-from tests.fixtures_cluster import Cluster
+from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_services import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -28,14 +28,6 @@ def wait_finished(client: httpx.Client, run_id: str, timeout: float = 60) -> dic
         kinds = [line.split(": ", 1)[1] for line in response.iter_lines() if line.startswith("event: ")]
     assert kinds[-1] == "finished", f"run {run_id}'s events ended without `finished`: {kinds}"
     return client.get(f"/v1/runs/{run_id}", params={"trace": True}).json()
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"never happened within {timeout}s: {what}")
-        time.sleep(0.2)
 
 
 def test_keys_authenticate_and_a_revoked_key_stops_at_once(tenancy_cluster: Cluster,
@@ -203,9 +195,9 @@ def test_admission_limits(tenancy_cluster: Cluster, api_server: Callable[..., Ap
         theirs = other.post("/v1/runs", json={"question": "What is 9 + 9?"}).json()["run_id"]
         with other.stream("GET", f"/v1/runs/{theirs}/events") as other_stream:
             assert other_stream.status_code == 200
-    wait_until("small's stream slot is released once its client went away",
-               lambda: small.post(f"/v1/runs/{first[0]}/cancel").status_code == 200
-               and _stream_status(small, first[0]) == 200)
+    wait_until(lambda: small.post(f"/v1/runs/{first[0]}/cancel").status_code == 200
+               and _stream_status(small, first[0]) == 200,
+               "small's stream slot to be released once its client went away", 30, interval=0.2)
 
     for run_id in first:
         small.post(f"/v1/runs/{run_id}/cancel")
