@@ -84,7 +84,9 @@ def submit(
     policies: dict[str, Policy] = {}
     errors = []
     for i, spec in enumerate(specs):
-        where = f"run {spec.client_id}" if spec.client_id else (f"runs[{i}]" if len(specs) > 1 else "")
+        where = f"runs[{i}]" if len(specs) > 1 else ""
+        if spec.client_id:
+            where = f"{where} (id {spec.client_id!r})".strip()
         try:
             if spec.tenant not in policies:
                 policies[spec.tenant] = tenant_policy(tenants, spec.tenant)
