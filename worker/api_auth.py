@@ -17,9 +17,17 @@ from . import keys
 from .runtime import get_runtime
 from .tenants import KeyStatus, Policy, Tenants
 
-__all__ = ["CallerPolicy", "CallerTenant", "async_redis", "caller_policy", "caller_tenant"]
+__all__ = ["CallerPolicy", "CallerTenant", "async_redis", "caller_policy", "caller_tenant", "serve_without_keys"]
 
 _async_redis: aioredis.Redis | None = None
+_no_auth_tenant: str | None = None  # set only by `reactq api --insecure-no-auth`, never by configuration
+
+
+def serve_without_keys(tenant: str) -> None:
+    """`reactq api --insecure-no-auth` (which also binds to 127.0.0.1): every caller acts as `tenant`.
+    Deliberately not a setting, so no environment variable can turn authentication off."""
+    global _no_auth_tenant
+    _no_auth_tenant = tenant
 
 
 def async_redis() -> aioredis.Redis:
@@ -43,10 +51,9 @@ async def caller_tenant(request: Request) -> str:
     cached = getattr(request.state, "tenant", None)
     if cached is not None:
         return str(cached)
-    settings = get_runtime().settings
-    if settings.insecure_no_auth:
-        request.state.tenant = settings.tenants[0]
-        return settings.tenants[0]
+    if _no_auth_tenant is not None:
+        request.state.tenant = _no_auth_tenant
+        return _no_auth_tenant
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise _unauthorized("missing API key: send the header 'Authorization: Bearer KEY'")

@@ -123,7 +123,9 @@ def api(host: str, port: int, insecure_no_auth: bool) -> None:
     logs.setup()
     rt = _runtime()
     if insecure_no_auth:
-        rt.settings.insecure_no_auth = True
+        from .api_auth import serve_without_keys
+
+        serve_without_keys(rt.settings.tenants[0])
         host = "127.0.0.1"
         console.print("[yellow]warning:[/yellow] --insecure-no-auth: no API keys are checked; serving on 127.0.0.1")
     elif rt.tenants.registered_count() == 0:
