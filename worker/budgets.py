@@ -184,8 +184,11 @@ class TenantBudgets:
                 return Over(budget, used, limit, _resets_at(budget, now))
         return None
 
-    def reserve(self, tenant: str, budgets: Budgets, tokens: int, usd: float) -> None:
-        now = time.time()
+    def reserve(self, tenant: str, budgets: Budgets, tokens: int, usd: float, now: float) -> Spend:
+        """Reserve a call's worst case (BudgetExceeded if a budget has no room); returns what was
+        reserved: nothing for a tenant without budgets (its spend is still counted when settled)."""
+        if not any((budgets.tokens_per_day, budgets.usd_per_day, budgets.tokens_per_month, budgets.usd_per_month)):
+            return Spend(0, 0.0)
         day, month = periods(now)
         result = self._reserve(
             keys=[keys.tenant_spend(tenant, day), keys.tenant_spend(tenant, month)],
@@ -198,15 +201,17 @@ class TenantBudgets:
             needed = f"${usd:.6f}" if name.startswith("usd") else f"{tokens} tokens"
             raise BudgetExceeded(f"{over.message(tenant)}; the next call needs up to {needed}",
                                  int(over.resets_at - now) + 1)
+        return Spend(tokens, usd)
 
-    def settle(self, tenant: str, reserved: Spend, actual: Spend) -> None:
-        """Replace a reservation by what the call cost (in the period it was reserved in; a call
+    def settle(self, tenant: str, reserved: Spend, actual: Spend, reserved_at: float) -> None:
+        """Replace a reservation by what the call cost, in the periods it was reserved in (a call
         straddling midnight is charged to the day it started)."""
-        day, month = periods(time.time())
         pipe = self.r.pipeline()
-        for period in (day, month):
-            pipe.hincrby(keys.tenant_spend(tenant, period), "tokens", actual.tokens - reserved.tokens)
-            pipe.hincrbyfloat(keys.tenant_spend(tenant, period), "usd", actual.usd - reserved.usd)
+        for period, ttl in zip(periods(reserved_at), (_DAY_TTL_S, _MONTH_TTL_S), strict=True):
+            key = keys.tenant_spend(tenant, period)
+            pipe.hincrby(key, "tokens", actual.tokens - reserved.tokens)
+            pipe.hincrbyfloat(key, "usd", actual.usd - reserved.usd)
+            pipe.expire(key, ttl)
         pipe.execute()
 
 
@@ -230,16 +235,17 @@ def reserve_call(rt: Any, run: Run, messages: list[dict[str, Any]], options: dic
     prompt = estimate_prompt_tokens(messages, options)
     max_tokens = call_max_tokens(run, prompt, s.llm_max_tokens, s.max_tokens_per_run, s.prices_per_mtok)
     worst = Usage(prompt_tokens=prompt, completion_tokens=max_tokens)
-    reserved = Spend(prompt + max_tokens, cost_usd(run.model, worst, s.prices_per_mtok))
+    worst_cost = cost_usd(run.model, worst, s.prices_per_mtok)
     policy = rt.tenants.policy(run.spec.tenant)
     if policy is None:
         raise BudgetExceeded(f"tenant {run.spec.tenant!r} no longer exists; no budget to spend")
-    rt.budgets.reserve(run.spec.tenant, policy.budgets, reserved.tokens, reserved.usd)
+    now = time.time()
+    reserved = rt.budgets.reserve(run.spec.tenant, policy.budgets, prompt + max_tokens, worst_cost, now)
     call = Reservation(max_tokens, reserved)
     try:
         yield call
     finally:
-        rt.budgets.settle(run.spec.tenant, reserved, call.actual)
+        rt.budgets.settle(run.spec.tenant, reserved, call.actual, now)
 
 
 def usage_report(client: redis.Redis, policy: Any, now: float | None = None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ class Runtime:
 
     @cached_property
     def tenants(self) -> Tenants:
-        return Tenants(self.redis, self.settings)
+        return Tenants(self.redis, self.settings, policy_memo_s=1.0)
 
     @cached_property
     def budgets(self) -> TenantBudgets:

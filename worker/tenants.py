@@ -64,9 +64,13 @@ class Tenants:
     """Tenant records and API keys. Tenants named in REACTQ_TENANTS exist without a record and get
     `settings.tenants_plan`."""
 
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, settings: Settings, policy_memo_s: float = 0.0) -> None:
         self.r = client
         self.settings = settings
+        # A worker asks for a run's policy several times per step; a plan or budget change still
+        # applies within this many seconds. Keys are never memoised.
+        self.policy_memo_s = policy_memo_s
+        self._memo: dict[str, tuple[float, Policy | None]] = {}
 
     def plans(self) -> dict[str, Plan]:
         return load_plans(self.settings.plans_file)
@@ -118,8 +122,15 @@ class Tenants:
 
     def policy(self, name: str) -> Policy | None:
         """The tenant's plan and budgets, or None for a tenant that does not exist."""
+        now = time.monotonic()
+        memo = self._memo.get(name)
+        if memo is not None and now - memo[0] < self.policy_memo_s:
+            return memo[1]
         raw = {k.decode(): v.decode() for k, v in self.r.hgetall(keys.tenant(name)).items()}
-        return self.policy_from(name, raw)
+        policy = self.policy_from(name, raw)
+        if self.policy_memo_s:
+            self._memo[name] = (now, policy)
+        return policy
 
     def policy_from(self, name: str, raw: dict[str, str]) -> Policy | None:
         if not raw:
