@@ -278,10 +278,19 @@ def _reflection(conv: _Conversation, pending: int, text_mode: bool) -> Reply:
                  finish_reason="stop", mode="text" if text_mode else "tools")
 
 
+_FORCED = re.compile(r"call (\w+) with (.+)", re.I | re.S)
+
+
 def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, text_mode: bool) -> Reply:
     conv = _read(messages)
     offered = _available(messages, tools)
-    actions = plan(conv.question, frozenset(offered))
+    forced = _FORCED.fullmatch(conv.question.strip())
+    if forced:  # "call TOOL with ARGUMENT": that call, offered or not (tests of how the agent refuses it)
+        tool = forced[1].lower()
+        offered.setdefault(tool, DEFAULT_ARG.get(tool, "input"))
+        actions = [Action(tool, forced[2].strip(), conv.question)]
+    else:
+        actions = plan(conv.question, frozenset(offered))
     if actions and _asked_to_reflect(messages):
         to_call = sum(1 for o in _match(actions, conv.executed) if o is None)
         return _reflection(conv, to_call, text_mode)

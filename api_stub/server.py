@@ -85,6 +85,7 @@ class _State:
         self.counter = 0
         self.completions = 0
         self.by_status: Tally[str] = Tally()
+        self.tools_offered: Tally[str] = Tally()  # tool name -> requests that offered it
         self.metrics = _Metrics()
 
     def stats(self) -> dict[str, Any]:
@@ -171,10 +172,16 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
     async def get_stats() -> dict[str, Any]:
         return state.stats()
 
+    @app.get("/stub/stats/tools-offered")
+    async def tools_offered() -> dict[str, int]:
+        """Tool name -> requests that offered it (reset with the stats)."""
+        return dict(state.tools_offered)
+
     @app.post("/stub/stats/reset")
     async def reset_stats() -> dict[str, Any]:
         state.counter, state.completions = 0, 0
         state.by_status.clear()
+        state.tools_offered.clear()
         return state.stats()
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -220,6 +227,10 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
         return _fault_response(decision.status, faults), f"error_{decision.status}"
 
     tools = body.get("tools") or None
+    for offered in tools or []:
+        function = offered.get("function") if isinstance(offered, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            state.tools_offered[function["name"]] += 1
     reply = respond(messages, tools)
     outcome = "ok"
     if decision.malformed:

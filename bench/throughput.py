@@ -261,7 +261,7 @@ class Bench:
             from worker.submit import new_batch_id, submit
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
-            store = RunStore(connect(redis_url, 16), settings.record_ttl_s)
+            store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
             client = Celery("bench_reactq_client", broker=redis_url)
             client.conf.broker_pool_limit = 8
             conn = client.connection_for_write()

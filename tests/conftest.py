@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures_cluster",
     "tests.fixtures_prometheus",
     "tests.harness",
+    "tests.fixtures_api",
 ]

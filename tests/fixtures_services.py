@@ -32,14 +32,16 @@ def wait_for_port(port: int, timeout: float = 15.0) -> None:
 class RedisServer:
     """A real redis-server process (AOF on, noeviction), restartable on the same port and data dir."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, password: str | None = None) -> None:
         self.workdir = workdir
         self.port = port or free_port()
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
@@ -48,7 +50,8 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
              "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-             "--maxmemory-policy", "noeviction", "--maxclients", "10000"],
+             "--maxmemory-policy", "noeviction", "--maxclients", "10000",
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_for_port(self.port)

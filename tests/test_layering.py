@@ -67,7 +67,8 @@ def test_services_do_not_import_each_other(package: str, forbidden: set[str]) ->
 # services, metrics_server and later entry points) may import it, never the other way (NOTES.md,
 # "Layout").
 RUNTIME = {"runner", "tasks", "celery_app", "runtime", "store", "store_cas", "store_cluster", "leases", "llm",
-           "sandbox_bridge", "reaper", "metrics", "logs", "names", "keys", "config", "errors"}
+           "sandbox_bridge", "reaper", "metrics", "logs", "names", "keys", "config", "errors", "budgets", "plans",
+           "tenants"}
 
 
 @pytest.mark.parametrize("name", sorted(RUNTIME))

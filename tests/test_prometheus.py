@@ -19,6 +19,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
+from tests.fixtures_api import make_key
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_prometheus import PROMETHEUS_DIR, Prometheus, PromQLError, promtool_binary
 from tests.fixtures_services import free_port
@@ -131,6 +132,7 @@ def test_every_promql_expression_evaluates(cluster: Cluster, tmp_path: Path, red
     step_port, sandbox_port = free_port(), free_port()
     cluster.start_worker(queues="steps", metrics_port=step_port)
     sandbox_worker = cluster.start_worker(queues="sandbox", metrics_port=sandbox_port, concurrency=4)
+    auth = {"Authorization": f"Bearer {make_key(cluster, 'default')}"}  # `reactq api` needs a tenant
     api_url = start_api()
     targets = {
         "reactq-step-worker": [f"127.0.0.1:{step_port}"],
@@ -144,11 +146,12 @@ def test_every_promql_expression_evaluates(cluster: Cluster, tmp_path: Path, red
     # Workload: a batch with inline tools, a sandbox run, a failing calculator call and a quota
     # rejection, plus one run submitted through the HTTP API.
     exhaust_quota(redis_url, "free", "acme")
-    created = httpx.post(f"{api_url}/v1/runs", json={"question": "What is 2 to the power of 10?"}, timeout=10)
+    created = httpx.post(f"{api_url}/v1/runs", json={"question": "What is 2 to the power of 10?"}, timeout=10,
+                         headers=auth)
     assert created.status_code == 201, created.text
     results = run_batch(cluster, tmp_path, BATCH)
     deadline = time.monotonic() + 60
-    while httpx.get(f"{api_url}/v1/runs/{created.json()['run_id']}", timeout=10).json()["status"] in (
+    while httpx.get(f"{api_url}/v1/runs/{created.json()['run_id']}", timeout=10, headers=auth).json()["status"] in (
             "queued", "running"):
         assert time.monotonic() < deadline, "the API run did not finish"
         time.sleep(0.2)

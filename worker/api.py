@@ -1,7 +1,13 @@
-"""The HTTP API: submit runs and batches, read them, follow a run's events, cancel, /metrics."""
+"""The HTTP API: submit runs and batches, read them, follow a run's events, cancel, /metrics.
+
+Every route but /healthz and /metrics acts for the tenant of the caller's API key (`caller_tenant`);
+another tenant's run or batch answers 404 exactly like an unknown one.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,17 +16,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
-from redis import asyncio as aioredis
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import keys, metrics
-from .core.models import Mode, RunSpec
+from .admission import AdmissionRefused, StreamSlot, TooLarge
+from .api_auth import CallerPolicy, CallerTenant, async_redis
+from .api_guard import BodyLimit, check_id
+from .api_tenancy import router as tenancy_router
+from .core.models import Mode, Run, RunSpec
 from .display import run_json
 from .errors import InvalidRequest
 from .metrics_server import initialise
 from .runtime import get_runtime
-from .submit import cancel, new_batch_id, submit
+from .submit import TierNotAllowed, cancel, new_batch_id, submit
 from .tasks import send_step
+from .tenants import Policy
+
+log = logging.getLogger("reactq.api")
 
 
 @asynccontextmanager
@@ -30,15 +43,20 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 
 app = FastAPI(title="reactq", version="0.1.0", lifespan=_lifespan)
+app.add_middleware(BodyLimit, max_bytes=get_runtime().settings.max_body_bytes)
+app.include_router(tenancy_router)
 
 
 class RunRequest(BaseModel, extra="forbid"):
     question: str
-    tenant: str = "default"
-    tier: str = "standard"
+    tenant: str | None = None  # accepted only when it is the caller's own (the key decides)
+    tier: str | None = None  # default: the plan's default tier
     max_steps: int | None = None
     mode: Mode | None = None
     id: str | None = None
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    deadline_s: float | None = None
 
 
 class BatchRequest(BaseModel, extra="forbid"):
@@ -53,7 +71,32 @@ def _error(status: int, message: str) -> JSONResponse:
 
 @app.exception_handler(StarletteHTTPException)  # ours, and the framework's own (unknown route, wrong method)
 async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    return _error(exc.status_code, str(exc.detail))
+    response = _error(exc.status_code, str(exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
+
+
+@app.exception_handler(TierNotAllowed)
+async def _tier_refused(_: Request, exc: TierNotAllowed) -> JSONResponse:
+    return _error(403, str(exc))
+
+
+@app.exception_handler(AdmissionRefused)
+async def _too_many(_: Request, exc: AdmissionRefused) -> JSONResponse:
+    response = _error(429, str(exc))
+    response.headers["Retry-After"] = str(exc.retry_after_s)
+    return response
+
+
+@app.exception_handler(RedisError)
+async def _store_down(_: Request, exc: RedisError) -> JSONResponse:
+    log.warning("Redis error while serving a request: %s", exc.__class__.__name__)
+    return _error(503, "the run store is unavailable; try again shortly")
+
+
+@app.exception_handler(TooLarge)
+async def _too_large(_: Request, exc: TooLarge) -> JSONResponse:
+    return _error(422, str(exc))
 
 
 @app.exception_handler(InvalidRequest)
@@ -67,87 +110,93 @@ async def _validation(_: Request, exc: ValidationError | RequestValidationError)
     return _error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
 
 
-def _spec(r: RunRequest, tenant: str | None = None, tier: str | None = None) -> RunSpec:
-    return RunSpec(question=r.question, tenant=tenant or r.tenant, tier=tier or r.tier, max_steps=r.max_steps,
-                   mode=r.mode, client_id=r.id)
+def _spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) -> RunSpec:
+    """The spec of one requested run, for the caller's tenant (a body naming another is refused)."""
+    if r.tenant is not None and r.tenant != policy.tenant:
+        raise HTTPException(403, f"{where}the tenant comes from your API key; this key acts for {policy.tenant!r}")
+    return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
+                   max_steps=r.max_steps, mode=r.mode, client_id=r.id, max_tokens=r.max_tokens,
+                   max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s)
+
+
+def owned_run(run_id: str, tenant: str) -> Run:
+    """The caller's run, or 404, exactly as for an unknown id."""
+    run = get_runtime().store.load_run(check_id(run_id))
+    if run is None or run.spec.tenant != tenant:
+        raise HTTPException(404, f"no run {run_id!r}")
+    return run
 
 
 @app.post("/v1/runs", status_code=201)
-def create_run(body: RunRequest) -> dict:
+def create_run(body: RunRequest, policy: CallerPolicy) -> dict:
     rt = get_runtime()
-    [run] = submit(rt.store, [_spec(body)], rt.settings, send_step)
+    [run] = submit(rt.store, [_spec(body, policy, "")], rt.settings, send_step)
     return run_json(run)
 
 
 @app.post("/v1/batches", status_code=201)
-def create_batch(body: BatchRequest) -> dict:
+def create_batch(body: BatchRequest, policy: CallerPolicy) -> dict:
+    """Every item is checked before anything is written (422 naming each bad item's index)."""
     rt = get_runtime()
+    if body.tenant is not None and body.tenant != policy.tenant:
+        raise HTTPException(403, f"the tenant comes from your API key; this key acts for {policy.tenant!r}")
     batch_id = new_batch_id()
-    specs = [_spec(r, body.tenant, body.tier) for r in body.runs]
-    rt.store.create_batch(batch_id, {"size": str(len(specs))})
+    specs = [_spec(r, policy, f"runs[{i}]: ", body.tier) for i, r in enumerate(body.runs)]
     runs = submit(rt.store, specs, rt.settings, send_step, batch_id=batch_id)
+    rt.store.create_batch(batch_id, {"size": str(len(specs)), "tenant": policy.tenant})
     return {"batch_id": batch_id, "run_ids": [r.id for r in runs]}
 
 
 @app.get("/v1/runs/{run_id}")
-def get_run(run_id: str, trace: bool = False) -> dict:
-    rt = get_runtime()
-    run = rt.store.load_run(run_id)
-    if run is None:
-        raise HTTPException(404, f"no run {run_id!r}")
-    return run_json(run, rt.store.load_steps(run_id) if trace else None)
+def get_run(run_id: str, tenant: CallerTenant, trace: bool = False) -> dict:
+    run = owned_run(run_id, tenant)
+    return run_json(run, get_runtime().store.load_steps(run_id) if trace else None)
 
 
 @app.post("/v1/runs/{run_id}/cancel")
-def cancel_run(run_id: str) -> dict:
-    rt = get_runtime()
-    if rt.store.load_run(run_id) is None:
-        raise HTTPException(404, f"no run {run_id!r}")
-    run = cancel(rt.store, run_id)
+def cancel_run(run_id: str, tenant: CallerTenant) -> dict:
+    owned_run(run_id, tenant)
+    run = cancel(get_runtime().store, run_id)
     assert run is not None
     return run_json(run)
 
 
-_events_redis: aioredis.Redis | None = None
-
-
-def _events_client() -> aioredis.Redis:
-    """An asyncio client for the event streams: a waiting SSE client holds no thread."""
-    global _events_redis
-    if _events_redis is None:
-        s = get_runtime().settings
-        _events_redis = aioredis.Redis.from_url(s.redis_url, max_connections=s.redis_max_connections)
-    return _events_redis
-
-
 @app.get("/v1/runs/{run_id}/events")
-async def run_events(run_id: str, request: Request) -> StreamingResponse:
-    """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`."""
-    client = _events_client()
-    if not await client.exists(keys.run(run_id)):
+async def run_events(run_id: str, request: Request, policy: CallerPolicy) -> StreamingResponse:
+    """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`.
+    A tenant may hold its plan's number of streams open at once (429 past that)."""
+    client = async_redis()
+    raw = await client.get(keys.run(check_id(run_id)))
+    if raw is None or Run.model_validate_json(raw).spec.tenant != policy.tenant:
         raise HTTPException(404, f"no run {run_id!r}")
+    slot = StreamSlot(client, policy)
+    await slot.open()
 
     async def stream() -> AsyncIterator[str]:
         last = request.headers.get("last-event-id", "0")
-        while True:
-            result = await client.xread({keys.events(run_id): last}, count=100, block=15_000)
-            for _stream, entries in result or []:
-                for entry_id, fields in entries:
-                    last = entry_id.decode()
-                    kind, data = fields[b"type"].decode(), fields[b"data"].decode()
-                    yield f"id: {last}\nevent: {kind}\ndata: {data}\n\n"
-                    if kind == "finished":
-                        return
-            yield ": keep-alive\n\n"
+        try:
+            while True:
+                result = await client.xread({keys.events(run_id): last}, count=100, block=15_000)
+                for _stream, entries in result or []:
+                    for entry_id, fields in entries:
+                        last = entry_id.decode()
+                        kind, data = fields[b"type"].decode(), fields[b"data"].decode()
+                        yield f"id: {last}\nevent: {kind}\ndata: {data}\n\n"
+                        if kind == "finished":
+                            return
+                await slot.renew()
+                yield ": keep-alive\n\n"
+        finally:
+            await asyncio.shield(slot.close())
 
     return StreamingResponse(stream(), media_type="text/event-stream")
 
 
 @app.get("/v1/batches/{batch_id}")
-def get_batch(batch_id: str) -> dict:
+def get_batch(batch_id: str, tenant: CallerTenant) -> dict:
     rt = get_runtime()
-    info = rt.store.batch_info(batch_id)
-    if not info:
+    info = rt.store.batch_info(check_id(batch_id, "batch"))
+    if not info or info.get("tenant") != tenant:
         raise HTTPException(404, f"no batch {batch_id!r}")
     run_ids = rt.store.batch_run_ids(batch_id)
     counts: dict[str, int] = {}
@@ -165,12 +214,11 @@ def get_batch(batch_id: str) -> dict:
 
 
 @app.get("/healthz")
-def healthz() -> dict:
-    rt = get_runtime()
+async def healthz() -> dict:
     try:
-        rt.redis.ping()
-    except Exception as exc:
-        raise HTTPException(503, f"Redis at {rt.settings.redis_url} unreachable: {exc}") from None
+        await async_redis().ping()
+    except Exception:  # the URL and the driver's message may name hosts and credentials: say no more
+        raise HTTPException(503, "Redis is unreachable") from None
     return {"status": "ok"}
 
 

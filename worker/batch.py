@@ -8,14 +8,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from .admission import AdmissionRefused
 from .config import Settings
 from .core.models import Run, RunSpec
 from .errors import InvalidRequest
 from .store import RunStore
-from .submit import known_tiers, new_batch_id, submit, validate_spec
+from .submit import known_tiers, new_batch_id, submit, tenant_policy, validate_spec
+from .tenants import Policy, Tenants
 
 
 class BatchLine(BaseModel, extra="forbid"):
@@ -24,6 +27,10 @@ class BatchLine(BaseModel, extra="forbid"):
     tenant: str | None = None
     tier: str | None = None
     max_steps: int | None = None
+    model: str | None = None
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    deadline_s: float | None = None
     expected: str | None = None  # allowed for evaluation sets such as the demo's; not used by the engine
 
 
@@ -42,10 +49,13 @@ class ParsedInput:
     errors: list[LineError] = field(default_factory=list)
 
 
-def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, tier: str | None) -> ParsedInput:
-    """Every good line becomes a spec; every bad one an error naming its line number."""
+def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, tier: str | None,
+                tenants: Tenants | None = None) -> ParsedInput:
+    """Every good line becomes a spec; every bad one an error naming its line number. With `tenants`,
+    each line's tenant must exist and its plan allow the line's tier (default: the plan's default tier)."""
     out = ParsedInput()
     tiers = known_tiers(settings)
+    policies: dict[str, Policy] = {}
     seen: set[str] = set()
     for number, text in enumerate(lines, 1):
         if not text.strip():
@@ -61,10 +71,16 @@ def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, ti
         if client_id in seen:
             out.errors.append(LineError(number, f"duplicate id {client_id!r}"))
             continue
-        spec = RunSpec(question=line.question, tenant=line.tenant or tenant or "default",
-                       tier=line.tier or tier or "standard", max_steps=line.max_steps, client_id=client_id)
+        owner = line.tenant or tenant or "default"
         try:
-            validate_spec(spec, settings, tiers)
+            policy = None
+            if tenants is not None:
+                policy = policies.get(owner) or policies.setdefault(owner, tenant_policy(tenants, owner))
+            spec = RunSpec(question=line.question, tenant=owner,
+                           tier=line.tier or tier or (policy.plan.default_tier if policy else None) or "standard",
+                           max_steps=line.max_steps, model=line.model, max_tokens=line.max_tokens,
+                           max_cost_usd=line.max_cost_usd, deadline_s=line.deadline_s, client_id=client_id)
+            validate_spec(spec, settings, tiers, policy=policy)
         except InvalidRequest as exc:
             out.errors.append(LineError(number, str(exc)))
             continue
@@ -98,15 +114,18 @@ class Progress:
 
 
 LOST_AFTER_S = 10.0
+SUBMIT_CHUNK = 500
 
 
 class BatchRunner:
     """Submits a batch and follows it to the end, writing each result line as its run finishes."""
 
-    def __init__(self, store: RunStore, settings: Settings, send_step: Callable[[str, int], None]) -> None:
+    def __init__(self, store: RunStore, settings: Settings, send_step: Callable[[str, int], None],
+                 on_wait: Callable[[AdmissionRefused], None] | None = None) -> None:
         self.store = store
         self.settings = settings
         self.send_step = send_step
+        self.on_wait = on_wait  # told before waiting out an admission refusal (runs in flight, per minute)
 
     def start(self, specs: list[RunSpec], out_path: Path) -> tuple[str, dict[str, str]]:
         """Submit the specs whose ids are missing from the output file, adopting runs a previous
@@ -122,12 +141,37 @@ class BatchRunner:
                 if run is not None and run.spec.question == spec.question:
                     adopted[spec.client_id or ""] = run.id
         batch_id = new_batch_id()
-        self.store.create_batch(batch_id, {"size": str(len(wanted)), "out": str(out_path)})
-        fresh = [s for s in wanted if s.client_id not in adopted]
-        runs = submit(self.store, fresh, self.settings, self.send_step, batch_id=batch_id)
-        mapping = {**adopted, **{run.spec.client_id or "": run.id for run in runs}}
+        owners = sorted({s.tenant for s in wanted})
+        self.store.create_batch(batch_id, {"size": str(len(wanted)), "out": str(out_path),
+                                           "tenant": owners[0] if len(owners) == 1 else ""})
+        mapping = dict(adopted)
         self.store.remember_batch_for_file(digest, batch_id, mapping)
+        fresh = [s for s in wanted if s.client_id not in adopted]
+        for chunk in _chunks(fresh, self._chunk_size(fresh)):
+            runs = self._submit_admitted(chunk, batch_id)
+            submitted = {run.spec.client_id or "": run.id for run in runs}
+            mapping.update(submitted)
+            self.store.record_batch_ids(batch_id, submitted)
         return batch_id, mapping
+
+    def _chunk_size(self, specs: list[RunSpec]) -> int:
+        """Submit in parts no plan involved refuses for their size alone."""
+        size = SUBMIT_CHUNK
+        tenants = Tenants(self.store.r, self.settings)
+        for name in {s.tenant for s in specs}:
+            if (policy := tenants.policy(name)) is not None:
+                size = min(size, policy.plan.limits.runs_in_flight, policy.plan.limits.submissions_per_minute)
+        return size
+
+    def _submit_admitted(self, chunk: list[RunSpec], batch_id: str) -> list[Run]:
+        """Submit, waiting out admission refusals (the tenant's runs in flight, submissions per minute)."""
+        while True:
+            try:
+                return submit(self.store, chunk, self.settings, self.send_step, batch_id=batch_id)
+            except AdmissionRefused as exc:
+                if self.on_wait is not None:
+                    self.on_wait(exc)
+                time.sleep(exc.retry_after_s)
 
     def follow(
         self, run_ids: list[str], on_finished: Callable[[Run], None], on_tick: Callable[[Progress], None],
@@ -165,6 +209,6 @@ class BatchRunner:
         return progress
 
 
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]

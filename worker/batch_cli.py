@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .admission import AdmissionRefused, TooLarge
 from .batch import BatchRunner, parse_input
 from .batch import Progress as BatchProgress
 from .core.models import Run
@@ -23,13 +24,16 @@ def run_batch_file(
 ) -> int:
     """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do."""
     with infile.open(encoding="utf-8") as f:
-        parsed = parse_input(iter(f), rt.settings, tenant, tier)
+        parsed = parse_input(iter(f), rt.settings, tenant, tier, rt.tenants)
     for error in parsed.errors:
         console.print(f"[red]rejected[/red] {infile}:{error}")
-    runner = BatchRunner(rt.store, rt.settings, send_step)
+    def waiting(refused: AdmissionRefused) -> None:
+        console.print(f"[yellow]waiting {refused.retry_after_s}s:[/yellow] {refused}; the batch goes on after that")
+
+    runner = BatchRunner(rt.store, rt.settings, send_step, on_wait=waiting)
     try:
         batch_id, mapping = runner.start(parsed.specs, outfile)
-    except InvalidRequest as exc:
+    except (InvalidRequest, TooLarge) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     skipped = len(parsed.specs) - len(mapping)

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from . import cli_tenants
 from .config import get_settings
 from .names import SANDBOX_QUEUE, STEPS_QUEUE
 
@@ -111,14 +112,27 @@ def stub(host: str, port: int, faults_json: str, **options: float | None) -> Non
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
-def api(host: str, port: int) -> None:
-    """The HTTP API (FastAPI): runs, batches, events, /metrics."""
+@click.option("--insecure-no-auth", is_flag=True,
+              help="no API keys: every caller acts as the first tenant of REACTQ_TENANTS (binds 127.0.0.1 only)")
+def api(host: str, port: int, insecure_no_auth: bool) -> None:
+    """The HTTP API (FastAPI): runs, batches, events, /metrics. Needs a tenant with an API key."""
     import uvicorn
 
     from . import logs
 
     logs.setup()
-    _runtime()
+    rt = _runtime()
+    if insecure_no_auth:
+        from .api_auth import serve_without_keys
+
+        serve_without_keys(rt.settings.tenants[0])
+        host = "127.0.0.1"
+        console.print("[yellow]warning:[/yellow] --insecure-no-auth: no API keys are checked; serving on 127.0.0.1")
+    elif rt.tenants.registered_count() == 0:
+        console.print("[red]error:[/red] no tenant has been set up, so no request could be authorised. Add one:\n"
+                      "  reactq tenant add NAME --plan standard && reactq key create NAME\n"
+                      "(or run `reactq api --insecure-no-auth` for a local, loopback-only API without keys)")
+        sys.exit(2)
     uvicorn.run("worker.api:app", host=host, port=port, log_level="warning", backlog=4096)
 
 
@@ -127,23 +141,25 @@ def api(host: str, port: int) -> None:
 @click.option("--wait", is_flag=True, help="wait for the answer")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--tenant", default="default", show_default=True)
-@click.option("--tier", default="standard", show_default=True)
+@click.option("--tier", default=None, help="default: the tenant's plan's default tier")
 @click.option("--max-steps", type=int, default=None)
 @click.option("--timeout", type=float, default=600, show_default=True, help="seconds to --wait")
-def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str, max_steps: int | None,
+def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None, max_steps: int | None,
         timeout: float) -> None:
     """Submit one run."""
+    from .admission import AdmissionRefused, TooLarge
     from .batch import BatchRunner
     from .core.models import RunSpec
     from .display import run_json
     from .errors import InvalidRequest
-    from .submit import submit
+    from .submit import submit, tenant_policy
 
     rt = _runtime()
     try:
+        tier = tier or tenant_policy(rt.tenants, tenant).plan.default_tier or "standard"
         [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps)],
                        rt.settings, _send_step())
-    except InvalidRequest as exc:
+    except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
     if wait:
@@ -246,6 +262,7 @@ def _add_sandbox_commands() -> None:
 
 
 _add_sandbox_commands()
+cli_tenants.register(cli)
 
 
 def main() -> None:

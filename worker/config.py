@@ -42,11 +42,13 @@ class Settings(BaseSettings):
     reflect_every: int = Field(0, ge=0)  # 0 = off
     max_question_chars: int = Field(8000, ge=1)
     max_tokens_per_run: int = Field(0, ge=0)  # 0 = no token budget
+    llm_max_tokens: int = Field(1024, ge=16)  # the max_tokens every LLM call is sent with (budgets may lower it)
     llm_temperature: float = 0.0
 
     # caches and durability
     tool_cache_ttl_s: int = Field(3600, ge=0)
-    record_ttl_s: int = Field(7 * 24 * 3600, ge=60)
+    run_ttl_s: int = Field(7 * 24 * 3600, ge=60)  # every key of an unfinished run or batch; refreshed as it moves
+    retention_s: int = Field(30 * 24 * 3600, ge=60)  # how long a finished run (and its batch) is kept
     lease_ttl_s: float = Field(15.0, gt=0)  # a dead worker's step lease lapses this fast
     stale_after_s: float = Field(120.0, gt=0)  # a running run with no progress this long is re-kicked
     reaper_interval_s: float = Field(15.0, gt=0)
@@ -59,8 +61,11 @@ class Settings(BaseSettings):
 
     tool_modules: list[str] = Field(default_factory=list)  # users' tool modules, imported by workers
 
-    # tenants and prices
-    tenants: list[str] = Field(default_factory=lambda: ["default"])  # tenants that get their own metric label
+    # tenants, plans and prices
+    tenants: list[str] = Field(default_factory=lambda: ["default"])  # single-operator tenants (no `tenant add`)
+    tenants_plan: str = "operator"  # the plan of the tenants in REACTQ_TENANTS
+    plans_file: str | None = None  # default: worker/plans.toml, shipped in the package
+    max_body_bytes: int = Field(1024 * 1024, ge=1024)  # larger HTTP request bodies answer 413
     tiers: list[str] = Field(default_factory=lambda: ["free", "standard", "pro"])
     prices_per_mtok: dict[str, tuple[float, float]] = Field(
         default_factory=lambda: {"reactq-stub": (0.15, 0.60)}

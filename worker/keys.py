@@ -78,3 +78,48 @@ def batch_ids(batch_id: str) -> str:
 def batch_file(digest: str) -> str:
     """The batch last submitted for one output file (so a re-run adopts its runs)."""
     return f"{PREFIX}:batchfile:{digest}"
+
+
+# --- tenants, keys, budgets, admission (worker/tenants.py, worker/budgets.py, worker/admission.py) ----
+TENANTS = f"{PREFIX}:tenants"  # set of tenant names added with `reactq tenant add`
+API_KEYS = f"{PREFIX}:apikeys"  # set of every API key id (revoked ones included)
+
+
+def tenant(name: str) -> str:
+    """hash: plan, created_at, and per-tenant budget overrides (tokens_per_day, usd_per_month, ...)."""
+    return f"{PREFIX}:tenant:{name}"
+
+
+def tenant_keys(name: str) -> str:
+    """set of the tenant's API key ids."""
+    return f"{PREFIX}:tenant:{name}:keys"
+
+
+def api_key(key_id: str) -> str:
+    """hash: tenant, sha256 (hex digest of the whole key), created_at, revoked_at."""
+    return f"{PREFIX}:apikey:{key_id}"
+
+
+def tenant_runs(name: str) -> str:
+    """zset: the tenant's run ids scored by creation time (`GET /v1/runs`, newest first)."""
+    return f"{PREFIX}:tenant:{name}:runs"
+
+
+def tenant_inflight(name: str) -> str:
+    """set: the tenant's unfinished run ids (admission: runs in flight)."""
+    return f"{PREFIX}:tenant:{name}:inflight"
+
+
+def tenant_spend(name: str, period: str) -> str:
+    """hash {tokens, usd}: spent and reserved in one period, `d:YYYY-MM-DD` or `m:YYYY-MM` (UTC)."""
+    return f"{PREFIX}:tenant:{name}:spend:{period}"
+
+
+def tenant_submissions(name: str, minute: int) -> str:
+    """counter: runs submitted in one minute (admission: submissions per minute)."""
+    return f"{PREFIX}:tenant:{name}:submits:{minute}"
+
+
+def tenant_streams(name: str) -> str:
+    """zset: open event streams, member = stream id, score = when it lapses unless renewed."""
+    return f"{PREFIX}:tenant:{name}:streams"

@@ -117,8 +117,7 @@ class OpenAIChat:
                         raise
                     self._report(model, "ok", time.monotonic() - t0)
         except openai.OpenAIError as exc:
-            raise LLMError(f"LLM call to {self.base_url} failed after {attempts} attempt(s): "
-                           f"{_describe(exc)}", attempts) from None
+            raise LLMError(f"LLM call failed after {attempts} attempt(s): {_describe(exc)}", attempts) from None
         return parse_completion(response.content, attempts, int((time.monotonic() - started) * 1000))
 
     def _report(self, model: str, outcome: str, seconds: float) -> None:
@@ -139,9 +138,12 @@ def _outcome(exc: BaseException) -> str:
 
 
 def _describe(exc: BaseException) -> str:
+    """Status and type only: a provider's message may echo the prompt, an account or a URL, and this
+    text is stored in the run and shown to its tenant."""
     if isinstance(exc, openai.APIStatusError):
-        return f"HTTP {exc.status_code}: {exc.message}"
-    return f"{exc.__class__.__name__}: {exc}"
+        kind = exc.type if isinstance(getattr(exc, "type", None), str) else exc.__class__.__name__
+        return f"HTTP {exc.status_code} ({kind})"
+    return exc.__class__.__name__
 
 
 class _Function(BaseModel):

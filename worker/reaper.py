@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from . import metrics
+from .names import STEPS_QUEUE
 from .runtime import Runtime
 
 log = logging.getLogger("reactq.reaper")
@@ -49,13 +50,17 @@ def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | N
 
 
 def start_reaper(rt: Runtime, send_step: Callable[[str, int], None], queues: list[str]) -> threading.Thread:
+    """Heartbeat for `queues`; step workers also reap (sandbox workers may hold a Redis user that cannot
+    read run records: deploy/redis/acl.conf)."""
     member = f"{socket.gethostname()}:{os.getpid()}"
+    reap = STEPS_QUEUE in queues
 
     def loop() -> None:
         while True:
             try:
                 rt.cluster.heartbeat(queues, member)
-                reap_once(rt, send_step)
+                if reap:
+                    reap_once(rt, send_step)
             except Exception:  # Redis restarting: try again next round
                 log.exception("reaper pass failed")
             time.sleep(rt.settings.reaper_interval_s)

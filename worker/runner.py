@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import keys, metrics
+from .budgets import BudgetExceeded, reserve_call
 from .core import engine, prompts
 from .core.engine import Act, End, Final, PlannedCall, Reflect, Retry
 from .core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
@@ -98,11 +99,13 @@ class StepRunner:
             reply = d.stored_reply or self._ask(run, d.steps, d.index)
         except LLMError as exc:
             return self._end(run, End(RunStatus.FAILED, str(exc)), d.index, Outcome.LLM_FAILED)
+        except BudgetExceeded as exc:
+            return self._end(run, End(RunStatus.BUDGET_EXCEEDED, str(exc)), d.index, Outcome.BUDGET_EXCEEDED)
 
         turn = self._parse(run.mode, reply)
         for warning in turn.warnings:
             log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
-        decision = engine.decide(run, d.steps, turn, self.rt.tools, limits,
+        decision = engine.decide(run, d.steps, turn, self.rt.tools_for(run.spec.tenant), limits,
                                  reflection=(reply.content or "") if reflecting else None)
         step = Step(
             index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
@@ -154,7 +157,7 @@ class StepRunner:
     def _ask(self, run: Run, steps: list[Step], index: int) -> LLMReply:
         """Ask the model for step `index`'s turn."""
         s = self.rt.settings
-        tools = self.rt.tools.all()
+        tools = self.rt.tools_for(run.spec.tenant).all()
         messages, compacted = prompts.build_messages(
             run.mode, run.spec.question, steps, tools, context_budget_tokens=s.context_budget_tokens,
             keep_recent_steps=s.keep_recent_steps, reflect_every=s.reflect_every,
@@ -164,7 +167,9 @@ class StepRunner:
             options["tools"] = [t.openai_schema() for t in tools]
         else:
             options["stop"] = TEXT_STOP_SEQUENCES[:4]
-        reply = self.rt.llm.chat(messages, **options)
+        with reserve_call(self.rt, run, messages, options) as budget:
+            reply = self.rt.llm.chat(messages, **options, max_tokens=budget.max_tokens)
+            budget.spent(reply.usage, cost_usd(run.model, reply.usage, s.prices_per_mtok))
         tenant = metrics.tenant_label(run.spec.tenant, s.tenants)
         metrics.LLM_TOKENS.labels(run.model, "prompt", tenant).inc(reply.usage.prompt_tokens)
         metrics.LLM_TOKENS.labels(run.model, "completion", tenant).inc(reply.usage.completion_tokens)

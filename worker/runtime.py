@@ -9,12 +9,15 @@ from functools import cached_property
 import redis
 
 from . import metrics
+from .budgets import TenantBudgets
 from .config import Settings, get_settings
 from .core.engine import Limits
 from .leases import LeaseKeeper
 from .llm import LLMClient, OpenAIChat
+from .plans import AllowedTools
 from .store import RunStore, connect
 from .store_cluster import ClusterStore
+from .tenants import Tenants
 from .tools import REGISTRY, ToolRegistry
 
 
@@ -29,7 +32,15 @@ class Runtime:
 
     @cached_property
     def store(self) -> RunStore:
-        return RunStore(self.redis, self.settings.record_ttl_s)
+        return RunStore(self.redis, self.settings.run_ttl_s, self.settings.retention_s)
+
+    @cached_property
+    def tenants(self) -> Tenants:
+        return Tenants(self.redis, self.settings, policy_memo_s=1.0)
+
+    @cached_property
+    def budgets(self) -> TenantBudgets:
+        return TenantBudgets(self.redis)
 
     @cached_property
     def cluster(self) -> ClusterStore:
@@ -53,6 +64,11 @@ class Runtime:
     def tools(self) -> ToolRegistry:
         REGISTRY.load_modules(self.settings.tool_modules)
         return REGISTRY
+
+    def tools_for(self, tenant: str) -> ToolRegistry | AllowedTools:
+        """The tools `tenant`'s plan allows (read from Redis each time: a plan change applies at once)."""
+        policy = self.tenants.policy(tenant)
+        return self.tools if policy is None else AllowedTools(self.tools, policy.plan)
 
     @property
     def limits(self) -> Limits:

@@ -109,9 +109,11 @@ def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, inva
 
 
 class RunStore:
-    def __init__(self, client: redis.Redis, record_ttl_s: int = 7 * 24 * 3600) -> None:
+    def __init__(self, client: redis.Redis, run_ttl_s: int = 7 * 24 * 3600, retention_s: int = 30 * 24 * 3600) -> None:
         self.r = client
-        self.ttl = record_ttl_s
+        self.ttl = run_ttl_s  # every key of an unfinished run; refreshed on each step
+        self.retention = retention_s  # a finished run's record, steps and events
+        self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
         self._cas = client.register_script(CAS_SCRIPT)
 
     # --- run records -------------------------------------------------------------------------
@@ -119,12 +121,21 @@ class RunStore:
         pipe = self.r.pipeline(transaction=False)
         now = time.time()
         for run in runs:
-            pipe.set(keys.run(run.id), run.model_dump_json())
+            pipe.set(keys.run(run.id), run.model_dump_json(), ex=self.ttl)
             pipe.zadd(keys.ACTIVE_RUNS, {run.id: now})
             pipe.xadd(keys.events(run.id), {"type": "queued", "data": "{}"}, maxlen=EVENTS_MAXLEN)
+            pipe.expire(keys.events(run.id), self.ttl)
+            pipe.zadd(keys.tenant_runs(run.spec.tenant), {run.id: run.created_at})
+            pipe.sadd(keys.tenant_inflight(run.spec.tenant), run.id)
             if batch_id:
                 pipe.rpush(keys.batch_runs(batch_id), run.id)
+        if batch_id:
+            self._refresh_batch(pipe, batch_id)
         pipe.execute()
+
+    def _refresh_batch(self, pipe: Any, batch_id: str) -> None:
+        for key in _batch_keys(batch_id):
+            pipe.expire(key, self.batch_ttl)
 
     def load_run(self, run_id: str) -> Run | None:
         raw = self.r.get(keys.run(run_id))
@@ -223,21 +234,28 @@ class RunStore:
                     continue
 
     def _commands(self, run: Run, was_finished: bool, extra: Callable[[Run], list[Command]] | None) -> list[Command]:
-        """The writes that go with a new run record: `extra`'s, then the active set and the end of a run."""
+        """The writes that go with a new run record: `extra`'s, then the active set and the end of a run,
+        and the expiry of every key the run (and its batch) keeps: refreshed while it moves."""
         commands = extra(run) if extra is not None else []
         if run.status.finished and not was_finished:
             commands += self._on_finished(run)
         elif not run.status.finished:
             commands.append(("ZADD", keys.ACTIVE_RUNS, run.updated_at, run.id))
+            commands += [("EXPIRE", key, self.ttl) for key in (keys.run(run.id), keys.steps(run.id),
+                                                                 keys.events(run.id))]
+        if run.spec.batch_id:
+            commands += [("EXPIRE", key, self.batch_ttl) for key in _batch_keys(run.spec.batch_id)]
         return commands
 
     def _on_finished(self, run: Run) -> list[Command]:
         finished = json.dumps({"status": run.status.value, "answer": run.answer})
         commands: list[Command] = [
             ("ZREM", keys.ACTIVE_RUNS, run.id),
+            ("SREM", keys.tenant_inflight(run.spec.tenant), run.id),
             _event(run.id, "finished", finished),
         ]
-        commands += [("EXPIRE", key, self.ttl) for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
+        commands += [("EXPIRE", key, self.retention)
+                     for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
         if run.spec.batch_id:
             commands.append(("RPUSH", keys.batch_done(run.spec.batch_id), run.id))
         return commands
@@ -386,7 +404,11 @@ class RunStore:
 
     # --- batches, usage, reaper ----------------------------------------------------------------
     def create_batch(self, batch_id: str, meta: dict[str, str]) -> None:
-        self.r.hset(keys.batch(batch_id), mapping={"created_at": str(time.time()), **meta})
+        """`meta` names the batch's `tenant` (its owner) and its `size`."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.batch(batch_id), mapping={"created_at": str(time.time()), **meta})
+        pipe.expire(keys.batch(batch_id), self.batch_ttl)
+        pipe.execute()
 
     def batch_run_ids(self, batch_id: str) -> list[str]:
         return [i.decode() for i in self.r.lrange(keys.batch_runs(batch_id), 0, -1)]
@@ -405,11 +427,17 @@ class RunStore:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch_ids(previous.decode())).items()}
 
     def remember_batch_for_file(self, digest: str, batch_id: str, mapping: dict[str, str]) -> None:
-        pipe = self.r.pipeline(transaction=False)
+        """The batch now submitted for one output file (a re-run adopts its runs), with those known yet."""
+        self.record_batch_ids(batch_id, mapping)
+        self.r.set(keys.batch_file(digest), batch_id, ex=self.retention)
+
+    def record_batch_ids(self, batch_id: str, mapping: dict[str, str]) -> None:
+        """client id -> run id of runs just submitted in a batch."""
         if mapping:
+            pipe = self.r.pipeline(transaction=False)
             pipe.hset(keys.batch_ids(batch_id), mapping=mapping)
-        pipe.set(keys.batch_file(digest), batch_id, ex=self.ttl)
-        pipe.execute()
+            pipe.expire(keys.batch_ids(batch_id), self.batch_ttl)
+            pipe.execute()
 
     def batch_info(self, batch_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch(batch_id)).items()}
@@ -429,6 +457,10 @@ class RunStore:
 
     def active_count(self) -> int:
         return int(self.r.zcard(keys.ACTIVE_RUNS))
+
+
+def _batch_keys(batch_id: str) -> tuple[str, ...]:
+    return keys.batch(batch_id), keys.batch_runs(batch_id), keys.batch_done(batch_id), keys.batch_ids(batch_id)
 
 
 def _event(run_id: str, kind: str, data: str) -> Command:

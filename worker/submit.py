@@ -6,10 +6,12 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from .admission import admit
 from .config import Settings
 from .core.models import Run, RunSpec, RunStatus
 from .errors import InvalidRequest
 from .store import RunStore
+from .tenants import Policy, Tenants
 
 
 def known_tiers(settings: Settings) -> list[str]:
@@ -21,7 +23,13 @@ def known_tiers(settings: Settings) -> list[str]:
         return list(settings.tiers)
 
 
-def validate_spec(spec: RunSpec, settings: Settings, tiers: Sequence[str], where: str = "") -> None:
+class TierNotAllowed(InvalidRequest):
+    """The tenant's plan does not allow the tier asked for (the HTTP API answers 403)."""
+
+
+def validate_spec(spec: RunSpec, settings: Settings, tiers: Sequence[str], where: str = "",
+                  policy: Policy | None = None) -> None:
+    """Check what a submission asks for; with the tenant's `policy`, also that its plan allows the tier."""
     prefix = f"{where}: " if where else ""
     question = spec.question.strip()
     if not question:
@@ -31,15 +39,25 @@ def validate_spec(spec: RunSpec, settings: Settings, tiers: Sequence[str], where
             f"{prefix}the question has {len(spec.question)} characters; the limit is "
             f"{settings.max_question_chars} (REACTQ_MAX_QUESTION_CHARS)"
         )
-    if spec.tenant not in settings.tenants:
-        raise InvalidRequest(
-            f"{prefix}unknown tenant {spec.tenant!r}; known tenants: {', '.join(settings.tenants)} "
-            "(configure REACTQ_TENANTS)"
-        )
     if spec.tier not in tiers:
         raise InvalidRequest(f"{prefix}unknown tier {spec.tier!r}; known tiers: {', '.join(tiers)}")
+    if policy is not None and (refused := policy.check_tier(spec.tier)):
+        raise TierNotAllowed(prefix + refused)
     if spec.max_steps is not None and not 1 <= spec.max_steps <= 200:
         raise InvalidRequest(f"{prefix}max_steps must be between 1 and 200, got {spec.max_steps}")
+    for name, value in (("max_tokens", spec.max_tokens), ("max_cost_usd", spec.max_cost_usd),
+                        ("deadline_s", spec.deadline_s)):
+        if value is not None and value <= 0:
+            raise InvalidRequest(f"{prefix}{name} must be more than 0, got {value}")
+
+
+def tenant_policy(tenants: Tenants, tenant: str) -> Policy:
+    """The tenant's policy, or InvalidRequest naming only that tenant."""
+    policy = tenants.policy(tenant)
+    if policy is None:
+        raise InvalidRequest(f"unknown tenant {tenant!r} (add it with `reactq tenant add`, or list it in "
+                             "REACTQ_TENANTS)")
+    return policy
 
 
 def new_run(spec: RunSpec, settings: Settings) -> Run:
@@ -51,18 +69,37 @@ def new_run(spec: RunSpec, settings: Settings) -> Run:
         model=spec.model or settings.model,
         created_at=now,
         updated_at=now,
-        deadline_s=settings.run_deadline_s,
+        deadline_s=spec.deadline_s or settings.run_deadline_s,
     )
 
 
 def submit(
     store: RunStore, specs: Sequence[RunSpec], settings: Settings, send_step: Callable[[str, int], None],
-    batch_id: str | None = None,
+    batch_id: str | None = None, *, admit_runs: bool = True,
 ) -> list[Run]:
-    """Validate every spec first (nothing is submitted if one is bad), then record and enqueue them."""
+    """Validate every spec first (nothing is submitted if one is bad), check admission for each tenant
+    (AdmissionRefused), then record and enqueue them."""
     tiers = known_tiers(settings)
-    for spec in specs:
-        validate_spec(spec, settings, tiers, where=f"run {spec.client_id}" if spec.client_id else "")
+    tenants = Tenants(store.r, settings)
+    policies: dict[str, Policy] = {}
+    errors = []
+    for i, spec in enumerate(specs):
+        where = f"runs[{i}]" if len(specs) > 1 else ""
+        if spec.client_id:
+            where = f"{where} (id {spec.client_id!r})".strip()
+        try:
+            if spec.tenant not in policies:
+                policies[spec.tenant] = tenant_policy(tenants, spec.tenant)
+            validate_spec(spec, settings, tiers, where, policies[spec.tenant])
+        except TierNotAllowed:
+            raise
+        except InvalidRequest as exc:
+            errors.append(str(exc))
+    if errors:
+        raise InvalidRequest("; ".join(errors))
+    if admit_runs:
+        for tenant, policy in policies.items():
+            admit(store.r, policy, sum(1 for s in specs if s.tenant == tenant))
     runs = [new_run(spec.model_copy(update={"batch_id": batch_id}), settings) for spec in specs]
     store.create_runs(runs, batch_id)
     for run in runs:

@@ -39,6 +39,9 @@ class ToolLookup(Protocol):
 
     def names(self) -> list[str]: ...
 
+    def refusal(self, name: str) -> str | None:
+        """Why a tool that exists is not available to this run (its tenant's plan), or None."""
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -193,12 +196,14 @@ def decide(
             )
         tool = tools.get(call.name)
         if tool is None:
+            refused = tools.refusal(call.name)
             rejected.append(
                 Observation(
                     call_id=call.id,
                     tool=call.name,
-                    outcome="unknown_tool",
-                    content=f"Error: unknown tool {call.name!r}. Available tools: {', '.join(tools.names())}.",
+                    outcome="not_allowed" if refused else "unknown_tool",
+                    content=f"Error: {refused}." if refused else
+                    f"Error: unknown tool {call.name!r}. Available tools: {', '.join(tools.names())}.",
                 )
             )
             continue

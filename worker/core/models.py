@@ -102,6 +102,9 @@ class RunSpec(BaseModel):
     model: str | None = None
     batch_id: str | None = None
     client_id: str | None = None  # the `id` of a batch input line
+    max_tokens: int | None = None  # the run's token budget (prompt + completion, all its calls)
+    max_cost_usd: float | None = None  # the run's cost budget
+    deadline_s: float | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
 
 
 class Run(BaseModel):

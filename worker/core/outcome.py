@@ -18,6 +18,7 @@ class Outcome(StrEnum):
     INVALID_OUTPUT = "invalid_output"  # the model's output was unusable; the error is its observation
     ENDED = "ended"  # a limit or a loop ended the run
     LLM_FAILED = "llm_failed"  # the LLM call failed after its retries; the run ended failed
+    BUDGET_EXCEEDED = "budget_exceeded"  # the next call could overshoot a run or tenant budget: run ended
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,10 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return sorted(t.name for t in self._tools.values())
 
+    def refusal(self, name: str) -> str | None:
+        """Every registered tool is available (a plan's view, `worker.plans.AllowedTools`, refuses some)."""
+        return None
+
     def all(self) -> list[Tool]:
         return [self._tools[n] for n in sorted(self._tools)]
 
