@@ -15,6 +15,7 @@ from . import keys
 from .config import Settings
 from .core.models import Run, RunSpec
 from .errors import InvalidRequest
+from .evals.scoring import MatchMode, check_expected
 from .store import RunStore
 from .submit import known_tiers, new_batch_id, submit, validate_spec
 
@@ -25,7 +26,8 @@ class BatchLine(BaseModel, extra="forbid"):
     tenant: str | None = None
     tier: str | None = None
     max_steps: int | None = None
-    expected: str | None = None  # allowed for evaluation sets such as the demo's; not used by the engine
+    expected: str | list[str] | None = None  # evaluation sets (`reactq eval`); not used by the engine
+    match: MatchMode | None = None  # how `expected` is compared (default: contains)
 
 
 @dataclass
@@ -41,6 +43,7 @@ class LineError:
 class ParsedInput:
     specs: list[RunSpec] = field(default_factory=list)
     errors: list[LineError] = field(default_factory=list)
+    expected: dict[str, tuple[str | list[str], MatchMode]] = field(default_factory=dict)  # client id -> ...
 
 
 def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, tier: str | None) -> ParsedInput:
@@ -68,6 +71,15 @@ def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, ti
             validate_spec(spec, settings, tiers)
         except InvalidRequest as exc:
             out.errors.append(LineError(number, str(exc)))
+            continue
+        if line.expected is not None:
+            mode = line.match or MatchMode.CONTAINS
+            if (unscorable := check_expected(line.expected, mode)) is not None:
+                out.errors.append(LineError(number, unscorable))
+                continue
+            out.expected[client_id] = (line.expected, mode)
+        elif line.match is not None:
+            out.errors.append(LineError(number, "`match` without `expected`"))
             continue
         seen.add(client_id)
         out.specs.append(spec)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .batch import BatchRunner, parse_input
+from .batch import BatchRunner, ParsedInput, parse_input
 from .batch import Progress as BatchProgress
 from .core.models import Run
 from .errors import InvalidRequest
@@ -20,10 +21,15 @@ def run_batch_file(
     rt: Runtime, infile: Path, outfile: Path, tenant: str | None, tier: str | None,
     send_step: Callable[[str, int], None], console: Console,
     on_result: Callable[[Run], None] | None = None,
+    line_for: Callable[[Run], dict[str, Any]] = Run.result_line,
+    parsed: ParsedInput | None = None,
 ) -> int:
-    """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do."""
-    with infile.open(encoding="utf-8") as f:
-        parsed = parse_input(iter(f), rt.settings, tenant, tier)
+    """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do.
+    `line_for` makes a finished run's output line (`reactq eval` adds its scoring); `parsed` is the input
+    already read (else `infile` is read here)."""
+    if parsed is None:
+        with infile.open(encoding="utf-8") as f:
+            parsed = parse_input(iter(f), rt.settings, tenant, tier)
     for error in parsed.errors:
         console.print(f"[red]rejected[/red] {infile}:{error}")
     runner = BatchRunner(rt.store, rt.settings, send_step)
@@ -44,7 +50,7 @@ def run_batch_file(
         task = bar.add_task("runs", total=len(mapping), detail="")
 
         def finished(run: Run) -> None:
-            sink.write(json.dumps(run.result_line(), ensure_ascii=False) + "\n")
+            sink.write(json.dumps(line_for(run), ensure_ascii=False) + "\n")
             sink.flush()
             if on_result is not None:
                 on_result(run)

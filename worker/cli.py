@@ -218,7 +218,7 @@ def cancel(run_id: str, as_json: bool) -> None:
 @click.option("--out", "outfile", default="reactq-demo-results.jsonl", show_default=True,
               type=click.Path(dir_okay=False, path_type=Path))
 def demo(outfile: Path) -> None:
-    """Run the bundled sample batch on the embedded default, starting whatever is missing."""
+    """Run the bundled evaluation set on the embedded default, starting whatever is missing."""
     from .demo import run_demo
 
     sys.exit(run_demo(outfile, console, out))
@@ -242,11 +242,15 @@ def _add_sandbox_commands() -> None:
 
 _add_sandbox_commands()
 
+from . import cli_eval  # noqa: E402,F401  (registers `reactq eval`)
+
 
 def main() -> None:
     get_settings()
     cli()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m worker.cli`: use the imported module, where the add-on verbs registered
+    from worker.cli import main as imported_main
+
+    imported_main()
