@@ -13,15 +13,16 @@ from pydantic import BaseModel, Field, ValidationError
 from redis import asyncio as aioredis
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import keys, metrics
+from . import api_runs_extra, keys, metrics
 from .core.models import Mode, RunSpec
 from .display import run_json
 from .errors import InvalidRequest
 from .metrics_server import initialise
 from .reaper import queue_depths
 from .runtime import get_runtime
-from .submit import cancel, new_batch_id, submit
+from .submit import batch_view, cancel, new_batch_id, submit
 from .tasks import send_step
+from .webhooks import validate_url
 
 
 @asynccontextmanager
@@ -31,6 +32,7 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 
 app = FastAPI(title="reactq", version="0.1.0", lifespan=_lifespan)
+app.include_router(api_runs_extra.router)
 
 
 class RunRequest(BaseModel, extra="forbid"):
@@ -40,12 +42,14 @@ class RunRequest(BaseModel, extra="forbid"):
     max_steps: int | None = None
     mode: Mode | None = None
     id: str | None = None
+    webhook_url: str | None = None
 
 
 class BatchRequest(BaseModel, extra="forbid"):
     runs: list[RunRequest] = Field(min_length=1, max_length=10_000)
     tenant: str | None = None
     tier: str | None = None
+    webhook_url: str | None = None  # called once when the whole batch has finished
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -70,7 +74,7 @@ async def _validation(_: Request, exc: ValidationError | RequestValidationError)
 
 def _spec(r: RunRequest, tenant: str | None = None, tier: str | None = None) -> RunSpec:
     return RunSpec(question=r.question, tenant=tenant or r.tenant, tier=tier or r.tier, max_steps=r.max_steps,
-                   mode=r.mode, client_id=r.id)
+                   mode=r.mode, client_id=r.id, webhook_url=r.webhook_url)
 
 
 @app.post("/v1/runs", status_code=201)
@@ -85,7 +89,10 @@ def create_batch(body: BatchRequest) -> dict:
     rt = get_runtime()
     batch_id = new_batch_id()
     specs = [_spec(r, body.tenant, body.tier) for r in body.runs]
-    rt.store.create_batch(batch_id, {"size": str(len(specs))})
+    meta = {"size": str(len(specs)), "tenant": body.tenant or specs[0].tenant}
+    if body.webhook_url is not None:
+        meta["webhook_url"] = validate_url(body.webhook_url)
+    rt.store.create_batch(batch_id, meta)
     runs = submit(rt.store, specs, rt.settings, send_step, batch_id=batch_id)
     return {"batch_id": batch_id, "run_ids": [r.id for r in runs]}
 
@@ -146,23 +153,10 @@ async def run_events(run_id: str, request: Request) -> StreamingResponse:
 
 @app.get("/v1/batches/{batch_id}")
 def get_batch(batch_id: str) -> dict:
-    rt = get_runtime()
-    info = rt.store.batch_info(batch_id)
-    if not info:
+    view = batch_view(get_runtime().store, batch_id)
+    if view is None:
         raise HTTPException(404, f"no batch {batch_id!r}")
-    run_ids = rt.store.batch_run_ids(batch_id)
-    counts: dict[str, int] = {}
-    for run in rt.store.load_runs(run_ids):
-        if run is not None:
-            counts[run.status.value] = counts.get(run.status.value, 0) + 1
-    return {
-        "batch_id": batch_id,
-        "size": len(run_ids),
-        "finished": rt.store.batch_finished_count(batch_id),
-        "statuses": counts,
-        "usage": {k: float(v) for k, v in info.items() if k in ("prompt_tokens", "completion_tokens", "cost_usd")},
-        "run_ids": run_ids,
-    }
+    return view
 
 
 @app.get("/healthz")

@@ -28,6 +28,7 @@ class BatchLine(BaseModel, extra="forbid"):
     max_steps: int | None = None
     expected: str | list[str] | None = None  # evaluation sets (`reactq eval`); not used by the engine
     match: MatchMode | None = None  # how `expected` is compared (default: contains)
+    webhook_url: str | None = None
 
 
 @dataclass
@@ -66,7 +67,8 @@ def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, ti
             out.errors.append(LineError(number, f"duplicate id {client_id!r}"))
             continue
         spec = RunSpec(question=line.question, tenant=line.tenant or tenant or "default",
-                       tier=line.tier or tier or "standard", max_steps=line.max_steps, client_id=client_id)
+                       tier=line.tier or tier or "standard", max_steps=line.max_steps, client_id=client_id,
+                       webhook_url=line.webhook_url)
         try:
             validate_spec(spec, settings, tiers)
         except InvalidRequest as exc:
@@ -137,7 +139,8 @@ class BatchRunner:
                 if run is not None and run.spec.question == spec.question:
                     adopted[spec.client_id or ""] = run.id
         batch_id = new_batch_id()
-        self.store.create_batch(batch_id, {"size": str(len(wanted)), "out": str(out_path)})
+        self.store.create_batch(batch_id, {"size": str(len(wanted)), "out": str(out_path),
+                                           "tenant": specs[0].tenant if specs else "default"})
         fresh = [s for s in wanted if s.client_id not in adopted]
         runs = submit(self.store, fresh, self.settings, self.send_step, batch_id=batch_id)
         mapping = {**adopted, **{run.spec.client_id or "": run.id for run in runs}}

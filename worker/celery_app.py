@@ -1,4 +1,4 @@
-"""The Celery app: Redis broker, at-least-once delivery, queues reactq.steps and reactq.sandbox."""
+"""The Celery app: Redis broker, at-least-once delivery, queues reactq.steps, reactq.sandbox, reactq.webhooks."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ STEPS_QUEUE = "reactq.steps"
 SANDBOX_QUEUE = "reactq.sandbox"
 STEP_TASK = "reactq.step"
 SANDBOX_TASK = "reactq.sandbox.execute"
+WEBHOOKS_QUEUE = "reactq.webhooks"
+WEBHOOK_TASK = "reactq.webhook.deliver"
 
 
 def make_app() -> Celery:
     settings = get_settings()
-    app = Celery("reactq", broker=settings.redis_url, include=["worker.tasks", "tools_sandbox.tasks"])
+    app = Celery("reactq", broker=settings.redis_url,
+                 include=["worker.tasks", "worker.webhook_tasks", "tools_sandbox.tasks"])
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -22,7 +25,8 @@ def make_app() -> Celery:
         task_serializer="json",
         accept_content=["json"],
         task_default_queue=STEPS_QUEUE,
-        task_routes={STEP_TASK: {"queue": STEPS_QUEUE}, SANDBOX_TASK: {"queue": SANDBOX_QUEUE}},
+        task_routes={STEP_TASK: {"queue": STEPS_QUEUE}, SANDBOX_TASK: {"queue": SANDBOX_QUEUE},
+                     WEBHOOK_TASK: {"queue": WEBHOOKS_QUEUE}},
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -57,15 +57,17 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
         port = get_settings().metrics_port if metrics_port is None else metrics_port
         sys.exit(supervise_workers(processes, queues, concurrency, port, loglevel))
     from . import logs
-    from .celery_app import SANDBOX_QUEUE, STEPS_QUEUE
+    from .celery_app import SANDBOX_QUEUE, STEPS_QUEUE, WEBHOOKS_QUEUE
     from .metrics_server import start_metrics_server
 
-    names = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE}
+    names = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE, "webhooks": WEBHOOKS_QUEUE}
     try:
         selected = [names[q.strip()] for q in queues.split(",") if q.strip()]
     except KeyError as exc:
-        message = f"unknown queue {exc.args[0]!r}; use steps, sandbox or both"
+        message = f"unknown queue {exc.args[0]!r}; use steps, sandbox, webhooks (comma-separated)"
         raise click.BadParameter(message, param_hint="--queues") from None
+    if STEPS_QUEUE in selected and WEBHOOKS_QUEUE not in selected:  # step workers deliver webhooks by default
+        selected.append(WEBHOOKS_QUEUE)
     if concurrency is None:
         concurrency = 200 if STEPS_QUEUE in selected else (os.cpu_count() or 2)
     os.environ["REACTQ_WORKER_QUEUES"] = ",".join(selected)
@@ -125,8 +127,9 @@ def api(host: str, port: int) -> None:
 @click.option("--tier", default="standard", show_default=True)
 @click.option("--max-steps", type=int, default=None)
 @click.option("--timeout", type=float, default=600, show_default=True, help="seconds to --wait")
+@click.option("--webhook-url", default=None, help="called with the run when it finishes")
 def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str, max_steps: int | None,
-        timeout: float) -> None:
+        timeout: float, webhook_url: str | None) -> None:
     """Submit one run."""
     from .batch import BatchRunner
     from .core.models import RunSpec
@@ -136,8 +139,8 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str, max_st
 
     rt = _runtime()
     try:
-        [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps)],
-                       rt.settings, _send_step())
+        [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
+                                          webhook_url=webhook_url)], rt.settings, _send_step())
     except InvalidRequest as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
@@ -242,7 +245,7 @@ def _add_sandbox_commands() -> None:
 
 _add_sandbox_commands()
 
-from . import cli_eval  # noqa: E402,F401  (registers `reactq eval`)
+from . import cli_eval, cli_webhooks  # noqa: E402,F401  (register `reactq eval`, `reactq webhook`)
 
 
 def main() -> None:

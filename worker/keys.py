@@ -77,3 +77,23 @@ def batch_ids(batch_id: str) -> str:
 def batch_file(digest: str) -> str:
     """The batch last submitted for one output file (so a re-run adopts its runs)."""
     return f"{PREFIX}:batchfile:{digest}"
+
+
+def tenant_webhook(tenant: str) -> str:
+    """hash: the tenant's default webhook `url` (optional) and signing `secret`."""
+    return f"{PREFIX}:tenant:{tenant}:webhook"
+
+
+def webhook_delivery(delivery_id: str) -> str:
+    """A webhook delivery record (JSON): target, body, state and every attempt with its status."""
+    return f"{PREFIX}:webhook:{delivery_id}"
+
+
+def tenant_deliveries(tenant: str) -> str:
+    """zset: the tenant's webhook delivery ids, scored by creation time."""
+    return f"{PREFIX}:tenant:{tenant}:deliveries"
+
+
+def batch_webhook_sent(batch_id: str) -> str:
+    """Set once the batch's `finished` webhook has been queued (the last two runs may finish together)."""
+    return f"{PREFIX}:batch:{batch_id}:webhook"

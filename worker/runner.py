@@ -21,6 +21,7 @@ from .core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, Tool
 from .core.parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
 from .core.pricing import cost_usd
 from .errors import LLMError, ToolError
+from .finish_hooks import after_finish
 from .runtime import Runtime
 from .sandbox_bridge import observation_from_sandbox
 
@@ -286,6 +287,7 @@ def record_finished(run: Run) -> None:
     metrics.RUN_TURNS.labels(run.status.value).observe(run.current_step)
     metrics.RUN_DURATION.labels(run.status.value).observe(max(0.0, (run.finished_at or time.time()) - run.created_at))
     log.info("run finished", extra={"run_id": run.id, "status": run.status.value, "steps": run.current_step})
+    after_finish(run)
 
 
 def _tool_label(name: str, rt: Runtime) -> str:

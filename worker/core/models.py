@@ -101,6 +101,7 @@ class RunSpec(BaseModel):
     model: str | None = None
     batch_id: str | None = None
     client_id: str | None = None  # the `id` of a batch input line
+    webhook_url: str | None = None  # called when the run finishes (worker/webhooks.py)
 
 
 class Run(BaseModel):
