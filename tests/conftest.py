@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures_cluster",
     "tests.fixtures_prometheus",
     "tests.fixtures_receiver",
+    "tests.fixtures_api",
 ]

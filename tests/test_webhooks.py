@@ -6,17 +6,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from tests.fixtures_cluster import ROOT, Cluster
+from tests.fixtures_cluster import Cluster
 from tests.fixtures_receiver import Receiver
-from tests.fixtures_services import free_port, wait_for_port
 from worker.errors import InvalidRequest
 from worker.webhooks import backoff_s, sign, validate_url
 
@@ -58,20 +55,6 @@ FAST_RETRIES = {"REACTQ_WEBHOOK_ALLOW_PRIVATE": "1", "REACTQ_WEBHOOK_RETRY_BASE_
                 "REACTQ_WEBHOOK_RETRY_MAX_S": "1"}
 
 
-@pytest.fixture
-def api(cluster: Cluster) -> Iterator[httpx.Client]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "api", "--port", str(port)], env=cluster.env,
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port(port, 30)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            yield client
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def wait_delivery(cluster: Cluster, state: str, count: int = 1, timeout: float = 60) -> list[dict]:
     """The tenant's deliveries once `count` of them are in `state`."""
     deadline = time.monotonic() + timeout
@@ -86,7 +69,7 @@ def wait_delivery(cluster: Cluster, state: str, count: int = 1, timeout: float =
 
 @pytest.mark.integration
 def test_tenant_default_webhook_retried_until_delivered_and_signed(
-        cluster: Cluster, make_receiver: Callable[[int], Receiver], api: httpx.Client) -> None:
+        cluster: Cluster, make_receiver: Callable[[int], Receiver], api_client: httpx.Client) -> None:
     receiver = make_receiver(2)  # two 500s, then 200
     cluster.env.update(FAST_RETRIES)
     cluster.start_worker(queues="steps,sandbox")  # step workers consume reactq.webhooks by default
@@ -109,17 +92,17 @@ def test_tenant_default_webhook_retried_until_delivered_and_signed(
     [delivery] = wait_delivery(cluster, "delivered")
     assert [a["status_code"] for a in delivery["attempts"]] == [500, 500, 200]
     assert [a["error"] for a in delivery["attempts"]] == ["HTTP 500", "HTTP 500", None]
-    listed = api.get("/v1/webhooks/deliveries").json()["deliveries"]
+    listed = api_client.get("/v1/webhooks/deliveries").json()["deliveries"]
     assert [d["id"] for d in listed] == [delivery["id"]] and "body" not in listed[0]
 
 
 @pytest.mark.integration
 def test_batch_webhook_and_a_failing_receiver_never_affect_the_runs(
-        cluster: Cluster, make_receiver: Callable[[int], Receiver], api: httpx.Client) -> None:
+        cluster: Cluster, make_receiver: Callable[[int], Receiver], api_client: httpx.Client) -> None:
     batch_receiver, broken = make_receiver(0), make_receiver(-1)  # the second always answers 500
     cluster.env.update({**FAST_RETRIES, "REACTQ_WEBHOOK_RETRY_FOR_S": "2"})
     cluster.start_worker(queues="steps,sandbox")
-    created = api.post("/v1/batches", json={"webhook_url": batch_receiver.url, "runs": [
+    created = api_client.post("/v1/batches", json={"webhook_url": batch_receiver.url, "runs": [
         {"question": "What is 2 + 2?", "webhook_url": broken.url},
         {"question": "What is the capital of France?"},
     ]})
@@ -128,7 +111,7 @@ def test_batch_webhook_and_a_failing_receiver_never_affect_the_runs(
     [call] = batch_receiver.wait_for("the batch's call", lambda c: len(c) >= 1)
     assert call.headers["x-reactq-event"] == "batch.finished"
     body = json.loads(call.body)
-    assert body == api.get(f"/v1/batches/{batch_id}").json()
+    assert body == api_client.get(f"/v1/batches/{batch_id}").json()
     assert body["finished"] == 2 and body["statuses"] == {"succeeded": 2}
     found = wait_delivery(cluster, "failed")  # the broken receiver's run webhook, given up after 2 s
     failed = [d for d in found if d["state"] == "failed"]
@@ -136,7 +119,7 @@ def test_batch_webhook_and_a_failing_receiver_never_affect_the_runs(
     assert all(a["status_code"] == 500 for a in failed[0]["attempts"])
     assert len(broken.calls) == len(failed[0]["attempts"])
     run_ids = created.json()["run_ids"]
-    assert all(api.get(f"/v1/runs/{r}").json()["status"] == "succeeded" for r in run_ids)
+    assert all(api_client.get(f"/v1/runs/{r}").json()["status"] == "succeeded" for r in run_ids)
 
 
 @pytest.mark.integration
@@ -153,10 +136,10 @@ def test_private_addresses_are_refused_unless_the_operator_allows_them(
 
 
 @pytest.mark.integration
-def test_bad_webhook_urls_are_rejected_at_submission(cluster: Cluster, api: httpx.Client) -> None:
-    response = api.post("/v1/runs", json={"question": "What is 1 + 1?", "webhook_url": "ftp://x/"})
+def test_bad_webhook_urls_are_rejected_at_submission(cluster: Cluster, api_client: httpx.Client) -> None:
+    response = api_client.post("/v1/runs", json={"question": "What is 1 + 1?", "webhook_url": "ftp://x/"})
     assert response.status_code == 422 and "http or https" in response.json()["error"]["message"]
-    response = api.post("/v1/batches", json={"webhook_url": "gopher://x", "runs": [{"question": "hi"}]})
+    response = api_client.post("/v1/batches", json={"webhook_url": "gopher://x", "runs": [{"question": "hi"}]})
     assert response.status_code == 422
     done = cluster.reactq("webhook", "set-default", "default", "file:///etc/passwd")
     assert done.returncode == 2 and "http or https" in done.stderr

@@ -4,13 +4,46 @@ like an unknown one."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from typing import Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query
+from pydantic import BaseModel, Field
 
 from .api_auth import caller_tenant
+from .approvals import ApprovalConflict, decide
+from .core.models import Run
+from .display import run_json
 from .finish_hooks import webhook_store
 from .runtime import get_runtime
+from .tasks import send_step
 
 router = APIRouter()
+
+
+def owned_run(run_id: str, tenant: str) -> Run:
+    """The caller's run, else 404 (another tenant's run is answered like an unknown one)."""
+    run = get_runtime().store.load_run(run_id)
+    if run is None or run.spec.tenant != tenant:
+        raise HTTPException(404, f"no run {run_id!r}")
+    return run
+
+
+class ApprovalRequest(BaseModel, extra="forbid"):
+    decision: Literal["approve", "reject"]
+    call_id: str | None = Field(None, max_length=200, description="the pending call; all of them when absent")
+    reason: str | None = Field(None, max_length=2000, description="told to the model when rejecting")
+
+
+@router.post("/v1/runs/{run_id}/approvals")
+def decide_approval(run_id: str, body: ApprovalRequest, tenant: str = Depends(caller_tenant)) -> dict:
+    """Approve or reject the run's call awaiting approval (409 when there is none to decide)."""
+    owned_run(run_id, tenant)
+    try:
+        run = decide(get_runtime().store, run_id, body.call_id, body.decision == "approve", f"api:{tenant}",
+                     body.reason, send_step)
+    except ApprovalConflict as exc:
+        raise HTTPException(409, str(exc)) from None
+    return run_json(run)
 
 
 @router.get("/v1/webhooks/deliveries")

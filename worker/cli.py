@@ -245,7 +245,7 @@ def _add_sandbox_commands() -> None:
 
 _add_sandbox_commands()
 
-from . import cli_eval, cli_webhooks  # noqa: E402,F401  (register `reactq eval`, `reactq webhook`)
+from . import cli_approvals, cli_eval, cli_webhooks  # noqa: E402,F401  (register their verbs)
 
 
 def main() -> None:

@@ -79,6 +79,11 @@ def batch_file(digest: str) -> str:
     return f"{PREFIX}:batchfile:{digest}"
 
 
+def approval_counted(run_id: str, step: int, call_id: str) -> str:
+    """Set once a worker has counted this call's approval decision in its metrics."""
+    return f"{PREFIX}:run:{run_id}:approval:{step}:{call_id}"
+
+
 def tenant_webhook(tenant: str) -> str:
     """hash: the tenant's default webhook `url` (optional) and signing `secret`."""
     return f"{PREFIX}:tenant:{tenant}:webhook"

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import keys, metrics
+from . import approvals, keys, metrics
+from .approvals import Waiting
 from .celery_app import STEP_TASK, STEPS_QUEUE
 from .core import engine, prompts
 from .core.engine import Act, End, Final, PlannedCall, Retry
@@ -108,7 +109,9 @@ class StepRunner:
         assert isinstance(decision, Act)
         step.tool_calls = turn.calls
         observations = self._execute(run, index, decision, turn.calls)
-        if observations is None:
+        if observations is Waiting.APPROVAL:
+            return "awaiting_approval"  # the decision re-enqueues this step
+        if observations is Waiting.SANDBOX:
             self.store.mark_running(run.id, index, waiting_on="sandbox")
             return "waiting"
         step.observations = observations
@@ -146,14 +149,20 @@ class StepRunner:
         return turn
 
     # --- tools --------------------------------------------------------------------------------
-    def _execute(self, run: Run, index: int, act: Act, calls: list[ToolCall]) -> list[Observation] | None:
-        """Observations in the order the model asked, or None while sandboxed calls are pending."""
+    def _execute(self, run: Run, index: int, act: Act, calls: list[ToolCall]) -> list[Observation] | Waiting:
+        """Observations in the order the model asked, or what the step waits for (sandbox, approval)."""
         by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
         for obs in act.rejected:
             metrics.TOOL_CALLS.labels(_tool_label(obs.tool, self.rt), obs.outcome).inc()
         pending = False
+        awaiting: list[PlannedCall] = []
         for planned in act.planned:
             obs = self.store.get_tool_result(run.id, index, planned.call.id)
+            if obs is None and (gated := approvals.gate(self.rt, run, index, planned)) is not None:
+                if gated is Waiting.APPROVAL:
+                    awaiting.append(planned)
+                    continue
+                obs = self.store.save_tool_result(run.id, index, gated)
             if obs is None and planned.sandboxed:
                 obs = self._sandbox_result(run, index, planned)
                 pending = pending or obs is None
@@ -161,8 +170,11 @@ class StepRunner:
                 obs = self.store.save_tool_result(run.id, index, self._run_inline(planned))
             if obs is not None:
                 by_id[planned.call.id] = obs
+        if awaiting:
+            approvals.request(self.rt, run, index, awaiting)
+            return Waiting.APPROVAL
         if pending:
-            return None
+            return Waiting.SANDBOX
         hints = {p.call.id: p.hint for p in act.planned}
         limits = self.rt.limits
         ordered = []
