@@ -11,9 +11,11 @@ from pydantic import BaseModel, Field
 
 from .api_auth import caller_tenant
 from .approvals import ApprovalConflict, decide
-from .core.models import Run
+from .core.models import Mode, Run
 from .display import run_json
+from .errors import InvalidRequest
 from .finish_hooks import webhook_store
+from .replay import replay
 from .runtime import get_runtime
 from .tasks import send_step
 
@@ -54,3 +56,21 @@ def list_deliveries(tenant: str = Depends(caller_tenant), limit: int = Query(100
     deliveries = webhook_store(get_runtime()).list(tenant, limit, before)
     return {"deliveries": [d.public() for d in deliveries],
             "next_before": deliveries[-1].created_at if len(deliveries) == limit else None}
+
+
+class ReplayRequest(BaseModel, extra="forbid"):
+    from_step: int = Field(ge=1, description="the first step to run again, from 1 (as the trace numbers them)")
+    model: str | None = Field(None, max_length=200)
+    mode: Mode | None = None
+
+
+@router.post("/v1/runs/{run_id}/replay", status_code=201)
+def replay_run(run_id: str, body: ReplayRequest, tenant: str = Depends(caller_tenant)) -> dict:
+    """A new run reusing this run's steps before `from_step` and continuing from there."""
+    owned_run(run_id, tenant)
+    rt = get_runtime()
+    try:
+        run = replay(rt.store, rt.settings, run_id, body.from_step, send_step, model=body.model, mode=body.mode)
+    except InvalidRequest as exc:
+        raise HTTPException(422, str(exc)) from None
+    return run_json(run)

@@ -186,12 +186,20 @@ def status(run_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@click.option("--diff", nargs=2, default=None, metavar="RUN_A RUN_B", help="where two runs diverge, step by step")
 @click.option("--json", "as_json", is_flag=True)
-def trace(run_id: str, as_json: bool) -> None:
+def trace(run_id: str | None, diff: tuple[str, str] | None, as_json: bool) -> None:
     """Show each step: thought, action, arguments, observation, tokens, timings."""
     from .display import print_trace, run_json
 
+    if diff:
+        from .cli_replay import print_diff
+
+        print_diff(*diff, as_json=as_json)
+        return
+    if run_id is None:
+        raise click.UsageError("give RUN_ID, or --diff RUN_A RUN_B")
     run = _load(run_id)
     steps = _runtime().store.load_steps(run_id)
     if as_json:
@@ -245,7 +253,7 @@ def _add_sandbox_commands() -> None:
 
 _add_sandbox_commands()
 
-from . import cli_approvals, cli_eval, cli_webhooks  # noqa: E402,F401  (register their verbs)
+from . import cli_approvals, cli_eval, cli_replay, cli_webhooks  # noqa: E402,F401  (register their verbs)
 
 
 def main() -> None:

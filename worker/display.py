@@ -26,6 +26,7 @@ def run_json(run: Run, steps: list[Step] | None = None) -> dict[str, Any]:
         "waiting_on": run.waiting_on,
         "max_steps": run.max_steps,
         "approvals": [a.model_dump(mode="json") for a in run.approvals],
+        "forked_from": run.forked_from,
     }
     if steps is not None:
         data["trace"] = [s.model_dump() for s in steps]

@@ -88,6 +88,11 @@ class RunStore:
         steps = [Step.model_validate_json(s) for s in raw_steps]
         return True, run, steps, LLMReply.model_validate_json(raw_reply) if raw_reply else None
 
+    def copy_steps(self, run_id: str, steps: list[Step]) -> None:
+        """Give a new run (a replay, before its first step is sent) the recorded steps it starts from."""
+        if steps:
+            self.r.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
+
     def load_steps(self, run_id: str) -> list[Step]:
         return [Step.model_validate_json(s) for s in self.r.lrange(keys.steps(run_id), 0, -1)]
 

@@ -149,6 +149,7 @@ class Run(BaseModel):
     waiting_on: str | None = None  # why a running run is not moving, e.g. "sandbox"
     cancel_recorded: bool = False  # a worker has counted this cancellation in its metrics
     approvals: list[Approval] = Field(default_factory=list)  # every call that needed approval, decided or not
+    forked_from: str | None = None  # `reactq replay`: the run whose steps before `current_step` were reused
 
     def result_line(self) -> dict[str, Any]:
         """The batch output line of the contract."""
