@@ -16,6 +16,7 @@ from .display import run_json
 from .errors import InvalidRequest
 from .finish_hooks import webhook_store
 from .replay import replay
+from .retention import cancel_batch, delete_batch, delete_run
 from .runtime import get_runtime
 from .tasks import send_step
 
@@ -74,3 +75,30 @@ def replay_run(run_id: str, body: ReplayRequest, tenant: str = Depends(caller_te
     except InvalidRequest as exc:
         raise HTTPException(422, str(exc)) from None
     return run_json(run)
+
+
+@router.delete("/v1/runs/{run_id}")
+def delete_run_route(run_id: str, tenant: str = Depends(caller_tenant)) -> dict:
+    """Remove the run and everything stored for it, now (an unfinished run is cancelled first)."""
+    delete_run(get_runtime().store, owned_run(run_id, tenant))
+    return {"deleted": run_id}
+
+
+def owned_batch(batch_id: str, tenant: str) -> None:
+    info = get_runtime().store.batch_info(batch_id)
+    if not info or info.get("tenant") != tenant:
+        raise HTTPException(404, f"no batch {batch_id!r}")
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+def cancel_batch_route(batch_id: str, tenant: str = Depends(caller_tenant)) -> dict:
+    """Cancel every unfinished run of the batch (each stops at its next step)."""
+    owned_batch(batch_id, tenant)
+    return {"batch_id": batch_id, **cancel_batch(get_runtime().store, batch_id)}
+
+
+@router.delete("/v1/batches/{batch_id}")
+def delete_batch_route(batch_id: str, tenant: str = Depends(caller_tenant)) -> dict:
+    """Remove the batch and all its runs, now."""
+    owned_batch(batch_id, tenant)
+    return {"deleted": batch_id, "runs": delete_batch(get_runtime().store, batch_id)}

@@ -55,7 +55,7 @@ def gate(rt: Runtime, run: Run, index: int, planned: PlannedCall) -> Observation
     approval = _find(run, index, planned.call.id)
     if approval is None or approval.decision is None:
         return Waiting.APPROVAL
-    if rt.redis.set(keys.approval_counted(run.id, index, planned.call.id), "1", nx=True, ex=rt.settings.record_ttl_s):
+    if rt.redis.set(keys.approval_counted(run.id, index, planned.call.id), "1", nx=True, ex=rt.settings.retention_s):
         metrics.APPROVALS.labels(approval.decision.value).inc()
     if approval.decision == ApprovalDecision.APPROVED:
         return None

@@ -209,12 +209,21 @@ def trace(run_id: str | None, diff: tuple[str, str] | None, as_json: bool) -> No
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@click.option("--batch", "batch_id", default=None, help="cancel every unfinished run of this batch")
 @click.option("--json", "as_json", is_flag=True)
-def cancel(run_id: str, as_json: bool) -> None:
-    """Cancel a run; it stops at its next step."""
+def cancel(run_id: str | None, batch_id: str | None, as_json: bool) -> None:
+    """Cancel a run (or with --batch, a batch); it stops at its next step."""
     from .display import run_json
     from .submit import cancel as cancel_run
+
+    if batch_id is not None:
+        from .cli_retention import cancel_batch_command
+
+        cancel_batch_command(batch_id, as_json)
+        return
+    if run_id is None:
+        raise click.UsageError("give RUN_ID, or --batch BATCH_ID")
 
     _load(run_id)
     run = cancel_run(_runtime().store, run_id)
@@ -253,7 +262,7 @@ def _add_sandbox_commands() -> None:
 
 _add_sandbox_commands()
 
-from . import cli_approvals, cli_eval, cli_replay, cli_webhooks  # noqa: E402,F401  (register their verbs)
+from . import cli_approvals, cli_eval, cli_replay, cli_retention, cli_webhooks  # noqa: E402,F401  (their verbs)
 
 
 def main() -> None:

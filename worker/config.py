@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     # caches and durability
     tool_cache_ttl_s: int = Field(3600, ge=0)
     record_ttl_s: int = Field(7 * 24 * 3600, ge=60)
+    run_ttl_s: int = Field(7 * 24 * 3600, ge=60)  # every key of an unfinished run or batch; refreshed as it moves
+    retention_s: int = Field(30 * 24 * 3600, ge=60)  # how long a finished run (and its batch) is kept
     lease_ttl_s: float = Field(15.0, gt=0)  # a dead worker's step lease lapses this fast
     stale_after_s: float = Field(120.0, gt=0)  # a running run with no progress this long is re-kicked
     reaper_interval_s: float = Field(15.0, gt=0)

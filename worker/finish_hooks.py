@@ -19,7 +19,7 @@ Send = Callable[[str, int, float], None]
 
 
 def webhook_store(rt: Runtime) -> WebhookStore:
-    return WebhookStore(rt.redis, rt.settings.record_ttl_s)
+    return WebhookStore(rt.redis, rt.settings.retention_s)
 
 
 def queue_webhooks(rt: Runtime, run: Run, send: Send) -> None:
@@ -33,7 +33,7 @@ def queue_webhooks(rt: Runtime, run: Run, send: Send) -> None:
     view = batch_view(rt.store, batch_id)
     if view is None or view["finished"] < view["size"]:
         return
-    if not rt.redis.set(keys.batch_webhook_sent(batch_id), "1", nx=True, ex=rt.settings.record_ttl_s):
+    if not rt.redis.set(keys.batch_webhook_sent(batch_id), "1", nx=True, ex=rt.settings.retention_s):
         return  # another finishing run got there first
     info = rt.store.batch_info(batch_id)
     tenant = info.get("tenant") or run.spec.tenant
