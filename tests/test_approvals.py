@@ -14,6 +14,7 @@ import redis
 from tests.fixtures_cluster import Cluster
 from tests.fixtures_prometheus import scrape, total
 from tests.fixtures_services import free_port
+from worker import keys
 
 pytestmark = pytest.mark.integration
 CALCULATOR_NEEDS_APPROVAL = {"REACTQ_APPROVAL_TOOLS": '["calculator"]'}
@@ -31,10 +32,12 @@ def wait_status(cluster: Cluster, run_id: str, status: str, timeout: float = 60)
 
 
 def event_kinds(redis_url: str, run_id: str) -> list[str]:
+    """A finished run's event types (its stream is compacted into one JSON string once it ends)."""
     client = redis.Redis.from_url(redis_url)
-    kinds = [fields[b"type"].decode() for _, fields in client.xrange(f"reactq:run:{run_id}:events")]
+    raw = client.get(keys.events_compacted(run_id))
     client.close()
-    return kinds
+    assert raw is not None, f"run {run_id} has no compacted events"
+    return [kind for _, kind, _ in json.loads(raw)]
 
 
 def test_approved_across_a_worker_restart_without_holding_a_slot(cluster: Cluster) -> None:

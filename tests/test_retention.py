@@ -4,6 +4,7 @@ redis-server, `reactq worker` processes and the HTTP API."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -53,15 +54,19 @@ def test_cancel_a_batch_over_the_api_and_the_cli(cluster: Cluster, api_client: h
 @pytest.mark.integration
 def test_delete_a_run_and_a_batch_removes_every_key(cluster: Cluster, api_client: httpx.Client) -> None:
     url = cluster.env["REACTQ_REDIS_URL"]
+    cluster.env["REACTQ_APPROVAL_TOOLS"] = '["calculator"]'  # the run stops half-way, its working keys all there
     cluster.start_worker(queues="steps,sandbox")
-    run = json.loads(cluster.reactq("ask", "What is 17 * 23 + 4 and what is the 30th Fibonacci number?", "--wait",
-                                    "--json").stdout)
-    assert run["status"] == "succeeded"
-    stored = run_keys(url, run["run_id"])
-    assert any(":obs:" in k for k in stored) and any(":sandbox:" in k for k in stored) and len(stored) >= 7
-    assert api_client.delete(f"/v1/runs/{run['run_id']}").json() == {"deleted": run["run_id"]}
-    assert run_keys(url, run["run_id"]) == []
-    assert api_client.get(f"/v1/runs/{run['run_id']}").status_code == 404
+    run_id = cluster.reactq("ask", "What is 17 * 23 + 4 and what is the 30th Fibonacci number?").stdout.strip()
+    deadline = time.monotonic() + 60
+    while not any(":obs:" in k for k in run_keys(url, run_id)):  # the python call's result is in
+        assert time.monotonic() < deadline, f"run {run_id} never stored its python result: {run_keys(url, run_id)}"
+        time.sleep(0.2)
+    stored = run_keys(url, run_id)
+    assert any(":reply:" in k for k in stored) and any(":sandbox:" in k for k in stored)
+    assert api_client.get(f"/v1/runs/{run_id}").json()["status"] == "awaiting_approval"
+    assert api_client.delete(f"/v1/runs/{run_id}").json() == {"deleted": run_id}
+    assert run_keys(url, run_id) == []
+    assert api_client.get(f"/v1/runs/{run_id}").status_code == 404
 
     created = api_client.post("/v1/batches", json={"runs": [{"question": "What is 2 + 2?"},
                                                             {"question": "Who wrote Hamlet?"}]}).json()
@@ -93,7 +98,32 @@ def test_purge_removes_only_old_finished_runs(cluster: Cluster) -> None:
     client.close()
     assert "purged 0 run(s)" in cluster.reactq("purge", "--older-than", "60d").stdout
     report = json.loads(cluster.reactq("purge", "--older-than", "30d", "--json").stdout)
-    assert report["runs"] == 1 and report["keys"] >= 4
+    assert report["runs"] == 1 and report["keys"] >= 3
     assert run_keys(url, old) == [] and run_keys(url, recent) != []
     bad = cluster.reactq("purge", "--older-than", "soon")
     assert bad.returncode == 2 and "not an age" in bad.stderr
+
+
+@pytest.mark.integration
+def test_a_finished_run_keeps_three_keys_and_its_events_still_replay_in_full(
+        cluster: Cluster, api_client: httpx.Client) -> None:
+    url = cluster.env["REACTQ_REDIS_URL"]
+    cluster.start_worker(queues="steps,sandbox")
+    run = json.loads(cluster.reactq("ask", "What is 6 * 7 and what is the 30th Fibonacci number?", "--wait",
+                                    "--json").stdout)
+    wanted = {f"reactq:run:{run['run_id']}", f"reactq:run:{run['run_id']}:steps", f"reactq:run:{run['run_id']}:history"}
+    deadline = time.monotonic() + 30
+    while set(run_keys(url, run["run_id"])) != wanted:
+        assert time.monotonic() < deadline, f"the finished run was never trimmed: {run_keys(url, run['run_id'])}"
+        time.sleep(0.2)
+    with api_client.stream("GET", f"/v1/runs/{run['run_id']}/events") as response:
+        lines = list(response.iter_lines())
+    kinds = [line.split(": ", 1)[1] for line in lines if line.startswith("event: ")]
+    data = [json.loads(line.split(": ", 1)[1]) for line in lines if line.startswith("data: ")]
+    trace = api_client.get(f"/v1/runs/{run['run_id']}", params={"trace": True}).json()["trace"]
+    assert kinds == ["queued", *["step"] * len(trace), "finished"]
+    assert data[1:-1] == trace  # each step event is the recorded step, in full
+    ids = [line.split(": ", 1)[1] for line in lines if line.startswith("id: ")]
+    with api_client.stream("GET", f"/v1/runs/{run['run_id']}/events", headers={"Last-Event-ID": ids[1]}) as response:
+        resumed = [line.split(": ", 1)[1] for line in response.iter_lines() if line.startswith("id: ")]
+    assert resumed == ids[2:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -138,6 +139,14 @@ async def run_events(run_id: str, request: Request) -> StreamingResponse:
     async def stream() -> AsyncIterator[str]:
         last = request.headers.get("last-event-id", "0")
         while True:
+            compacted = await client.get(keys.events_compacted(run_id))
+            if compacted is not None:  # the run has finished and its stream was compacted
+                for entry_id, kind, data in json.loads(compacted):
+                    if _stream_id(entry_id) > _stream_id(last):
+                        if kind == "step" and isinstance(data, int):
+                            data = ((await client.lindex(keys.steps(run_id), data)) or b"{}").decode()
+                        yield f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
+                return
             result = await client.xread({keys.events(run_id): last}, count=100, block=15_000)
             for _stream, entries in result or []:
                 for entry_id, fields in entries:
@@ -149,6 +158,15 @@ async def run_events(run_id: str, request: Request) -> StreamingResponse:
             yield ": keep-alive\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def _stream_id(text: str) -> tuple[int, int]:
+    """A Redis stream entry id (`ms-seq`, or a bare `ms`) as a comparable pair; garbage sorts first."""
+    ms, _, seq = text.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
 
 
 @app.get("/v1/batches/{batch_id}")

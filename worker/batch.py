@@ -1,103 +1,28 @@
-"""`reactq batch`: read JSONL, submit what is missing from the output file, write results as runs finish."""
+"""`reactq batch`: stream a JSONL file in, submit what is missing from the output file in chunks, and
+write each result as its run finishes. Memory stays flat in the batch's size: the lines are read once
+for duplicate ids (8 bytes each) and once to submit; results are followed through the batch's
+finished-runs list in Redis (a cursor), with one 64-bit digest per written result to skip repeats."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
-
 from . import keys
+from .batch_input import LineError, ParsedLine, digest, finished_ids
 from .config import Settings
 from .core.models import Run, RunSpec
-from .errors import InvalidRequest
-from .evals.scoring import MatchMode, check_expected
 from .store import RunStore
-from .submit import known_tiers, new_batch_id, submit, validate_spec
+from .submit import new_batch_id, submit
 
+__all__ = ["BatchRunner", "Progress", "Submitted", "SUBMIT_CHUNK"]
 
-class BatchLine(BaseModel, extra="forbid"):
-    id: str | None = None
-    question: str
-    tenant: str | None = None
-    tier: str | None = None
-    max_steps: int | None = None
-    expected: str | list[str] | None = None  # evaluation sets (`reactq eval`); not used by the engine
-    match: MatchMode | None = None  # how `expected` is compared (default: contains)
-    webhook_url: str | None = None
-
-
-@dataclass
-class LineError:
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"line {self.line}: {self.message}"
-
-
-@dataclass
-class ParsedInput:
-    specs: list[RunSpec] = field(default_factory=list)
-    errors: list[LineError] = field(default_factory=list)
-    expected: dict[str, tuple[str | list[str], MatchMode]] = field(default_factory=dict)  # client id -> ...
-
-
-def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, tier: str | None) -> ParsedInput:
-    """Every good line becomes a spec; every bad one an error naming its line number."""
-    out = ParsedInput()
-    tiers = known_tiers(settings)
-    seen: set[str] = set()
-    for number, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        try:
-            line = BatchLine.model_validate_json(text)
-        except ValidationError as exc:
-            problem = exc.errors()[0]
-            where = ".".join(str(p) for p in problem["loc"])
-            out.errors.append(LineError(number, f"{where + ': ' if where else ''}{problem['msg']}"))
-            continue
-        client_id = line.id or f"line-{number}"
-        if client_id in seen:
-            out.errors.append(LineError(number, f"duplicate id {client_id!r}"))
-            continue
-        spec = RunSpec(question=line.question, tenant=line.tenant or tenant or "default",
-                       tier=line.tier or tier or "standard", max_steps=line.max_steps, client_id=client_id,
-                       webhook_url=line.webhook_url)
-        try:
-            validate_spec(spec, settings, tiers)
-        except InvalidRequest as exc:
-            out.errors.append(LineError(number, str(exc)))
-            continue
-        if line.expected is not None:
-            mode = line.match or MatchMode.CONTAINS
-            if (unscorable := check_expected(line.expected, mode)) is not None:
-                out.errors.append(LineError(number, unscorable))
-                continue
-            out.expected[client_id] = (line.expected, mode)
-        elif line.match is not None:
-            out.errors.append(LineError(number, "`match` without `expected`"))
-            continue
-        seen.add(client_id)
-        out.specs.append(spec)
-    return out
-
-
-def finished_ids(out_path: Path) -> set[str]:
-    """Ids already written to the output file (a re-run skips them)."""
-    done: set[str] = set()
-    if out_path.exists():
-        for text in out_path.read_text(encoding="utf-8").splitlines():
-            try:
-                done.add(json.loads(text)["id"])
-            except (ValueError, KeyError, TypeError):
-                continue
-    return done
+SUBMIT_CHUNK = 500
+READ_CHUNK = 1000
+LOST_AFTER_S = 10.0
 
 
 @dataclass
@@ -105,86 +30,150 @@ class Progress:
     total: int
     done: int = 0
     failed: int = 0
-    running: int = 0
     steps: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
-    lost: list[str] = field(default_factory=list)  # run records that vanished from Redis
+    lost: int = 0  # runs whose records vanished from Redis (a Redis that lost data)
 
 
-LOST_AFTER_S = 10.0
+@dataclass(frozen=True)
+class Submitted:
+    batch_id: str
+    total: int  # runs to follow: submitted now, or adopted from an interrupted invocation
+    skipped: int  # lines already in the output file
+    errors: int  # lines rejected
 
 
 class BatchRunner:
-    """Submits a batch and follows it to the end, writing each result line as its run finishes."""
+    """Submits a batch and follows it to the end, handing over each run as it finishes."""
 
     def __init__(self, store: RunStore, settings: Settings, send_step: Callable[[str, int], None]) -> None:
         self.store = store
         self.settings = settings
         self.send_step = send_step
 
-    def start(self, specs: list[RunSpec], out_path: Path) -> tuple[str, dict[str, str]]:
-        """Submit the specs whose ids are missing from the output file, adopting runs a previous
-        invocation for the same output file already submitted. Returns (batch id, client id -> run id)."""
+    def start(self, lines: Iterable[ParsedLine | LineError], out_path: Path, on_error: Callable[[LineError], None],
+              ) -> Submitted:
+        """Submit, chunk by chunk, the lines whose ids are missing from the output file, adopting runs
+        that an interrupted invocation for the same output file had already submitted."""
         r = self.store.r
         file_key = keys.batch_file(hashlib.sha256(str(out_path.resolve()).encode()).hexdigest()[:24])
         done = finished_ids(out_path)
-        wanted = [s for s in specs if s.client_id not in done]
-        previous = r.get(file_key)
+        raw_previous = r.get(file_key)
+        previous = raw_previous.decode() if raw_previous else None
+        batch_id = new_batch_id()
+        self.store.create_batch(batch_id, {"out": str(out_path), "submitting": "1"})
+        r.set(file_key, batch_id, ex=self.settings.record_ttl_s)  # now: an interruption mid-way is adopted
+        total = skipped = errors = 0
+        chunk: list[RunSpec] = []
+        for item in lines:
+            if isinstance(item, LineError):
+                on_error(item)
+                errors += 1
+            elif item.spec.client_id in done:
+                skipped += 1
+            else:
+                chunk.append(item.spec)
+                if len(chunk) >= SUBMIT_CHUNK:
+                    total += self._submit_chunk(chunk, batch_id, previous)
+                    chunk = []
+        if chunk:
+            total += self._submit_chunk(chunk, batch_id, previous)
+        r.hset(keys.batch(batch_id), "size", str(total))
+        r.hdel(keys.batch(batch_id), "submitting")
+        return Submitted(batch_id, total, skipped, errors)
+
+    def _submit_chunk(self, specs: list[RunSpec], batch_id: str, previous: str | None) -> int:
         adopted: dict[str, str] = {}
         if previous:
-            old = {k.decode(): v.decode() for k, v in r.hgetall(keys.batch_ids(previous.decode())).items()}
-            for spec, run in zip(wanted, self.store.load_runs([old.get(s.client_id or "", "") for s in wanted]),
-                                 strict=True):
+            ids = [s.client_id or "" for s in specs]
+            old = [v.decode() if v else "" for v in self.store.r.hmget(keys.batch_ids(previous), ids)]
+            for spec, run in zip(specs, self.store.load_runs(old), strict=True):
                 if run is not None and run.spec.question == spec.question:
                     adopted[spec.client_id or ""] = run.id
-        batch_id = new_batch_id()
-        self.store.create_batch(batch_id, {"size": str(len(wanted)), "out": str(out_path),
-                                           "tenant": specs[0].tenant if specs else "default"})
-        fresh = [s for s in wanted if s.client_id not in adopted]
+                    self.store.move_to_batch(run.id, batch_id)
+        if not self.store.batch_info(batch_id).get("tenant"):
+            self.store.r.hset(keys.batch(batch_id), "tenant", specs[0].tenant)
+        fresh = [s for s in specs if s.client_id not in adopted]
         runs = submit(self.store, fresh, self.settings, self.send_step, batch_id=batch_id)
         mapping = {**adopted, **{run.spec.client_id or "": run.id for run in runs}}
-        if mapping:
-            r.hset(keys.batch_ids(batch_id), mapping=mapping)
-        r.set(file_key, batch_id, ex=self.settings.record_ttl_s)
-        return batch_id, mapping
+        self.store.r.hset(keys.batch_ids(batch_id), mapping=mapping)
+        return len(mapping)
+
+    def follow_batch(self, batch_id: str, total: int, on_finished: Callable[[Run], None],
+                     on_tick: Callable[[Progress], None], poll_s: float = 0.25,
+                     timeout_s: float | None = None) -> Progress:
+        """Hand over each run of the batch as it finishes, in the order they finished."""
+        progress = Progress(total=total)
+        written: set[int] = set()
+        cursor = 0
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        stalled_since = time.monotonic()
+        while progress.done + progress.lost < total:
+            ids = self.store.batch_finished_range(batch_id, cursor, READ_CHUNK)
+            if ids:
+                cursor += len(ids)
+                stalled_since = time.monotonic()
+                self._hand_over(ids, written, progress, on_finished)
+                on_tick(progress)
+                continue
+            if self.store.batch_finished_count(batch_id) < cursor:  # Redis lost the list's tail: read it again
+                cursor = 0
+                continue
+            on_tick(progress)
+            if time.monotonic() - stalled_since > LOST_AFTER_S:
+                stalled_since = time.monotonic()
+                if self._unfinished(batch_id) == 0 and self.store.batch_finished_count(batch_id) <= cursor:
+                    progress.lost = total - progress.done  # nothing left that could still finish
+                    break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(poll_s)
+        return progress
+
+    def _hand_over(self, ids: list[str], written: set[int], progress: Progress,
+                   on_finished: Callable[[Run], None]) -> None:
+        for run_id, run in zip(ids, self.store.load_runs(ids), strict=True):
+            mark = digest(run_id)
+            if mark in written:
+                continue
+            written.add(mark)
+            if run is None:
+                progress.lost += 1
+                continue
+            progress.done += 1
+            progress.failed += run.status.value != "succeeded"
+            progress.steps += run.current_step
+            progress.tokens += run.usage.prompt_tokens + run.usage.completion_tokens
+            progress.cost_usd += run.cost_usd
+            on_finished(run)
+
+    def _unfinished(self, batch_id: str) -> int:
+        """Runs of the batch whose records exist and have not finished (a pass over the batch, in chunks)."""
+        return sum(run is not None and not run.status.finished
+                   for chunk in self.store.iter_batch_run_ids(batch_id) for run in self.store.load_runs(chunk))
 
     def follow(
         self, run_ids: list[str], on_finished: Callable[[Run], None], on_tick: Callable[[Progress], None],
         poll_s: float = 0.25, timeout_s: float | None = None,
     ) -> Progress:
+        """Follow a few runs outside a batch (`reactq ask --wait`)."""
         progress = Progress(total=len(run_ids))
         pending = set(run_ids)
-        missing_since: dict[str, float] = {}
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pending:
-            running = 0
-            for chunk in _chunks(sorted(pending), 500):
-                for run_id, run in zip(chunk, self.store.load_runs(chunk), strict=True):
-                    if run is None:  # only a Redis that lost data (or a record past its TTL) does this
-                        if time.monotonic() - missing_since.setdefault(run_id, time.monotonic()) > LOST_AFTER_S:
-                            pending.discard(run_id)
-                            progress.lost.append(run_id)
+            for run_id, run in zip(sorted(pending), self.store.load_runs(sorted(pending)), strict=True):
+                if run is None or run.status.finished:
+                    pending.discard(run_id)
+                    if run is None:
+                        progress.lost += 1
                         continue
-                    if run.status.finished:
-                        pending.discard(run_id)
-                        progress.done += 1
-                        progress.failed += run.status.value != "succeeded"
-                        progress.steps += run.current_step
-                        progress.tokens += run.usage.prompt_tokens + run.usage.completion_tokens
-                        progress.cost_usd += run.cost_usd
-                        on_finished(run)
-                    elif run.status.value == "running":
-                        running += 1
-            progress.running = running
+                    progress.done += 1
+                    on_finished(run)
             on_tick(progress)
             if pending:
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                time.sleep(poll_s if len(pending) < 2000 else 1.0)
+                time.sleep(poll_s)
         return progress
 
-
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]

@@ -39,7 +39,7 @@ def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report
     if result.code in (2, 130):
         sys.exit(result.code)
     summary = summarise(result.lines)
-    comparison = compare(result.lines, rescore(read_results(other), result.parsed.expected)) if other else None
+    comparison = compare(result.lines, rescore(read_results(other), result.expected)) if other else None
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(render(f"reactq eval: {dataset.name}", summary, result.lines, comparison), encoding="utf-8")

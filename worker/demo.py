@@ -41,7 +41,7 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
             outfile.unlink()
         t0 = time.monotonic()
         result = run_eval(rt, bundled_set_path(), outfile, send_step, console)
-        _summary(out, result.lines, len(result.parsed.specs), time.monotonic() - t0, outfile)
+        _summary(out, result.lines, result.questions, time.monotonic() - t0, outfile)
         code = result.code
         if code == 0:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -15,6 +15,11 @@ def events(run_id: str) -> str:
     return f"{PREFIX}:run:{run_id}:events"
 
 
+def events_compacted(run_id: str) -> str:
+    """A finished run's events, compacted into one JSON string: [[entry id, type, data or step index]]."""
+    return f"{PREFIX}:run:{run_id}:history"
+
+
 def reply(run_id: str, step: int) -> str:
     """The stored LLM reply of one step: a redelivered step reuses it."""
     return f"{PREFIX}:run:{run_id}:reply:{step}"

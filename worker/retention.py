@@ -35,10 +35,17 @@ def parse_age(text: str) -> float:
 
 
 def _run_keys(store: RunStore, run: Run) -> list[str]:
+    return [keys.run(run.id), keys.steps(run.id), keys.events(run.id), keys.events_compacted(run.id),
+            *working_keys(store, run)]
+
+
+def working_keys(store: RunStore, run: Run) -> list[str]:
+    """The keys a run needs only while a step is in progress: its lease, stored LLM replies, tool and
+    sandbox results, sandbox dispatch and approval markers. A finished run's trace has it all."""
     from .runner import StepRunner  # the same call-id rules as the step that stored the results
 
     run_id = run.id
-    found = [keys.run(run_id), keys.steps(run_id), keys.events(run_id), keys.lease(run_id)]
+    found = [keys.lease(run_id)]
     calls_by_step = {s.index: [c.id for c in s.tool_calls] for s in store.load_steps(run_id)}
     current = store.get_reply(run_id, run.current_step)
     if current is not None:
@@ -74,7 +81,7 @@ def _batch_keys(batch_id: str) -> list[str]:
 def delete_batch(store: RunStore, batch_id: str) -> int:
     """The batch and all its runs; returns how many runs were removed."""
     removed = 0
-    for chunk in _chunks(store.batch_run_ids(batch_id)):
+    for chunk in store.iter_batch_run_ids(batch_id):
         for run in store.load_runs(chunk):
             if run is not None:
                 delete_run(store, run)
@@ -86,7 +93,7 @@ def delete_batch(store: RunStore, batch_id: str) -> int:
 def cancel_batch(store: RunStore, batch_id: str) -> dict[str, int]:
     """Cancel every unfinished run of the batch; returns counts of `cancelled` and `already_finished`."""
     counts = {"cancelled": 0, "already_finished": 0}
-    for chunk in _chunks(store.batch_run_ids(batch_id)):
+    for chunk in store.iter_batch_run_ids(batch_id):
         for run in store.load_runs(chunk):
             if run is None or run.status.finished:
                 counts["already_finished"] += 1
@@ -148,7 +155,7 @@ def purge(store: RunStore, older_than_s: float, now: float | None = None, scan_c
         info = store.batch_info(m[1])
         if float(info.get("created_at", "inf")) >= cutoff:
             continue
-        chunks = _chunks(store.batch_run_ids(m[1]))
+        chunks = store.iter_batch_run_ids(m[1])
         if all(run is None or run.status.finished for chunk in chunks for run in store.load_runs(chunk)):
             delete_batch(store, m[1])
             batches += 1

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..batch import ParsedInput, parse_input
+from ..batch_input import ParsedLine
 from ..core.models import Run
 from ..runtime import Runtime
 from .scoring import MatchMode, matches
@@ -69,20 +69,26 @@ def rescore(lines: list[dict[str, Any]], expected: Expected) -> list[dict[str, A
 class EvalRun:
     code: int  # the batch's exit code
     lines: list[dict[str, Any]]  # every dataset question's scored result, in dataset order
-    parsed: ParsedInput
+    expected: Expected  # client id -> (expected, match) of every good dataset line
+    questions: int  # good dataset lines
 
 
 def run_eval(rt: Runtime, dataset: Path, outfile: Path, send_step: Callable[[str, int], None], console: Console,
              tenant: str | None = None, tier: str | None = None) -> EvalRun:
+    """Run the set through the batch path; the expected answers are kept in memory (one entry per line)."""
     from ..batch_cli import run_batch_file
 
-    with dataset.open(encoding="utf-8") as f:
-        parsed = parse_input(iter(f), rt.settings, tenant, tier)
-    if not parsed.expected and parsed.specs:
-        console.print("[yellow]warning:[/yellow] no line has `expected`; nothing can be scored")
+    expected: Expected = {}
+    order: list[str] = []
+
+    def seen(line: ParsedLine) -> None:
+        order.append(line.spec.client_id or "")
+        if line.expected is not None:
+            expected[line.spec.client_id or ""] = line.expected
+
     code = run_batch_file(rt, dataset, outfile, tenant, tier, send_step, console,
-                          line_for=lambda run: scored_line(run, parsed.expected), parsed=parsed)
-    by_id = {str(line["id"]): line for line in rescore(read_results(outfile), parsed.expected)} \
-        if outfile.exists() else {}
-    lines = [by_id[spec.client_id] for spec in parsed.specs if spec.client_id in by_id]
-    return EvalRun(code, lines, parsed)
+                          line_for=lambda run: scored_line(run, expected), on_line=seen)
+    if order and not expected:
+        console.print("[yellow]warning:[/yellow] no line has `expected`; nothing can be scored")
+    by_id = {str(line["id"]): line for line in rescore(read_results(outfile), expected)} if outfile.exists() else {}
+    return EvalRun(code, [by_id[i] for i in order if i in by_id], expected, len(order))
