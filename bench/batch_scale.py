@@ -1,7 +1,7 @@
 """Batches of any size: the CLI's peak RSS and the Redis bytes a finished run keeps, at 10,000 and
 100,000 lines, measured in one invocation against a baseline checkout.
 
-    python bench/batch_scale.py [--sizes 10000,100000] [--baseline-src /work/main] [--baseline-sizes 10000]
+    python bench/batch_scale.py [--sizes 10000,100000] [--src TREE] [--baseline-src TREE] [--baseline-sizes 10000]
 
 For each (source tree, size): a fresh redis-server (no persistence) and stub (latency 0) on free ports,
 `reactq worker --queues steps --processes P` from that tree, then `reactq batch IN --out OUT` from that tree
@@ -155,6 +155,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--baseline-src", default=None, help="a checkout of the code before this change")
     parser.add_argument("--baseline-sizes", default="10000")
+    parser.add_argument("--src", default=str(ROOT), help="the tree to measure (default: this checkout)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     args = parser.parse_args()
@@ -164,11 +165,12 @@ def main() -> int:
         for n in map(int, args.baseline_sizes.split(",")):
             runs.append(measure(Path(args.baseline_src).resolve(), n, args.processes, workdir))
             print(json.dumps(asdict(runs[-1])), flush=True)
+    src = Path(args.src).resolve()
     for n in map(int, args.sizes.split(",")):
-        runs.append(measure(ROOT, n, args.processes, workdir))
+        runs.append(measure(src, n, args.processes, workdir))
         print(json.dumps(asdict(runs[-1])), flush=True)
-    ours = {m.lines: m for m in runs if m.src == str(ROOT)}
-    base = [m for m in runs if m.src != str(ROOT)]
+    ours = {m.lines: m for m in runs if m.src == str(src)}
+    base = [m for m in runs if m.src != str(src)]
     verdicts = []
     if len(ours) >= 2:
         small, large = ours[min(ours)], ours[max(ours)]
