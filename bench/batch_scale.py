@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -159,6 +160,7 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the services it started are stopped
     workdir = Path(tempfile.mkdtemp(prefix="reactq-batch-scale-"))
     runs: list[Measure] = []
     if args.baseline_src:
