@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from tests.fixtures_services import free_port
+from worker import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +46,7 @@ class Cluster:
     def wait_for_workers(self, queues: str, timeout: float = 60) -> None:
         """Workers heartbeat into Redis once Celery is consuming."""
         client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
-        wanted = [f"reactq:workers:reactq.{q.strip()}" for q in queues.split(",")]
+        wanted = [keys.workers(f"reactq.{q.strip()}") for q in queues.split(",")]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all(client.zcount(k, time.time() - 30, "+inf") for k in wanted):
@@ -76,19 +77,25 @@ class Cluster:
 
     @staticmethod
     def wait_for_results(out: Path, count: int, timeout: float = 60) -> None:
-        """Until `count` result lines are in `out` (or the timeout)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < count):
-            time.sleep(0.1)
+        """Until `count` result lines are in `out`; raises naming the file and what it held."""
+
+        def lines() -> int:
+            return len(out.read_text().splitlines()) if out.exists() else 0
+
+        wait_until(lambda: lines() >= count, f"{count} result lines in {out}", timeout,
+                   lambda: f"it has {lines()}")
 
     def wait_for_run(self, run_id: str, timeout: float = 60) -> dict:
-        """Poll `reactq status` until the run has ended (or the timeout); returns its last status."""
-        deadline = time.monotonic() + timeout
-        while True:
-            run = json.loads(self.reactq("status", run_id, "--json").stdout)
-            if run["status"] not in ("queued", "running") or time.monotonic() > deadline:
-                return run
-            time.sleep(0.5)
+        """Poll `reactq status` until the run has ended; returns its status object, raises on timeout."""
+        last: dict = {}
+
+        def ended() -> bool:
+            nonlocal last
+            last = json.loads(self.reactq("status", run_id, "--json").stdout)
+            return last["status"] not in ("queued", "running")
+
+        wait_until(ended, f"run {run_id} to end", timeout, lambda: f"last status {last.get('status')}")
+        return last
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -102,8 +109,8 @@ class Cluster:
                 proc.wait(5)
 
 
-@pytest.fixture
-def cluster_env(redis_url: str, stub_base_url: str) -> dict[str, str]:
+def cluster_environment(redis_url: str, stub_base_url: str) -> dict[str, str]:
+    """The environment of a test cluster's processes: this Redis, this stub, short recovery timings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REACTQ_")}
     env.update({
         "REACTQ_REDIS_URL": redis_url,
@@ -121,6 +128,11 @@ def cluster_env(redis_url: str, stub_base_url: str) -> dict[str, str]:
 
 
 @pytest.fixture
+def cluster_env(redis_url: str, stub_base_url: str) -> dict[str, str]:
+    return cluster_environment(redis_url, stub_base_url)
+
+
+@pytest.fixture
 def cluster(cluster_env: dict[str, str], tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(cluster_env, tmp_path)
     yield c
@@ -129,3 +141,14 @@ def cluster(cluster_env: dict[str, str], tmp_path: Path) -> Iterator[Cluster]:
 
 def metrics_port() -> int:
     return free_port()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float,
+               describe: Callable[[], str] = lambda: "", interval: float = 0.1) -> None:
+    """Poll `condition` until it holds; on timeout raise TimeoutError naming `what` never came."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            detail = describe()
+            raise TimeoutError(f"waited {timeout}s for {what}" + (f"; {detail}" if detail else ""))
+        time.sleep(interval)

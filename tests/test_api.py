@@ -12,6 +12,7 @@ import redis
 
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_services import free_port, wait_for_port
+from worker import keys
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +76,7 @@ def test_batches_and_their_usage(cluster: Cluster, api: httpx.Client) -> None:
     assert batch["usage"]["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in runs)
     assert batch["usage"]["completion_tokens"] == sum(r["usage"]["completion_tokens"] for r in runs)
     assert all(r["tenant"] == "acme" for r in runs)
-    tenant = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"]).hgetall("reactq:tenant:acme:usage")
+    tenant = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"]).hgetall(keys.tenant_usage("acme"))
     assert int(tenant[b"prompt_tokens"]) == batch["usage"]["prompt_tokens"]
     assert int(tenant[b"completion_tokens"]) == batch["usage"]["completion_tokens"]
 

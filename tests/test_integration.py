@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.fixtures_cluster import ROOT, Cluster
+from tests.fixtures_cluster import ROOT, Cluster, wait_until
+from worker import keys
+from worker.celery_app import STEPS_QUEUE
 
 pytestmark = pytest.mark.integration
 
@@ -92,10 +94,8 @@ def test_worker_processes_flag_runs_and_stops_several_processes(cluster: Cluster
                              "--processes", "2"], env=cluster.env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and client.zcard("reactq:workers:reactq.steps") < 2:
-        time.sleep(0.2)
-    assert client.zcard("reactq:workers:reactq.steps") == 2
+    wait_until(lambda: client.zcard(keys.workers(STEPS_QUEUE)) >= 2, "two step worker processes", 60)
+    assert client.zcard(keys.workers(STEPS_QUEUE)) == 2
     assert json.loads(cluster.reactq("ask", "What is 5 * 5?", "--wait", "--json").stdout)["answer"] == "25"
     proc.terminate()
     assert proc.wait(30) == 0
@@ -114,9 +114,8 @@ def test_sandbox_worker_killed_mid_execution_leaves_no_container_and_the_run_res
     victim = cluster.start_worker(queues="sandbox", concurrency=2, **sandbox_env)
     run_id = cluster.reactq("ask", "Wait 4 seconds and then print resumed").stdout.strip()
     client = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not client.keys(f"reactq:run:{run_id}:sent:*"):
-        time.sleep(0.1)
+    wait_until(lambda: bool(client.keys(keys.sandbox_dispatch(run_id, 0, "*"))),
+               f"run {run_id} to dispatch its python call", 30)
     time.sleep(1.5)  # the call is now executing in one of the victim's containers
     cluster.kill(victim)
     engine = docker.from_env()

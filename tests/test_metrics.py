@@ -1,8 +1,9 @@
 """Exported metrics and structured logs tell the same story as the batch results.
 
-The integration test runs a small batch on a real `reactq worker` (steps and sandbox queues, threads pool)
-and scrapes its /metrics over HTTP: token and cost counters equal the sum of the runs' usage, a calculator
-division by zero and a sandbox quota rejection show up with the right labels, runs are counted by status.
+One small batch runs once for the module on a real `reactq worker` (steps and sandbox queues, threads
+pool); focused tests then check its /metrics against the batch's results and traces: token and cost
+counters equal the runs' usage, a calculator division by zero and a sandbox quota rejection show up
+with the right labels, runs are counted by status, labels stay bounded, logs agree.
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.fixtures_cluster import Cluster
+from api_stub import StubServer
+from tests.fixtures_cluster import Cluster, cluster_environment, wait_until
 from tests.fixtures_prometheus import Samples, scrape, series, total
-from tests.fixtures_services import free_port
+from tests.fixtures_services import RedisServer, free_port
 from tools_sandbox import keys as sandbox_keys
 from worker import logs, metrics
 
@@ -52,103 +56,171 @@ def run_batch(cluster: Cluster, tmp_path: Path, lines: list[dict]) -> list[dict]
 
 
 def wait_for_sample(url: str, name: str, value: float, timeout: float = 20, **labels: str) -> Samples:
-    deadline = time.monotonic() + timeout
-    while True:
+    """Scrape until `name{labels}` sums to `value`; raise naming the series and its last value."""
+    samples: Samples = {}
+
+    def reached() -> bool:
+        nonlocal samples
         samples = scrape(url)
-        if total(samples, name, **labels) == value or time.monotonic() > deadline:
-            return samples
-        time.sleep(0.2)
+        return total(samples, name, **labels) == value
+
+    wait_until(reached, f"{name}{labels or ''} == {value} at {url}", timeout,
+               lambda: f"last value {total(samples, name, **labels)}", interval=0.2)
+    return samples
+
+
+@dataclass(frozen=True)
+class MeteredBatch:
+    """What one batch on a real worker left behind: its results, traces, /metrics before and after, logs."""
+
+    results: dict[str, dict]
+    traces: dict[str, list[dict]]
+    before: Samples
+    after: Samples
+    log_lines: list[dict]
+
+    @property
+    def steps(self) -> int:
+        return sum(r["steps"] for r in self.results.values())
+
+    def tokens(self, kind: str, tenant: str | None = None) -> int:
+        return sum(r["usage"][f"{kind}_tokens"] for r in self.results.values()
+                   if tenant is None or TENANT_OF[r["id"]] == tenant)
+
+    def tool_calls(self, tool: str) -> int:
+        return sum(1 for steps in self.traces.values() for step in steps
+                   for call in step["tool_calls"] if call["name"] == tool)
+
+
+TENANT_OF = {line["id"]: line.get("tenant", "default") for line in BATCH}
+
+
+@pytest.fixture(scope="module")
+def metered(stub_server: StubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeteredBatch]:
+    """The batch above, once for the module, on its own redis-server and a steps+sandbox worker."""
+    redis_server = RedisServer(tmp_path_factory.mktemp("metrics-redis"))
+    redis_server.start()
+    tmp_path = tmp_path_factory.mktemp("metrics-batch")
+    cluster = Cluster(cluster_environment(redis_server.url, stub_server.base_url), tmp_path)
+    try:
+        port = free_port()
+        cluster.start_worker(queues="steps,sandbox", metrics_port=port)
+        url = f"http://127.0.0.1:{port}/metrics"
+        before = scrape(url)
+        exhaust_quota(redis_server.url, "free", "acme")
+        results = {r["id"]: r for r in run_batch(cluster, tmp_path, BATCH)}
+        # The reaper samples Redis gauges every second (REACTQ_REAPER_INTERVAL_S=1).
+        after = wait_for_sample(url, "reactq_runs_in_progress", 0)
+        traces = {r["id"]: json.loads(cluster.reactq("trace", r["run_id"], "--json", check=True).stdout)["trace"]
+                  for r in results.values()}
+        log_lines = [json.loads(line) for line in (cluster.logdir / "worker-0.log").read_text().splitlines()
+                     if line.startswith("{")]
+        yield MeteredBatch(results, traces, before, after, log_lines)
+    finally:
+        cluster.stop()
+        redis_server.stop()
 
 
 @pytest.mark.integration
-def test_batch_metrics_match_results(cluster: Cluster, tmp_path: Path, redis_url: str) -> None:
-    port = free_port()
-    cluster.start_worker(queues="steps,sandbox", metrics_port=port)
-    url = f"http://127.0.0.1:{port}/metrics"
-    before = scrape(url)
-    assert total(before, "reactq_llm_tokens_total") == 0
-    # Rates exist from the first scrape: the series dashboards divide by are there at 0.
-    assert {"status": "succeeded"} in series(before, "reactq_runs_total")
-    assert {"tier": "free", "quota": "executions_per_minute"} in series(before, "reactq_quota_rejections_total")
-    assert {"tier": "standard", "outcome": "ok"} in series(before, "reactq_sandbox_executions_total")
+def test_every_dashboard_series_exists_from_the_first_scrape(metered: MeteredBatch) -> None:
+    assert total(metered.before, "reactq_llm_tokens_total") == 0
+    assert {"status": "succeeded"} in series(metered.before, "reactq_runs_total")
+    assert {"tier": "free", "quota": "executions_per_minute"} in series(metered.before,
+                                                                         "reactq_quota_rejections_total")
+    assert {"tier": "standard", "outcome": "ok"} in series(metered.before, "reactq_sandbox_executions_total")
+    assert {s["queue"] for s in series(metered.after, "reactq_queue_depth")} == {"reactq.steps", "reactq.sandbox"}
 
-    exhaust_quota(redis_url, "free", "acme")
-    results = run_batch(cluster, tmp_path, BATCH)
-    by_id = {r["id"]: r for r in results}
-    # The reaper samples Redis gauges every second (REACTQ_REAPER_INTERVAL_S=1).
-    samples = wait_for_sample(url, "reactq_runs_in_progress", 0)
-    assert total(samples, "reactq_runs_in_progress") == 0
 
-    # Token spend: the counter is the sum of the runs' usage, per type and per (bounded) tenant.
-    prompt = sum(r["usage"]["prompt_tokens"] for r in results)
-    completion = sum(r["usage"]["completion_tokens"] for r in results)
+@pytest.mark.integration
+def test_token_counters_equal_the_runs_usage(metered: MeteredBatch) -> None:
+    samples = metered.after
+    prompt, completion = metered.tokens("prompt"), metered.tokens("completion")
     assert prompt > 0 and completion > 0
-    assert total(samples, "reactq_llm_tokens_total") == prompt + completion
     assert total(samples, "reactq_llm_tokens_total", type="prompt") == prompt
     assert total(samples, "reactq_llm_tokens_total", type="completion") == completion
-    tenant_of = {line["id"]: line.get("tenant", "default") for line in BATCH}
     for tenant in ("default", "acme"):
-        usage = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
-                    for r in results if tenant_of[r["id"]] == tenant)
+        usage = metered.tokens("prompt", tenant) + metered.tokens("completion", tenant)
         assert total(samples, "reactq_llm_tokens_total", tenant=tenant) == usage, tenant
     # Unconfigured tenants are refused at submit; their label would be "other" (initialised at 0).
     assert total(samples, "reactq_llm_tokens_total", tenant="other") == 0
     assert {s["tenant"] for s in series(samples, "reactq_llm_tokens_total")} == {"default", "acme", "other"}
-    assert total(samples, "reactq_llm_cost_usd_total") == pytest.approx(sum(r["cost_usd"] for r in results),
-                                                                        rel=1e-6, abs=1e-7)
-    assert total(samples, "reactq_llm_cost_usd_total") > 0
 
-    # One LLM call per recorded step: a step continued after the sandbox reuses its stored reply.
-    steps = sum(r["steps"] for r in results)
+
+@pytest.mark.integration
+def test_cost_counter_equals_the_runs_cost(metered: MeteredBatch) -> None:
+    cost = sum(r["cost_usd"] for r in metered.results.values())
+    assert cost > 0
+    assert total(metered.after, "reactq_llm_cost_usd_total") == pytest.approx(cost, rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.integration
+def test_one_llm_call_per_recorded_step(metered: MeteredBatch) -> None:
+    """A step continued after the sandbox reuses its stored reply: no second call."""
+    samples, steps = metered.after, metered.steps
     assert total(samples, "reactq_llm_requests_total", outcome="ok") == steps
     assert total(samples, "reactq_llm_requests_total") == steps
     assert total(samples, "reactq_llm_request_duration_seconds_count") == steps
     assert total(samples, "reactq_steps_total") == steps
 
-    # Runs by status, and turns per run.
-    statuses = Counter(r["status"] for r in results)
+
+@pytest.mark.integration
+def test_runs_are_counted_by_status_with_their_turns(metered: MeteredBatch) -> None:
+    samples = metered.after
+    statuses = Counter(r["status"] for r in metered.results.values())
     for status, count in statuses.items():
         assert total(samples, "reactq_runs_total", status=status) == count, status
         assert total(samples, "reactq_run_turns_count", status=status) == count, status
         assert total(samples, "reactq_run_duration_seconds_count", status=status) == count, status
     assert total(samples, "reactq_runs_total") == len(BATCH)
-    assert total(samples, "reactq_run_turns_sum") == steps
+    assert total(samples, "reactq_run_turns_sum") == metered.steps
 
-    # A failing inline tool: the calculator's division by zero, labelled by tool and error type.
-    assert "zero" in (by_id["div0"]["answer"] or "").lower(), by_id["div0"]
+
+@pytest.mark.integration
+def test_tool_calls_and_an_inline_failure_are_labelled(metered: MeteredBatch) -> None:
+    samples = metered.after
+    assert "zero" in (metered.results["div0"]["answer"] or "").lower(), metered.results["div0"]
     assert total(samples, "reactq_tool_failures_total", tool="calculator", error_type="division_by_zero") == 1
     assert total(samples, "reactq_tool_failures_total", tool="calculator") == 1
     assert total(samples, "reactq_tool_calls_total", tool="calculator", outcome="error") == 1
+    for tool in ("calculator", "search", "python"):
+        assert metered.tool_calls(tool) > 0, tool
+        assert total(samples, "reactq_tool_calls_total", tool=tool) == metered.tool_calls(tool), tool
 
-    # A quota rejection: counted by the sandbox worker, and as a python tool failure by the step worker.
+
+@pytest.mark.integration
+def test_a_quota_rejection_is_counted_by_both_workers(metered: MeteredBatch) -> None:
+    """The sandbox side counts the refusal; the step side counts a python tool failure."""
+    samples = metered.after
     assert total(samples, "reactq_quota_rejections_total", tier="free", quota="executions_per_minute") == 1
     assert total(samples, "reactq_quota_rejections_total") == 1
     assert total(samples, "reactq_sandbox_executions_total", tier="free", outcome="quota_exceeded") == 1
     assert total(samples, "reactq_tool_failures_total", tool="python", error_type="quota_exceeded") == 1
     assert total(samples, "reactq_sandbox_executions_total", tier="standard", outcome="ok") == 1
     assert total(samples, "reactq_sandbox_duration_seconds_count", tier="standard") == 1
-    assert total(samples, "reactq_tool_calls_total", tool="python") == 2
-    assert total(samples, "reactq_tool_calls_total", tool="search") >= 1
 
-    assert {s["queue"] for s in series(samples, "reactq_queue_depth")} == {"reactq.steps", "reactq.sandbox"}
 
-    # Bounded labels: never a run id, a question or a tenant that is not configured.
-    run_ids = {r["run_id"] for r in results}
+@pytest.mark.integration
+def test_labels_are_bounded(metered: MeteredBatch) -> None:
+    """Never a run id, a question or a tenant that is not configured."""
+    run_ids = {r["run_id"] for r in metered.results.values()}
     questions = {line["question"] for line in BATCH}
-    for _name, labels in samples:
+    for _name, labels in metered.after:
         for value in dict(labels).values():
             assert value not in run_ids and value not in questions
 
-    # Logs tell the same story: one JSON line per step, and the run id on every line of a task.
-    lines = [json.loads(line) for line in (cluster.logdir / "worker-0.log").read_text().splitlines()
-             if line.startswith("{")]
-    step_lines = [line for line in lines if line.get("logger") == "reactq.step" and line["msg"] == "step"]
-    assert len(step_lines) == steps
+
+@pytest.mark.integration
+def test_logs_tell_the_same_story(metered: MeteredBatch) -> None:
+    """One JSON line per step, and the run id on every line of a task."""
+    run_ids = {r["run_id"] for r in metered.results.values()}
+    step_lines = [line for line in metered.log_lines if line.get("logger") == "reactq.step" and line["msg"] == "step"]
+    assert len(step_lines) == metered.steps
     assert {line["run_id"] for line in step_lines} == run_ids
     for line in step_lines:
         assert {"step", "outcome", "tools", "prompt_tokens", "completion_tokens", "llm_ms", "tools_ms"} <= set(line)
-    assert sum(line["prompt_tokens"] + line["completion_tokens"] for line in step_lines) == prompt + completion
-    task_lines = [line for line in lines if line.get("logger") == "celery.app.trace"]
+    tokens = metered.tokens("prompt") + metered.tokens("completion")
+    assert sum(line["prompt_tokens"] + line["completion_tokens"] for line in step_lines) == tokens
+    task_lines = [line for line in metered.log_lines if line.get("logger") == "celery.app.trace"]
     assert task_lines, "expected Celery's per-task lines in the worker log"
     for line in task_lines:
         assert line.get("run_id") in run_ids and "step" in line, line
@@ -201,7 +273,10 @@ def test_safeguards_are_counted(cluster: Cluster, tmp_path: Path) -> None:
     ]
     results = {r["id"]: r for r in run_batch(cluster, tmp_path, lines)}
     assert results["capped"]["status"] == "max_steps"
+    trace = json.loads(cluster.reactq("trace", results["long"]["run_id"], "--json", check=True).stdout)["trace"]
+    truncated = sum(1 for step in trace for obs in step["observations"] if "…[truncated " in obs["content"])
+    assert truncated > 0
     samples = wait_for_sample(f"http://127.0.0.1:{port}/metrics", "reactq_safeguards_total", 1, kind="max_steps")
     assert total(samples, "reactq_safeguards_total", kind="max_steps") == 1
-    assert total(samples, "reactq_safeguards_total", kind="observation_truncated") >= 1
+    assert total(samples, "reactq_safeguards_total", kind="observation_truncated") == truncated
     assert {"kind": "loop"} in series(samples, "reactq_safeguards_total")  # initialised, so rate() exists

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.fixtures_cluster import Cluster
+from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_stub import StubControl
 from tests.test_integration import SAMPLE, assert_all_answered, read_results
+from worker import keys
 from worker.core.models import Run, Step
 
 pytestmark = pytest.mark.integration
@@ -35,8 +36,8 @@ def inline_questions(tmp_path: Path, repeat: int = 1) -> tuple[Path, dict[str, s
 
 def load_run(redis_url: str, run_id: str) -> tuple[Run, list[Step]]:
     client = redis.Redis.from_url(redis_url)
-    run = Run.model_validate_json(client.get(f"reactq:run:{run_id}"))
-    steps = [Step.model_validate_json(s) for s in client.lrange(f"reactq:run:{run_id}:steps", 0, -1)]
+    run = Run.model_validate_json(client.get(keys.run(run_id)))
+    steps = [Step.model_validate_json(s) for s in client.lrange(keys.steps(run_id), 0, -1)]
     return run, steps
 
 
@@ -190,11 +191,10 @@ def test_a_run_lost_from_redis_is_reported_and_resubmitted_on_rerun(
     out = tmp_path / "out.jsonl"
     batch = cluster.start_batch(infile, out)
     client = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not client.keys("reactq:batch:*:ids"):
-        time.sleep(0.05)
-    [ids_key] = client.keys("reactq:batch:*:ids")
-    client.delete(f"reactq:run:{client.hget(ids_key, 'q2').decode()}")
+    ids_pattern = keys.batch_ids("*")
+    wait_until(lambda: bool(client.keys(ids_pattern)), "the batch to record its ids", 30)
+    [ids_key] = client.keys(ids_pattern)
+    client.delete(keys.run(client.hget(ids_key, "q2").decode()))
     _, stderr = batch.communicate(timeout=120)
     assert batch.returncode == 1 and "1 run(s) vanished from Redis" in " ".join(stderr.split())
     assert set(read_results(out)) == {"q0", "q1", "q3"}

@@ -16,14 +16,19 @@ console = Console(stderr=True)
 out = Console()
 
 
-def _runtime():  # imported lazily: `reactq --help` and `reactq stub` need neither Celery nor Redis
+def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `reactq stub` need no Redis
+    """The process runtime, once Redis answers. People get an answer within seconds (`patient=False`);
+    daemons (`worker`) wait through a Redis restart."""
     from .errors import StoreUnavailable
     from .runtime import get_runtime
-    from .store import ping
+    from .store import ping, ping_quickly
 
     rt = get_runtime()
     try:
-        ping(rt.redis, rt.settings.redis_url)
+        if patient:
+            ping(rt.redis, rt.settings.redis_url)
+        else:
+            ping_quickly(rt.settings.redis_url)
     except StoreUnavailable as exc:
         console.print(f"[red]error:[/red] {exc}. Start Redis or set REACTQ_REDIS_URL.")
         sys.exit(2)
@@ -72,7 +77,7 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
         concurrency = 200 if STEPS_QUEUE in selected else (os.cpu_count() or 2)
     os.environ["REACTQ_WORKER_QUEUES"] = ",".join(selected)
     logs.setup(loglevel)
-    rt = _runtime()
+    rt = _runtime(patient=True)
     port = rt.settings.metrics_port if metrics_port is None else metrics_port
     if port:
         start_metrics_server(port, rt)

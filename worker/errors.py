@@ -24,8 +24,16 @@ class StoreUnavailable(ReactqError):
     """Redis cannot be reached."""
 
     def __init__(self, url: str, cause: Exception) -> None:
-        super().__init__(f"cannot reach Redis at {url}: {str(cause).rstrip('.')}")
+        super().__init__(f"cannot reach Redis at {redact_url(url)}: {str(cause).rstrip('.')}")
         self.url = url
+
+
+def redact_url(url: str) -> str:
+    """The URL without its credentials: `redis://:secret@host:6379/0` -> `redis://host:6379/0`."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    return f"{scheme}://{rest.rpartition('@')[2]}"
 
 
 class LLMError(ReactqError):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from . import keys
@@ -61,10 +61,29 @@ def connect(url: str, max_connections: int = 64) -> redis.Redis:
 
 
 def ping(client: redis.Redis, url: str) -> None:
+    """Patient: rides the client's retries (a worker starting while Redis restarts)."""
     try:
         client.ping()
     except redis.exceptions.RedisError as exc:
         raise StoreUnavailable(url, exc) from None
+
+
+QUICK_TIMEOUT_S = 2.0
+
+
+def ping_quickly(url: str, timeout_s: float = QUICK_TIMEOUT_S) -> None:
+    """Impatient: one attempt with short timeouts, for a person waiting at a prompt.
+
+    The store's own client retries for ~30 s to ride out a restart, which is right for a daemon and
+    wrong for `reactq status`: an unreachable Redis must be reported within seconds."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+                                  retry=Retry(NoBackoff(), 0), retry_on_error=[])
+    try:
+        client.ping()
+    except (redis.exceptions.RedisError, OSError) as exc:
+        raise StoreUnavailable(url, exc) from None
+    finally:
+        client.close()
 
 
 class RunStore:
