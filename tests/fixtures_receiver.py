@@ -4,12 +4,13 @@ calls with 500 (or every call, with fail_first=-1) and records each request."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from tests.fixtures_cluster import wait_until
 
 
 @dataclass
@@ -58,11 +59,8 @@ class Receiver:
             self.server.server_close()
 
     def wait_for(self, what: str, ok: Callable[[list[Received]], bool], timeout: float = 60) -> list[Received]:
-        deadline = time.monotonic() + timeout
-        while not ok(self.calls):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the receiver never got {what}; it got {[c.answered for c in self.calls]}")
-            time.sleep(0.05)
+        wait_until(lambda: ok(self.calls), f"the receiver to get {what}", timeout,
+                   lambda: f"it got {[c.answered for c in self.calls]}")
         return list(self.calls)
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from tests.fixtures_cluster import Cluster
+from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_prometheus import scrape, total
 from tests.fixtures_services import free_port
 from worker import keys
@@ -21,14 +21,15 @@ CALCULATOR_NEEDS_APPROVAL = {"REACTQ_APPROVAL_TOOLS": '["calculator"]'}
 
 
 def wait_status(cluster: Cluster, run_id: str, status: str, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        run = json.loads(cluster.reactq("status", run_id, "--json").stdout)
-        if run["status"] == status:
-            return run
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"run {run_id} never reached {status!r}; it is {run['status']!r}")
-        time.sleep(0.2)
+    last: dict = {}
+
+    def reached() -> bool:
+        nonlocal last
+        last = json.loads(cluster.reactq("status", run_id, "--json").stdout)
+        return last["status"] == status
+
+    wait_until(reached, f"run {run_id} in status {status!r}", timeout, lambda: f"it is {last.get('status')!r}")
+    return last
 
 
 def event_kinds(redis_url: str, run_id: str) -> list[str]:
@@ -95,10 +96,8 @@ def test_rejected_over_the_api_becomes_an_observation_and_is_counted(
     assert observation["outcome"] == "refused" and "no arithmetic on Sundays" in observation["content"]
     [approval] = done["approvals"]
     assert approval["decision"] == "rejected" and approval["decided_by"] == "api:default"
-    deadline = time.monotonic() + 20
-    while total(scrape(f"http://127.0.0.1:{port}/metrics"), "reactq_approvals_total", outcome="rejected") != 1:
-        assert time.monotonic() < deadline, "reactq_approvals_total{outcome=rejected} never reached 1"
-        time.sleep(0.2)
+    wait_until(lambda: total(scrape(f"http://127.0.0.1:{port}/metrics"), "reactq_approvals_total",
+                             outcome="rejected") == 1, "reactq_approvals_total{outcome=rejected} == 1", 20)
 
 
 def test_an_unanswered_call_expires_and_ends_the_run(cluster: Cluster) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import time
 from collections.abc import Callable
 
 import httpx
 import pytest
 
-from tests.fixtures_cluster import Cluster
+from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_receiver import Receiver
 from worker.errors import InvalidRequest
 from worker.webhooks import backoff_s, sign, validate_url
@@ -57,14 +56,15 @@ FAST_RETRIES = {"REACTQ_WEBHOOK_ALLOW_PRIVATE": "1", "REACTQ_WEBHOOK_RETRY_BASE_
 
 def wait_delivery(cluster: Cluster, state: str, count: int = 1, timeout: float = 60) -> list[dict]:
     """The tenant's deliveries once `count` of them are in `state`."""
-    deadline = time.monotonic() + timeout
-    while True:
+    found: list[dict] = []
+
+    def reached() -> bool:
+        nonlocal found
         found = json.loads(cluster.reactq("webhook", "deliveries", "--json").stdout)
-        if sum(d["state"] == state for d in found) >= count:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {count} delivery in state {state!r}; deliveries: {found}")
-        time.sleep(0.2)
+        return sum(d["state"] == state for d in found) >= count
+
+    wait_until(reached, f"{count} delivery in state {state!r}", timeout, lambda: f"deliveries: {found}")
+    return found
 
 
 @pytest.mark.integration

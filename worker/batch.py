@@ -18,7 +18,7 @@ from .core.models import Run, RunSpec
 from .store import RunStore
 from .submit import new_batch_id, submit
 
-__all__ = ["BatchRunner", "Progress", "Submitted", "SUBMIT_CHUNK"]
+__all__ = ["BatchRunner", "Follower", "Progress", "Submitted", "SUBMIT_CHUNK"]
 
 SUBMIT_CHUNK = 500
 READ_CHUNK = 1000
@@ -53,9 +53,10 @@ class BatchRunner:
         self.send_step = send_step
 
     def start(self, lines: Iterable[ParsedLine | LineError], out_path: Path, on_error: Callable[[LineError], None],
-              ) -> Submitted:
+              after_chunk: Callable[[str, int], None] | None = None) -> Submitted:
         """Submit, chunk by chunk, the lines whose ids are missing from the output file, adopting runs
-        that an interrupted invocation for the same output file had already submitted."""
+        that an interrupted invocation for the same output file had already submitted. `after_chunk(batch
+        id, runs so far)` runs after each chunk (results can be written while the rest is submitted)."""
         r = self.store.r
         file_key = keys.batch_file(hashlib.sha256(str(out_path.resolve()).encode()).hexdigest()[:24])
         done = finished_ids(out_path)
@@ -77,6 +78,8 @@ class BatchRunner:
                 if len(chunk) >= SUBMIT_CHUNK:
                     total += self._submit_chunk(chunk, batch_id, previous)
                     chunk = []
+                    if after_chunk is not None:
+                        after_chunk(batch_id, total)
         if chunk:
             total += self._submit_chunk(chunk, batch_id, previous)
         r.hset(keys.batch(batch_id), "size", str(total))
@@ -99,59 +102,6 @@ class BatchRunner:
         mapping = {**adopted, **{run.spec.client_id or "": run.id for run in runs}}
         self.store.r.hset(keys.batch_ids(batch_id), mapping=mapping)
         return len(mapping)
-
-    def follow_batch(self, batch_id: str, total: int, on_finished: Callable[[Run], None],
-                     on_tick: Callable[[Progress], None], poll_s: float = 0.25,
-                     timeout_s: float | None = None) -> Progress:
-        """Hand over each run of the batch as it finishes, in the order they finished."""
-        progress = Progress(total=total)
-        written: set[int] = set()
-        cursor = 0
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        stalled_since = time.monotonic()
-        while progress.done + progress.lost < total:
-            ids = self.store.batch_finished_range(batch_id, cursor, READ_CHUNK)
-            if ids:
-                cursor += len(ids)
-                stalled_since = time.monotonic()
-                self._hand_over(ids, written, progress, on_finished)
-                on_tick(progress)
-                continue
-            if self.store.batch_finished_count(batch_id) < cursor:  # Redis lost the list's tail: read it again
-                cursor = 0
-                continue
-            on_tick(progress)
-            if time.monotonic() - stalled_since > LOST_AFTER_S:
-                stalled_since = time.monotonic()
-                if self._unfinished(batch_id) == 0 and self.store.batch_finished_count(batch_id) <= cursor:
-                    progress.lost = total - progress.done  # nothing left that could still finish
-                    break
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(poll_s)
-        return progress
-
-    def _hand_over(self, ids: list[str], written: set[int], progress: Progress,
-                   on_finished: Callable[[Run], None]) -> None:
-        for run_id, run in zip(ids, self.store.load_runs(ids), strict=True):
-            mark = digest(run_id)
-            if mark in written:
-                continue
-            written.add(mark)
-            if run is None:
-                progress.lost += 1
-                continue
-            progress.done += 1
-            progress.failed += run.status.value != "succeeded"
-            progress.steps += run.current_step
-            progress.tokens += run.usage.prompt_tokens + run.usage.completion_tokens
-            progress.cost_usd += run.cost_usd
-            on_finished(run)
-
-    def _unfinished(self, batch_id: str) -> int:
-        """Runs of the batch whose records exist and have not finished (a pass over the batch, in chunks)."""
-        return sum(run is not None and not run.status.finished
-                   for chunk in self.store.iter_batch_run_ids(batch_id) for run in self.store.load_runs(chunk))
 
     def follow(
         self, run_ids: list[str], on_finished: Callable[[Run], None], on_tick: Callable[[Progress], None],
@@ -177,3 +127,70 @@ class BatchRunner:
                 time.sleep(poll_s)
         return progress
 
+
+
+class Follower:
+    """Hands over each run of a batch as it finishes, in the order they finished: the batch's
+    finished-runs list read with a cursor, and one 64-bit digest per run handed over (to skip repeats)."""
+
+    def __init__(self, store: RunStore, on_finished: Callable[[Run], None]) -> None:
+        self.store = store
+        self.on_finished = on_finished
+        self.progress = Progress(total=0)
+        self._cursor = 0
+        self._written: set[int] = set()
+
+    def drain(self, batch_id: str) -> int:
+        """Hand over what has finished by now; returns how many runs that was."""
+        before = self.progress.done + self.progress.lost
+        while ids := self.store.batch_finished_range(batch_id, self._cursor, READ_CHUNK):
+            self._cursor += len(ids)
+            self._hand_over(ids)
+        if self.store.batch_finished_count(batch_id) < self._cursor:  # Redis lost the list's tail: read it again
+            self._cursor = 0
+        return self.progress.done + self.progress.lost - before
+
+    def follow(self, batch_id: str, total: int, on_tick: Callable[[Progress], None], poll_s: float = 0.25,
+               timeout_s: float | None = None) -> Progress:
+        """Until all `total` runs of the batch have been handed over (or reported lost)."""
+        progress = self.progress
+        progress.total = total
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        stalled_since = time.monotonic()
+        while progress.done + progress.lost < total:
+            if self.drain(batch_id):
+                stalled_since = time.monotonic()
+            on_tick(progress)
+            if progress.done + progress.lost >= total:
+                break
+            if time.monotonic() - stalled_since > LOST_AFTER_S:
+                stalled_since = time.monotonic()
+                if self._unfinished(batch_id) == 0 and not self.drain(batch_id):
+                    progress.lost = total - progress.done  # nothing left that could still finish
+                    break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(poll_s)
+        return progress
+
+    def _hand_over(self, ids: list[str]) -> None:
+        progress = self.progress
+        for run_id, run in zip(ids, self.store.load_runs(ids), strict=True):
+            mark = digest(run_id)
+            if mark in self._written:
+                continue
+            self._written.add(mark)
+            if run is None:
+                progress.lost += 1
+                continue
+            progress.done += 1
+            progress.failed += run.status.value != "succeeded"
+            progress.steps += run.current_step
+            progress.tokens += run.usage.prompt_tokens + run.usage.completion_tokens
+            progress.cost_usd += run.cost_usd
+            self.on_finished(run)
+
+    def _unfinished(self, batch_id: str) -> int:
+        """Runs of the batch whose records exist and have not finished (a pass over the batch, in chunks)."""
+        return sum(run is not None and not run.status.finished
+                   for chunk in self.store.iter_batch_run_ids(batch_id) for run in self.store.load_runs(chunk))

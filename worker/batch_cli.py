@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .batch import BatchRunner
+from .batch import BatchRunner, Follower
 from .batch import Progress as BatchProgress
 from .batch_input import LineError, ParsedLine, iter_input
 from .core.models import Run
@@ -38,21 +38,13 @@ def run_batch_file(
         console.print(f"[red]rejected[/red] {infile}:{error}")
 
     runner = BatchRunner(rt.store, rt.settings, send_step)
-    try:
-        submitted = runner.start(lines(), outfile, rejected)
-    except InvalidRequest as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
-    _batch_may_be_finished(rt, submitted.batch_id)
-    console.print(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
-                  + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else ""))
     outfile.parent.mkdir(parents=True, exist_ok=True)
     columns = (
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
     )
     with outfile.open("a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
-        task = bar.add_task("runs", total=submitted.total, detail="")
+        task = bar.add_task("runs", total=None, detail="submitting")
 
         def finished(run: Run) -> None:
             sink.write(json.dumps(line_for(run), ensure_ascii=False) + "\n")
@@ -63,8 +55,25 @@ def run_batch_file(
                 f"failed {p.failed} · in flight {p.total - p.done - p.lost} · steps {p.steps} · tokens {p.tokens} · "
                 f"${p.cost_usd:.4f}"))
 
+        follower = Follower(rt.store, finished)
+
+        def submitted_chunk(batch_id: str, so_far: int) -> None:  # results are written while the rest goes in
+            follower.drain(batch_id)
+            follower.progress.total = so_far
+            bar.update(task, total=so_far)
+            tick(follower.progress)
+
         try:
-            progress = runner.follow_batch(submitted.batch_id, submitted.total, finished, tick)
+            submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk)
+        except InvalidRequest as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
+        _batch_may_be_finished(rt, submitted.batch_id)
+        bar.update(task, total=submitted.total)
+        console.print(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
+                      + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else ""))
+        try:
+            progress = follower.follow(submitted.batch_id, submitted.total, tick)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted:[/yellow] the runs go on in the background; "
                           "run the same command again to collect the rest")
