@@ -31,7 +31,7 @@ def service(sandbox_image: str, sandbox_settings, docker_engine):
     svc.close()
     os.environ.pop("REACTQ_FAKE_SECRET", None)
     # After the suite: no stray containers with the label.
-    assert labelled_containers(docker_engine) == []
+    assert labelled_containers(docker_engine, mine=True) == []
 
 
 def run(service: SandboxService, code: str, tenant: str = "t1", tier: str = "tiny"):

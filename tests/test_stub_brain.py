@@ -390,3 +390,10 @@ def test_slow_python_task_for_long_sandbox_calls() -> None:
     from api_stub.planner import python_code
 
     assert python_code("Sleep for 2.5 seconds, then print ready") == "import time\ntime.sleep(2.5)\nprint('ready')"
+
+
+def test_a_given_code_block_is_sent_to_python_verbatim() -> None:
+    code = "import os\nprint(os.getpid(), 'and', 6 * 7)\n"
+    question = f"Run this python code:\n```python\n{code}```"
+    assert [(a.tool, a.argument) for a in plan(question, frozenset({"python", "calculator"}))] == [("python", code)]
+    assert plan(question, frozenset({"calculator"})) == []
