@@ -7,5 +7,6 @@ pytest_plugins = [
     "tests.fixtures_cluster",
     "tests.fixtures_prometheus",
     "tests.harness",
+    "tests.fixtures_receiver",
     "tests.fixtures_api",
 ]

@@ -92,7 +92,7 @@ class Cluster:
         def ended() -> bool:
             nonlocal last
             last = json.loads(self.reactq("status", run_id, "--json").stdout)
-            return last["status"] not in ("queued", "running")
+            return last["status"] not in ("queued", "running", "awaiting_approval")
 
         wait_until(ended, f"run {run_id} to end", timeout, lambda: f"last status {last.get('status')}")
         return last

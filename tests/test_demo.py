@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_demo_starts_what_is_missing_answers_the_sample_batch_and_cleans_up(tmp_path: Path) -> None:
+def test_demo_starts_what_is_missing_answers_the_bundled_set_and_cleans_up(tmp_path: Path) -> None:
     redis_port, stub_port = free_port(), free_port()
     path = os.pathsep.join(
         d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "redis-server").exists()
@@ -34,7 +34,7 @@ def test_demo_starts_what_is_missing_answers_the_sample_batch_and_cleans_up(tmp_
     result = subprocess.run([sys.executable, "-m", "worker.cli", "demo", "--out", str(out)], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    sample = (ROOT / "worker" / "data" / "sample_batch.jsonl").read_text().splitlines()
+    sample = (ROOT / "worker" / "data" / "eval_set.jsonl").read_text().splitlines()
     assert f"{len(sample)}/{len(sample)} correct" in result.stdout
     assert "starting redis-server" in result.stderr and "starting api_stub" in result.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]

@@ -7,6 +7,7 @@ another tenant's run or batch answers 404 exactly like an unknown one.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,19 +20,20 @@ from pydantic import BaseModel, Field, ValidationError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import keys, metrics
+from . import api_runs_extra, keys, metrics
 from .admission import AdmissionRefused, StreamSlot, TooLarge
 from .api_auth import CallerPolicy, CallerTenant, async_redis
-from .api_guard import BodyLimit, check_id
+from .api_guard import BodyLimit, check_id, owned_batch, owned_run
 from .api_tenancy import router as tenancy_router
 from .core.models import Mode, Run, RunSpec
 from .display import run_json
 from .errors import InvalidRequest
 from .metrics_server import initialise
 from .runtime import get_runtime
-from .submit import TierNotAllowed, cancel, new_batch_id, submit
+from .submit import TierNotAllowed, batch_view, cancel, new_batch_id, submit
 from .tasks import send_step
 from .tenants import Policy
+from .webhooks import validate_url
 
 log = logging.getLogger("reactq.api")
 
@@ -45,6 +47,7 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
 app = FastAPI(title="reactq", version="0.1.0", lifespan=_lifespan)
 app.add_middleware(BodyLimit, max_bytes=get_runtime().settings.max_body_bytes)
 app.include_router(tenancy_router)
+app.include_router(api_runs_extra.router)
 
 
 class RunRequest(BaseModel, extra="forbid"):
@@ -57,12 +60,14 @@ class RunRequest(BaseModel, extra="forbid"):
     max_tokens: int | None = None
     max_cost_usd: float | None = None
     deadline_s: float | None = None
+    webhook_url: str | None = None
 
 
 class BatchRequest(BaseModel, extra="forbid"):
     runs: list[RunRequest] = Field(min_length=1, max_length=10_000)
     tenant: str | None = None
     tier: str | None = None
+    webhook_url: str | None = None  # called once when the whole batch has finished
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -116,15 +121,7 @@ def _spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) ->
         raise HTTPException(403, f"{where}the tenant comes from your API key; this key acts for {policy.tenant!r}")
     return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
                    max_steps=r.max_steps, mode=r.mode, client_id=r.id, max_tokens=r.max_tokens,
-                   max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s)
-
-
-def owned_run(run_id: str, tenant: str) -> Run:
-    """The caller's run, or 404, exactly as for an unknown id."""
-    run = get_runtime().store.load_run(check_id(run_id))
-    if run is None or run.spec.tenant != tenant:
-        raise HTTPException(404, f"no run {run_id!r}")
-    return run
+                   max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url)
 
 
 @app.post("/v1/runs", status_code=201)
@@ -142,8 +139,11 @@ def create_batch(body: BatchRequest, policy: CallerPolicy) -> dict:
         raise HTTPException(403, f"the tenant comes from your API key; this key acts for {policy.tenant!r}")
     batch_id = new_batch_id()
     specs = [_spec(r, policy, f"runs[{i}]: ", body.tier) for i, r in enumerate(body.runs)]
+    meta = {"size": str(len(specs)), "tenant": policy.tenant}
+    if body.webhook_url is not None:
+        meta["webhook_url"] = validate_url(body.webhook_url)
     runs = submit(rt.store, specs, rt.settings, send_step, batch_id=batch_id)
-    rt.store.create_batch(batch_id, {"size": str(len(specs)), "tenant": policy.tenant})
+    rt.store.create_batch(batch_id, meta)
     return {"batch_id": batch_id, "run_ids": [r.id for r in runs]}
 
 
@@ -176,6 +176,14 @@ async def run_events(run_id: str, request: Request, policy: CallerPolicy) -> Str
         last = request.headers.get("last-event-id", "0")
         try:
             while True:
+                compacted = await client.get(keys.events_compacted(run_id))
+                if compacted is not None:  # the run has finished and its stream was compacted
+                    for entry_id, kind, data in json.loads(compacted):
+                        if _stream_id(entry_id) > _stream_id(last):
+                            if kind == "step" and isinstance(data, int):
+                                data = ((await client.lindex(keys.steps(run_id), data)) or b"{}").decode()
+                            yield f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
+                    return
                 result = await client.xread({keys.events(run_id): last}, count=100, block=15_000)
                 for _stream, entries in result or []:
                     for entry_id, fields in entries:
@@ -192,25 +200,22 @@ async def run_events(run_id: str, request: Request, policy: CallerPolicy) -> Str
     return StreamingResponse(stream(), media_type="text/event-stream")
 
 
+def _stream_id(text: str) -> tuple[int, int]:
+    """A Redis stream entry id (`ms-seq`, or a bare `ms`) as a comparable pair; garbage sorts first."""
+    ms, _, seq = text.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
+
+
 @app.get("/v1/batches/{batch_id}")
 def get_batch(batch_id: str, tenant: CallerTenant) -> dict:
-    rt = get_runtime()
-    info = rt.store.batch_info(check_id(batch_id, "batch"))
-    if not info or info.get("tenant") != tenant:
+    owned_batch(batch_id, tenant)
+    view = batch_view(get_runtime().store, batch_id)
+    if view is None:
         raise HTTPException(404, f"no batch {batch_id!r}")
-    run_ids = rt.store.batch_run_ids(batch_id)
-    counts: dict[str, int] = {}
-    for run in rt.store.load_runs(run_ids):
-        if run is not None:
-            counts[run.status.value] = counts.get(run.status.value, 0) + 1
-    return {
-        "batch_id": batch_id,
-        "size": len(run_ids),
-        "finished": rt.store.batch_finished_count(batch_id),
-        "statuses": counts,
-        "usage": {k: float(v) for k, v in info.items() if k in ("prompt_tokens", "completion_tokens", "cost_usd")},
-        "run_ids": run_ids,
-    }
+    return view
 
 
 @app.get("/healthz")

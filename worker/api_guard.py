@@ -1,4 +1,5 @@
-"""Guards in front of the HTTP API's routes: a request body limit (413) and id validation (400)."""
+"""Guards in front of the HTTP API's routes: a request body limit (413), id validation (400) and
+ownership (another tenant's run or batch is a 404, exactly like an unknown one)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import re
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .core.models import Run
+from .runtime import get_runtime
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -16,6 +20,21 @@ def check_id(value: str, what: str = "run") -> str:
     if not RUN_ID.fullmatch(value):
         raise HTTPException(400, f"malformed {what} id: ids are 1-64 letters, digits, '-' or '_'")
     return value
+
+
+def owned_run(run_id: str, tenant: str) -> Run:
+    """The caller's run, or 404, exactly as for an unknown id (400 for a malformed id)."""
+    run = get_runtime().store.load_run(check_id(run_id))
+    if run is None or run.spec.tenant != tenant:
+        raise HTTPException(404, f"no run {run_id!r}")
+    return run
+
+
+def owned_batch(batch_id: str, tenant: str) -> None:
+    """404 unless the batch exists and is the caller's (400 for a malformed id)."""
+    info = get_runtime().store.batch_info(check_id(batch_id, "batch"))
+    if not info or info.get("tenant") != tenant:
+        raise HTTPException(404, f"no batch {batch_id!r}")
 
 
 class BodyLimit:

@@ -1,104 +1,29 @@
-"""`reactq batch`: read JSONL, submit what is missing from the output file, write results as runs finish."""
+"""`reactq batch`: stream a JSONL file in, submit what is missing from the output file in chunks, and
+write each result as its run finishes. Memory stays flat in the batch's size: the lines are read once
+for duplicate ids (8 bytes each) and once to submit; results are followed through the batch's
+finished-runs list in Redis (a cursor), with one 64-bit digest per written result to skip repeats."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, ValidationError
 
 from .admission import AdmissionRefused
+from .batch_input import LineError, ParsedLine, digest, finished_ids
 from .config import Settings
 from .core.models import Run, RunSpec
-from .errors import InvalidRequest
 from .store import RunStore
-from .submit import known_tiers, new_batch_id, submit, tenant_policy, validate_spec
-from .tenants import Policy, Tenants
+from .submit import new_batch_id, submit
+from .tenants import Tenants
 
+__all__ = ["BatchRunner", "Follower", "Progress", "Submitted", "SUBMIT_CHUNK"]
 
-class BatchLine(BaseModel, extra="forbid"):
-    id: str | None = None
-    question: str
-    tenant: str | None = None
-    tier: str | None = None
-    max_steps: int | None = None
-    model: str | None = None
-    max_tokens: int | None = None
-    max_cost_usd: float | None = None
-    deadline_s: float | None = None
-    expected: str | None = None  # allowed for evaluation sets such as the demo's; not used by the engine
-
-
-@dataclass
-class LineError:
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"line {self.line}: {self.message}"
-
-
-@dataclass
-class ParsedInput:
-    specs: list[RunSpec] = field(default_factory=list)
-    errors: list[LineError] = field(default_factory=list)
-
-
-def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, tier: str | None,
-                tenants: Tenants | None = None) -> ParsedInput:
-    """Every good line becomes a spec; every bad one an error naming its line number. With `tenants`,
-    each line's tenant must exist and its plan allow the line's tier (default: the plan's default tier)."""
-    out = ParsedInput()
-    tiers = known_tiers(settings)
-    policies: dict[str, Policy] = {}
-    seen: set[str] = set()
-    for number, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        try:
-            line = BatchLine.model_validate_json(text)
-        except ValidationError as exc:
-            problem = exc.errors()[0]
-            where = ".".join(str(p) for p in problem["loc"])
-            out.errors.append(LineError(number, f"{where + ': ' if where else ''}{problem['msg']}"))
-            continue
-        client_id = line.id or f"line-{number}"
-        if client_id in seen:
-            out.errors.append(LineError(number, f"duplicate id {client_id!r}"))
-            continue
-        owner = line.tenant or tenant or "default"
-        try:
-            policy = None
-            if tenants is not None:
-                policy = policies.get(owner) or policies.setdefault(owner, tenant_policy(tenants, owner))
-            spec = RunSpec(question=line.question, tenant=owner,
-                           tier=line.tier or tier or (policy.plan.default_tier if policy else None) or "standard",
-                           max_steps=line.max_steps, model=line.model, max_tokens=line.max_tokens,
-                           max_cost_usd=line.max_cost_usd, deadline_s=line.deadline_s, client_id=client_id)
-            validate_spec(spec, settings, tiers, policy=policy)
-        except InvalidRequest as exc:
-            out.errors.append(LineError(number, str(exc)))
-            continue
-        seen.add(client_id)
-        out.specs.append(spec)
-    return out
-
-
-def finished_ids(out_path: Path) -> set[str]:
-    """Ids already written to the output file (a re-run skips them)."""
-    done: set[str] = set()
-    if out_path.exists():
-        for text in out_path.read_text(encoding="utf-8").splitlines():
-            try:
-                done.add(json.loads(text)["id"])
-            except (ValueError, KeyError, TypeError):
-                continue
-    return done
+SUBMIT_CHUNK = 500
+READ_CHUNK = 1000
+LOST_AFTER_S = 10.0
 
 
 @dataclass
@@ -106,62 +31,74 @@ class Progress:
     total: int
     done: int = 0
     failed: int = 0
-    running: int = 0
     steps: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
-    lost: list[str] = field(default_factory=list)  # run records that vanished from Redis
+    lost: int = 0  # runs whose records vanished from Redis (a Redis that lost data)
 
 
-LOST_AFTER_S = 10.0
-SUBMIT_CHUNK = 500
+@dataclass(frozen=True)
+class Submitted:
+    batch_id: str
+    total: int  # runs to follow: submitted now, or adopted from an interrupted invocation
+    skipped: int  # lines already in the output file
+    errors: int  # lines rejected
 
 
 class BatchRunner:
-    """Submits a batch and follows it to the end, writing each result line as its run finishes."""
+    """Submits a batch and follows it to the end, handing over each run as it finishes."""
 
     def __init__(self, store: RunStore, settings: Settings, send_step: Callable[[str, int], None],
-                 on_wait: Callable[[AdmissionRefused], None] | None = None) -> None:
+                 on_wait: Callable[[AdmissionRefused], None] | None = None, tenants: Tenants | None = None) -> None:
         self.store = store
         self.settings = settings
         self.send_step = send_step
         self.on_wait = on_wait  # told before waiting out an admission refusal (runs in flight, per minute)
+        self.tenants = tenants  # with it, chunks are no larger than a tenant's plan admits at once
+        self._chunk_limits: dict[str, int] = {}
 
-    def start(self, specs: list[RunSpec], out_path: Path) -> tuple[str, dict[str, str]]:
-        """Submit the specs whose ids are missing from the output file, adopting runs a previous
-        invocation for the same output file already submitted. Returns (batch id, client id -> run id)."""
-        digest = hashlib.sha256(str(out_path.resolve()).encode()).hexdigest()[:24]
+    def start(self, lines: Iterable[ParsedLine | LineError], out_path: Path, on_error: Callable[[LineError], None],
+              after_chunk: Callable[[str, int], None] | None = None) -> Submitted:
+        """Submit, chunk by chunk, the lines whose ids are missing from the output file, adopting runs
+        that an interrupted invocation for the same output file had already submitted. `after_chunk(batch
+        id, runs so far)` runs after each chunk (results can be written while the rest is submitted)."""
+        file_digest = hashlib.sha256(str(out_path.resolve()).encode()).hexdigest()[:24]
         done = finished_ids(out_path)
-        wanted = [s for s in specs if s.client_id not in done]
-        old = self.store.batch_for_file(digest)
-        adopted: dict[str, str] = {}
-        if old:
-            for spec, run in zip(wanted, self.store.load_runs([old.get(s.client_id or "", "") for s in wanted]),
-                                 strict=True):
-                if run is not None and run.spec.question == spec.question:
-                    adopted[spec.client_id or ""] = run.id
+        previous = self.store.batch_for_file(file_digest)
         batch_id = new_batch_id()
-        owners = sorted({s.tenant for s in wanted})
-        self.store.create_batch(batch_id, {"size": str(len(wanted)), "out": str(out_path),
-                                           "tenant": owners[0] if len(owners) == 1 else ""})
-        mapping = dict(adopted)
-        self.store.remember_batch_for_file(digest, batch_id, mapping)
-        fresh = [s for s in wanted if s.client_id not in adopted]
-        for chunk in _chunks(fresh, self._chunk_size(fresh)):
-            runs = self._submit_admitted(chunk, batch_id)
-            submitted = {run.spec.client_id or "": run.id for run in runs}
-            mapping.update(submitted)
-            self.store.record_batch_ids(batch_id, submitted)
-        return batch_id, mapping
+        self.store.create_batch(batch_id, {"out": str(out_path), "submitting": "1"})
+        self.store.set_batch_for_file(file_digest, batch_id)  # now: an interruption mid-way is adopted
+        total = skipped = errors = 0
+        chunk: list[RunSpec] = []
+        limit = SUBMIT_CHUNK
+        for item in lines:
+            if isinstance(item, LineError):
+                on_error(item)
+                errors += 1
+            elif item.spec.client_id in done:
+                skipped += 1
+            else:
+                chunk.append(item.spec)
+                limit = min(limit, self._chunk_limit(item.spec.tenant))
+                if len(chunk) >= limit:
+                    total += self._submit_chunk(chunk, batch_id, previous)
+                    chunk = []
+                    if after_chunk is not None:
+                        after_chunk(batch_id, total)
+        if chunk:
+            total += self._submit_chunk(chunk, batch_id, previous)
+        self.store.batch_submitted(batch_id, total)
+        return Submitted(batch_id, total, skipped, errors)
 
-    def _chunk_size(self, specs: list[RunSpec]) -> int:
-        """Submit in parts no plan involved refuses for their size alone."""
-        size = SUBMIT_CHUNK
-        tenants = Tenants(self.store.r, self.settings)
-        for name in {s.tenant for s in specs}:
-            if (policy := tenants.policy(name)) is not None:
-                size = min(size, policy.plan.limits.runs_in_flight, policy.plan.limits.submissions_per_minute)
-        return size
+    def _chunk_limit(self, tenant: str) -> int:
+        """A chunk no plan involved refuses for its size alone (runs in flight, submissions per minute)."""
+        if tenant not in self._chunk_limits:
+            policy = self.tenants.policy(tenant) if self.tenants is not None else None
+            limits = policy.plan.limits if policy is not None else None
+            self._chunk_limits[tenant] = (SUBMIT_CHUNK if limits is None else
+                                          max(1, min(SUBMIT_CHUNK, limits.runs_in_flight,
+                                                     limits.submissions_per_minute)))
+        return self._chunk_limits[tenant]
 
     def _submit_admitted(self, chunk: list[RunSpec], batch_id: str) -> list[Run]:
         """Submit, waiting out admission refusals (the tenant's runs in flight, submissions per minute)."""
@@ -173,42 +110,108 @@ class BatchRunner:
                     self.on_wait(exc)
                 time.sleep(exc.retry_after_s)
 
+    def _submit_chunk(self, specs: list[RunSpec], batch_id: str, previous: str | None) -> int:
+        adopted: dict[str, str] = {}
+        if previous:
+            old = self.store.batch_run_ids_of(previous, [s.client_id or "" for s in specs])
+            for spec, run in zip(specs, self.store.load_runs(old), strict=True):
+                if run is not None and run.spec.question == spec.question:
+                    adopted[spec.client_id or ""] = run.id
+                    self.store.move_to_batch(run.id, batch_id)
+        self.store.claim_batch_owner(batch_id, specs[0].tenant)
+        fresh = [s for s in specs if s.client_id not in adopted]
+        runs = self._submit_admitted(fresh, batch_id) if fresh else []
+        mapping = {**adopted, **{run.spec.client_id or "": run.id for run in runs}}
+        self.store.record_batch_ids(batch_id, mapping)
+        return len(mapping)
+
     def follow(
         self, run_ids: list[str], on_finished: Callable[[Run], None], on_tick: Callable[[Progress], None],
         poll_s: float = 0.25, timeout_s: float | None = None,
     ) -> Progress:
+        """Follow a few runs outside a batch (`reactq ask --wait`)."""
         progress = Progress(total=len(run_ids))
         pending = set(run_ids)
-        missing_since: dict[str, float] = {}
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pending:
-            running = 0
-            for chunk in _chunks(sorted(pending), 500):
-                for run_id, run in zip(chunk, self.store.load_runs(chunk), strict=True):
-                    if run is None:  # only a Redis that lost data (or a record past its TTL) does this
-                        if time.monotonic() - missing_since.setdefault(run_id, time.monotonic()) > LOST_AFTER_S:
-                            pending.discard(run_id)
-                            progress.lost.append(run_id)
+            for run_id, run in zip(sorted(pending), self.store.load_runs(sorted(pending)), strict=True):
+                if run is None or run.status.finished:
+                    pending.discard(run_id)
+                    if run is None:
+                        progress.lost += 1
                         continue
-                    if run.status.finished:
-                        pending.discard(run_id)
-                        progress.done += 1
-                        progress.failed += run.status.value != "succeeded"
-                        progress.steps += run.current_step
-                        progress.tokens += run.usage.prompt_tokens + run.usage.completion_tokens
-                        progress.cost_usd += run.cost_usd
-                        on_finished(run)
-                    elif run.status.value == "running":
-                        running += 1
-            progress.running = running
+                    progress.done += 1
+                    on_finished(run)
             on_tick(progress)
             if pending:
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                time.sleep(poll_s if len(pending) < 2000 else 1.0)
+                time.sleep(poll_s)
         return progress
 
 
-def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+class Follower:
+    """Hands over each run of a batch as it finishes, in the order they finished: the batch's
+    finished-runs list read with a cursor, and one 64-bit digest per run handed over (to skip repeats)."""
+
+    def __init__(self, store: RunStore, on_finished: Callable[[Run], None]) -> None:
+        self.store = store
+        self.on_finished = on_finished
+        self.progress = Progress(total=0)
+        self._cursor = 0
+        self._written: set[int] = set()
+
+    def drain(self, batch_id: str) -> int:
+        """Hand over what has finished by now; returns how many runs that was."""
+        before = self.progress.done + self.progress.lost
+        while ids := self.store.batch_finished_range(batch_id, self._cursor, READ_CHUNK):
+            self._cursor += len(ids)
+            self._hand_over(ids)
+        if self.store.batch_finished_count(batch_id) < self._cursor:  # Redis lost the list's tail: read it again
+            self._cursor = 0
+        return self.progress.done + self.progress.lost - before
+
+    def follow(self, batch_id: str, total: int, on_tick: Callable[[Progress], None], poll_s: float = 0.25,
+               timeout_s: float | None = None) -> Progress:
+        """Until all `total` runs of the batch have been handed over (or reported lost)."""
+        progress = self.progress
+        progress.total = total
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        stalled_since = time.monotonic()
+        while progress.done + progress.lost < total:
+            if self.drain(batch_id):
+                stalled_since = time.monotonic()
+            on_tick(progress)
+            if progress.done + progress.lost >= total:
+                break
+            if time.monotonic() - stalled_since > LOST_AFTER_S:
+                stalled_since = time.monotonic()
+                if self._unfinished(batch_id) == 0 and not self.drain(batch_id):
+                    progress.lost = total - progress.done  # nothing left that could still finish
+                    break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(poll_s)
+        return progress
+
+    def _hand_over(self, ids: list[str]) -> None:
+        progress = self.progress
+        for run_id, run in zip(ids, self.store.load_runs(ids), strict=True):
+            mark = digest(run_id)
+            if mark in self._written:
+                continue
+            self._written.add(mark)
+            if run is None:
+                progress.lost += 1
+                continue
+            progress.done += 1
+            progress.failed += run.status.value != "succeeded"
+            progress.steps += run.current_step
+            progress.tokens += run.usage.prompt_tokens + run.usage.completion_tokens
+            progress.cost_usd += run.cost_usd
+            self.on_finished(run)
+
+    def _unfinished(self, batch_id: str) -> int:
+        """Runs of the batch whose records exist and have not finished (a pass over the batch, in chunks)."""
+        return sum(run is not None and not run.status.finished
+                   for chunk in self.store.iter_batch_run_ids(batch_id) for run in self.store.load_runs(chunk))

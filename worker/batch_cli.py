@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .admission import AdmissionRefused, TooLarge
-from .batch import BatchRunner, parse_input
+from .batch import BatchRunner, Follower
 from .batch import Progress as BatchProgress
+from .batch_input import LineError, ParsedLine, iter_input
 from .core.models import Run
 from .errors import InvalidRequest
 from .runtime import Runtime
@@ -20,51 +22,76 @@ from .runtime import Runtime
 def run_batch_file(
     rt: Runtime, infile: Path, outfile: Path, tenant: str | None, tier: str | None,
     send_step: Callable[[str, int], None], console: Console,
-    on_result: Callable[[Run], None] | None = None,
+    line_for: Callable[[Run], dict[str, Any]] = Run.result_line,
+    on_line: Callable[[ParsedLine], None] | None = None,
 ) -> int:
-    """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do."""
-    with infile.open(encoding="utf-8") as f:
-        parsed = parse_input(iter(f), rt.settings, tenant, tier, rt.tenants)
-    for error in parsed.errors:
+    """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do.
+    `line_for` makes a finished run's output line (`reactq eval` adds its scoring); `on_line` sees each
+    good input line as it is read."""
+
+    def lines() -> Any:
+        for item in iter_input(infile, rt.settings, tenant, tier, rt.tenants):
+            if on_line is not None and isinstance(item, ParsedLine):
+                on_line(item)
+            yield item
+
+    def rejected(error: LineError) -> None:
         console.print(f"[red]rejected[/red] {infile}:{error}")
+
     def waiting(refused: AdmissionRefused) -> None:
         console.print(f"[yellow]waiting {refused.retry_after_s}s:[/yellow] {refused}; the batch goes on after that")
 
-    runner = BatchRunner(rt.store, rt.settings, send_step, on_wait=waiting)
-    try:
-        batch_id, mapping = runner.start(parsed.specs, outfile)
-    except (InvalidRequest, TooLarge) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
-    skipped = len(parsed.specs) - len(mapping)
-    console.print(f"batch {batch_id}: {len(mapping)} runs to follow"
-                  + (f", {skipped} already in {outfile}" if skipped else ""))
+    runner = BatchRunner(rt.store, rt.settings, send_step, on_wait=waiting, tenants=rt.tenants)
     outfile.parent.mkdir(parents=True, exist_ok=True)
     columns = (
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
     )
     with outfile.open("a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
-        task = bar.add_task("runs", total=len(mapping), detail="")
+        task = bar.add_task("runs", total=None, detail="submitting")
 
         def finished(run: Run) -> None:
-            sink.write(json.dumps(run.result_line(), ensure_ascii=False) + "\n")
+            sink.write(json.dumps(line_for(run), ensure_ascii=False) + "\n")
             sink.flush()
-            if on_result is not None:
-                on_result(run)
 
         def tick(p: BatchProgress) -> None:
             bar.update(task, completed=p.done, detail=(
-                f"failed {p.failed} · running {p.running} · steps {p.steps} · tokens {p.tokens} · ${p.cost_usd:.4f}"))
+                f"failed {p.failed} · in flight {p.total - p.done - p.lost} · steps {p.steps} · tokens {p.tokens} · "
+                f"${p.cost_usd:.4f}"))
+
+        follower = Follower(rt.store, finished)
+
+        def submitted_chunk(batch_id: str, so_far: int) -> None:  # results are written while the rest goes in
+            follower.drain(batch_id)
+            follower.progress.total = so_far
+            bar.update(task, total=so_far)
+            tick(follower.progress)
 
         try:
-            progress = runner.follow(list(mapping.values()), finished, tick)
+            submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk)
+        except (InvalidRequest, TooLarge) as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
+        _batch_may_be_finished(rt, submitted.batch_id)
+        bar.update(task, total=submitted.total)
+        console.print(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
+                      + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else ""))
+        try:
+            progress = follower.follow(submitted.batch_id, submitted.total, tick)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted:[/yellow] the runs go on in the background; "
                           "run the same command again to collect the rest")
             return 130
     if progress.lost:
-        console.print(f"[red]{len(progress.lost)} run(s) vanished from Redis[/red] (was it restarted without "
+        console.print(f"[red]{progress.lost} run(s) vanished from Redis[/red] (was it restarted without "
                       "its AOF?); run the same command again to submit them anew")
         return 1
-    return 1 if parsed.errors else 0
+    return 1 if submitted.errors else 0
+
+
+def _batch_may_be_finished(rt: Runtime, batch_id: str) -> None:
+    """Every run may have ended while the batch was still being submitted: its webhook is sent from here."""
+    from .finish_hooks import queue_batch_webhook
+    from .webhook_tasks import send_delivery
+
+    queue_batch_webhook(rt, batch_id, None, send_delivery)

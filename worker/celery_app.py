@@ -1,16 +1,17 @@
-"""The Celery app: Redis broker, at-least-once delivery, queues reactq.steps and reactq.sandbox."""
+"""The Celery app: Redis broker, at-least-once delivery, queues reactq.steps, reactq.sandbox, reactq.webhooks."""
 
 from __future__ import annotations
 
 from celery import Celery
 
 from .config import get_settings
-from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE
+from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, WEBHOOK_TASK, WEBHOOKS_QUEUE
 
 
 def make_app() -> Celery:
     settings = get_settings()
-    app = Celery("reactq", broker=settings.redis_url, include=["worker.tasks", "tools_sandbox.tasks"])
+    app = Celery("reactq", broker=settings.redis_url,
+                 include=["worker.tasks", "worker.webhook_tasks", "tools_sandbox.tasks"])
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -18,7 +19,8 @@ def make_app() -> Celery:
         task_serializer="json",
         accept_content=["json"],
         task_default_queue=STEPS_QUEUE,
-        task_routes={STEP_TASK: {"queue": STEPS_QUEUE}, SANDBOX_TASK: {"queue": SANDBOX_QUEUE}},
+        task_routes={STEP_TASK: {"queue": STEPS_QUEUE}, SANDBOX_TASK: {"queue": SANDBOX_QUEUE},
+                     WEBHOOK_TASK: {"queue": WEBHOOKS_QUEUE}},
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

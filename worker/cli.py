@@ -65,13 +65,16 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
         sys.exit(supervise_workers(processes, queues, concurrency, port, loglevel))
     from . import logs
     from .metrics_server import start_metrics_server
+    from .names import WEBHOOKS_QUEUE
 
-    names = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE}
+    names = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE, "webhooks": WEBHOOKS_QUEUE}
     try:
         selected = [names[q.strip()] for q in queues.split(",") if q.strip()]
     except KeyError as exc:
-        message = f"unknown queue {exc.args[0]!r}; use steps, sandbox or both"
+        message = f"unknown queue {exc.args[0]!r}; use steps, sandbox, webhooks (comma-separated)"
         raise click.BadParameter(message, param_hint="--queues") from None
+    if STEPS_QUEUE in selected and WEBHOOKS_QUEUE not in selected:  # step workers deliver webhooks by default
+        selected.append(WEBHOOKS_QUEUE)
     if concurrency is None:
         concurrency = 200 if STEPS_QUEUE in selected else (os.cpu_count() or 2)
     os.environ["REACTQ_WORKER_QUEUES"] = ",".join(selected)
@@ -144,8 +147,9 @@ def api(host: str, port: int, insecure_no_auth: bool) -> None:
 @click.option("--tier", default=None, help="default: the tenant's plan's default tier")
 @click.option("--max-steps", type=int, default=None)
 @click.option("--timeout", type=float, default=600, show_default=True, help="seconds to --wait")
+@click.option("--webhook-url", default=None, help="called with the run when it finishes")
 def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None, max_steps: int | None,
-        timeout: float) -> None:
+        timeout: float, webhook_url: str | None) -> None:
     """Submit one run."""
     from .admission import AdmissionRefused, TooLarge
     from .batch import BatchRunner
@@ -157,8 +161,8 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
     rt = _runtime()
     try:
         tier = tier or tenant_policy(rt.tenants, tenant).plan.default_tier or "standard"
-        [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps)],
-                       rt.settings, _send_step())
+        [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
+                                          webhook_url=webhook_url)], rt.settings, _send_step())
     except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
@@ -204,12 +208,20 @@ def status(run_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@click.option("--diff", nargs=2, default=None, metavar="RUN_A RUN_B", help="where two runs diverge, step by step")
 @click.option("--json", "as_json", is_flag=True)
-def trace(run_id: str, as_json: bool) -> None:
+def trace(run_id: str | None, diff: tuple[str, str] | None, as_json: bool) -> None:
     """Show each step: thought, action, arguments, observation, tokens, timings."""
     from .display import print_trace, run_json
 
+    if diff:
+        from .cli_replay import print_diff
+
+        print_diff(*diff, as_json=as_json)
+        return
+    if run_id is None:
+        raise click.UsageError("give RUN_ID, or --diff RUN_A RUN_B")
     run = _load(run_id)
     steps = _runtime().store.load_steps(run_id)
     if as_json:
@@ -219,12 +231,21 @@ def trace(run_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@click.option("--batch", "batch_id", default=None, help="cancel every unfinished run of this batch")
 @click.option("--json", "as_json", is_flag=True)
-def cancel(run_id: str, as_json: bool) -> None:
-    """Cancel a run; it stops at its next step."""
+def cancel(run_id: str | None, batch_id: str | None, as_json: bool) -> None:
+    """Cancel a run (or with --batch, a batch); it stops at its next step."""
     from .display import run_json
     from .submit import cancel as cancel_run
+
+    if batch_id is not None:
+        from .cli_retention import cancel_batch_command
+
+        cancel_batch_command(batch_id, as_json)
+        return
+    if run_id is None:
+        raise click.UsageError("give RUN_ID, or --batch BATCH_ID")
 
     _load(run_id)
     run = cancel_run(_runtime().store, run_id)
@@ -239,7 +260,7 @@ def cancel(run_id: str, as_json: bool) -> None:
 @click.option("--out", "outfile", default="reactq-demo-results.jsonl", show_default=True,
               type=click.Path(dir_okay=False, path_type=Path))
 def demo(outfile: Path) -> None:
-    """Run the bundled sample batch on the embedded default, starting whatever is missing."""
+    """Run the bundled evaluation set on the embedded default, starting whatever is missing."""
     from .demo import run_demo
 
     sys.exit(run_demo(outfile, console, out))
@@ -264,11 +285,15 @@ def _add_sandbox_commands() -> None:
 _add_sandbox_commands()
 cli_tenants.register(cli)
 
+from . import cli_approvals, cli_eval, cli_replay, cli_retention, cli_webhooks  # noqa: E402,F401  (their verbs)
+
 
 def main() -> None:
     get_settings()
     cli()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m worker.cli`: use the imported module, where the add-on verbs registered
+    from worker.cli import main as imported_main
+
+    imported_main()

@@ -59,6 +59,18 @@ class Settings(BaseSettings):
     redis_max_connections: int = Field(512, ge=8)
     llm_max_connections: int = Field(512, ge=1)
 
+    # human approval
+    approval_tools: list[str] = Field(default_factory=list)  # tools whose calls wait for approval (besides
+    # those registered with requires_approval=True)
+    approval_timeout_s: float = Field(3600.0, gt=0)  # an unanswered call ends its run (status timeout)
+
+    # webhooks
+    webhook_allow_private: bool = False  # deliver to loopback/private/link-local addresses (SSRF guard off)
+    webhook_timeout_s: float = Field(10.0, gt=0)
+    webhook_retry_base_s: float = Field(10.0, gt=0)  # first retry after this; doubles each time ...
+    webhook_retry_max_s: float = Field(1800.0, gt=0)  # ... up to this (below the broker's visibility timeout)
+    webhook_retry_for_s: float = Field(86400.0, gt=0)  # a delivery is given up this long after it was created
+
     tool_modules: list[str] = Field(default_factory=list)  # users' tool modules, imported by workers
 
     # tenants, plans and prices

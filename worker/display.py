@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from .core.models import Run, Step
+from .core.models import Approval, Run, Step
 
 
 def run_json(run: Run, steps: list[Step] | None = None) -> dict[str, Any]:
@@ -24,6 +25,8 @@ def run_json(run: Run, steps: list[Step] | None = None) -> dict[str, Any]:
         "finished_at": run.finished_at,
         "waiting_on": run.waiting_on,
         "max_steps": run.max_steps,
+        "approvals": [a.model_dump(mode="json") for a in run.approvals],
+        "forked_from": run.forked_from,
     }
     if steps is not None:
         data["trace"] = [s.model_dump() for s in steps]
@@ -33,7 +36,10 @@ def run_json(run: Run, steps: list[Step] | None = None) -> dict[str, Any]:
 def print_status(console: Console, run: Run) -> None:
     table = Table(show_header=False, box=None)
     for key, value in run_json(run).items():
-        if value is not None:
+        if key == "approvals":
+            for a in run.approvals:
+                table.add_row("[bold]approval[/bold]", _approval_line(run, a))
+        elif value is not None:
             table.add_row(f"[bold]{key}[/bold]", json.dumps(value) if isinstance(value, dict) else str(value))
     console.print(table)
 
@@ -53,11 +59,28 @@ def print_trace(console: Console, run: Run, steps: list[Step]) -> None:
         for obs in step.observations:
             label = f"[green]observation[/green] ({obs.tool}, {obs.outcome}, {obs.duration_ms} ms)"
             console.print(f"{label}: {obs.content}")
+        for approval in (a for a in run.approvals if a.step == step.index):
+            console.print(f"[yellow]approval:[/yellow] {_approval_line(run, approval)}")
         if step.error:
             console.print(f"[red]error:[/red] {step.error}")
         if step.final_answer is not None:
             console.print(f"[bold green]final answer:[/bold green] {step.final_answer}")
+    for approval in (a for a in run.approvals if a.step >= len(steps)):
+        console.print(f"[yellow]approval:[/yellow] {_approval_line(run, approval)}")
     if run.error:
         console.print(f"[red]reason:[/red] {run.error}")
     if run.answer is not None:
         console.print(f"[bold]answer:[/bold] {run.answer}")
+
+
+def _approval_line(run: Run, a: Approval) -> str:
+    call = f"{a.tool}({json.dumps(a.arguments)}) call {a.call_id}, step {a.step + 1}"
+    if a.decision is None:
+        return (f"PENDING {call} · expires {_when(a.expires_at)} · reactq approve {run.id} {a.call_id} | "
+                f"reactq reject {run.id} {a.call_id} --reason ...")
+    reason = f": {a.reason}" if a.reason else ""
+    return f"{a.decision.value.upper()} {call} by {a.decided_by} at {_when(a.decided_at)}{reason}"
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

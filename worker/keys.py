@@ -15,6 +15,11 @@ def events(run_id: str) -> str:
     return f"{PREFIX}:run:{run_id}:events"
 
 
+def events_compacted(run_id: str) -> str:
+    """A finished run's events, compacted into one JSON string: [[entry id, type, data or step index]]."""
+    return f"{PREFIX}:run:{run_id}:history"
+
+
 def reply(run_id: str, step: int) -> str:
     """The stored LLM reply of one step: a redelivered step reuses it."""
     return f"{PREFIX}:run:{run_id}:reply:{step}"
@@ -123,3 +128,26 @@ def tenant_submissions(name: str, minute: int) -> str:
 def tenant_streams(name: str) -> str:
     """zset: open event streams, member = stream id, score = when it lapses unless renewed."""
     return f"{PREFIX}:tenant:{name}:streams"
+def approval_counted(run_id: str, step: int, call_id: str) -> str:
+    """Set once a worker has counted this call's approval decision in its metrics."""
+    return f"{PREFIX}:run:{run_id}:approval:{step}:{call_id}"
+
+
+def tenant_webhook(tenant: str) -> str:
+    """hash: the tenant's default webhook `url` (optional) and signing `secret`."""
+    return f"{PREFIX}:tenant:{tenant}:webhook"
+
+
+def webhook_delivery(delivery_id: str) -> str:
+    """A webhook delivery record (JSON): target, body, state and every attempt with its status."""
+    return f"{PREFIX}:webhook:{delivery_id}"
+
+
+def tenant_deliveries(tenant: str) -> str:
+    """zset: the tenant's webhook delivery ids, scored by creation time."""
+    return f"{PREFIX}:tenant:{tenant}:deliveries"
+
+
+def batch_webhook_sent(batch_id: str) -> str:
+    """Set once the batch's `finished` webhook has been queued (the last two runs may finish together)."""
+    return f"{PREFIX}:batch:{batch_id}:webhook"

@@ -36,6 +36,8 @@ TOOL_FAILURES = Counter("reactq_tool_failures_total", "Tool calls that failed.",
 TOOL_DURATION = Histogram("reactq_tool_duration_seconds", "Tool call latency.", ["tool"], buckets=LLM_BUCKETS)
 SAFEGUARDS = Counter("reactq_safeguards_total", "Times a safeguard acted (hint, compaction, cut-off, limit).",
                      ["kind"])
+APPROVALS = Counter("reactq_approvals_total", "Tool calls decided by a person (or expired), by outcome.",
+                    ["outcome"])
 QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queue"], multiprocess_mode="max")
 
 SAFEGUARD_KINDS = ("repeat_hint", "loop", "invalid_outputs", "observation_truncated", "context_compacted",
@@ -80,5 +82,7 @@ def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tu
         TOOL_DURATION.labels(tool)
     for kind in SAFEGUARD_KINDS:
         SAFEGUARDS.labels(kind)
+    for outcome in ("approved", "rejected", "expired"):
+        APPROVALS.labels(outcome)
     for queue in QUEUES:
         QUEUE_DEPTH.labels(queue)

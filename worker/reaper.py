@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable
 
 from . import metrics
+from .approvals import expire_or_defer
+from .core.models import RunStatus
 from .names import STEPS_QUEUE
+from .runner import record_finished
 from .runtime import Runtime
 
 log = logging.getLogger("reactq.reaper")
@@ -38,6 +41,10 @@ def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | N
     for run_id, run in zip(candidates, rt.store.load_runs(candidates), strict=True):
         if run is None or run.status.finished:  # a missing record (expired, or lost with Redis data) too
             rt.store.forget_active(run_id)
+            continue
+        if run.status == RunStatus.AWAITING_APPROVAL:  # nothing to re-kick: a person's decision moves it
+            if (ended := expire_or_defer(rt, run, now)) is not None:
+                record_finished(ended, rt)
             continue
         long_stale = run.updated_at < now - s.visibility_timeout_s
         if rt.store.lease_held(run.id) or not (queues_empty or long_stale):

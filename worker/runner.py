@@ -13,15 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import keys, metrics
+from . import approvals, keys, metrics
+from .approvals import Waiting
 from .budgets import BudgetExceeded, reserve_call
 from .core import engine, prompts
 from .core.engine import Act, End, Final, PlannedCall, Reflect, Retry
 from .core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
-from .core.outcome import BUSY, FENCED, WAITING, Outcome, StepOutcome
+from .core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
 from .core.parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
 from .core.pricing import cost_usd
 from .errors import LLMError, ToolError
+from .finish_hooks import after_finish
 from .names import STEP_TASK, STEPS_QUEUE
 from .runtime import Runtime
 from .sandbox_bridge import observation_from_sandbox
@@ -146,7 +148,9 @@ class StepRunner:
             return FENCED  # another delivery, whose lease outlived ours, stored its reply first
         from_cache = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}
         executed = self._execute(run, d, act, step.tool_calls, from_cache)
-        if executed is None:
+        if executed is Waiting.APPROVAL:
+            return AWAITING_APPROVAL  # a person's decision re-enqueues this step
+        if executed is Waiting.SANDBOX:
             self.store.mark_running(snap, d.index, waiting_on="sandbox")
             return WAITING
         step.observations, fresh = executed
@@ -188,17 +192,24 @@ class StepRunner:
     # --- tools --------------------------------------------------------------------------------
     def _execute(
         self, run: Run, d: Delivery, act: Act, calls: list[ToolCall], cached: dict[str, str | None]
-    ) -> tuple[list[Observation], list[tuple[str, dict[str, Any], str]]] | None:
+    ) -> tuple[list[Observation], list[tuple[str, dict[str, Any], str]]] | Waiting:
         """Observations in the order the model asked, and the fresh results of idempotent tools (for
-        the cache); or None while sandboxed calls are pending. Results of tools with effects are stored
-        before anything else happens; an idempotent tool's result is recorded with the step."""
+        the cache); or what the step waits for (sandboxed calls, a person's approval). Results of tools
+        with effects are stored before anything else happens; an idempotent tool's result is recorded
+        with the step."""
         by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
         for rejected in act.rejected:
             metrics.TOOL_CALLS.labels(_tool_label(rejected.tool, self.rt), rejected.outcome).inc()
         pending = False
         fresh: list[tuple[str, dict[str, Any], str]] = []
+        awaiting: list[PlannedCall] = []
         for planned in act.planned:
             obs = d.stored_results.get(planned.call.id)
+            if obs is None and (gated := approvals.gate(self.rt, run, d.index, planned)) is not None:
+                if gated is Waiting.APPROVAL:
+                    awaiting.append(planned)
+                    continue
+                obs = self.store.save_tool_result(run.id, d.index, gated)
             if obs is None and planned.sandboxed:
                 obs = self._sandbox_result(run, d.index, planned)
                 pending = pending or obs is None
@@ -210,8 +221,11 @@ class StepRunner:
                     fresh.append((planned.tool, planned.arguments, obs.content))
             if obs is not None:
                 by_id[planned.call.id] = obs
+        if awaiting:
+            approvals.request(self.rt, run, d.index, awaiting)
+            return Waiting.APPROVAL
         if pending:
-            return None
+            return Waiting.SANDBOX
         hints = {p.call.id: p.hint for p in act.planned}
         limits = self.rt.limits
         ordered = []
@@ -299,13 +313,13 @@ class StepRunner:
         safeguard = committed.end.safeguard if committed.end is not None else ""
         if safeguard:
             metrics.SAFEGUARDS.labels(safeguard).inc()
-        record_finished(committed.run)
+        record_finished(committed.run, self.rt)
         return StepOutcome(outcome, safeguard=safeguard or None)
 
     def _record_cancel(self, run_id: str) -> None:
         """A run cancelled from the CLI or API is counted by the first worker that sees it, once."""
         if (run := self.store.mark_cancel_recorded(run_id)) is not None:
-            record_finished(run)
+            record_finished(run, self.rt)
 
     def _end(self, run: Run, end: End, only_step: int, outcome: Outcome) -> StepOutcome:
         """End the run without recording a step (a limit before the step, an LLM failure)."""
@@ -315,15 +329,16 @@ class StepRunner:
         metrics.STEPS_TOTAL.labels(Outcome.ENDED.value).inc()
         if end.safeguard:
             metrics.SAFEGUARDS.labels(end.safeguard).inc()
-        record_finished(finished)
+        record_finished(finished, self.rt)
         return StepOutcome(outcome, safeguard=end.safeguard or None)
 
 
-def record_finished(run: Run) -> None:
+def record_finished(run: Run, rt: Runtime) -> None:
     metrics.RUNS_TOTAL.labels(run.status.value).inc()
     metrics.RUN_TURNS.labels(run.status.value).observe(run.current_step)
     metrics.RUN_DURATION.labels(run.status.value).observe(max(0.0, (run.finished_at or time.time()) - run.created_at))
     log.info("run finished", extra={"run_id": run.id, "status": run.status.value, "steps": run.current_step})
+    after_finish(rt, run)
 
 
 def _tool_label(name: str, rt: Runtime) -> str:

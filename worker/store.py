@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,29 @@ _RENEW_LEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 )
 _STEPS = TypeAdapter(list[Step])
+
+
+_COMPACT_EVENTS = """
+local ttl = redis.call('PTTL', KEYS[1])
+local entries = redis.call('XRANGE', KEYS[1], '-', '+')
+if #entries == 0 then return 0 end
+local out = {}
+for _, entry in ipairs(entries) do
+  local fields, kind, data = entry[2], nil, nil
+  for i = 1, #fields, 2 do
+    if fields[i] == 'type' then kind = fields[i + 1] elseif fields[i] == 'data' then data = fields[i + 1] end
+  end
+  if kind == 'step' and data then
+    table.insert(out, {entry[1], kind, cjson.decode(data)['index']})
+  else
+    table.insert(out, {entry[1], kind, data or '{}'})
+  end
+end
+redis.call('SET', KEYS[2], cjson.encode(out))
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+redis.call('DEL', KEYS[1])
+return #entries
+"""
 
 
 def connect(url: str, max_connections: int = 64) -> redis.Redis:
@@ -168,6 +191,22 @@ class RunStore:
             {k.decode(): Observation.model_validate_json(v) for k, v in raw_results.items()},
         )
 
+    def copy_steps(self, run_id: str, steps: list[Step]) -> None:
+        """Give a new run (a replay, before its first step is sent) the recorded steps it starts from."""
+        if steps:
+            self.r.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
+
+    def compact_events(self, run_id: str) -> None:
+        """Once a run has finished, its event stream becomes one small JSON string (same entry ids, same
+        TTL) whose `step` events point at the step list instead of repeating each step's text: a stream
+        costs ~4 KB however few its entries."""
+        self.r.eval(_COMPACT_EVENTS, 2, keys.events(run_id), keys.events_compacted(run_id))
+
+    def compacted_events(self, run_id: str) -> list[tuple[str, str, str | int]] | None:
+        """A finished run's events as (entry id, type, data or step index), or None if not compacted."""
+        raw = self.r.get(keys.events_compacted(run_id))
+        return None if raw is None else [tuple(e) for e in json.loads(raw)]  # type: ignore[misc]
+
     def load_steps(self, run_id: str) -> list[Step]:
         raws = self.r.lrange(keys.steps(run_id), 0, -1)
         return _STEPS.validate_json(b"[" + b",".join(raws) + b"]") if raws else []
@@ -252,7 +291,7 @@ class RunStore:
         commands: list[Command] = [
             ("ZREM", keys.ACTIVE_RUNS, run.id),
             ("SREM", keys.tenant_inflight(run.spec.tenant), run.id),
-            _event(run.id, "finished", finished),
+            event_command(run.id, "finished", finished),
         ]
         commands += [("EXPIRE", key, self.retention)
                      for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
@@ -277,7 +316,7 @@ class RunStore:
 
         def extra(run: Run) -> list[Command]:
             data = step.model_dump_json()
-            return [("RPUSH", keys.steps(run_id), data), _event(run_id, "step", data),
+            return [("RPUSH", keys.steps(run_id), data), event_command(run_id, "step", data),
                     *self._count_usage(run, step.usage, step.cost_usd), *(also or [])]
 
         written = self.write_run(run_id, mutate, extra, expect=snapshot, release_lease=release_lease)
@@ -413,23 +452,67 @@ class RunStore:
     def batch_run_ids(self, batch_id: str) -> list[str]:
         return [i.decode() for i in self.r.lrange(keys.batch_runs(batch_id), 0, -1)]
 
+    def iter_batch_run_ids(self, batch_id: str, chunk: int = 500) -> Iterator[list[str]]:
+        """The batch's run ids, `chunk` at a time (memory flat in the batch's size)."""
+        start = 0
+        while ids := self.r.lrange(keys.batch_runs(batch_id), start, start + chunk - 1):
+            yield [i.decode() for i in ids]
+            start += len(ids)
+
+    def batch_finished_range(self, batch_id: str, start: int, count: int) -> list[str]:
+        """Up to `count` ids of the batch's finished runs, from position `start` in finishing order."""
+        return [i.decode() for i in self.r.lrange(keys.batch_done(batch_id), start, start + count - 1)]
+
+    def move_to_batch(self, run_id: str, batch_id: str) -> None:
+        """Make a run submitted by an earlier invocation part of `batch_id`: listed in it, and its end
+        pushed to the batch's finished list (at once, if it has ended or its record is gone)."""
+
+        def mutate(run: Run) -> bool:
+            if run.status.finished:
+                return False
+            run.spec.batch_id = batch_id
+            return True
+
+        moved = self.update_run(run_id, mutate)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.rpush(keys.batch_runs(batch_id), run_id)
+        if moved is None:
+            pipe.rpush(keys.batch_done(batch_id), run_id)
+        pipe.execute()
+
     def batch_finished_since(self, batch_id: str, start: int) -> list[str]:
         return [i.decode() for i in self.r.lrange(keys.batch_done(batch_id), start, -1)]
+
+    def batch_size(self, batch_id: str) -> int:
+        return int(self.r.llen(keys.batch_runs(batch_id)))
 
     def batch_finished_count(self, batch_id: str) -> int:
         return int(self.r.llen(keys.batch_done(batch_id)))
 
-    def batch_for_file(self, digest: str) -> dict[str, str]:
-        """The client id -> run id map of the batch last submitted for one output file (empty if none)."""
+    def batch_for_file(self, digest: str) -> str | None:
+        """The batch last submitted for one output file (a re-run adopts its runs), if any."""
         previous = self.r.get(keys.batch_file(digest))
-        if not previous:
-            return {}
-        return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch_ids(previous.decode())).items()}
+        return previous.decode() if previous else None
 
-    def remember_batch_for_file(self, digest: str, batch_id: str, mapping: dict[str, str]) -> None:
-        """The batch now submitted for one output file (a re-run adopts its runs), with those known yet."""
-        self.record_batch_ids(batch_id, mapping)
-        self.r.set(keys.batch_file(digest), batch_id, ex=self.retention)
+    def set_batch_for_file(self, digest: str, batch_id: str) -> None:
+        self.r.set(keys.batch_file(digest), batch_id, ex=self.batch_ttl)
+
+    def batch_run_ids_of(self, batch_id: str, client_ids: list[str]) -> list[str]:
+        """The run ids of these lines of a batch ("" for a line it does not have)."""
+        if not client_ids:
+            return []
+        return [v.decode() if v else "" for v in self.r.hmget(keys.batch_ids(batch_id), client_ids)]
+
+    def claim_batch_owner(self, batch_id: str, tenant: str) -> None:
+        """The batch's tenant is the first one its runs name (a batch is one tenant's, as its API is)."""
+        self.r.hsetnx(keys.batch(batch_id), "tenant", tenant)
+
+    def batch_submitted(self, batch_id: str, size: int) -> None:
+        """Every run of the batch has been submitted: its size is known."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.batch(batch_id), "size", str(size))
+        pipe.hdel(keys.batch(batch_id), "submitting")
+        pipe.execute()
 
     def record_batch_ids(self, batch_id: str, mapping: dict[str, str]) -> None:
         """client id -> run id of runs just submitted in a batch."""
@@ -455,6 +538,18 @@ class RunStore:
     def forget_active(self, run_id: str) -> None:
         self.r.zrem(keys.ACTIVE_RUNS, run_id)
 
+    def look_again_at(self, run_id: str, when: float) -> None:
+        """Have the reaper look at an active run again at `when` (a run that waits for a person)."""
+        self.r.zadd(keys.ACTIVE_RUNS, {run_id: when}, xx=True)
+
+    def delete_keys(self, names: list[str]) -> None:
+        if names:
+            self.r.delete(*names)
+
+    def first_time(self, key: str, ttl_s: int) -> bool:
+        """True for the first caller only (a marker that something was done once, e.g. counted)."""
+        return bool(self.r.set(key, "1", nx=True, ex=ttl_s))
+
     def active_count(self) -> int:
         return int(self.r.zcard(keys.ACTIVE_RUNS))
 
@@ -463,5 +558,6 @@ def _batch_keys(batch_id: str) -> tuple[str, ...]:
     return keys.batch(batch_id), keys.batch_runs(batch_id), keys.batch_done(batch_id), keys.batch_ids(batch_id)
 
 
-def _event(run_id: str, kind: str, data: str) -> Command:
+def event_command(run_id: str, kind: str, data: str) -> Command:
+    """Append one entry to the run's event stream (as a command of a run-record write)."""
     return ("XADD", keys.events(run_id), "MAXLEN", "~", EVENTS_MAXLEN, "*", "type", kind, "data", data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .admission import admit
 from .config import Settings
@@ -12,6 +13,7 @@ from .core.models import Run, RunSpec, RunStatus
 from .errors import InvalidRequest
 from .store import RunStore
 from .tenants import Policy, Tenants
+from .webhooks import validate_url
 
 
 def known_tiers(settings: Settings) -> list[str]:
@@ -49,6 +51,11 @@ def validate_spec(spec: RunSpec, settings: Settings, tiers: Sequence[str], where
                         ("deadline_s", spec.deadline_s)):
         if value is not None and value <= 0:
             raise InvalidRequest(f"{prefix}{name} must be more than 0, got {value}")
+    if spec.webhook_url is not None:
+        try:
+            validate_url(spec.webhook_url)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{prefix}{exc}") from None
 
 
 def tenant_policy(tenants: Tenants, tenant: str) -> Policy:
@@ -123,3 +130,24 @@ def cancel(store: RunStore, run_id: str) -> Run | None:
         return True
 
     return store.update_run(run_id, mutate) or store.load_run(run_id)
+
+
+def batch_view(store: RunStore, batch_id: str) -> dict[str, Any] | None:
+    """A batch as `GET /v1/batches/{id}` returns it (and its webhook sends it), or None if unknown."""
+    if not store.batch_info(batch_id):
+        return None
+    run_ids = store.batch_run_ids(batch_id)
+    finished = store.batch_finished_count(batch_id)  # read first: every run it counts is finished in what follows
+    info = store.batch_info(batch_id)
+    counts: dict[str, int] = {}
+    for run in store.load_runs(run_ids):
+        if run is not None:
+            counts[run.status.value] = counts.get(run.status.value, 0) + 1
+    return {
+        "batch_id": batch_id,
+        "size": len(run_ids),
+        "finished": finished,
+        "statuses": counts,
+        "usage": {k: float(v) for k, v in info.items() if k in ("prompt_tokens", "completion_tokens", "cost_usd")},
+        "run_ids": run_ids,
+    }

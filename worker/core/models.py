@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 class RunStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"  # a tool call waits for a person's decision; no worker holds it
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     MAX_STEPS = "max_steps"
@@ -23,7 +24,7 @@ class RunStatus(StrEnum):
 
     @property
     def finished(self) -> bool:
-        return self not in (RunStatus.QUEUED, RunStatus.RUNNING)
+        return self not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL)
 
 
 class Mode(StrEnum):
@@ -91,6 +92,27 @@ class Step(BaseModel):
     finished_at: float = 0.0
 
 
+class ApprovalDecision(StrEnum):
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class Approval(BaseModel):
+    """A tool call that needs a person's approval, and what was decided, by whom and when."""
+
+    step: int
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    requested_at: float
+    expires_at: float
+    decision: ApprovalDecision | None = None
+    decided_by: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+
+
 class RunSpec(BaseModel):
     """What a user submits."""
 
@@ -105,6 +127,7 @@ class RunSpec(BaseModel):
     max_tokens: int | None = None  # the run's token budget (prompt + completion, all its calls)
     max_cost_usd: float | None = None  # the run's cost budget
     deadline_s: float | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
+    webhook_url: str | None = None  # called when the run finishes (worker/webhooks.py)
 
 
 class Run(BaseModel):
@@ -129,6 +152,8 @@ class Run(BaseModel):
     finished_at: float | None = None
     waiting_on: str | None = None  # why a running run is not moving, e.g. "sandbox"
     cancel_recorded: bool = False  # a worker has counted this cancellation in its metrics
+    approvals: list[Approval] = Field(default_factory=list)  # every call that needed approval, decided or not
+    forked_from: str | None = None  # `reactq replay`: the run whose steps before `current_step` were reused
 
     def result_line(self) -> dict[str, Any]:
         """The batch output line of the contract."""

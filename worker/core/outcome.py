@@ -12,6 +12,7 @@ class Outcome(StrEnum):
     FENCED = "fenced"  # the run is past this step, finished or gone: nothing done
     BUSY = "busy"  # another delivery holds the run's lease: try again shortly
     WAITING = "waiting"  # sandboxed calls are pending; their results re-deliver the step
+    AWAITING_APPROVAL = "awaiting_approval"  # a call waits for a person; the decision re-delivers the step
     FINAL_ANSWER = "final_answer"
     TOOL_CALLS = "tool_calls"
     REFLECTION = "reflection"  # the model answered a reflection prompt in prose; the run goes on
@@ -31,3 +32,4 @@ class StepOutcome:
 FENCED = StepOutcome(Outcome.FENCED)
 BUSY = StepOutcome(Outcome.BUSY)
 WAITING = StepOutcome(Outcome.WAITING)
+AWAITING_APPROVAL = StepOutcome(Outcome.AWAITING_APPROVAL)

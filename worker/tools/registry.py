@@ -24,6 +24,7 @@ class Tool:
     func: Callable[[Any], str] | None = None
     sandboxed: bool = False  # runs on the reactq.sandbox queue, not inside the step
     idempotent: bool = False  # results may be cached by (tool, arguments)
+    requires_approval: bool = False  # each call waits for a person (`reactq approve`) before it runs
 
     def openai_schema(self) -> dict[str, Any]:
         return _openai_schema(self.name, self.description, self.args_model)
@@ -117,12 +118,13 @@ def tool(
     *,
     sandboxed: bool = False,
     idempotent: bool = False,
+    requires_approval: bool = False,
     registry: ToolRegistry = REGISTRY,
 ) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
     """Decorator: register `func(args: args_model) -> str` as a tool."""
 
     def decorate(func: Callable[[Any], str]) -> Callable[[Any], str]:
-        registry.register(Tool(name, args_model, description, func, sandboxed, idempotent))
+        registry.register(Tool(name, args_model, description, func, sandboxed, idempotent, requires_approval))
         return func
 
     return decorate

@@ -1,0 +1,78 @@
+"""A local webhook receiver for tests: a real HTTP server in a thread that answers its first `fail_first`
+calls with 500 (or every call, with fail_first=-1) and records each request."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.fixtures_cluster import wait_until
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    answered: int
+
+
+@dataclass
+class Receiver:
+    fail_first: int = 0
+    calls: list[Received] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def start(self) -> Receiver:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                failing = receiver.fail_first < 0 or len(receiver.calls) < receiver.fail_first
+                status = 500 if failing else 200
+                receiver.calls.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body,
+                                               status))
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def wait_for(self, what: str, ok: Callable[[list[Received]], bool], timeout: float = 60) -> list[Received]:
+        wait_until(lambda: ok(self.calls), f"the receiver to get {what}", timeout,
+                   lambda: f"it got {[c.answered for c in self.calls]}")
+        return list(self.calls)
+
+
+@pytest.fixture
+def make_receiver() -> Iterator[Callable[[int], Receiver]]:
+    started: list[Receiver] = []
+
+    def make(fail_first: int = 0) -> Receiver:
+        receiver = Receiver(fail_first).start()
+        started.append(receiver)
+        return receiver
+
+    yield make
+    for receiver in started:
+        receiver.stop()

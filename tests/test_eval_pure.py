@@ -1,0 +1,201 @@
+"""The pure side of `reactq eval`: match modes, the summary figures, comparing two results files, the
+HTML report, and the bundled set's shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from worker.evals.compare import Change, compare
+from worker.evals.report import render
+from worker.evals.scoring import MatchMode, check_expected, matches, normalise
+from worker.evals.summary import WRONG_ANSWER, percentile, summarise
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --- scoring ---------------------------------------------------------------------------------
+
+CASES = [
+    # (answer, expected, mode, matches?)
+    ("126", "126", "exact", True),
+    ("  126\n", "126", "exact", True),
+    ("126.", "126", "exact", False),
+    ("Canberra", "canberra", "exact", False),
+    ("1,229", "1229.0", "normalised", True),
+    ("1229", "1,229", "normalised", True),
+    ("1,229.50", "1229.5", "normalised", True),
+    ("0.30000000000000004", "0.3", "normalised", True),
+    ("2432902008176640000", "2,432,902,008,176,640,000", "normalised", True),
+    ("2432902008176640001", "2432902008176640000", "normalised", False),  # big integers compared exactly
+    ("[9, 5, 3, 1]", "9, 5, 3, 1", "normalised", True),
+    ("[9, 5, 3, 1]", "1, 3, 5, 9", "normalised", False),
+    ("Jane  AUSTEN!", "jane austen", "normalised", True),
+    ("Jane Austen wrote it", "jane austen", "normalised", False),
+    ("-5", "5", "normalised", False),
+    ("5-3", "5 - 3", "normalised", True),
+    ("x = -5", "x=-5", "normalised", True),
+    ("2.5e3", "2500", "normalised", True),
+    ("The answer is 42.", "42", "contains", True),
+    ("420", "42", "contains", False),
+    ("42.5", "42", "contains", False),
+    ("Canberra is the capital of Australia.", "canberra", "contains", True),
+    ("Canberra is the capital", "capital of Australia", "contains", False),
+    ("speed is 299,792,458 m/s", "299792458", "contains", True),
+    ("12 * 7 = 84; 9 * 9 = 81", "81", "contains", True),
+    ("anything", "", "contains", False),
+    ("29; 2 ** 16 = 65536", r"^29; .*65536$", "regex", True),
+    ("x29; 65536", r"^29;", "regex", False),
+    ("TOKYO", r"(?i)tokyo", "regex", True),
+    ("TOKYO", r"tokyo", "regex", False),
+    ("about 6,650 kilometres long", ["6650 km", "6,650 kilometres"], "any_of", True),
+    ("about 6,650 miles", ["6650 km", "6,650 kilometres"], "any_of", False),
+    ("Newton", "Newton", "any_of", True),
+]
+
+
+@pytest.mark.parametrize(("answer", "expected", "mode", "want"), CASES)
+def test_match_modes(answer: str, expected: str | list[str], mode: str, want: bool) -> None:
+    assert matches(answer, expected, mode) is want
+
+
+@pytest.mark.parametrize("mode", list(MatchMode))
+def test_no_answer_never_matches(mode: MatchMode) -> None:
+    assert matches(None, ["x"] if mode == MatchMode.ANY_OF else "x", mode) is False
+
+
+def test_default_mode_is_contains() -> None:
+    assert matches("it is 42 exactly", "42") and not matches("it is 420", "42")
+
+
+def test_normalise_tokens() -> None:
+    assert normalise("Hello, World! 1,000 and 2.50") == ["hello", "world", 1000, "and", 2.5]
+
+
+@pytest.mark.parametrize(("expected", "mode", "problem"), [
+    ("42", "exact", None),
+    ("42", "contains", None),
+    (["a", "b"], "any_of", None),
+    ("42", "fuzzy", "unknown match 'fuzzy'"),
+    ("a", "any_of", "needs `expected` as a non-empty list"),
+    ([], "any_of", "needs `expected` as a non-empty list"),
+    (["a", "..."], "any_of", "no letters or digits"),
+    (["a"], "normalised", "needs `expected` as one string"),
+    ("(unclosed", "regex", "not a valid regular expression"),
+    ("!!!", "normalised", "no letters or digits"),
+    ("!!!", "exact", None),
+])
+def test_check_expected(expected: str | list[str], mode: str, problem: str | None) -> None:
+    found = check_expected(expected, mode)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+def test_matches_rejects_a_list_outside_any_of() -> None:
+    with pytest.raises(ValueError, match="one expected string"):
+        matches("a", ["a"], "contains")
+
+
+# --- summary -----------------------------------------------------------------------------------
+
+def line(qid: str, correct: bool, steps: int = 2, tokens: tuple[int, int] = (100, 20), cost: float = 0.001,
+         latency: float | None = 1.0, status: str = "succeeded", error: str | None = None,
+         answer: str | None = "x") -> dict:
+    return {"id": qid, "question": f"question {qid}", "status": status, "answer": answer, "steps": steps,
+            "usage": {"prompt_tokens": tokens[0], "completion_tokens": tokens[1]}, "cost_usd": cost,
+            "error": error, "correct": correct, "latency_s": latency, "expected": "x", "match": "contains"}
+
+
+@pytest.mark.parametrize(("values", "q", "want"), [
+    ([], 50, 0.0), ([7], 95, 7.0), ([1, 2, 3, 4], 50, 2.0), ([1, 2, 3, 4], 95, 4.0),
+    (list(range(1, 101)), 95, 95.0), (list(range(1, 101)), 50, 50.0), ([3, 1, 2], 100, 3.0), ([3, 1, 2], 0, 1.0),
+])
+def test_percentile_nearest_rank(values: list[float], q: float, want: float) -> None:
+    assert percentile(values, q) == want
+
+
+def test_summary_figures() -> None:
+    lines = [
+        line("a", True, steps=2, tokens=(100, 20), cost=0.001, latency=1.0),
+        line("b", True, steps=3, tokens=(200, 40), cost=0.002, latency=2.0),
+        line("c", False, steps=2, tokens=(100, 20), cost=0.001, latency=3.0, answer="nope"),
+        line("d", False, steps=8, tokens=(900, 100), cost=0.009, latency=9.0, status="max_steps",
+             error="reached max_steps (8)\nmore detail", answer=None),
+        line("e", False, steps=1, tokens=(50, 0), cost=0.0, latency=None, status="failed", error="LLM gave up"),
+        line("f", False, steps=1, tokens=(50, 0), cost=0.0, latency=0.5, status="failed", error="LLM gave up"),
+    ]
+    s = summarise(lines, worst=3)
+    assert (s.questions, s.correct) == (6, 2)
+    assert s.success_rate == pytest.approx(2 / 6)
+    assert s.turns_mean == pytest.approx(17 / 6) and s.turns_p95 == 8
+    assert s.total_tokens == 120 + 240 + 120 + 1000 + 50 + 50
+    assert s.tokens_per_question == pytest.approx(s.total_tokens / 6)
+    assert s.usd_per_question == pytest.approx(0.013 / 6)
+    assert s.latency_p50_s == 2.0 and s.latency_p95_s == 9.0  # the run without a latency is left out
+    assert [(f.status, f.reason, f.count) for f in s.failures] == [
+        ("failed", "LLM gave up", 2), ("max_steps", "reached max_steps (8)", 1), ("succeeded", WRONG_ANSWER, 1)]
+    assert s.failures[0].ids == ["e", "f"]
+    assert [w["id"] for w in s.worst] == ["d", "c", "f"]  # wrong first, then most turns, tokens, latency
+    assert s.worst[0]["tokens"] == 1000
+    assert json.loads(json.dumps(s.to_json()))["failures"][0]["count"] == 2
+
+
+def test_summary_of_nothing() -> None:
+    s = summarise([])
+    assert (s.questions, s.correct, s.success_rate, s.turns_p95, s.failures, s.worst) == (0, 0, 0.0, 0.0, [], [])
+
+
+def test_all_correct_has_no_failures() -> None:
+    s = summarise([line("a", True), line("b", True)])
+    assert s.success_rate == 1.0 and s.failures == []
+
+
+# --- compare -----------------------------------------------------------------------------------
+
+def test_compare_flags_regressions_improvements_and_missing() -> None:
+    base = [line("a", True), line("b", False), line("c", True, steps=2), line("gone", True)]
+    new = [line("a", False, answer="wrong"), line("b", True), line("c", True, steps=4), line("added", True)]
+    c = compare(new, base)
+    by_id = {r.id: r for r in c.rows}
+    assert [r.id for r in c.regressions] == ["a"] and [r.id for r in c.improvements] == ["b"]
+    assert by_id["c"].change == Change.SAME and (by_id["c"].base_steps, by_id["c"].new_steps) == (2, 4)
+    assert by_id["added"].change == Change.ONLY_NEW and by_id["added"].base_correct is None
+    assert by_id["gone"].change == Change.ONLY_BASE and by_id["gone"].new_steps is None
+    assert [r.id for r in c.rows] == ["a", "b", "c", "added", "gone"]
+    assert c.base.correct == 3 and c.new.correct == 3
+    data = c.to_json()
+    assert data["regressions"] == ["a"] and data["questions"][0]["change"] == "regression"
+    json.dumps(data)
+
+
+# --- report ------------------------------------------------------------------------------------
+
+def test_report_is_self_contained_and_escaped() -> None:
+    lines = [line("a", True, steps=2), line("b", True, steps=2), line("<script>", False, steps=5)]
+    html = render("t <b>", summarise(lines), lines)
+    assert "<script>" not in html and "&lt;script&gt;" in html and "t &lt;b&gt;" in html
+    for forbidden in ("http://", "https://", "src=", "<link", "@import"):
+        assert forbidden not in html.replace("http://www.w3.org/2000/svg", ""), forbidden
+    assert "data-turns='2' data-count='2'" in html and "data-turns='5' data-count='1'" in html
+    assert "data-turns='3' data-count='0'" in html  # the histogram has every value between min and max
+    assert html.count("class=tokens") == 3 and "id=questions" in html and "id=diff" not in html
+
+
+def test_report_with_comparison_shows_the_diff() -> None:
+    base, new = [line("a", True)], [line("a", False, answer="nope")]
+    html = render("t", summarise(new), new, compare(new, base))
+    assert "data-change='regression'" in html and "1 regression(s)" in html and "id=questions" not in html
+
+
+# --- the bundled set ---------------------------------------------------------------------------
+
+def test_bundled_set_has_the_demo_questions_and_harder_ones() -> None:
+    items = [json.loads(t) for t in (ROOT / "worker/data/eval_set.jsonl").read_text().splitlines()]
+    sample = [json.loads(t) for t in (ROOT / "worker/data/sample_batch.jsonl").read_text().splitlines()]
+    assert len(items) >= 40 and len({i["id"] for i in items}) == len(items)
+    by_id = {i["id"]: i for i in items}
+    assert all(by_id[s["id"]]["question"] == s["question"] for s in sample)
+    assert {i["match"] for i in items} == {m.value for m in MatchMode}
+    assert all(check_expected(i["expected"], i["match"]) is None for i in items)
+    multi_part = [i for i in items if i["question"].count(" and ") >= 2 or "and what" in i["question"]]
+    assert len(multi_part) >= 8

@@ -1,0 +1,145 @@
+"""Webhooks: URL validation and signing (pure), then delivery end to end — real redis-server, real
+`reactq worker` processes, a real local receiver that fails its first calls, the real HTTP API."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from tests.fixtures_cluster import Cluster, wait_until
+from tests.fixtures_receiver import Receiver
+from worker.errors import InvalidRequest
+from worker.webhooks import backoff_s, sign, validate_url
+
+# --- pure --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["http://example.com/hook", "https://example.com:8443/a?b=c", "http://10.0.0.1/x"])
+def test_valid_urls(url: str) -> None:
+    assert validate_url(url) == url
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("ftp://example.com/", "http or https"),
+    ("file:///etc/passwd", "http or https"),
+    ("example.com/hook", "http or https"),
+    ("http:///nohost", "no host"),
+    ("http://user:pw@example.com/", "credentials"),
+    ("http://example.com:99999/", "not a valid URL"),
+    ("http://example.com/" + "a" * 2000, "longer than"),
+])
+def test_invalid_urls(url: str, problem: str) -> None:
+    with pytest.raises(InvalidRequest, match=problem):
+        validate_url(url)
+
+
+def test_signature_is_hmac_sha256_of_the_body() -> None:
+    body = b'{"a": 1}'
+    assert sign("s3cret", body) == "sha256=" + hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+    assert sign("other", body) != sign("s3cret", body)
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    assert [backoff_s(n, 10, 100) for n in range(1, 7)] == [10, 20, 40, 80, 100, 100]
+
+
+# --- end to end --------------------------------------------------------------------------------
+
+FAST_RETRIES = {"REACTQ_WEBHOOK_ALLOW_PRIVATE": "1", "REACTQ_WEBHOOK_RETRY_BASE_S": "0.3",
+                "REACTQ_WEBHOOK_RETRY_MAX_S": "1"}
+
+
+def wait_delivery(cluster: Cluster, state: str, count: int = 1, timeout: float = 60) -> list[dict]:
+    """The tenant's deliveries once `count` of them are in `state`."""
+    found: list[dict] = []
+
+    def reached() -> bool:
+        nonlocal found
+        found = json.loads(cluster.reactq("webhook", "deliveries", "--json").stdout)
+        return sum(d["state"] == state for d in found) >= count
+
+    wait_until(reached, f"{count} delivery in state {state!r}", timeout, lambda: f"deliveries: {found}")
+    return found
+
+
+@pytest.mark.integration
+def test_tenant_default_webhook_retried_until_delivered_and_signed(
+        cluster: Cluster, make_receiver: Callable[[int], Receiver], api_client: httpx.Client) -> None:
+    receiver = make_receiver(2)  # two 500s, then 200
+    cluster.env.update(FAST_RETRIES)
+    cluster.start_worker(queues="steps,sandbox")  # step workers consume reactq.webhooks by default
+    assert cluster.reactq("webhook", "set-default", "default", receiver.url).returncode == 0
+    secret = cluster.reactq("webhook", "secret", "default").stdout.strip()
+    done = cluster.reactq("ask", "What is 6 * 7?", "--wait", "--json")
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout)
+    calls = receiver.wait_for("a call answered 200", lambda c: any(x.answered == 200 for x in c))
+    assert [c.answered for c in calls] == [500, 500, 200]
+    assert len({c.headers["x-reactq-delivery"] for c in calls}) == 1  # one idempotency id for all attempts
+    for call in calls:
+        assert call.headers["x-reactq-event"] == "run.finished"
+        expected = "sha256=" + hmac.new(secret.encode(), call.body, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(call.headers["x-reactq-signature"], expected)
+    body = json.loads(calls[-1].body)
+    assert body == json.loads(cluster.reactq("status", run["run_id"], "--json").stdout)
+    assert body["status"] == "succeeded" and body["answer"] == "42"
+
+    [delivery] = wait_delivery(cluster, "delivered")
+    assert [a["status_code"] for a in delivery["attempts"]] == [500, 500, 200]
+    assert [a["error"] for a in delivery["attempts"]] == ["HTTP 500", "HTTP 500", None]
+    listed = api_client.get("/v1/webhooks/deliveries").json()["deliveries"]
+    assert [d["id"] for d in listed] == [delivery["id"]] and "body" not in listed[0]
+
+
+@pytest.mark.integration
+def test_batch_webhook_and_a_failing_receiver_never_affect_the_runs(
+        cluster: Cluster, make_receiver: Callable[[int], Receiver], api_client: httpx.Client) -> None:
+    batch_receiver, broken = make_receiver(0), make_receiver(-1)  # the second always answers 500
+    cluster.env.update({**FAST_RETRIES, "REACTQ_WEBHOOK_RETRY_FOR_S": "2"})
+    cluster.start_worker(queues="steps,sandbox")
+    created = api_client.post("/v1/batches", json={"webhook_url": batch_receiver.url, "runs": [
+        {"question": "What is 2 + 2?", "webhook_url": broken.url},
+        {"question": "What is the capital of France?"},
+    ]})
+    assert created.status_code == 201, created.text
+    batch_id = created.json()["batch_id"]
+    [call] = batch_receiver.wait_for("the batch's call", lambda c: len(c) >= 1)
+    assert call.headers["x-reactq-event"] == "batch.finished"
+    body = json.loads(call.body)
+    assert body == api_client.get(f"/v1/batches/{batch_id}").json()
+    assert body["finished"] == 2 and body["statuses"] == {"succeeded": 2}
+    found = wait_delivery(cluster, "failed")  # the broken receiver's run webhook, given up after 2 s
+    failed = [d for d in found if d["state"] == "failed"]
+    assert failed[0]["url"] == broken.url and len(failed[0]["attempts"]) >= 2
+    assert all(a["status_code"] == 500 for a in failed[0]["attempts"])
+    assert len(broken.calls) == len(failed[0]["attempts"])
+    run_ids = created.json()["run_ids"]
+    assert all(api_client.get(f"/v1/runs/{r}").json()["status"] == "succeeded" for r in run_ids)
+
+
+@pytest.mark.integration
+def test_private_addresses_are_refused_unless_the_operator_allows_them(
+        cluster: Cluster, make_receiver: Callable[[int], Receiver]) -> None:
+    receiver = make_receiver(0)
+    cluster.start_worker(queues="steps,sandbox")  # REACTQ_WEBHOOK_ALLOW_PRIVATE unset: the default
+    done = cluster.reactq("ask", "What is 1 + 1?", "--wait", "--webhook-url", receiver.url)
+    assert done.returncode == 0, done.stderr
+    [delivery] = wait_delivery(cluster, "failed")
+    [attempt] = delivery["attempts"]
+    assert "non-public address" in attempt["error"] and attempt["status_code"] is None
+    assert receiver.calls == []
+
+
+@pytest.mark.integration
+def test_bad_webhook_urls_are_rejected_at_submission(cluster: Cluster, api_client: httpx.Client) -> None:
+    response = api_client.post("/v1/runs", json={"question": "What is 1 + 1?", "webhook_url": "ftp://x/"})
+    assert response.status_code == 422 and "http or https" in response.json()["error"]["message"]
+    response = api_client.post("/v1/batches", json={"webhook_url": "gopher://x", "runs": [{"question": "hi"}]})
+    assert response.status_code == 422
+    done = cluster.reactq("webhook", "set-default", "default", "file:///etc/passwd")
+    assert done.returncode == 2 and "http or https" in done.stderr

@@ -1,0 +1,110 @@
+"""`reactq eval DATASET.jsonl [--out R.jsonl] [--compare OTHER.jsonl] [--report R.html] [--json]`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .cli import _runtime, _send_step, cli, console, out
+from .evals.compare import Change, Comparison, compare
+from .evals.summary import Summary
+
+
+@cli.command("eval")
+@click.argument("dataset", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", "outfile", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="results JSONL (default: DATASET's name + .results.jsonl in the current directory); "
+                   "running again with the same --out runs only what is missing")
+@click.option("--compare", "other", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="an earlier results file to compare with, per question and in total")
+@click.option("--report", "report", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write one self-contained HTML report here")
+@click.option("--json", "as_json", is_flag=True, help="print the summary (and comparison) as JSON")
+@click.option("--tenant", default=None, help="default tenant for lines without one")
+@click.option("--tier", default=None, help="default tier for lines without one")
+def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report: Path | None, as_json: bool,
+                 tenant: str | None, tier: str | None) -> None:
+    """Run an evaluation set (batch lines plus `expected` and `match`) and score it."""
+    from .evals.execute import read_results, rescore, run_eval
+    from .evals.report import render
+    from .evals.summary import summarise
+
+    outfile = outfile or Path(dataset.stem + ".results.jsonl")
+    result = run_eval(_runtime(), dataset, outfile, _send_step(), console, tenant, tier)
+    if result.code in (2, 130):
+        sys.exit(result.code)
+    summary = summarise(result.lines)
+    comparison = compare(result.lines, rescore(read_results(other), result.expected)) if other else None
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(render(f"reactq eval: {dataset.name}", summary, result.lines, comparison), encoding="utf-8")
+        console.print(f"report written to {report}")
+    if as_json:
+        data = {"dataset": str(dataset), "results": str(outfile), "summary": summary.to_json()}
+        if comparison is not None:
+            data["comparison"] = comparison.to_json()
+        out.print_json(json.dumps(data))
+    else:
+        print_summary(out, summary)
+        if comparison is not None:
+            print_comparison(out, comparison)
+    sys.exit(result.code)
+
+
+def print_summary(target: Console, s: Summary) -> None:
+    table = Table(title="evaluation", show_header=False)
+    for name, value in (
+        ("success rate", f"{s.correct}/{s.questions} ({s.success_rate:.1%})"),
+        ("turns mean / p95", f"{s.turns_mean:.2f} / {s.turns_p95:g}"),
+        ("tokens per question", f"{s.tokens_per_question:.1f}"),
+        ("USD per question", f"{s.usd_per_question:.6f}"),
+        ("latency p50 / p95", f"{s.latency_p50_s:.2f}s / {s.latency_p95_s:.2f}s"),
+    ):
+        table.add_row(name, value)
+    target.print(table)
+    if s.failures:
+        failures = Table(title="failures")
+        for column in ("status", "reason", "count", "ids"):
+            failures.add_column(column, overflow="fold")
+        for f in s.failures:
+            failures.add_row(f.status, f.reason, str(f.count), ", ".join(f.ids[:8]))
+        target.print(failures)
+    worst = Table(title="worst questions")
+    for column in ("id", "question", "answer", "status", "turns", "tokens", "ok"):
+        worst.add_column(column, overflow="fold")
+    for w in s.worst:
+        worst.add_row(str(w["id"]), str(w["question"] or "")[:50], str(w["answer"] or "")[:50], str(w["status"]),
+                      str(w["steps"]), str(w["tokens"]), "✓" if w["correct"] else "✗")
+    target.print(worst)
+
+
+def print_comparison(target: Console, c: Comparison) -> None:
+    totals = Table(title="compared with the earlier results")
+    for column in ("figure", "before", "now"):
+        totals.add_column(column)
+    for name, before, now in (
+        ("success rate", f"{c.base.success_rate:.1%}", f"{c.new.success_rate:.1%}"),
+        ("turns mean", f"{c.base.turns_mean:.2f}", f"{c.new.turns_mean:.2f}"),
+        ("tokens per question", f"{c.base.tokens_per_question:.1f}", f"{c.new.tokens_per_question:.1f}"),
+        ("USD per question", f"{c.base.usd_per_question:.6f}", f"{c.new.usd_per_question:.6f}"),
+        ("latency p95", f"{c.base.latency_p95_s:.2f}s", f"{c.new.latency_p95_s:.2f}s"),
+    ):
+        totals.add_row(name, before, now)
+    target.print(totals)
+    changed = [r for r in c.rows if r.change != Change.SAME]
+    if changed:
+        rows = Table(title="questions that changed")
+        for column in ("id", "change", "before", "now", "turns", "tokens"):
+            rows.add_column(column, overflow="fold")
+        for r in changed:
+            style = "[red]" if r.change == Change.REGRESSION else "[green]"
+            rows.add_row(r.id, f"{style}{r.change.value}[/]", str(r.base_answer or "")[:40],
+                         str(r.new_answer or "")[:40], f"{r.base_steps} → {r.new_steps}",
+                         f"{r.base_tokens} → {r.new_tokens}")
+        target.print(rows)
+    target.print(f"[bold]{len(c.regressions)} regression(s)[/bold], {len(c.improvements)} improvement(s)")

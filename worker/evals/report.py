@@ -1,0 +1,147 @@
+"""One self-contained HTML file for an evaluation (pure): the summary table, a histogram of turns and
+tokens per question as inline SVG, and the per-question table (or the diff against another results
+file). No script, no stylesheet or font from the network: it opens from a file on an offline machine."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from html import escape
+from typing import Any
+
+from .compare import Change, Comparison
+from .summary import Summary, tokens_of
+
+__all__ = ["render"]
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+th{background:#f3f3f3}.ok{color:#070}.bad{color:#b00;font-weight:bold}.num{text-align:right}
+svg text{font:11px sans-serif}
+"""
+
+
+def _e(value: Any) -> str:
+    return escape("" if value is None else str(value))
+
+
+def _summary_rows(s: Summary) -> list[tuple[str, str]]:
+    return [
+        ("questions", str(s.questions)),
+        ("correct", str(s.correct)),
+        ("success rate", f"{s.success_rate:.1%}"),
+        ("turns mean", f"{s.turns_mean:.2f}"),
+        ("turns p95", f"{s.turns_p95:g}"),
+        ("tokens per question", f"{s.tokens_per_question:.1f}"),
+        ("USD per question", f"{s.usd_per_question:.6f}"),
+        ("latency p50 (s)", f"{s.latency_p50_s:.2f}"),
+        ("latency p95 (s)", f"{s.latency_p95_s:.2f}"),
+        ("total tokens", str(s.total_tokens)),
+        ("total USD", f"{s.total_usd:.6f}"),
+    ]
+
+
+def _summary_table(summary: Summary, base: Summary | None) -> str:
+    head = "<tr><th>figure</th>" + ("<th>base</th>" if base else "") + "<th>this run</th></tr>"
+    base_rows = dict(_summary_rows(base)) if base else {}
+    rows = "".join(
+        f"<tr><th>{_e(name)}</th>" + (f"<td class=num>{_e(base_rows[name])}</td>" if base else "")
+        + f"<td class=num data-figure='{_e(name)}'>{_e(value)}</td></tr>"
+        for name, value in _summary_rows(summary)
+    )
+    return f"<table id=summary>{head}{rows}</table>"
+
+
+def _failures(summary: Summary) -> str:
+    if not summary.failures:
+        return "<p id=failures>No failures.</p>"
+    rows = "".join(f"<tr><td>{_e(f.status)}</td><td>{_e(f.reason)}</td><td class=num>{f.count}</td>"
+                   f"<td>{_e(', '.join(f.ids[:10]))}</td></tr>" for f in summary.failures)
+    return f"<table id=failures><tr><th>status</th><th>reason</th><th>count</th><th>ids</th></tr>{rows}</table>"
+
+
+def _histogram(lines: Sequence[dict[str, Any]]) -> str:
+    counts = Counter(int(line.get("steps") or 0) for line in lines)
+    if not counts:
+        return "<p>No runs.</p>"
+    values = list(range(min(counts), max(counts) + 1))
+    top = max(counts.values())
+    bar, gap, height = 40, 10, 160
+    width = len(values) * (bar + gap) + gap
+    parts = []
+    for i, turns in enumerate(values):
+        h = round(counts[turns] / top * height)
+        x = gap + i * (bar + gap)
+        parts.append(
+            f"<rect class=bar data-turns='{turns}' data-count='{counts[turns]}' x='{x}' y='{height - h + 15}' "
+            f"width='{bar}' height='{h}' fill='#4a7fb5'/>"
+            f"<text x='{x + bar / 2}' y='{height - h + 12}' text-anchor='middle'>{counts[turns]}</text>"
+            f"<text x='{x + bar / 2}' y='{height + 30}' text-anchor='middle'>{turns}</text>")
+    return (f"<svg id=turns-histogram xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height + 40}' "
+            f"role='img' aria-label='histogram of turns'>{''.join(parts)}</svg><p>turns per run (x) · runs (y)</p>")
+
+
+def _tokens_chart(lines: Sequence[dict[str, Any]]) -> str:
+    if not lines:
+        return ""
+    top = max(tokens_of(line) for line in lines) or 1
+    row, width, label = 16, 400, 90
+    parts = []
+    for i, line in enumerate(lines):
+        tokens = tokens_of(line)
+        w = round(tokens / top * width)
+        y = i * row
+        colour = "#4a7fb5" if line.get("correct") else "#c0392b"
+        parts.append(
+            f"<text x='0' y='{y + 12}'>{_e(line.get('id'))}</text>"
+            f"<rect class=tokens data-id='{_e(line.get('id'))}' data-tokens='{tokens}' x='{label}' y='{y + 2}' "
+            f"width='{w}' height='{row - 4}' fill='{colour}'/>"
+            f"<text x='{label + w + 4}' y='{y + 12}'>{tokens}</text>")
+    return (f"<svg id=tokens-per-question xmlns='http://www.w3.org/2000/svg' width='{label + width + 80}' "
+            f"height='{len(lines) * row}' role='img' aria-label='tokens per question'>{''.join(parts)}</svg>")
+
+
+def _questions(lines: Sequence[dict[str, Any]]) -> str:
+    rows = "".join(
+        f"<tr><td>{_e(line.get('id'))}</td><td>{_e(line.get('question'))}</td><td>{_e(line.get('expected'))}</td>"
+        f"<td>{_e(line.get('answer') or line.get('error'))}</td><td>{_e(line.get('status'))}</td>"
+        f"<td class=num>{_e(line.get('steps'))}</td><td class=num>{tokens_of(line)}</td>"
+        f"<td class={'ok' if line.get('correct') else 'bad'}>{'✓' if line.get('correct') else '✗'}</td></tr>"
+        for line in lines)
+    return ("<table id=questions><tr><th>id</th><th>question</th><th>expected</th><th>answer</th><th>status</th>"
+            f"<th>turns</th><th>tokens</th><th>ok</th></tr>{rows}</table>")
+
+
+def _diff(comparison: Comparison) -> str:
+    def mark(ok: bool | None) -> str:
+        return "–" if ok is None else ("✓" if ok else "✗")
+
+    rows = "".join(
+        f"<tr data-change='{r.change.value}'><td>{_e(r.id)}</td><td>{_e(r.question)}</td>"
+        f"<td>{mark(r.base_correct)} {_e(r.base_answer)}</td><td>{mark(r.new_correct)} {_e(r.new_answer)}</td>"
+        f"<td class=num>{_e(r.base_steps)} → {_e(r.new_steps)}</td>"
+        f"<td class=num>{_e(r.base_tokens)} → {_e(r.new_tokens)}</td>"
+        f"<td class={'bad' if r.change == Change.REGRESSION else 'ok'}>{_e(r.change.value)}</td></tr>"
+        for r in comparison.rows)
+    return (f"<p>{len(comparison.regressions)} regression(s), {len(comparison.improvements)} improvement(s)</p>"
+            "<table id=diff><tr><th>id</th><th>question</th><th>base</th><th>this run</th><th>turns</th>"
+            f"<th>tokens</th><th>change</th></tr>{rows}</table>")
+
+
+def render(title: str, summary: Summary, lines: Sequence[dict[str, Any]],
+           comparison: Comparison | None = None) -> str:
+    """The whole report as one HTML document."""
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        "<h2>Summary</h2>", _summary_table(summary, comparison.base if comparison else None),
+        "<h2>Failures</h2>", _failures(summary),
+        "<h2>Turns</h2>", _histogram(lines),
+        "<h2>Tokens per question</h2>", _tokens_chart(lines),
+    ]
+    if comparison is not None:
+        body += ["<h2>Per question: base → this run</h2>", _diff(comparison)]
+    else:
+        body += ["<h2>Per question</h2>", _questions(lines)]
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
+            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")

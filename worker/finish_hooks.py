@@ -1,0 +1,73 @@
+"""What happens once a run has finished, after its record says so: webhooks for the run and, when it
+was the last of its batch, for the batch; the run's working keys are dropped and its events compacted.
+Nothing here can fail the run: errors are logged and dropped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from . import keys
+from .core.models import Run
+from .display import run_json
+from .runtime import Runtime
+from .submit import batch_view
+from .webhooks import Event, WebhookStore, queue_delivery
+
+log = logging.getLogger("reactq.finish")
+
+Send = Callable[[str, int, float], None]
+
+
+def webhook_store(rt: Runtime) -> WebhookStore:
+    return WebhookStore(rt.redis, rt.settings.retention_s)
+
+
+def queue_webhooks(rt: Runtime, run: Run, send: Send) -> None:
+    store = webhook_store(rt)
+    url = run.spec.webhook_url or (None if run.spec.batch_id else store.default_url(run.spec.tenant))
+    if url:
+        queue_delivery(store, run.spec.tenant, Event.RUN_FINISHED, run.id, url, run_json(run), send)
+    if run.spec.batch_id is not None:
+        queue_batch_webhook(rt, run.spec.batch_id, run.spec.tenant, send)
+
+
+def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Send) -> None:
+    """The batch's webhook, once: when its submission is complete and every run has finished."""
+    if rt.store.batch_finished_count(batch_id) < rt.store.batch_size(batch_id):
+        return  # two list lengths: every run of a big batch asks this as it finishes
+    if rt.store.batch_info(batch_id).get("submitting"):
+        return  # more runs are coming; the submitter checks again when it is done
+    view = batch_view(rt.store, batch_id)
+    if view is None or view["finished"] < view["size"]:
+        return
+    if not rt.store.first_time(keys.batch_webhook_sent(batch_id), rt.settings.retention_s):
+        return  # another finishing run got there first
+    store = webhook_store(rt)
+    info = rt.store.batch_info(batch_id)
+    owner = info.get("tenant") or tenant or "default"
+    url = info.get("webhook_url") or store.default_url(owner)
+    if url:
+        queue_delivery(store, owner, Event.BATCH_FINISHED, batch_id, url, view, send)
+
+
+def trim_finished(rt: Runtime, run: Run) -> None:
+    """What a finished run keeps is its record, steps and events: the per-step working keys go, and the
+    events stop repeating each step's text."""
+    from .retention import working_keys
+
+    rt.store.delete_keys(working_keys(rt.store, run))
+    rt.store.compact_events(run.id)
+
+
+def after_finish(rt: Runtime, run: Run) -> None:
+    try:
+        from .webhook_tasks import send_delivery
+
+        queue_webhooks(rt, run, send_delivery)
+    except Exception:  # a webhook never affects the run
+        log.exception("could not queue the webhooks of a finished run", extra={"run_id": run.id})
+    try:
+        trim_finished(rt, run)
+    except Exception:  # the keys expire anyway
+        log.exception("could not trim a finished run's keys", extra={"run_id": run.id})

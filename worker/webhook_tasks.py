@@ -1,0 +1,35 @@
+"""The webhook delivery task (queue `reactq.webhooks`, consumed by step workers by default)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import httpx
+
+from .celery_app import app
+from .finish_hooks import webhook_store
+from .names import WEBHOOK_TASK, WEBHOOKS_QUEUE
+from .runtime import get_runtime
+from .webhooks import attempt_delivery
+
+
+def send_delivery(delivery_id: str, attempt: int, countdown: float) -> None:
+    deliver.apply_async(args=[delivery_id, attempt], queue=WEBHOOKS_QUEUE, countdown=countdown or None)
+
+
+@lru_cache(maxsize=1)
+def _client() -> httpx.Client:
+    return httpx.Client(timeout=get_runtime().settings.webhook_timeout_s, follow_redirects=False)
+
+
+@app.task(name=WEBHOOK_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def deliver(self: Any, delivery_id: str, attempt: int) -> None:
+    """Attempt `attempt` of one delivery; schedules the next one when it failed and time is left."""
+    rt = get_runtime()
+    s = rt.settings
+    wait = attempt_delivery(webhook_store(rt), delivery_id, attempt, _client(), allow_private=s.webhook_allow_private,
+                            retry_base_s=s.webhook_retry_base_s, retry_max_s=s.webhook_retry_max_s,
+                            retry_for_s=s.webhook_retry_for_s)
+    if wait is not None:
+        send_delivery(delivery_id, attempt + 1, wait)
