@@ -97,3 +97,10 @@ def api_server(tenancy_cluster: Cluster) -> Iterator[Callable[..., Api]]:
     yield start
     for api in started:
         api.stop()
+
+
+@pytest.fixture
+def api_client(cluster: Cluster, api_server: Callable[..., Api]) -> httpx.Client:
+    """A client of a running `reactq api` holding a key of the cluster's `default` tenant."""
+    key = make_key(cluster, "default")
+    return api_server().client(key)
