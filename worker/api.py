@@ -156,7 +156,7 @@ def get_run(run_id: str, tenant: CallerTenant, trace: bool = False) -> dict:
 @app.post("/v1/runs/{run_id}/cancel")
 def cancel_run(run_id: str, tenant: CallerTenant) -> dict:
     owned_run(run_id, tenant)
-    run = cancel(get_runtime().store, run_id)
+    run = cancel(get_runtime().store, run_id, send_step)
     assert run is not None
     return run_json(run)
 

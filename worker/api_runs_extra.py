@@ -81,7 +81,7 @@ def delete_run_route(run_id: str, tenant: str = Depends(caller_tenant)) -> dict:
 def cancel_batch_route(batch_id: str, tenant: str = Depends(caller_tenant)) -> dict:
     """Cancel every unfinished run of the batch (each stops at its next step)."""
     owned_batch(batch_id, tenant)
-    return {"batch_id": batch_id, **cancel_batch(get_runtime().store, batch_id)}
+    return {"batch_id": batch_id, **cancel_batch(get_runtime().store, batch_id, send_step)}
 
 
 @router.delete("/v1/batches/{batch_id}")

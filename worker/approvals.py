@@ -1,8 +1,9 @@
 """Human approval of sensitive tool calls.
 
-A call to a tool registered with `requires_approval=True`, or named in `REACTQ_APPROVAL_TOOLS`, does not
-run until a person decides it. The step that meets it records the pending call in the run record, sets
-the run `awaiting_approval` and returns: no worker slot is held while it waits. `decide` (from `reactq
+A call to a tool registered with `requires_approval=True`, named in `REACTQ_APPROVAL_TOOLS`, or in the
+tenant's plan's `approval_required`, does not run until a person decides it. The step that meets it
+records the pending call in the run record, sets the run `awaiting_approval` and returns: no worker
+slot is held while it waits. `decide` (from `reactq
 approve|reject` or `POST /v1/runs/{id}/approvals`) records the decision, who made it and when, and once no
 call of the step is pending re-enqueues the step, which re-derives everything from what is stored (the
 LLM reply, tool results) and now finds the decisions: an approved call runs, a rejected one becomes an
@@ -41,9 +42,14 @@ class ApprovalConflict(InvalidRequest):
     """The run has no pending call that matches the decision (not waiting, or an unknown call id)."""
 
 
-def needs_approval(rt: Runtime, tool: str) -> bool:
+def needs_approval(rt: Runtime, tenant: str, tool: str) -> bool:
+    """Registered with requires_approval=True, named in REACTQ_APPROVAL_TOOLS, or in the tenant's plan's
+    `approval_required`."""
     registered = rt.tools.get(tool)
-    return (registered is not None and registered.requires_approval) or tool in rt.settings.approval_tools
+    if (registered is not None and registered.requires_approval) or tool in rt.settings.approval_tools:
+        return True
+    policy = rt.tenants.policy(tenant)
+    return policy is not None and tool in policy.plan.approval_required
 
 
 def _find(run: Run, step: int, call_id: str) -> Approval | None:
@@ -52,7 +58,7 @@ def _find(run: Run, step: int, call_id: str) -> Approval | None:
 
 def gate(rt: Runtime, run: Run, index: int, planned: PlannedCall) -> Observation | Literal[Waiting.APPROVAL] | None:
     """None: the call may run. An observation: it was refused. Waiting.APPROVAL: nobody has decided yet."""
-    if not needs_approval(rt, planned.tool):
+    if not needs_approval(rt, run.spec.tenant, planned.tool):
         return None
     approval = _find(run, index, planned.call.id)
     if approval is None or approval.decision is None:

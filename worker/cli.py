@@ -248,7 +248,7 @@ def cancel(run_id: str | None, batch_id: str | None, as_json: bool) -> None:
         raise click.UsageError("give RUN_ID, or --batch BATCH_ID")
 
     _load(run_id)
-    run = cancel_run(_runtime().store, run_id)
+    run = cancel_run(_runtime().store, run_id, _send_step())
     assert run is not None
     if as_json:
         out.print_json(json.dumps(run_json(run)))

@@ -13,12 +13,13 @@ from .cli import _runtime, cli, console, out
 
 def cancel_batch_command(batch_id: str, as_json: bool) -> None:
     from .retention import cancel_batch
+    from .tasks import send_step
 
     store = _runtime().store
     if not store.batch_info(batch_id):
         console.print(f"[red]error:[/red] no batch {batch_id!r} (unknown id, or its record expired)")
         sys.exit(2)
-    counts = cancel_batch(store, batch_id)
+    counts = cancel_batch(store, batch_id, send_step)
     if as_json:
         out.print_json(json.dumps({"batch_id": batch_id, **counts}))
     else:

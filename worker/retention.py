@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import keys
@@ -90,14 +90,14 @@ def delete_batch(store: RunStore, batch_id: str) -> int:
     return removed
 
 
-def cancel_batch(store: RunStore, batch_id: str) -> dict[str, int]:
+def cancel_batch(store: RunStore, batch_id: str, wake: Callable[[str, int], None] | None = None) -> dict[str, int]:
     """Cancel every unfinished run of the batch; returns counts of `cancelled` and `already_finished`."""
     counts = {"cancelled": 0, "already_finished": 0}
     for chunk in store.iter_batch_run_ids(batch_id):
         for run in store.load_runs(chunk):
             if run is None or run.status.finished:
                 counts["already_finished"] += 1
-            elif (after := cancel(store, run.id)) is not None and after.status.value == "cancelled":
+            elif (after := cancel(store, run.id, wake)) is not None and after.status.value == "cancelled":
                 counts["cancelled"] += 1
     return counts
 

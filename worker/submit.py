@@ -118,18 +118,26 @@ def new_batch_id() -> str:
     return "b-" + uuid.uuid4().hex[:16]
 
 
-def cancel(store: RunStore, run_id: str) -> Run | None:
-    """Cancel a queued or running run; it stops at its next step. Returns the run as it is now."""
+def cancel(store: RunStore, run_id: str, wake: Callable[[str, int], None] | None = None) -> Run | None:
+    """Cancel an unfinished run; it stops at its next step. Returns the run as it is now.
+
+    A run awaiting approval has no next step coming: `wake` (send_step) delivers one, so a worker
+    counts the cancellation and sends the run's webhook as for any other finished run."""
+    was: list[RunStatus] = []
 
     def mutate(run: Run) -> bool:
         if run.status.finished:
             return False
+        was[:] = [run.status]
         run.status = RunStatus.CANCELLED
         run.error = "cancelled by request"
         run.finished_at = time.time()
         return True
 
-    return store.update_run(run_id, mutate) or store.load_run(run_id)
+    cancelled = store.update_run(run_id, mutate)
+    if cancelled is not None and was == [RunStatus.AWAITING_APPROVAL] and wake is not None:
+        wake(cancelled.id, cancelled.current_step)
+    return cancelled or store.load_run(run_id)
 
 
 def batch_view(store: RunStore, batch_id: str) -> dict[str, Any] | None:
