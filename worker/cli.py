@@ -99,6 +99,8 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
 @click.option("--malformed-rate", type=float, default=None)
 @click.option("--hallucinate-rate", type=float, default=None)
 @click.option("--seed", type=int, default=None)
+@click.option("--rpm-limit", type=int, default=None, help="server-side requests per minute (429 + Retry-After over it)")
+@click.option("--tpm-limit", type=int, default=None, help="server-side tokens per minute (429 + Retry-After over it)")
 def stub(host: str, port: int, faults_json: str, **options: float | None) -> None:
     """The api_stub OpenAI-compatible server (deterministic ReAct model, fault injection)."""
     from api_stub.server import FaultConfig, serve

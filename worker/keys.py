@@ -77,3 +77,13 @@ def batch_ids(batch_id: str) -> str:
 def batch_file(digest: str) -> str:
     """The batch last submitted for one output file (so a re-run adopts its runs)."""
     return f"{PREFIX}:batchfile:{digest}"
+
+
+def llm_limit(model: str, budget: str) -> str:
+    """string: a provider budget's GCRA theoretical arrival time (µs, Redis clock); budget rpm | tpm."""
+    return f"{PREFIX}:llm:{model}:limit:{budget}"
+
+
+def llm_cooldown(model: str) -> str:
+    """string with a TTL: set after a provider 429; no worker calls the model until it expires."""
+    return f"{PREFIX}:llm:{model}:cooldown"

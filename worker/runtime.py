@@ -12,7 +12,8 @@ from . import metrics
 from .config import Settings, get_settings
 from .core.engine import Limits
 from .leases import LeaseKeeper
-from .llm import OpenAIChat
+from .llm import LLMClient, OpenAIChat
+from .ratelimit import LimitedLLM, RateLimiter
 from .store import RunStore, connect
 from .tools import REGISTRY, ToolRegistry
 
@@ -34,12 +35,19 @@ class Runtime:
         return LeaseKeeper(self.store, self.settings.lease_ttl_s)
 
     @cached_property
-    def llm(self) -> OpenAIChat:
+    def limiter(self) -> RateLimiter:
         s = self.settings
-        return OpenAIChat(
+        return RateLimiter(self.redis, s.models, burst_s=s.llm_limit_burst_s, max_wait_s=s.llm_limit_max_wait_s)
+
+    @cached_property
+    def llm(self) -> LLMClient:
+        s = self.settings
+        chat = OpenAIChat(
             s.llm_base_url, s.llm_api_key, timeout_s=s.llm_timeout_s, max_retries=s.llm_max_retries,
             max_connections=s.llm_max_connections, on_attempt=_record_llm_attempt,
+            on_rate_limited=self.limiter.cool_down,
         )
+        return LimitedLLM(chat, self.limiter) if self.limiter.models else chat
 
     @cached_property
     def tools(self) -> ToolRegistry:

@@ -10,6 +10,7 @@ from typing import Any
 from celery import signals
 
 from .celery_app import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, app
+from .errors import LLMThrottled
 from .runner import Dispatcher, StepRunner
 from .runtime import get_runtime
 
@@ -36,8 +37,14 @@ def step(self: Any, run_id: str, index: int) -> str:
     """Make progress on step `index` of run `run_id` (idempotent; fenced on the step number).
 
     When another delivery holds the run's lease (a duplicate, or a sandbox continuation that arrived
-    before the dispatching step let go), try again shortly; past that the reaper has the run."""
-    outcome = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+    before the dispatching step let go), try again shortly; past that the reaper has the run.
+    When the shared provider limit has no capacity soon enough, the step goes back to the queue with
+    a countdown and this worker thread serves other runs meanwhile (worker/ratelimit.py)."""
+    try:
+        outcome = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+    except LLMThrottled as exc:
+        step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, countdown=exc.wait_s)
+        return "throttled"
     if outcome == "busy" and self.request.retries < BUSY_RETRIES:
         raise self.retry(countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
     return outcome
