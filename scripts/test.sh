@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 for pair in redis-server:redis-server dockerd:docker.io debootstrap:debootstrap bwrap:bubblewrap \
-            prometheus:prometheus promtool:prometheus iptables:iptables; do
+            prometheus:prometheus promtool:prometheus iptables:iptables docker-compose:docker-compose; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
