@@ -63,6 +63,7 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(15.0, gt=0)
     sandbox_redispatch_after_s: int = Field(300, ge=10)  # a sandbox call not answered by then is sent again
     visibility_timeout_s: int = Field(3600, ge=60)
+    drain_timeout_s: float = Field(60.0, gt=0)  # SIGTERM: steps still running after this go back to the queue
 
     # capacity
     redis_max_connections: int = Field(512, ge=8)

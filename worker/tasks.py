@@ -10,6 +10,7 @@ from typing import Any
 from celery import signals
 
 from .celery_app import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, app
+from .drain import IN_FLIGHT, start_drain
 from .errors import LLMThrottled
 from .runner import Dispatcher, StepRunner
 from .runtime import get_runtime
@@ -41,7 +42,8 @@ def step(self: Any, run_id: str, index: int) -> str:
     When the shared provider limit has no capacity soon enough, the step goes back to the queue with
     a countdown and this worker thread serves other runs meanwhile (worker/ratelimit.py)."""
     try:
-        outcome = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+        with IN_FLIGHT.track(run_id, index):
+            outcome = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
     except LLMThrottled as exc:
         step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, countdown=exc.wait_s)
         return "throttled"
@@ -60,3 +62,11 @@ def _start_background(sender: Any = None, **_: Any) -> None:
         from tools_sandbox.tasks import get_service
 
         threading.Thread(target=get_service, name="reactq-sandbox-warmup", daemon=True).start()
+
+
+@signals.worker_shutting_down.connect
+def _drain_on_shutdown(sender: Any = None, sig: str = "", how: str = "", **_: Any) -> None:
+    """SIGTERM (warm shutdown): Celery takes no new message; bound how long the steps in flight may take."""
+    if how == "Warm":
+        rt = get_runtime()
+        start_drain(rt.settings.drain_timeout_s, send_step, rt.leases)
