@@ -233,6 +233,8 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
         return StreamingResponse(_dropped(faults.timeout_s), media_type="application/json"), "timeout"
     if decision.status is not None:
         return _fault_response(decision.status, faults), f"error_{decision.status}"
+    if body.get("model") in faults.fail_models:
+        return _fault_response(503, faults), "error_503"
 
     reply = respond(messages, tools)
     outcome = "ok"

@@ -39,6 +39,8 @@ class RunRequest(BaseModel, extra="forbid"):
     tier: str = "standard"
     max_steps: int | None = None
     mode: Mode | None = None
+    model: str | None = None
+    deadline_s: float | None = None
     id: str | None = None
 
 
@@ -70,7 +72,7 @@ async def _validation(_: Request, exc: ValidationError | RequestValidationError)
 
 def _spec(r: RunRequest, tenant: str | None = None, tier: str | None = None) -> RunSpec:
     return RunSpec(question=r.question, tenant=tenant or r.tenant, tier=tier or r.tier, max_steps=r.max_steps,
-                   mode=r.mode, client_id=r.id)
+                   mode=r.mode, model=r.model, deadline_s=r.deadline_s, client_id=r.id)
 
 
 @app.post("/v1/runs", status_code=201)

@@ -25,6 +25,8 @@ class BatchLine(BaseModel, extra="forbid"):
     tenant: str | None = None
     tier: str | None = None
     max_steps: int | None = None
+    model: str | None = None
+    deadline_s: float | None = None
     expected: str | None = None  # allowed for evaluation sets such as the demo's; not used by the engine
 
 
@@ -63,7 +65,8 @@ def parse_input(lines: Iterator[str], settings: Settings, tenant: str | None, ti
             out.errors.append(LineError(number, f"duplicate id {client_id!r}"))
             continue
         spec = RunSpec(question=line.question, tenant=line.tenant or tenant or "default",
-                       tier=line.tier or tier or "standard", max_steps=line.max_steps, client_id=client_id)
+                       tier=line.tier or tier or "standard", max_steps=line.max_steps, model=line.model,
+                       deadline_s=line.deadline_s, client_id=client_id)
         try:
             validate_spec(spec, settings, tiers)
         except InvalidRequest as exc:

@@ -131,9 +131,10 @@ def api(host: str, port: int) -> None:
 @click.option("--tenant", default="default", show_default=True)
 @click.option("--tier", default="standard", show_default=True)
 @click.option("--max-steps", type=int, default=None)
+@click.option("--model", default=None, help="default: REACTQ_MODEL; others from REACTQ_MODELS")
 @click.option("--timeout", type=float, default=600, show_default=True, help="seconds to --wait")
 def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str, max_steps: int | None,
-        timeout: float) -> None:
+        model: str | None, timeout: float) -> None:
     """Submit one run."""
     from .batch import BatchRunner
     from .core.models import RunSpec
@@ -143,7 +144,8 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str, max_st
 
     rt = _runtime()
     try:
-        [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps)],
+        [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
+                                                model=model)],
                        rt.settings, _send_step())
     except InvalidRequest as exc:
         console.print(f"[red]error:[/red] {exc}")

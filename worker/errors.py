@@ -40,9 +40,10 @@ def redact_url(url: str) -> str:
 class LLMError(ReactqError):
     """The endpoint could not give a reply (after retries)."""
 
-    def __init__(self, message: str, attempts: int) -> None:
+    def __init__(self, message: str, attempts: int, outcome: str = "error") -> None:
         super().__init__(message)
         self.attempts = attempts
+        self.outcome = outcome  # the last attempt's: server_error, timeout, connection_error, client_error, ...
 
 
 class LLMThrottled(ReactqError):

@@ -117,7 +117,7 @@ class OpenAIChat:
                     self._report(model, "ok", time.monotonic() - t0)
         except openai.OpenAIError as exc:
             raise LLMError(f"LLM call to {self.base_url} failed after {attempts} attempt(s): "
-                           f"{_describe(exc)}", attempts) from None
+                           f"{_describe(exc)}", attempts, _outcome(exc)) from None
         return to_reply(completion, attempts, int((time.monotonic() - started) * 1000))
 
     def _report(self, model: str, outcome: str, seconds: float) -> None:

@@ -39,6 +39,8 @@ LLM_THROTTLED = Counter("reactq_llm_throttled_total",
                         "cooldown), or refused by the provider (provider_429).", ["model", "reason"])
 LLM_LIMITER_WAIT = Histogram("reactq_llm_limiter_wait_seconds", "Time a call waited for its reserved slot.",
                              ["model"], buckets=(0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5))
+LLM_FALLBACKS = Counter("reactq_llm_fallbacks_total",
+                        "Steps that moved to a fallback model after repeated 5xx or timeouts.", ["model", "fallback"])
 QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queue"], multiprocess_mode="max")
 
 SAFEGUARD_KINDS = ("repeat_hint", "loop", "invalid_outputs", "observation_truncated", "context_compacted",

@@ -14,6 +14,7 @@ from .core.engine import Limits
 from .leases import LeaseKeeper
 from .llm import LLMClient, OpenAIChat
 from .ratelimit import LimitedLLM, RateLimiter
+from .routing import RoutedLLM
 from .store import RunStore, connect
 from .tools import REGISTRY, ToolRegistry
 
@@ -47,7 +48,8 @@ class Runtime:
             max_connections=s.llm_max_connections, on_attempt=_record_llm_attempt,
             on_rate_limited=self.limiter.cool_down,
         )
-        return LimitedLLM(chat, self.limiter) if self.limiter.models else chat
+        limited: LLMClient = LimitedLLM(chat, self.limiter) if self.limiter.models else chat
+        return RoutedLLM(limited, s.models)
 
     @cached_property
     def tools(self) -> ToolRegistry:

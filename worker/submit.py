@@ -21,6 +21,14 @@ def known_tiers(settings: Settings) -> list[str]:
         return list(settings.tiers)
 
 
+MAX_DEADLINE_S = 7 * 24 * 3600.0
+
+
+def known_models(settings: Settings) -> list[str]:
+    """The models a run may name: the default and those of REACTQ_MODELS (a bounded metric label)."""
+    return sorted({settings.model, *settings.models})
+
+
 def validate_spec(spec: RunSpec, settings: Settings, tiers: Sequence[str], where: str = "") -> None:
     prefix = f"{where}: " if where else ""
     question = spec.question.strip()
@@ -38,6 +46,12 @@ def validate_spec(spec: RunSpec, settings: Settings, tiers: Sequence[str], where
         )
     if spec.tier not in tiers:
         raise InvalidRequest(f"{prefix}unknown tier {spec.tier!r}; known tiers: {', '.join(tiers)}")
+    if spec.model is not None and spec.model not in known_models(settings):
+        raise InvalidRequest(f"{prefix}unknown model {spec.model!r}; known models: "
+                             f"{', '.join(known_models(settings))} (configure REACTQ_MODELS)")
+    if spec.deadline_s is not None and not 1 <= spec.deadline_s <= MAX_DEADLINE_S:
+        raise InvalidRequest(f"{prefix}deadline_s must be between 1 and {MAX_DEADLINE_S:.0f} (7 days), "
+                             f"got {spec.deadline_s:g}")
     if spec.max_steps is not None and not 1 <= spec.max_steps <= 200:
         raise InvalidRequest(f"{prefix}max_steps must be between 1 and 200, got {spec.max_steps}")
 
@@ -51,7 +65,7 @@ def new_run(spec: RunSpec, settings: Settings) -> Run:
         model=spec.model or settings.model,
         created_at=now,
         updated_at=now,
-        deadline_s=settings.run_deadline_s,
+        deadline_s=spec.deadline_s or settings.run_deadline_s,
     )
 
 
