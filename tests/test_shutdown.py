@@ -1,6 +1,7 @@
 """SIGTERM gives a warm shutdown: the worker takes no new step, finishes the ones it runs (or, past the
 drain timeout, hands them back to the queue), and no run is lost or asks the model twice for a reply
-that had arrived. The reaper is kept out of it (REACTQ_STALE_AFTER_S=600), so recovery is the drain's."""
+that had arrived. The reaper is kept out of it (one pass at start, then none for 10 minutes), so
+recovery is the drain's."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.test_recovery import inline_questions, load_run
 
 pytestmark = pytest.mark.integration
 
-NO_REAPER = {"REACTQ_STALE_AFTER_S": "600"}
+NO_REAPER = {"REACTQ_STALE_AFTER_S": "600", "REACTQ_REAPER_INTERVAL_S": "600"}
 
 
 def stub_in_flight(stub_control: StubControl) -> float:

@@ -87,3 +87,16 @@ def llm_limit(model: str, budget: str) -> str:
 def llm_cooldown(model: str) -> str:
     """string with a TTL: set after a provider 429; no worker calls the model until it expires."""
     return f"{PREFIX}:llm:{model}:cooldown"
+
+
+def tenant_submissions(tenant: str, minute: int) -> str:
+    """string counter with a TTL: runs a tenant submitted in one minute (worker/fairness.py)."""
+    return f"{PREFIX}:tenant:{tenant}:submitted:{minute}"
+
+
+def step_taken(run_id: str) -> str:
+    """string "INDEX:UNIX_TIME": the last step of the run a worker received (the reaper reads it)."""
+    return f"{PREFIX}:run:{run_id}:taken"
+
+
+CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken and not yet acked
