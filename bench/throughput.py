@@ -276,8 +276,9 @@ class Bench:
                         used.add((a, b, c))
                         return f"What is {a} * {b} + {c}?"
 
-            def send_step(run_id: str, index: int) -> None:
-                client.send_task("reactq.step", args=[run_id, index], queue="reactq.steps", connection=conn)
+            def send_step(run_id: str, index: int, priority: int | None = None) -> None:
+                client.send_task("reactq.step", args=[run_id, index], queue="reactq.steps", connection=conn,
+                                 priority=priority)
 
             state = {"submitted": 0}
 

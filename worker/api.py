@@ -78,7 +78,7 @@ def _spec(r: RunRequest, tenant: str | None = None, tier: str | None = None) -> 
 @app.post("/v1/runs", status_code=201)
 def create_run(body: RunRequest) -> dict:
     rt = get_runtime()
-    [run] = submit(rt.store, [_spec(body)], rt.settings, send_step)
+    [run] = submit(rt.store, [_spec(body)], rt.settings, send_step, interactive=True)
     return run_json(run)
 
 

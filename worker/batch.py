@@ -107,7 +107,7 @@ LOST_AFTER_S = 10.0
 class BatchRunner:
     """Submits a batch and follows it to the end, writing each result line as its run finishes."""
 
-    def __init__(self, store: RunStore, settings: Settings, send_step: Callable[[str, int], None]) -> None:
+    def __init__(self, store: RunStore, settings: Settings, send_step: Callable[..., None]) -> None:
         self.store = store
         self.settings = settings
         self.send_step = send_step

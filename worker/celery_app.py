@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from .config import get_settings
+from .fairness import PRIORITY_STEPS
 
 STEPS_QUEUE = "reactq.steps"
 SANDBOX_QUEUE = "reactq.sandbox"
@@ -36,6 +37,8 @@ def make_app() -> Celery:
             "visibility_timeout": settings.visibility_timeout_s,
             "max_connections": settings.redis_max_connections,
             "socket_keepalive": True,
+            # One list per priority; a worker takes the highest first (worker/fairness.py).
+            "priority_steps": PRIORITY_STEPS,
         },
     )
     return app

@@ -146,7 +146,7 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str, max_st
     try:
         [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
                                                 model=model)],
-                       rt.settings, _send_step())
+                       rt.settings, _send_step(), interactive=True)
     except InvalidRequest as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)

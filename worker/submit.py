@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from .config import Settings
 from .core.models import Run, RunSpec, RunStatus
 from .errors import InvalidRequest
+from .fairness import submission_priorities
 from .store import RunStore
 
 
@@ -70,17 +71,25 @@ def new_run(spec: RunSpec, settings: Settings) -> Run:
 
 
 def submit(
-    store: RunStore, specs: Sequence[RunSpec], settings: Settings, send_step: Callable[[str, int], None],
-    batch_id: str | None = None,
+    store: RunStore, specs: Sequence[RunSpec], settings: Settings, send_step: Callable[..., None],
+    batch_id: str | None = None, *, interactive: bool = False,
 ) -> list[Run]:
-    """Validate every spec first (nothing is submitted if one is bad), then record and enqueue them."""
+    """Validate every spec first (nothing is submitted if one is bad), then record and enqueue them.
+
+    Each run's first step goes out with its priority (worker/fairness.py): interactive runs first, then
+    each tenant's runs by how many it submitted lately; every later step of the run keeps it."""
     tiers = known_tiers(settings)
     for spec in specs:
         validate_spec(spec, settings, tiers, where=f"run {spec.client_id}" if spec.client_id else "")
     runs = [new_run(spec.model_copy(update={"batch_id": batch_id}), settings) for spec in specs]
     store.create_runs(runs, batch_id)
+    by_tenant: dict[str, list[Run]] = {}
     for run in runs:
-        send_step(run.id, 0)
+        by_tenant.setdefault(run.spec.tenant, []).append(run)
+    for tenant, group in by_tenant.items():
+        priorities = submission_priorities(store.r, tenant, len(group), interactive)
+        for run, priority in zip(group, priorities, strict=True):
+            send_step(run.id, 0, priority=priority)
     return runs
 
 

@@ -18,8 +18,11 @@ from .runtime import get_runtime
 log = logging.getLogger("reactq.tasks")
 
 
-def send_step(run_id: str, index: int) -> None:
-    step.apply_async(args=[run_id, index], queue=STEPS_QUEUE)
+def send_step(run_id: str, index: int, priority: int | None = None, countdown: float | None = None) -> None:
+    """Enqueue a step; without a priority it keeps the priority of the step running on this thread."""
+    if priority is None:
+        priority = (step.request.delivery_info or {}).get("priority")
+    step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, priority=priority, countdown=countdown)
 
 
 def send_sandbox(request: dict[str, Any]) -> None:
@@ -45,7 +48,7 @@ def step(self: Any, run_id: str, index: int) -> str:
         with IN_FLIGHT.track(run_id, index):
             outcome = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
     except LLMThrottled as exc:
-        step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, countdown=exc.wait_s)
+        send_step(run_id, index, countdown=exc.wait_s)
         return "throttled"
     if outcome == "busy" and self.request.retries < BUSY_RETRIES:
         raise self.retry(countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
