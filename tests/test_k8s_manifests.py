@@ -13,6 +13,7 @@ import yaml
 
 from tests.fixtures_cluster import ROOT
 from worker.celery_app import SANDBOX_QUEUE, STEPS_QUEUE, app
+from worker.fairness import queue_lists
 
 K8S = ROOT / "deploy" / "k8s"
 K8S_VERSION = "1.30.0"
@@ -57,11 +58,13 @@ def test_keda_scales_each_worker_on_the_queue_it_consumes() -> None:
         target = deployments()[obj["spec"]["scaleTargetRef"]["name"]]
         args = target["spec"]["template"]["spec"]["containers"][0]["args"]
         consumed = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE}[args[args.index("--queues") + 1]]
-        [trigger] = obj["spec"]["triggers"]
-        assert trigger["type"] == "redis"
-        assert trigger["metadata"]["listName"] == consumed == expected_queue[name]
-        assert int(trigger["metadata"]["listLength"]) >= 1
-        assert trigger["authenticationRef"]["name"] in auths
+        assert consumed == expected_queue[name]
+        triggers = obj["spec"]["triggers"]
+        assert all(t["type"] == "redis" and t["authenticationRef"]["name"] in auths for t in triggers)
+        assert all(int(t["metadata"]["listLength"]) >= 1 for t in triggers)
+        # Every Redis list the queue's messages can wait in (one per priority for the steps queue).
+        wanted = queue_lists(consumed) if consumed == STEPS_QUEUE else [consumed]
+        assert [t["metadata"]["listName"] for t in triggers] == wanted
         assert 1 <= obj["spec"]["minReplicaCount"] < obj["spec"]["maxReplicaCount"]
     # The list length is waiting work only because a worker takes one message per thread at a time.
     assert app.conf.worker_prefetch_multiplier == 1
