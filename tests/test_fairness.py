@@ -4,6 +4,9 @@ first runs waiting behind it (worker/fairness.py). Ordering is checked, not timi
 from __future__ import annotations
 
 import json
+import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,8 @@ from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_stub import StubControl
 from tests.test_recovery import load_run
 from worker import keys
-from worker.fairness import BATCH_FIRST, INTERACTIVE, LOWEST, batch_priority, submission_priorities
+from worker.celery_app import STEPS_QUEUE
+from worker.fairness import BATCH_FIRST, INTERACTIVE, LOWEST, PRIORITY_SEP, batch_priority, submission_priorities
 
 
 def test_priority_falls_one_level_each_time_a_tenants_recent_submissions_double() -> None:
@@ -32,6 +36,15 @@ def test_a_tenants_backlog_does_not_lower_another_tenants_priority(redis_url: st
     assert submission_priorities(client, "acme", 1, interactive=False, now=1_000_060) == [LOWEST]
     # Ten minutes later the window has moved on.
     assert submission_priorities(client, "acme", 1, interactive=False, now=1_000_000 + 700) == [BATCH_FIRST]
+
+
+def wait_until_value(probe: Callable[[], dict[bytes, int]], what: str, timeout: float) -> dict[bytes, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := probe():
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"waited {timeout}s for {what}")
 
 
 @pytest.mark.integration
@@ -54,6 +67,19 @@ def test_interactive_and_small_tenants_runs_overtake_a_backlog(
     interactive_id = json.loads(asked.stdout)["run_id"]
 
     cluster.start_worker(queues="steps", concurrency=2)
+
+    def later_steps_by_list() -> dict[bytes, int]:
+        """Queued messages for steps after the first, per priority list (not the base list, where only
+        continuations without a priority go: reaper re-kicks, drain re-sends, sandbox results)."""
+        found: dict[bytes, int] = {}
+        for name in client.keys(f"{STEPS_QUEUE}{PRIORITY_SEP}*"):
+            later = [m for m in client.lrange(name, 0, -1) if not re.search(rb"argsrepr\": \"\['[0-9a-f]+', 0\]", m)]
+            if later:
+                found[name] = len(later)
+        return found
+
+    # A run's later steps keep its priority (they would all land in the base list otherwise).
+    wait_until_value(later_steps_by_list, "a later step queued with its run's priority", 120)
     assert big.wait(300) == 0 and small.wait(300) == 0
     finished = {}
     for line in map(json.loads, out.read_text().splitlines()):

@@ -66,7 +66,8 @@ def test_a_lost_message_is_re_enqueued_while_the_queue_is_busy(rt: Runtime, brok
         enqueue(broker, run, priority=i % 10)
     before = count(ReaperAction.LOST_MESSAGE)
     assert reap(rt, time.time() + STALE_S - 5) == {}  # not idle long enough yet
-    assert reap(rt, time.time() + STALE_S + 1) == {lost.id: 0}
+    assert reap(rt, time.time() + STALE_S + 1) == {}  # missing once: maybe a worker is just taking it
+    assert reap(rt, time.time() + STALE_S + 2) == {lost.id: 0}  # missing twice in a row
     assert count(ReaperAction.LOST_MESSAGE) == before + 1
 
 
@@ -103,6 +104,7 @@ def test_a_message_held_unacked_by_a_live_worker_is_not_duplicated(rt: Runtime, 
     raw = client.rpop(lst)
     client.hset(keys.CELERY_UNACKED, "tag-1", b"[" + raw + b', "", "reactq.steps"]')
     assert reap(rt, time.time() + STALE_S + 1) == {}
+    assert reap(rt, time.time() + STALE_S + 2) == {}
 
 
 def test_runs_whose_record_vanished_leave_the_active_set(rt: Runtime) -> None:

@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     tool_cache_ttl_s: int = Field(3600, ge=0)
     record_ttl_s: int = Field(7 * 24 * 3600, ge=60)
     lease_ttl_s: float = Field(15.0, gt=0)  # a dead worker's step lease lapses this fast
-    stale_after_s: float = Field(45.0, gt=0)  # idle this long with no message for it anywhere: re-kicked
+    stale_after_s: float = Field(30.0, gt=0)  # idle this long and no message for it in two passes: re-kicked
     reaper_scan_limit: int = Field(20_000, ge=0)  # look through at most this many queued messages per pass
     reaper_interval_s: float = Field(15.0, gt=0)
     sandbox_redispatch_after_s: int = Field(300, ge=10)  # a sandbox call not answered by then is sent again

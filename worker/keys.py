@@ -99,4 +99,9 @@ def step_taken(run_id: str) -> str:
     return f"{PREFIX}:run:{run_id}:taken"
 
 
+def reaper_suspect(run_id: str) -> str:
+    """string with a TTL: the step index the reaper found no message for on its last pass."""
+    return f"{PREFIX}:reaper:suspect:{run_id}"
+
+
 CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken and not yet acked

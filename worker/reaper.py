@@ -10,8 +10,10 @@ backlog of thousands waits:
   broker would hand the message back only after its visibility timeout (an hour).
 - `lost_message`: no worker received the step since the last progress, the run has been idle for
   `REACTQ_STALE_AFTER_S`, and no message for it is waiting in the steps queue (every priority list) or
-  held unacked. Looking costs one scan of the queue, done only when such a candidate exists and only
-  while the queue holds at most `REACTQ_REAPER_SCAN_LIMIT` messages; beyond that ...
+  held unacked — in two passes in a row (a message a worker is just taking is briefly in neither place;
+  the first miss only marks the run a suspect). Looking costs one scan of the queue per pass, done only
+  when such a candidate exists and only while the queue holds at most `REACTQ_REAPER_SCAN_LIMIT`
+  messages; beyond that ...
 - `long_stale`: ... a run idle for longer than the broker's visibility timeout is re-kicked anyway.
 - `sandbox_lost`: a run `waiting_on=sandbox` idle for longer than `REACTQ_SANDBOX_REDISPATCH_AFTER_S`:
   its re-run step sends the sandboxed call again (the dispatch marker has expired) or uses the result.
@@ -73,7 +75,8 @@ def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: 
         return ReaperAction.LONG_STALE
     if idle > s.stale_after_s:
         waiting = queued()
-        if waiting is not None and run.id not in waiting:
+        if waiting is not None and run.id not in waiting and rt.store.suspect_again(
+                run.id, run.current_step, ttl_s=int(4 * s.reaper_interval_s) + 5):
             return ReaperAction.LOST_MESSAGE
     return None
 

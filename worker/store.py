@@ -343,6 +343,10 @@ class RunStore:
             found.update(m.decode() for m in _STEP_ARGS.findall(raw))
         return found
 
+    def suspect_again(self, run_id: str, step: int, ttl_s: int) -> bool:
+        """Record that the reaper found no message for this step; True if it had already found none."""
+        return self.r.set(keys.reaper_suspect(run_id), step, ex=ttl_s, get=True) == str(step).encode()
+
     def touch_active(self, run_id: str) -> None:
         self.r.zadd(keys.ACTIVE_RUNS, {run_id: time.time()}, xx=True)
 
