@@ -3,7 +3,8 @@
 `respond(messages, tools)` plays one assistant turn. With `tools` (OpenAI function
 schemas) it speaks native function calling: parallel `tool_calls` first, then a
 plain-text final answer once every call has an observation (`role: "tool"`).
-Without `tools` it writes the classic text format, one action per turn::
+Asked to reflect (the last message is a user turn saying "reflect"), it answers in prose, without a
+tool call or a final answer, as real models do. Without `tools` it writes the classic text format, one action per turn::
 
     Thought: ...
     Action: calculator
@@ -157,15 +158,16 @@ def _read(messages: Sequence[Mapping[str, Any]]) -> _Conversation:
             for call in message.get("tool_calls") or []:
                 if not isinstance(call, Mapping):
                     continue
-                function = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+                raw_function = call.get("function")
+                function: Mapping[str, Any] = raw_function if isinstance(raw_function, Mapping) else {}
                 call_id = str(call.get("id", len(order)))
                 pending[call_id] = (function.get("name"), _first_argument(str(function.get("arguments", ""))))
                 order.append(call_id)
         elif role in ("tool", "function"):
-            call_id = message.get("tool_call_id")
-            if call_id not in pending and order:
-                call_id = next((c for c in order if c in pending), None)
-            tool, argument = pending.pop(call_id, (message.get("name"), None)) if call_id else (None, None)
+            answered: str | None = message.get("tool_call_id")
+            if answered not in pending and order:
+                answered = next((c for c in order if c in pending), None)
+            tool, argument = pending.pop(answered, (message.get("name"), None)) if answered else (None, None)
             conv.executed.append(_Executed(tool, argument, message_text(message)))
         elif role == "user" and not message_text(message).lstrip().startswith("Observation:"):
             conv.executed.extend(_scratchpad(message_text(message)))
@@ -256,10 +258,33 @@ def respond(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> Repl
         return _final(f"I could not understand the conversation ({type(exc).__name__}).", text_mode)
 
 
+_REFLECT = re.compile(r"\breflect\b", re.I)
+
+
+def _asked_to_reflect(messages: list[Mapping[str, Any]]) -> bool:
+    """The last turn is the user (not a tool result, not the question) asking the model to reflect."""
+    if len(messages) < 2 or messages[-1].get("role") != "user":
+        return False
+    text = message_text(messages[-1]).lstrip()
+    earlier_assistant = any(m.get("role") == "assistant" for m in messages[:-1])
+    return earlier_assistant and not text.startswith("Observation:") and bool(_REFLECT.search(text))
+
+
+def _reflection(conv: _Conversation, pending: int, text_mode: bool) -> Reply:
+    """What a real model does when asked to reflect: prose, no tool call, no final answer."""
+    done = len(conv.executed)
+    next_move = f"{pending} more call(s) to make" if pending else "I can answer now"
+    return Reply(content=f"So far I have {done} observation(s); the approach is working and {next_move}.",
+                 finish_reason="stop", mode="text" if text_mode else "tools")
+
+
 def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, text_mode: bool) -> Reply:
     conv = _read(messages)
     offered = _available(messages, tools)
     actions = plan(conv.question, frozenset(offered))
+    if actions and _asked_to_reflect(messages):
+        to_call = sum(1 for o in _match(actions, conv.executed) if o is None)
+        return _reflection(conv, to_call, text_mode)
     if not actions:
         return _final(DONT_KNOW, text_mode)
     observations = _match(actions, conv.executed)

@@ -251,7 +251,8 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
     state.metrics.tokens.labels("prompt").inc(prompt)
     state.metrics.tokens.labels("completion").inc(completion)
     state.completions += 1
-    model = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else MODEL_ID
+    requested = body.get("model")
+    model: str = requested if isinstance(requested, str) and requested else MODEL_ID
     digest = hashlib.sha256(json.dumps(messages, sort_keys=True, default=str).encode()).hexdigest()[:16]
     id_, created = f"chatcmpl-{digest}{counter:08x}", int(time.time())
     if body.get("stream"):

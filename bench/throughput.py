@@ -13,7 +13,7 @@ Runs are "What is A * B + C?" with fresh numbers each (no tool-cache hits): two 
 steps/s = chat completions the stub served in a fixed window after a warm-up, divided by the
 window (the stub counts both systems the same way; reactq's committed steps are cross-checked).
 
-Targets: (a) stub latency 0:  reactq >= 0.5 x floor (threads);
+Targets: (a) stub latency 0:  reactq >= 0.8 x floor (threads) (issue 11; it was 0.5);
          (b) stub latency 2 s, 300 in flight: reactq >= 0.8 x best(floor threads, floor gevent);
          (c) stub latency 5 s, 1,000 in flight (ideal 200 steps/s): reactq >= 0.9 x ideal, beside the
              floor; the workers' memory per run in flight is reported (RSS growth over idle / in flight).
@@ -270,9 +270,9 @@ class Bench:
             res.rss_idle_kb = self.rss_kb(names)
             from celery import Celery
 
-            from worker import keys
             from worker.config import Settings
             from worker.core.models import RunSpec
+            from worker.names import STEP_TASK, STEPS_QUEUE
             from worker.store import RunStore, connect
             from worker.submit import new_batch_id, submit
 
@@ -293,13 +293,13 @@ class Bench:
                         return f"What is {a} * {b} + {c}?"
 
             def send_step(run_id: str, index: int, priority: int | None = None) -> None:
-                client.send_task("reactq.step", args=[run_id, index], queue="reactq.steps", connection=conn,
+                client.send_task(STEP_TASK, args=[run_id, index], queue=STEPS_QUEUE, connection=conn,
                                  priority=priority)
 
             state = {"submitted": 0}
 
             def top_up() -> None:
-                done = store.r.llen(keys.batch_done(batch_id))
+                done = store.batch_finished_count(batch_id)
                 need = in_flight - (state["submitted"] - done)
                 if need > 0:
                     specs = [RunSpec(question=question()) for _ in range(need)]
@@ -357,7 +357,10 @@ def main() -> int:
     ap.add_argument("--c-warmup", type=float, default=15.0)
     ap.add_argument("--c-window", type=float, default=30.0)
     ap.add_argument("--loglevel", default="WARNING", help="worker log level (floor and reactq alike)")
-    ap.add_argument("--only", choices=["a", "b", "c"], default=None)
+    ap.add_argument("--only", choices=["a", "b", "c"], default=None, help="measure one case (a: ~1 minute)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure case (a) this many times, floor and reactq alternated, and compare the best "
+                         "of each (on a shared machine, other load can only lower a measurement)")
     ap.add_argument("--out", default=None, help="write a markdown report here")
     args = ap.parse_args()
 
@@ -367,14 +370,20 @@ def main() -> int:
     verdicts: list[tuple[str, float, float, bool]] = []
     try:
         if args.only in (None, "a"):
-            fa = bench.floor("a", "threads", 0, args.a_in_flight, args.a_concurrency, args.a_warmup, args.a_window)
-            results.append(fa)
-            print(table([fa]), flush=True)
-            ra = bench.reactq("a", 0, args.a_in_flight, args.a_concurrency, args.a_warmup, args.a_window)
-            results.append(ra)
-            ratio = ra.rate / fa.rate if fa.rate else 0.0
-            verdicts.append(("a", ratio, 0.5, ratio >= 0.5))
-            print(table([ra]), flush=True)
+            floors_a, reactqs_a = [], []
+            for _ in range(args.repeat):  # alternated, so a burst of other load hits both sides alike
+                fa = bench.floor("a", "threads", 0, args.a_in_flight, args.a_concurrency, args.a_warmup,
+                                 args.a_window)
+                results.append(fa)
+                floors_a.append(fa)
+                print(table([fa]), flush=True)
+                ra = bench.reactq("a", 0, args.a_in_flight, args.a_concurrency, args.a_warmup, args.a_window)
+                results.append(ra)
+                reactqs_a.append(ra)
+                print(table([ra]), flush=True)
+            best_floor, best_reactq = max(r.rate for r in floors_a), max(r.rate for r in reactqs_a)
+            ratio = best_reactq / best_floor if best_floor else 0.0
+            verdicts.append(("a", ratio, 0.8, ratio >= 0.8))
         if args.only in (None, "b"):
             floors = []
             for pool in ("threads", "gevent"):
@@ -414,8 +423,10 @@ def main() -> int:
     machine = f"nproc {os.cpu_count()}, Python {platform.python_version()}, {platform.platform()}"
     report = [f"command: `{command}`", f"machine: {machine}", "", table(results), ""]
     for label, ratio, target, ok in verdicts:
+        best = " (best of each)" if label == "a" and args.repeat > 1 else ""
         versus = "ideal" if label == "c" else "floor"
-        report.append(f"({label}) reactq / {versus} = {ratio:.2f} (target >= {target}): {'met' if ok else 'MISSED'}")
+        report.append(f"({label}) reactq / {versus}{best} = {ratio:.2f} (target >= {target}): "
+                      f"{'met' if ok else 'MISSED'}")
     problems = [f"{r.system} {r.pool} ({r.label}): {e}" for r in results for e in r.errors]
     notes = [f"{r.system} ({r.label}): {r.notes}" for r in results if r.notes]
     report += [""] + notes + problems + [f"logs: {logdir}"]

@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures_stub",
     "tests.fixtures_cluster",
     "tests.fixtures_prometheus",
+    "tests.harness",
 ]

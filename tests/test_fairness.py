@@ -18,6 +18,7 @@ from tests.test_recovery import load_run
 from worker import keys
 from worker.celery_app import STEPS_QUEUE
 from worker.fairness import BATCH_FIRST, INTERACTIVE, LOWEST, PRIORITY_SEP, batch_priority, submission_priorities
+from worker.store import RunStore
 
 
 def test_priority_falls_one_level_each_time_a_tenants_recent_submissions_double() -> None:
@@ -28,14 +29,15 @@ def test_priority_falls_one_level_each_time_a_tenants_recent_submissions_double(
 def test_a_tenants_backlog_does_not_lower_another_tenants_priority(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
-    backlog = submission_priorities(client, "acme", 2_000, interactive=False, now=1_000_000)
+    store = RunStore(client)
+    backlog = submission_priorities(store, "acme", 2_000, interactive=False, now=1_000_000)
     assert backlog[0] == BATCH_FIRST and backlog[-1] == LOWEST
     assert sum(p >= 8 for p in backlog) == 2_000 - 504  # all but the first 504
-    assert submission_priorities(client, "other", 1, interactive=False, now=1_000_030) == [BATCH_FIRST]
-    assert submission_priorities(client, "acme", 1, interactive=True, now=1_000_030) == [INTERACTIVE]
-    assert submission_priorities(client, "acme", 1, interactive=False, now=1_000_060) == [LOWEST]
+    assert submission_priorities(store, "other", 1, interactive=False, now=1_000_030) == [BATCH_FIRST]
+    assert submission_priorities(store, "acme", 1, interactive=True, now=1_000_030) == [INTERACTIVE]
+    assert submission_priorities(store, "acme", 1, interactive=False, now=1_000_060) == [LOWEST]
     # Ten minutes later the window has moved on.
-    assert submission_priorities(client, "acme", 1, interactive=False, now=1_000_000 + 700) == [BATCH_FIRST]
+    assert submission_priorities(store, "acme", 1, interactive=False, now=1_000_000 + 700) == [BATCH_FIRST]
 
 
 def wait_until_value(probe: Callable[[], dict[bytes, int]], what: str, timeout: float) -> dict[bytes, int]:

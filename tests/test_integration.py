@@ -131,9 +131,12 @@ def test_sandbox_worker_killed_mid_execution_leaves_no_container_and_the_run_res
     assert victims_containers() == []
 
 
-def test_time_waiting_in_the_queue_does_not_use_up_the_run_deadline(cluster: Cluster) -> None:
-    run_id = cluster.reactq("ask", "What is 7 * 8?", REACTQ_RUN_DEADLINE_S="2").stdout.strip()
-    time.sleep(3)  # no worker yet: the run waits in the queue longer than its deadline
-    cluster.start_worker(queues="steps", concurrency=4)
-    run = cluster.wait_for_run(run_id, timeout=30)
-    assert run["status"] == "succeeded" and run["answer"] == "56", run
+@pytest.mark.parametrize("mode", ["tools", "text"])
+def test_a_reflection_answered_in_prose_is_a_thought_and_the_run_goes_on(cluster: Cluster, mode: str) -> None:
+    cluster.start_worker(queues="steps", concurrency=4, REACTQ_REFLECT_EVERY="1", REACTQ_MODE=mode)
+    run = json.loads(cluster.reactq("ask", "What is 17 * 23 + 4?", "--wait", "--json", "--timeout", "60",
+                                    REACTQ_MODE=mode).stdout)
+    assert run["status"] == "succeeded" and run["answer"] == "395", run
+    trace = json.loads(cluster.reactq("trace", run["run_id"], "--json").stdout)["trace"]
+    assert [s["reflection"] for s in trace] == [False, True, False]
+    assert trace[1]["thought"].startswith("So far I have 1 observation(s)") and trace[1]["final_answer"] is None

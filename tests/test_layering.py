@@ -15,12 +15,15 @@ CORE = ROOT / "worker" / "core"
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports; `from . import a, b` names the submodules a and b."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is None:
+            names.update("." * node.level + alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            names.add("." * node.level + (node.module or ""))
+            names.add("." * node.level + node.module)
     return names
 
 
@@ -58,3 +61,21 @@ def test_services_do_not_import_each_other(package: str, forbidden: set[str]) ->
     for path in (ROOT / package).rglob("*.py"):
         tops = {name.split(".")[0] for name in imported_modules(path) if not name.startswith(".")}
         assert not tops & forbidden, f"{path.relative_to(ROOT)} imports {tops & forbidden}"
+
+
+# The step path: what a worker runs. The app around it (cli, api, batch, demo, display, submit,
+# services, metrics_server and later entry points) may import it, never the other way (NOTES.md,
+# "Layout").
+RUNTIME = {"runner", "tasks", "celery_app", "runtime", "store", "store_cas", "store_cluster", "leases", "llm",
+           "reaper", "metrics", "logs", "names", "keys", "config", "errors",
+           "ratelimit", "routing", "fairness", "drain"}
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIME))
+def test_the_step_path_imports_nothing_from_the_app_around_it(name: str) -> None:
+    path = ROOT / "worker" / f"{name}.py"
+    for imported in imported_modules(path):
+        target = resolve(path, imported)
+        if not target.startswith("worker.") or target.startswith(("worker.core", "worker.tools")):
+            continue
+        assert target.split(".")[1] in RUNTIME, f"worker/{name}.py imports {target}, which is app, not runtime"

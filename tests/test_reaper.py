@@ -76,8 +76,8 @@ def test_a_dead_workers_step_is_re_enqueued_once_its_lease_lapses(rt: Runtime, b
     for run in backlog:
         enqueue(broker, run)
     # Two workers received their steps; one keeps renewing its lease, the other died (lease lapses).
-    assert rt.store.lease_and_load(dead.id, 0, "dead-token", 200)[0]
-    assert rt.store.lease_and_load(alive.id, 0, "alive-token", 60_000)[0]
+    assert rt.store.lease_and_load(dead.id, 0, "dead-token", 200).acquired
+    assert rt.store.lease_and_load(alive.id, 0, "alive-token", 60_000).acquired
     wait_until(lambda: not rt.store.lease_held(dead.id), "the dead worker's lease to lapse", 10)
     before = count(ReaperAction.DEAD_WORKER)
     assert reap(rt, time.time() + LEASE_S) == {}  # a lease only just lapsed may be a slow renewal
@@ -87,7 +87,9 @@ def test_a_dead_workers_step_is_re_enqueued_once_its_lease_lapses(rt: Runtime, b
 
 def test_a_run_waiting_on_a_sandbox_task_that_vanished_is_re_kicked(rt: Runtime) -> None:
     [run] = submit(rt)
-    rt.store.mark_running(run.id, 0, waiting_on="sandbox")
+    snapshot = rt.store.lease_and_load(run.id, 0, "token", 10_000).snapshot  # a step dispatches its python call,
+    assert snapshot is not None and rt.store.mark_running(snapshot, 0, waiting_on="sandbox") is not None
+    rt.store.release_lease(run.id, "token")  # waits, and lets go of the run
     before = count(ReaperAction.SANDBOX_LOST)
     assert reap(rt, time.time() + SANDBOX_S - 5) == {}  # the sandbox may still be working on it
     assert reap(rt, time.time() + SANDBOX_S + 1) == {run.id: 0}

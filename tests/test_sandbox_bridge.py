@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from worker.sandbox_bridge import STDERR_TAIL_LINES, observation_from_sandbox
+from worker.core.sandbox_bridge import STDERR_TAIL_LINES, observation_from_sandbox
 
 
 def result(**kw) -> str:

@@ -390,3 +390,30 @@ def test_slow_python_task_for_long_sandbox_calls() -> None:
     from api_stub.planner import python_code
 
     assert python_code("Sleep for 2.5 seconds, then print ready") == "import time\ntime.sleep(2.5)\nprint('ready')"
+
+
+REFLECT = "Reflect before going on: what have you learned so far, is your approach working?"
+
+
+@pytest.mark.parametrize("tools", [TOOLS, None], ids=["tools", "text"])
+def test_asked_to_reflect_it_answers_in_prose_then_goes_on(tools: list | None) -> None:
+    question = "What is 17 * 23 + 4?"
+    first = respond([{"role": "user", "content": question}], tools)
+    history: list[dict] = [{"role": "user", "content": question}]
+    if tools:
+        history += [{"role": "assistant", "content": first.content,
+                     "tool_calls": [c.to_openai() for c in first.tool_calls]},
+                    {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "395"}]
+    else:
+        history += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "Observation: 395"}]
+    reflection = respond([*history, {"role": "user", "content": REFLECT}], tools)
+    assert not reflection.tool_calls and reflection.content
+    assert "Final Answer" not in reflection.content and "395" not in reflection.content
+    after = respond([*history, {"role": "user", "content": REFLECT},
+                     {"role": "assistant", "content": reflection.content}], tools)
+    assert "395" in (after.content or "")  # the run goes on to its answer
+
+
+def test_before_any_answer_a_reflect_message_is_part_of_the_question() -> None:
+    reply = respond([{"role": "user", "content": "What is 2 + 3?"}, {"role": "user", "content": REFLECT}], TOOLS)
+    assert [c.name for c in reply.tool_calls] == ["calculator"]

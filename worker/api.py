@@ -18,7 +18,6 @@ from .core.models import Mode, RunSpec
 from .display import run_json
 from .errors import InvalidRequest
 from .metrics_server import initialise
-from .reaper import queue_depths
 from .runtime import get_runtime
 from .submit import cancel, new_batch_id, submit
 from .tasks import send_step
@@ -181,7 +180,7 @@ def healthz() -> dict:
 def metrics_endpoint() -> Response:
     rt = get_runtime()
     try:
-        for queue, depth in queue_depths(rt).items():
+        for queue, depth in rt.cluster.queue_depths().items():
             metrics.QUEUE_DEPTH.labels(queue).set(depth)
         metrics.RUNS_IN_PROGRESS.set(rt.store.active_count())
     except Exception:  # Redis down: still serve the counters this process has

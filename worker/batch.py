@@ -11,7 +11,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from . import keys
 from .config import Settings
 from .core.models import Run, RunSpec
 from .errors import InvalidRequest
@@ -115,14 +114,12 @@ class BatchRunner:
     def start(self, specs: list[RunSpec], out_path: Path) -> tuple[str, dict[str, str]]:
         """Submit the specs whose ids are missing from the output file, adopting runs a previous
         invocation for the same output file already submitted. Returns (batch id, client id -> run id)."""
-        r = self.store.r
-        file_key = keys.batch_file(hashlib.sha256(str(out_path.resolve()).encode()).hexdigest()[:24])
+        digest = hashlib.sha256(str(out_path.resolve()).encode()).hexdigest()[:24]
         done = finished_ids(out_path)
         wanted = [s for s in specs if s.client_id not in done]
-        previous = r.get(file_key)
+        old = self.store.batch_for_file(digest)
         adopted: dict[str, str] = {}
-        if previous:
-            old = {k.decode(): v.decode() for k, v in r.hgetall(keys.batch_ids(previous.decode())).items()}
+        if old:
             for spec, run in zip(wanted, self.store.load_runs([old.get(s.client_id or "", "") for s in wanted]),
                                  strict=True):
                 if run is not None and run.spec.question == spec.question:
@@ -132,9 +129,7 @@ class BatchRunner:
         fresh = [s for s in wanted if s.client_id not in adopted]
         runs = submit(self.store, fresh, self.settings, self.send_step, batch_id=batch_id)
         mapping = {**adopted, **{run.spec.client_id or "": run.id for run in runs}}
-        if mapping:
-            r.hset(keys.batch_ids(batch_id), mapping=mapping)
-        r.set(file_key, batch_id, ex=self.settings.record_ttl_s)
+        self.store.remember_batch_for_file(digest, batch_id, mapping)
         return batch_id, mapping
 
     def follow(

@@ -6,11 +6,7 @@ from celery import Celery
 
 from .config import get_settings
 from .fairness import PRIORITY_STEPS
-
-STEPS_QUEUE = "reactq.steps"
-SANDBOX_QUEUE = "reactq.sandbox"
-STEP_TASK = "reactq.step"
-SANDBOX_TASK = "reactq.sandbox.execute"
+from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE
 
 
 def make_app() -> Celery:

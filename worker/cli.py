@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 
 from .config import get_settings
+from .names import SANDBOX_QUEUE, STEPS_QUEUE
 
 console = Console(stderr=True)
 out = Console()
@@ -62,7 +63,6 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
         port = get_settings().metrics_port if metrics_port is None else metrics_port
         sys.exit(supervise_workers(processes, queues, concurrency, port, loglevel))
     from . import logs
-    from .celery_app import SANDBOX_QUEUE, STEPS_QUEUE
     from .metrics_server import start_metrics_server
 
     names = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE}

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .core.models import Run
+from .names import SANDBOX_QUEUE, STEPS_QUEUE
 from .services import Started, http_ok, redis_reachable, start_redis, start_stub, start_worker
 
 
@@ -27,7 +28,6 @@ def is_correct(answer: str | None, expected: str) -> bool:
 
 def run_demo(outfile: Path, console: Console, out: Console) -> int:
     from .batch_cli import run_batch_file
-    from .reaper import live_workers
     from .runtime import get_runtime
     from .tasks import send_step
 
@@ -42,8 +42,8 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
         if not http_ok(s.llm_base_url.rstrip("/") + "/models"):
             console.print(f"starting api_stub at {s.llm_base_url}")
             started.append(start_stub(s.llm_base_url, workdir))
-        for queue, name in (("reactq.steps", "steps"), ("reactq.sandbox", "sandbox")):
-            if live_workers(rt, queue) == 0:
+        for queue, name in ((STEPS_QUEUE, "steps"), (SANDBOX_QUEUE, "sandbox")):
+            if rt.cluster.live_workers(queue) == 0:
                 console.print(f"starting a {name} worker (log: {workdir}/worker-{name}.log)")
                 started.append(start_worker(name, 64 if name == "steps" else 2, workdir))
         if outfile.exists():

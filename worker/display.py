@@ -46,7 +46,7 @@ def print_trace(console: Console, run: Run, steps: list[Step]) -> None:
         console.rule(f"step {step.index + 1}  ({step.usage.prompt_tokens}+{step.usage.completion_tokens} tokens, "
                      f"llm {step.llm_ms} ms, tools {step.tools_ms} ms)")
         if step.thought:
-            console.print(f"[cyan]thought:[/cyan] {step.thought}")
+            console.print(f"[cyan]{'reflection' if step.reflection else 'thought'}:[/cyan] {step.thought}")
         for call in step.tool_calls:
             args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
             console.print(f"[magenta]action:[/magenta] {call.name}  [magenta]arguments:[/magenta] {args}")

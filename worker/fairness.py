@@ -20,11 +20,7 @@ NOTES.md says why this and not per-tenant queues.
 from __future__ import annotations
 
 import math
-import time
-
-import redis
-
-from . import keys
+from typing import Protocol
 
 PRIORITY_STEPS = list(range(10))
 INTERACTIVE = 0
@@ -44,18 +40,16 @@ def batch_priority(recent: int) -> int:
     return min(LOWEST, BATCH_FIRST + int(math.log2(1 + recent / 8)))
 
 
-def submission_priorities(client: redis.Redis, tenant: str, count: int, interactive: bool,
+class SubmissionCounter(Protocol):
+    def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
+        """Add `count` to the tenant's recent submissions; return how many it had before them."""
+        ...
+
+
+def submission_priorities(store: SubmissionCounter, tenant: str, count: int, interactive: bool,
                           now: float | None = None) -> list[int]:
     """Priorities for `count` runs a tenant submits now; counts them into the tenant's recent window."""
     if interactive:
         return [INTERACTIVE] * count
-    minute = int((now or time.time()) // 60)
-    buckets = [keys.tenant_submissions(tenant, minute - i) for i in range(WINDOW_S // 60)]
-    pipe = client.pipeline(transaction=False)
-    pipe.incrby(buckets[0], count)
-    pipe.expire(buckets[0], WINDOW_S + 60)
-    for bucket in buckets[1:]:
-        pipe.get(bucket)
-    total_now, _, *older = pipe.execute()
-    before = int(total_now) - count + sum(int(v) for v in older if v)
+    before = store.count_submissions(tenant, count, WINDOW_S, now)
     return [batch_priority(before + i) for i in range(count)]

@@ -20,8 +20,9 @@ def reply(run_id: str, step: int) -> str:
     return f"{PREFIX}:run:{run_id}:reply:{step}"
 
 
-def tool_result(run_id: str, step: int, call_id: str) -> str:
-    return f"{PREFIX}:run:{run_id}:obs:{step}:{call_id}"
+def tool_results(run_id: str, step: int) -> str:
+    """hash: call id -> the stored result (an Observation) of each tool call of one step."""
+    return f"{PREFIX}:run:{run_id}:obs:{step}"
 
 
 def sandbox_dispatch(run_id: str, step: int, call_id: str) -> str:

@@ -37,9 +37,24 @@ class LeaseKeeper:
                 self._thread.start()
 
     def release(self, run_id: str, token: str) -> None:
+        """Let go of a lease this keeper still holds with `token` (stop renewing it, delete it)."""
         with self._lock:
-            self._held.pop(run_id, None)
-        self.store.release_lease(run_id, token)
+            held = self._held.get(run_id) == token
+            if held:
+                del self._held[run_id]
+        if held:
+            self.store.release_lease(run_id, token)
+
+    def held(self) -> list[str]:
+        """The runs whose leases this keeper renews."""
+        with self._lock:
+            return list(self._held)
+
+    def forget(self, run_id: str, token: str) -> None:
+        """Stop renewing a lease that a transaction has already deleted in Redis."""
+        with self._lock:
+            if self._held.get(run_id) == token:
+                del self._held[run_id]
 
     def surrender(self) -> list[str]:
         """Release every lease this process holds (a drain that ran out of time); returns their run ids."""

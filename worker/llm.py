@@ -1,6 +1,7 @@
 """The LLM edge: one chat call through the official `openai` client, with retries and backoff.
 
-The engine sees an `LLMClient` protocol, so tests and benchmarks can script the model at our own seam.
+The step runner sees the model only through the `LLMClient` protocol (`Runtime.llm`), so tests and
+benchmarks script it at our own seam (tests/harness.py) instead of patching the openai client.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any, Protocol
 
 import httpx
 import openai
-from openai.types.chat import ChatCompletion
+from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from .core.models import LLMReply, ToolCall, Usage
@@ -18,6 +19,9 @@ from .errors import LLMError
 
 
 class LLMClient(Protocol):
+    """A chat model: the messages of the next turn and the request options in, the normalised reply out.
+    Raises LLMError when the call fails for good."""
+
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply: ...
 
 
@@ -103,11 +107,12 @@ class OpenAIChat:
                     attempts += 1
                     t0 = time.monotonic()
                     try:
-                        # The client's documented low-level post: same auth, errors and response model as
-                        # chat.completions.create, without its recursive typed-params transform, which
-                        # cost about a quarter of a step's CPU (BENCHMARKS.md). Our bodies are plain JSON.
-                        completion = self._client.post(
-                            "/chat/completions", cast_to=ChatCompletion, body={"messages": messages, **options}
+                        # The client's documented low-level post: same auth and errors as
+                        # chat.completions.create, without its typed-params transform and without
+                        # building its ChatCompletion model; we validate the body into our own smaller
+                        # shape instead (BENCHMARKS.md, "A cheaper step").
+                        response = self._client.post(
+                            "/chat/completions", cast_to=httpx.Response, body={"messages": messages, **options}
                         )
                     except openai.OpenAIError as exc:
                         self._report(model, _outcome(exc), time.monotonic() - t0)
@@ -118,7 +123,7 @@ class OpenAIChat:
         except openai.OpenAIError as exc:
             raise LLMError(f"LLM call to {self.base_url} failed after {attempts} attempt(s): "
                            f"{_describe(exc)}", attempts, _outcome(exc)) from None
-        return to_reply(completion, attempts, int((time.monotonic() - started) * 1000))
+        return parse_completion(response.content, attempts, int((time.monotonic() - started) * 1000))
 
     def _report(self, model: str, outcome: str, seconds: float) -> None:
         if self.on_attempt is not None:
@@ -143,28 +148,64 @@ def _describe(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {exc}"
 
 
-def to_reply(completion: Any, attempts: int = 1, duration_ms: int = 0) -> LLMReply:
-    """Normalise a ChatCompletion into the stored reply shape."""
-    if not getattr(completion, "choices", None):
-        return LLMReply(content=None, model=getattr(completion, "model", "") or "", attempts=attempts,
+class _Function(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _Call(BaseModel):
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _Message(BaseModel):
+    content: str | None = None
+    tool_calls: list[_Call] | None = None
+
+
+class _Choice(BaseModel):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _Usage(BaseModel):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Completion(BaseModel):
+    """The part of a chat completion body we use (the provider is outside our trust boundary)."""
+
+    model: str | None = None
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+
+
+def parse_completion(body: bytes | str, attempts: int = 1, duration_ms: int = 0) -> LLMReply:
+    """Validate a chat completion body and normalise it into the stored reply shape."""
+    try:
+        completion = _Completion.model_validate_json(body)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "body"
+        raise LLMError(f"the LLM answered with a malformed completion ({where}: {problem['msg']})",
+                       attempts) from None
+    if not completion.choices:
+        return LLMReply(content=None, model=completion.model or "", attempts=attempts,
                         duration_ms=duration_ms, finish_reason="empty")
     choice = completion.choices[0]
-    message = choice.message
     calls = [
         ToolCall(id=c.id or f"call-{i}", name=c.function.name or "", arguments=c.function.arguments or "")
-        for i, c in enumerate(message.tool_calls or [])
-        if getattr(c, "function", None) is not None
+        for i, c in enumerate(choice.message.tool_calls or [])
+        if c.function is not None
     ]
-    usage = completion.usage
+    usage = completion.usage or _Usage()
     return LLMReply(
-        content=message.content,
+        content=choice.message.content,
         tool_calls=calls,
         finish_reason=choice.finish_reason,
         model=completion.model or "",
-        usage=Usage(
-            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
-            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
-        ),
+        usage=Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=usage.completion_tokens or 0),
         duration_ms=duration_ms,
         attempts=attempts,
     )

@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from .names import SANDBOX_TASK, STEP_TASK
+
 STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
-STEP_TASK = "reactq.step"
-SANDBOX_TASK = "reactq.sandbox.execute"
 
 _bound: ContextVar[dict[str, Any] | None] = ContextVar("reactq_log_context", default=None)
 

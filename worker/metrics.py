@@ -11,6 +11,8 @@ import re
 from prometheus_client import Counter, Gauge, Histogram
 
 from .core.models import RunStatus
+from .core.outcome import Outcome
+from .names import QUEUES
 
 TURN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)
@@ -48,7 +50,8 @@ QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queu
 SAFEGUARD_KINDS = ("repeat_hint", "loop", "invalid_outputs", "observation_truncated", "context_compacted",
                    "max_steps", "deadline", "token_budget")
 # Recorded steps by what they did, and "ended" for a run stopped between steps (limit, LLM failure).
-STEP_OUTCOMES = ("tool_calls", "final_answer", "invalid_output", "ended")
+STEP_OUTCOMES = (Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER, Outcome.REFLECTION, Outcome.INVALID_OUTPUT,
+                 Outcome.ENDED)
 LLM_OUTCOMES = ("ok", "rate_limited", "server_error", "client_error", "timeout", "connection_error")
 
 
@@ -69,8 +72,8 @@ def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tu
     for status in RunStatus:
         if status.finished:
             RUNS_TOTAL.labels(status.value)
-    for outcome in STEP_OUTCOMES:
-        STEPS_TOTAL.labels(outcome)
+    for step_outcome in STEP_OUTCOMES:
+        STEPS_TOTAL.labels(step_outcome.value)
     for outcome in LLM_OUTCOMES:
         LLM_REQUESTS.labels(model, outcome)
     LLM_DURATION.labels(model)
@@ -86,7 +89,7 @@ def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tu
         TOOL_DURATION.labels(tool)
     for kind in SAFEGUARD_KINDS:
         SAFEGUARDS.labels(kind)
-    for queue in ("reactq.steps", "reactq.sandbox"):
+    for queue in QUEUES:
         QUEUE_DEPTH.labels(queue)
     for action in ("dead_worker", "lost_message", "long_stale", "sandbox_lost", "dropped"):
         REAPER_ACTIONS.labels(action)

@@ -35,14 +35,13 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 
-from . import keys, metrics
-from .celery_app import SANDBOX_QUEUE, STEPS_QUEUE
+from . import metrics
 from .core.models import Run
 from .fairness import queue_lists
+from .names import STEPS_QUEUE
 from .runtime import Runtime
 
 log = logging.getLogger("reactq.reaper")
-QUEUES = (STEPS_QUEUE, SANDBOX_QUEUE)
 
 
 class ReaperAction(StrEnum):
@@ -51,16 +50,6 @@ class ReaperAction(StrEnum):
     LONG_STALE = "long_stale"
     SANDBOX_LOST = "sandbox_lost"
     DROPPED = "dropped"
-
-
-def queue_depths(rt: Runtime) -> dict[str, int]:
-    """Messages waiting per queue, over all its priority lists."""
-    pipe = rt.redis.pipeline(transaction=False)
-    for queue in QUEUES:
-        for name in queue_lists(queue):
-            pipe.llen(name)
-    counts = iter(pipe.execute())
-    return {queue: sum(next(counts) for _ in queue_lists(queue)) for queue in QUEUES}
 
 
 def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: float, rt: Runtime,
@@ -85,10 +74,11 @@ def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | N
     """One pass; returns the ids of the runs re-kicked."""
     now = now or time.time()
     s = rt.settings
-    for queue, depth in queue_depths(rt).items():
+    depths = rt.cluster.queue_depths()
+    for queue, depth in depths.items():
         metrics.QUEUE_DEPTH.labels(queue).set(depth)
     metrics.RUNS_IN_PROGRESS.set(rt.store.active_count())
-    if not rt.redis.set(keys.REAPER_LOCK, "1", nx=True, ex=max(1, int(s.reaper_interval_s))):
+    if not rt.cluster.take_reaper_turn(s.reaper_interval_s):
         return []
     candidates = rt.store.stale_runs_scored(now - min(2 * s.lease_ttl_s, s.stale_after_s))
     if not candidates:
@@ -105,7 +95,7 @@ def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | N
     kicked = []
     for (run_id, progress_at), run, mark, held in zip(candidates, runs, taken, leased, strict=True):
         if run is None or run.status.finished:  # a missing record (expired, or lost with Redis data) too
-            rt.redis.zrem(keys.ACTIVE_RUNS, run_id)
+            rt.store.forget_active(run_id)
             metrics.REAPER_ACTIONS.labels(ReaperAction.DROPPED).inc()
             continue
         if held:
@@ -122,26 +112,13 @@ def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | N
     return kicked
 
 
-def heartbeat(rt: Runtime, queues: list[str], member: str) -> None:
-    pipe = rt.redis.pipeline(transaction=False)
-    now = time.time()
-    for queue in queues:
-        pipe.zadd(keys.workers(queue), {member: now})
-        pipe.zremrangebyscore(keys.workers(queue), "-inf", now - 3600)
-    pipe.execute()
-
-
-def live_workers(rt: Runtime, queue: str, within_s: float = 45) -> int:
-    return int(rt.redis.zcount(keys.workers(queue), time.time() - within_s, "+inf"))
-
-
 def start_reaper(rt: Runtime, send_step: Callable[[str, int], None], queues: list[str]) -> threading.Thread:
     member = f"{socket.gethostname()}:{os.getpid()}"
 
     def loop() -> None:
         while True:
             try:
-                heartbeat(rt, queues, member)
+                rt.cluster.heartbeat(queues, member)
                 reap_once(rt, send_step)
             except Exception:  # Redis restarting: try again next round
                 log.exception("reaper pass failed")

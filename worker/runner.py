@@ -14,22 +14,37 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import keys, metrics
-from .celery_app import STEP_TASK, STEPS_QUEUE
 from .core import engine, prompts
-from .core.engine import Act, End, Final, PlannedCall, Retry
+from .core.engine import Act, End, Final, PlannedCall, Reflect, Retry
 from .core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
+from .core.outcome import BUSY, FENCED, WAITING, Outcome, StepOutcome
 from .core.parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
 from .core.pricing import cost_usd
+from .core.sandbox_bridge import observation_from_sandbox
 from .errors import LLMError, ToolError
+from .names import STEP_TASK, STEPS_QUEUE
 from .runtime import Runtime
-from .sandbox_bridge import observation_from_sandbox
+from .store_cas import Command, Snapshot
 
 log = logging.getLogger("reactq.step")
 
 
-@dataclass
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of step `index` that holds the run's lease (taken with `token`), and what it read
+    with it: the recorded steps, and the reply and tool results stored for this step by earlier ones."""
+
+    index: int
+    token: str
+    steps: list[Step]
+    stored_reply: LLMReply | None
+    stored_results: dict[str, Observation]
+
+
+@dataclass(frozen=True)
 class Dispatcher:
-    """How the runner enqueues work (Celery in production; tests may record instead)."""
+    """How the runner enqueues work: Celery in production (worker.tasks), a recording fake in the
+    in-process test harness (tests/harness.py)."""
 
     next_step: Callable[[str, int], None]
     sandbox: Callable[[dict[str, Any]], None]
@@ -41,83 +56,104 @@ class StepRunner:
         self.store = rt.store
         self.dispatch = dispatch
 
-    def run_step(self, run_id: str, index: int) -> str:
-        """Make progress on step `index` of a run. Returns the step outcome (for metrics and tests)."""
+    def run_step(self, run_id: str, index: int) -> StepOutcome:
+        """Make progress on step `index` of a run, and say what happened."""
         leases = self.rt.leases
         token = leases.new_token()
-        acquired, run, steps, stored = self.store.lease_and_load(run_id, index, token, leases.ttl_ms)
+        loaded = self.store.lease_and_load(run_id, index, token, leases.ttl_ms)
+        run = loaded.run
         if run is not None and run.status == RunStatus.CANCELLED and not run.cancel_recorded:
             self._record_cancel(run_id)
-        fenced = run is None or run.status.finished or run.current_step != index
-        if not acquired:
+        live = run is not None and not run.status.finished and run.current_step == index
+        if not loaded.acquired:
             # another delivery (or the step before, finishing) holds the run's lease
-            return "fenced" if fenced else "busy"
+            return BUSY if live else FENCED
         leases.hold(run_id, token)
-        self._next_step: int | None = None
         try:
-            if fenced or run is None:
-                return "fenced"
-            outcome = self._run_step(run, index, steps, stored)
+            if live and loaded.snapshot is not None:
+                delivery = Delivery(index, token, loaded.steps, loaded.reply, loaded.results)
+                result = self._run_step(loaded.snapshot, delivery)
+            else:
+                result = FENCED
         finally:
-            leases.release(run_id, token)
+            leases.release(run_id, token)  # unless the step's commit already let it go
         # Enqueue the next step only once the lease is gone: sent earlier, it could start (on another
         # thread or worker) while this step still held the lease, be fenced, and strand the run.
-        if self._next_step is not None:
-            self.dispatch.next_step(run_id, self._next_step)
-        return outcome
+        if result.next_step is not None:
+            self.dispatch.next_step(run_id, result.next_step)
+        return result
 
-    def _run_step(self, run: Run, index: int, steps: list[Step], stored: LLMReply | None) -> str:
-        limits = self.rt.limits
+    def _run_step(self, snap: Snapshot, d: Delivery) -> StepOutcome:
+        run, limits = snap.run, self.rt.limits
         started = time.time()
         if (end := engine.precheck(run, started, limits)) is not None:
-            self._end(run, end, only_step=index)
-            return "ended"
+            return self._end(run, end, d.index, Outcome.ENDED)
         if run.status == RunStatus.QUEUED:
-            run = self.store.mark_running(run.id, index) or run
+            if (running := self.store.mark_running(snap, d.index)) is None:
+                return FENCED  # cancelled meanwhile
+            snap, run = running, running.run
 
+        reflecting = prompts.reflection_due(d.steps, self.rt.settings.reflect_every)
         try:
-            reply = stored or self._reply(run, steps, index)
+            reply = d.stored_reply or self._ask(run, d.steps, d.index)
         except LLMError as exc:
-            self._end(run, End(RunStatus.FAILED, str(exc)), only_step=index)
-            return "llm_failed"
+            return self._end(run, End(RunStatus.FAILED, str(exc)), d.index, Outcome.LLM_FAILED)
 
         turn = self._parse(run.mode, reply)
         for warning in turn.warnings:
-            log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": index})
-        decision = engine.decide(run, steps, turn, self.rt.tools, limits)
+            log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
+        decision = engine.decide(run, d.steps, turn, self.rt.tools, limits,
+                                 reflection=(reply.content or "") if reflecting else None)
         model = reply.routed_model or run.model
         step = Step(
-            index=index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
+            index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
             cost_usd=cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok),
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
 
         if isinstance(decision, Final):
             step.final_answer = decision.answer
-            return self._commit(run, step, "final_answer")
+            return self._commit(snap, d, step, Outcome.FINAL_ANSWER)
+        if isinstance(decision, Reflect):
+            step.thought, step.reflection = decision.thought, True
+            return self._commit(snap, d, step, Outcome.REFLECTION)
         if isinstance(decision, Retry):
             metrics.PARSE_ERRORS.labels(decision.kind).inc()
             step.error = decision.error
-            return self._commit(run, step, "invalid_output", invalid=True)
+            return self._commit(snap, d, step, Outcome.INVALID_OUTPUT, invalid=True)
         if isinstance(decision, End):
             metrics.PARSE_ERRORS.labels(turn.error_kind or "loop").inc()
             step.error = decision.reason
             step.tool_calls = turn.calls
-            return self._commit(run, step, "ended", end=decision)
+            return self._commit(snap, d, step, Outcome.ENDED, end=decision)
 
-        assert isinstance(decision, Act)
         step.tool_calls = turn.calls
-        observations = self._execute(run, index, decision, turn.calls)
-        if observations is None:
-            self.store.mark_running(run.id, index, waiting_on="sandbox")
-            return "waiting"
-        step.observations = observations
-        step.tools_ms = sum(o.duration_ms for o in observations)
-        return self._commit(run, step, "tool_calls")
+        return self._act(snap, d, step, decision, reply)
+
+    def _act(self, snap: Snapshot, d: Delivery, step: Step, act: Act, reply: LLMReply) -> StepOutcome:
+        """Run the step's tool calls (or send its sandboxed ones) and record the step once all answered.
+
+        Acting has effects outside the run record: the reply is stored first, so that a redelivery acts
+        on the same calls. (A reply that is recorded without acting is stored by the commit itself.)"""
+        run, ttl = snap.run, self.rt.settings.tool_cache_ttl_s
+        cacheable = [p for p in act.planned if p.idempotent and not p.sandboxed and ttl > 0
+                     and p.call.id not in d.stored_results]
+        ours, cached = self.store.prepare_act(run.id, d.index, None if d.stored_reply else reply,
+                                              [(p.tool, p.arguments) for p in cacheable])
+        if not ours:
+            return FENCED  # another delivery, whose lease outlived ours, stored its reply first
+        from_cache = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}
+        executed = self._execute(run, d, act, step.tool_calls, from_cache)
+        if executed is None:
+            self.store.mark_running(snap, d.index, waiting_on="sandbox")
+            return WAITING
+        step.observations, fresh = executed
+        step.tools_ms = sum(o.duration_ms for o in step.observations)
+        return self._commit(snap, d, step, Outcome.TOOL_CALLS, also=self.store.cache_commands(fresh, ttl))
 
     # --- the LLM reply ----------------------------------------------------------------------
-    def _reply(self, run: Run, steps: list[Step], index: int) -> LLMReply:
-        """Ask the model, and store the reply before anything uses it."""
+    def _ask(self, run: Run, steps: list[Step], index: int) -> LLMReply:
+        """Ask the model for step `index`'s turn."""
         s = self.rt.settings
         tools = self.rt.tools.all()
         messages, compacted = prompts.build_messages(
@@ -138,7 +174,7 @@ class StepRunner:
         if compacted:
             metrics.SAFEGUARDS.labels("context_compacted").inc()
             log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})
-        return self.store.save_reply(run.id, index, reply)
+        return reply
 
     @staticmethod
     def _parse(mode: Mode, reply: LLMReply) -> ParsedTurn:
@@ -147,19 +183,28 @@ class StepRunner:
         return turn
 
     # --- tools --------------------------------------------------------------------------------
-    def _execute(self, run: Run, index: int, act: Act, calls: list[ToolCall]) -> list[Observation] | None:
-        """Observations in the order the model asked, or None while sandboxed calls are pending."""
+    def _execute(
+        self, run: Run, d: Delivery, act: Act, calls: list[ToolCall], cached: dict[str, str | None]
+    ) -> tuple[list[Observation], list[tuple[str, dict[str, Any], str]]] | None:
+        """Observations in the order the model asked, and the fresh results of idempotent tools (for
+        the cache); or None while sandboxed calls are pending. Results of tools with effects are stored
+        before anything else happens; an idempotent tool's result is recorded with the step."""
         by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
-        for obs in act.rejected:
-            metrics.TOOL_CALLS.labels(_tool_label(obs.tool, self.rt), obs.outcome).inc()
+        for rejected in act.rejected:
+            metrics.TOOL_CALLS.labels(_tool_label(rejected.tool, self.rt), rejected.outcome).inc()
         pending = False
+        fresh: list[tuple[str, dict[str, Any], str]] = []
         for planned in act.planned:
-            obs = self.store.get_tool_result(run.id, index, planned.call.id)
+            obs = d.stored_results.get(planned.call.id)
             if obs is None and planned.sandboxed:
-                obs = self._sandbox_result(run, index, planned)
+                obs = self._sandbox_result(run, d.index, planned)
                 pending = pending or obs is None
             elif obs is None:
-                obs = self.store.save_tool_result(run.id, index, self._run_inline(planned))
+                obs = self._run_inline(planned, cached.get(planned.call.id))
+                if not planned.idempotent:
+                    obs = self.store.save_tool_result(run.id, d.index, obs)
+                elif obs.outcome == "ok":
+                    fresh.append((planned.tool, planned.arguments, obs.content))
             if obs is not None:
                 by_id[planned.call.id] = obs
         if pending:
@@ -175,24 +220,19 @@ class StepRunner:
                 metrics.SAFEGUARDS.labels("repeat_hint").inc()
             content = engine.finish_observation(obs.content, hints.get(call_id), limits)
             ordered.append(obs.model_copy(update={"content": content}))
-        return ordered
+        return ordered, fresh
 
-    def _run_inline(self, planned: PlannedCall) -> Observation:
+    def _run_inline(self, planned: PlannedCall, cached: str | None) -> Observation:
+        """Run one inline tool call, or take its result from the idempotent-tool cache."""
         tool = self.rt.tools.get(planned.tool)
         assert tool is not None
         t0 = time.monotonic()
-        cached = (
-            self.store.cached_tool_result(tool.name, planned.arguments) if tool.idempotent else None
-        )
         outcome = "ok"
         if cached is not None:
             content, outcome = cached, "cached"
         else:
             try:
                 content = tool.run(tool.args_model.model_validate(planned.arguments))
-                if tool.idempotent:
-                    self.store.cache_tool_result(tool.name, planned.arguments, content,
-                                                 self.rt.settings.tool_cache_ttl_s)
             except ToolError as exc:
                 content, outcome = f"Error: {exc}", "error"
                 metrics.TOOL_FAILURES.labels(tool.name, metrics.error_type_label(exc.error_type)).inc()
@@ -229,58 +269,51 @@ class StepRunner:
         return None
 
     # --- recording ----------------------------------------------------------------------------
-    def _commit(self, run: Run, step: Step, outcome: str, *, invalid: bool = False, end: End | None = None) -> str:
+    def _commit(self, snap: Snapshot, d: Delivery, step: Step, outcome: Outcome, *, invalid: bool = False,
+                end: End | None = None, also: list[Command] | None = None) -> StepOutcome:
+        """Record the step (fenced on its index) and let go of the lease in the same transaction."""
+        run = snap.run
         step.finished_at = time.time()
         limits = self.rt.limits
-        ended: list[End] = []  # what apply() decided in the attempt that committed
 
-        def apply(r: Run) -> None:
-            r.status = RunStatus.RUNNING
-            r.invalid_streak = r.invalid_streak + 1 if invalid else 0
-            final = end or engine.after_step(r, step, step.finished_at, limits)
-            ended[:] = [final] if final is not None else []
-            if final is not None:
-                r.status = final.status
-                r.error = final.reason or None
-                r.answer = step.final_answer
-                r.finished_at = step.finished_at
+        def conclude(r: Run) -> End | None:
+            """The run's end once `r` (the stored record, the step's usage added) records the step."""
+            return end or engine.after_step(r, step, step.finished_at, limits)
 
-        committed = self.store.commit_step(run.id, step, apply)
+        committed = self.store.commit_step(snap, step, conclude, invalid=invalid, release_lease=d.token,
+                                           also=also)
         if committed is None:
-            return "fenced"
-        metrics.STEPS_TOTAL.labels(outcome).inc()
-        log.info("step", extra={"run_id": run.id, "step": step.index, "outcome": outcome,
+            return FENCED
+        self.rt.leases.forget(run.id, d.token)
+        metrics.STEPS_TOTAL.labels(outcome.value).inc()
+        log.info("step", extra={"run_id": run.id, "step": step.index, "outcome": outcome.value,
                                 "tools": [c.name for c in step.tool_calls],
                                 "prompt_tokens": step.usage.prompt_tokens,
                                 "completion_tokens": step.usage.completion_tokens,
                                 "llm_ms": step.llm_ms, "tools_ms": step.tools_ms})
-        if ended and ended[0].safeguard:
-            metrics.SAFEGUARDS.labels(ended[0].safeguard).inc()
-        if committed.status.finished:
-            record_finished(committed)
-        else:
-            self._next_step = step.index + 1  # sent by run_step after the lease is released
-        return outcome
+        if not committed.run.status.finished:
+            return StepOutcome(outcome, next_step=step.index + 1)
+        safeguard = committed.end.safeguard if committed.end is not None else ""
+        if safeguard:
+            metrics.SAFEGUARDS.labels(safeguard).inc()
+        record_finished(committed.run)
+        return StepOutcome(outcome, safeguard=safeguard or None)
 
     def _record_cancel(self, run_id: str) -> None:
         """A run cancelled from the CLI or API is counted by the first worker that sees it, once."""
-
-        def mutate(run: Run) -> bool:
-            if run.cancel_recorded:
-                return False
-            run.cancel_recorded = True
-            return True
-
-        if (run := self.store.update_run(run_id, mutate)) is not None:
+        if (run := self.store.mark_cancel_recorded(run_id)) is not None:
             record_finished(run)
 
-    def _end(self, run: Run, end: End, only_step: int) -> None:
+    def _end(self, run: Run, end: End, only_step: int, outcome: Outcome) -> StepOutcome:
+        """End the run without recording a step (a limit before the step, an LLM failure)."""
         finished = self.store.finish(run.id, end.status, end.reason, only_step=only_step)
-        if finished is not None:
-            metrics.STEPS_TOTAL.labels("ended").inc()
-            if end.safeguard:
-                metrics.SAFEGUARDS.labels(end.safeguard).inc()
-            record_finished(finished)
+        if finished is None:
+            return FENCED
+        metrics.STEPS_TOTAL.labels(Outcome.ENDED.value).inc()
+        if end.safeguard:
+            metrics.SAFEGUARDS.labels(end.safeguard).inc()
+        record_finished(finished)
+        return StepOutcome(outcome, safeguard=end.safeguard or None)
 
 
 def record_finished(run: Run) -> None:

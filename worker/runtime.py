@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import redis
@@ -16,12 +16,14 @@ from .llm import LLMClient, OpenAIChat
 from .ratelimit import LimitedLLM, RateLimiter
 from .routing import RoutedLLM
 from .store import RunStore, connect
+from .store_cluster import ClusterStore
 from .tools import REGISTRY, ToolRegistry
 
 
 @dataclass
 class Runtime:
     settings: Settings
+    llm_client: LLMClient | None = field(default=None, repr=False)  # a scripted model (tests, benchmarks)
 
     @cached_property
     def redis(self) -> redis.Redis:
@@ -30,6 +32,10 @@ class Runtime:
     @cached_property
     def store(self) -> RunStore:
         return RunStore(self.redis, self.settings.record_ttl_s)
+
+    @cached_property
+    def cluster(self) -> ClusterStore:
+        return ClusterStore(self.redis)
 
     @cached_property
     def leases(self) -> LeaseKeeper:
@@ -42,6 +48,8 @@ class Runtime:
 
     @cached_property
     def llm(self) -> LLMClient:
+        if self.llm_client is not None:
+            return self.llm_client
         s = self.settings
         chat = OpenAIChat(
             s.llm_base_url, s.llm_api_key, timeout_s=s.llm_timeout_s, max_retries=s.llm_max_retries,
@@ -60,7 +68,7 @@ class Runtime:
     def limits(self) -> Limits:
         s = self.settings
         return Limits(
-            max_steps=s.max_steps, max_invalid_outputs=s.max_invalid_outputs, repeat_hint_at=s.repeat_hint_at,
+            max_invalid_outputs=s.max_invalid_outputs, repeat_hint_at=s.repeat_hint_at,
             repeat_fail_at=s.repeat_fail_at, observation_max_chars=s.observation_max_chars,
             max_tokens_per_run=s.max_tokens_per_run,
         )

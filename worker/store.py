@@ -8,15 +8,19 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
+from pydantic import TypeAdapter
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from . import keys
+from .core.engine import End
 from .core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
 from .errors import StoreUnavailable
+from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args
 
 EVENTS_MAXLEN = 2000
 # A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
@@ -25,6 +29,7 @@ _STEP_ARGS = re.compile(rb'"argsrepr": "\[\'([0-9a-f]{32})\', \d+\]"')
 _RENEW_LEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 )
+_STEPS = TypeAdapter(list[Step])
 
 
 def connect(url: str, max_connections: int = 64) -> redis.Redis:
@@ -67,10 +72,51 @@ def ping_quickly(url: str, timeout_s: float = QUICK_TIMEOUT_S) -> None:
         client.close()
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """What one delivery of step `index` reads, in one round trip, as it tries to take the run's lease.
+    Beyond the run record, it is meaningful only with the lease (no holder writes behind it)."""
+
+    acquired: bool
+    snapshot: Snapshot | None  # None: no such run
+    steps: list[Step]
+    reply: LLMReply | None  # the reply stored for this step by an earlier delivery
+    results: dict[str, Observation]  # tool results stored for this step, by call id
+
+    @property
+    def run(self) -> Run | None:
+        return self.snapshot.run if self.snapshot is not None else None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A recorded step: the run record as stored, and how the step ended the run (None: it goes on)."""
+
+    run: Run
+    end: End | None
+
+
+def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool) -> None:
+    """Apply a recorded step to the run record (the record must be at `step.index`)."""
+    run.current_step = step.index + 1
+    run.usage = run.usage + step.usage
+    run.cost_usd += step.cost_usd
+    run.waiting_on = None
+    run.status = RunStatus.RUNNING
+    run.invalid_streak = run.invalid_streak + 1 if invalid else 0
+    end = conclude(run)
+    if end is not None:
+        run.status = end.status
+        run.error = end.reason or None
+        run.answer = step.final_answer
+        run.finished_at = step.finished_at
+
+
 class RunStore:
     def __init__(self, client: redis.Redis, record_ttl_s: int = 7 * 24 * 3600) -> None:
         self.r = client
         self.ttl = record_ttl_s
+        self._cas = client.register_script(CAS_SCRIPT)
 
     # --- run records -------------------------------------------------------------------------
     def create_runs(self, runs: Iterable[Run], batch_id: str | None = None) -> None:
@@ -94,106 +140,146 @@ class RunStore:
         raws = self.r.mget([keys.run(i) for i in run_ids])
         return [Run.model_validate_json(r) if r else None for r in raws]
 
-    def lease_and_load(
-        self, run_id: str, index: int, token: str, ttl_ms: int
-    ) -> tuple[bool, Run | None, list[Step], LLMReply | None]:
-        """Try to take the run's lease and read the run, its steps and the stored reply of step `index`,
-        in one round trip. Reads are meaningful only with the lease: no holder writes behind them."""
+    def lease_and_load(self, run_id: str, index: int, token: str, ttl_ms: int) -> Loaded:
+        """Try to take the run's lease and read the run, its steps, and the reply and tool results
+        stored for step `index`, in one round trip."""
         pipe = self.r.pipeline(transaction=False)
         pipe.set(keys.lease(run_id), token, nx=True, px=ttl_ms)
         pipe.get(keys.run(run_id))
         pipe.lrange(keys.steps(run_id), 0, -1)
         pipe.get(keys.reply(run_id, index))
+        pipe.hgetall(keys.tool_results(run_id, index))
         pipe.set(keys.step_taken(run_id), f"{index}:{time.time():.3f}", ex=self.ttl)  # for the reaper
-        acquired, raw_run, raw_steps, raw_reply, _ = pipe.execute()
-        run = Run.model_validate_json(raw_run) if raw_run else None
+        acquired, raw_run, raw_steps, raw_reply, raw_results, _ = pipe.execute()
+        snapshot = Snapshot(Run.model_validate_json(raw_run), raw_run) if raw_run else None
+        run = snapshot.run if snapshot else None
         if not acquired or run is None or run.status.finished or run.current_step != index:
-            return bool(acquired), run, [], None
-        steps = [Step.model_validate_json(s) for s in raw_steps]
-        return True, run, steps, LLMReply.model_validate_json(raw_reply) if raw_reply else None
+            return Loaded(bool(acquired), snapshot, [], None, {})
+        return Loaded(
+            True, snapshot,
+            _STEPS.validate_json(b"[" + b",".join(raw_steps) + b"]") if raw_steps else [],
+            LLMReply.model_validate_json(raw_reply) if raw_reply else None,
+            {k.decode(): Observation.model_validate_json(v) for k, v in raw_results.items()},
+        )
 
     def load_steps(self, run_id: str) -> list[Step]:
-        return [Step.model_validate_json(s) for s in self.r.lrange(keys.steps(run_id), 0, -1)]
+        raws = self.r.lrange(keys.steps(run_id), 0, -1)
+        return _STEPS.validate_json(b"[" + b",".join(raws) + b"]") if raws else []
 
-    def update_run(
+    def update_run(self, run_id: str, mutate: Callable[[Run], bool]) -> Run | None:
+        """Apply `mutate` to the run record atomically. `mutate` returns False to leave the record alone
+        (the fence said no); then None is returned."""
+        written = self.write_run(run_id, mutate)
+        return written.run if written is not None else None
+
+    def write_run(
         self,
         run_id: str,
         mutate: Callable[[Run], bool],
-        extra: Callable[[Any, Run], None] | None = None,
-    ) -> Run | None:
-        """Apply `mutate` to the run record atomically (optimistic WATCH). `mutate` returns False to
-        leave the record alone (the fence said no); then None is returned. `extra` adds commands to
-        the same transaction."""
+        extra: Callable[[Run], list[Command]] | None = None,
+        *,
+        expect: Snapshot | None = None,
+        release_lease: str | None = None,
+    ) -> Snapshot | None:
+        """Apply `mutate` to the run record atomically, with the commands `extra` returns for the new
+        record; release the lease held with `release_lease` in the same transaction. With `expect`
+        (the record as this process last saw it) that is one round trip unless the record changed."""
+        if expect is not None:
+            run = expect.run.model_copy()  # mutate sets top-level fields only: a shallow copy suffices
+            if not mutate(run):
+                return None  # the record only moves forward: a fence that says no on our copy says no
+            run.updated_at = time.time()
+            raw = run.model_dump_json().encode()
+            commands = self._commands(run, expect.run.status.finished, extra)
+            lease_key = keys.lease(run_id)
+            if self._cas(keys=[keys.run(run_id), lease_key], args=cas_args(expect.raw, raw, release_lease, commands)):
+                return Snapshot(run, raw)
+        return self._write_watched(run_id, mutate, extra, release_lease)
+
+    def _write_watched(
+        self, run_id: str, mutate: Callable[[Run], bool], extra: Callable[[Run], list[Command]] | None,
+        release_lease: str | None,
+    ) -> Snapshot | None:
         key = keys.run(run_id)
         with self.r.pipeline() as pipe:
             while True:
                 try:
                     pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is None:
+                    stored = pipe.get(key)
+                    if stored is None:
                         pipe.unwatch()
                         return None
-                    run = Run.model_validate_json(raw)
+                    run = Run.model_validate_json(stored)
                     was_finished = run.status.finished
                     if not mutate(run):
                         pipe.unwatch()
                         return None
                     run.updated_at = time.time()
+                    raw = run.model_dump_json().encode()
                     pipe.multi()
-                    pipe.set(key, run.model_dump_json(), keepttl=True)
-                    if extra is not None:
-                        extra(pipe, run)
-                    if run.status.finished and not was_finished:
-                        self._on_finished(pipe, run)
-                    elif not run.status.finished:
-                        pipe.zadd(keys.ACTIVE_RUNS, {run.id: run.updated_at})
+                    pipe.set(key, raw, keepttl=True)
+                    if release_lease:
+                        pipe.eval(RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
+                    for command in self._commands(run, was_finished, extra):
+                        pipe.execute_command(*command)
                     pipe.execute()
-                    return run
+                    return Snapshot(run, raw)
                 except redis.WatchError:
                     continue
 
-    def _on_finished(self, pipe: Any, run: Run) -> None:
-        pipe.zrem(keys.ACTIVE_RUNS, run.id)
-        pipe.xadd(
-            keys.events(run.id),
-            {"type": "finished", "data": json.dumps({"status": run.status.value, "answer": run.answer})},
-            maxlen=EVENTS_MAXLEN,
-        )
-        for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id)):
-            pipe.expire(key, self.ttl)
+    def _commands(self, run: Run, was_finished: bool, extra: Callable[[Run], list[Command]] | None) -> list[Command]:
+        """The writes that go with a new run record: `extra`'s, then the active set and the end of a run."""
+        commands = extra(run) if extra is not None else []
+        if run.status.finished and not was_finished:
+            commands += self._on_finished(run)
+        elif not run.status.finished:
+            commands.append(("ZADD", keys.ACTIVE_RUNS, run.updated_at, run.id))
+        return commands
+
+    def _on_finished(self, run: Run) -> list[Command]:
+        finished = json.dumps({"status": run.status.value, "answer": run.answer})
+        commands: list[Command] = [
+            ("ZREM", keys.ACTIVE_RUNS, run.id),
+            _event(run.id, "finished", finished),
+        ]
+        commands += [("EXPIRE", key, self.ttl) for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
         if run.spec.batch_id:
-            pipe.rpush(keys.batch_done(run.spec.batch_id), run.id)
+            commands.append(("RPUSH", keys.batch_done(run.spec.batch_id), run.id))
+        return commands
 
     def commit_step(
-        self, run_id: str, step: Step, apply: Callable[[Run], None]
-    ) -> Run | None:
-        """Record step `step.index` and advance the run, only if the run is still at that step."""
+        self, snapshot: Snapshot, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool = False,
+        release_lease: str | None = None, also: list[Command] | None = None,
+    ) -> Committed | None:
+        """Record step `step.index` and advance the run, only if the run is still at that step.
+        `conclude` (pure) says whether the advanced record ends the run, and how. The lease held with
+        `release_lease` is let go, and the `also` writes are made, in the same transaction."""
+        run_id = snapshot.run.id
 
         def mutate(run: Run) -> bool:
             if run.status.finished or run.current_step != step.index:
                 return False
-            run.current_step = step.index + 1
-            run.usage = run.usage + step.usage
-            run.cost_usd += step.cost_usd
-            run.waiting_on = None
-            apply(run)
+            advance(run, step, conclude, invalid=invalid)
             return True
 
-        def extra(pipe: Any, run: Run) -> None:
-            pipe.rpush(keys.steps(run_id), step.model_dump_json())
-            pipe.xadd(keys.events(run_id), {"type": "step", "data": step.model_dump_json()}, maxlen=EVENTS_MAXLEN)
-            self._count_usage(pipe, run, step.usage, step.cost_usd)
+        def extra(run: Run) -> list[Command]:
+            data = step.model_dump_json()
+            return [("RPUSH", keys.steps(run_id), data), _event(run_id, "step", data),
+                    *self._count_usage(run, step.usage, step.cost_usd), *(also or [])]
 
-        return self.update_run(run_id, mutate, extra)
+        written = self.write_run(run_id, mutate, extra, expect=snapshot, release_lease=release_lease)
+        return None if written is None else Committed(written.run, conclude(written.run))
 
-    def _count_usage(self, pipe: Any, run: Run, usage: Usage, cost: float) -> None:
+    def _count_usage(self, run: Run, usage: Usage, cost: float) -> list[Command]:
         targets = [keys.tenant_usage(run.spec.tenant)]
         if run.spec.batch_id:
             targets.append(keys.batch(run.spec.batch_id))
+        commands: list[Command] = []
         for key in targets:
-            pipe.hincrby(key, "prompt_tokens", usage.prompt_tokens)
-            pipe.hincrby(key, "completion_tokens", usage.completion_tokens)
-            pipe.hincrbyfloat(key, "cost_usd", cost)
+            commands += [("HINCRBY", key, "prompt_tokens", usage.prompt_tokens),
+                         ("HINCRBY", key, "completion_tokens", usage.completion_tokens),
+                         ("HINCRBYFLOAT", key, "cost_usd", repr(cost))]
+        return commands
 
     def finish(self, run_id: str, status: RunStatus, reason: str, *, only_step: int | None = None) -> Run | None:
         """End a run without recording a step (a limit, an LLM failure, a cancel)."""
@@ -208,7 +294,18 @@ class RunStore:
 
         return self.update_run(run_id, mutate)
 
-    def mark_running(self, run_id: str, step_index: int, waiting_on: str | None = None) -> Run | None:
+    def mark_cancel_recorded(self, run_id: str) -> Run | None:
+        """Note that a worker has counted this run's cancellation; the run if this call was the first."""
+
+        def mutate(run: Run) -> bool:
+            if run.cancel_recorded:
+                return False
+            run.cancel_recorded = True
+            return True
+
+        return self.update_run(run_id, mutate)
+
+    def mark_running(self, snapshot: Snapshot, step_index: int, waiting_on: str | None = None) -> Snapshot | None:
         """Running (and, on its first step, its deadline clock started), or waiting on something."""
 
         def mutate(run: Run) -> bool:
@@ -220,7 +317,7 @@ class RunStore:
             run.waiting_on = waiting_on
             return True
 
-        return self.update_run(run_id, mutate)
+        return self.write_run(snapshot.run.id, mutate, expect=snapshot)
 
     # --- idempotency: stored replies, tool results, dispatch markers, leases ------------------
     def get_reply(self, run_id: str, step: int) -> LLMReply | None:
@@ -235,15 +332,38 @@ class RunStore:
         stored = self.get_reply(run_id, step)
         return stored or reply
 
-    def get_tool_result(self, run_id: str, step: int, call_id: str) -> Observation | None:
-        raw = self.r.get(keys.tool_result(run_id, step, call_id))
-        return Observation.model_validate_json(raw) if raw else None
+    def prepare_act(
+        self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]]
+    ) -> tuple[bool, list[str | None]]:
+        """Before a step acts, in one round trip: store its `reply` unless one is stored already (None:
+        it came from the store), and read the idempotent-tool cache for the `cacheable` (tool,
+        arguments) calls. Returns whether our reply is the one that counts, and the cached contents."""
+        pipe = self.r.pipeline(transaction=False)
+        if reply is not None:
+            pipe.set(keys.reply(run_id, step), reply.model_dump_json(), nx=True, ex=self.ttl)
+        for tool, arguments in cacheable:
+            pipe.get(keys.tool_cache(tool, self._digest(arguments)))
+        results = pipe.execute()
+        stored = bool(results.pop(0)) if reply is not None else True
+        return stored, [r.decode() if r else None for r in results]
+
+    def cache_commands(self, entries: list[tuple[str, dict[str, Any], str]], ttl_s: int) -> list[Command]:
+        """Writes that put (tool, arguments, content) results in the idempotent-tool cache."""
+        if ttl_s <= 0:
+            return []
+        return [("SET", keys.tool_cache(tool, self._digest(arguments)), content, "EX", ttl_s)
+                for tool, arguments, content in entries]
 
     def save_tool_result(self, run_id: str, step: int, obs: Observation) -> Observation:
-        key = keys.tool_result(run_id, step, obs.call_id)
-        if self.r.set(key, obs.model_dump_json(), nx=True, ex=self.ttl):
+        """Store one call's result unless one is there already; return the one that counts."""
+        key = keys.tool_results(run_id, step)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hsetnx(key, obs.call_id, obs.model_dump_json())
+        pipe.expire(key, self.ttl)
+        if pipe.execute()[0]:
             return obs
-        return self.get_tool_result(run_id, step, obs.call_id) or obs
+        stored = self.r.hget(key, obs.call_id)
+        return Observation.model_validate_json(stored) if stored else obs
 
     def get_sandbox_result(self, run_id: str, step: int, call_id: str) -> bytes | None:
         """The sandbox worker's raw result object for one call, once it has stored it."""
@@ -259,11 +379,7 @@ class RunStore:
         pipe.execute()
 
     def release_lease(self, run_id: str, token: str) -> None:
-        # delete only our own lease
-        self.r.eval(
-            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
-            1, keys.lease(run_id), token,
-        )
+        self.r.eval(RELEASE_LEASE, 1, keys.lease(run_id), token)  # only our own lease
 
     def lease_held(self, run_id: str) -> bool:
         return bool(self.r.exists(keys.lease(run_id)))
@@ -272,14 +388,6 @@ class RunStore:
     @staticmethod
     def _digest(arguments: dict[str, Any]) -> str:
         return hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:32]
-
-    def cached_tool_result(self, tool: str, arguments: dict[str, Any]) -> str | None:
-        raw = self.r.get(keys.tool_cache(tool, self._digest(arguments)))
-        return raw.decode() if raw else None
-
-    def cache_tool_result(self, tool: str, arguments: dict[str, Any], content: str, ttl_s: int) -> None:
-        if ttl_s > 0:
-            self.r.set(keys.tool_cache(tool, self._digest(arguments)), content, ex=ttl_s)
 
     # --- batches, usage, reaper ----------------------------------------------------------------
     def create_batch(self, batch_id: str, meta: dict[str, str]) -> None:
@@ -293,6 +401,20 @@ class RunStore:
 
     def batch_finished_count(self, batch_id: str) -> int:
         return int(self.r.llen(keys.batch_done(batch_id)))
+
+    def batch_for_file(self, digest: str) -> dict[str, str]:
+        """The client id -> run id map of the batch last submitted for one output file (empty if none)."""
+        previous = self.r.get(keys.batch_file(digest))
+        if not previous:
+            return {}
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch_ids(previous.decode())).items()}
+
+    def remember_batch_for_file(self, digest: str, batch_id: str, mapping: dict[str, str]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        if mapping:
+            pipe.hset(keys.batch_ids(batch_id), mapping=mapping)
+        pipe.set(keys.batch_file(digest), batch_id, ex=self.ttl)
+        pipe.execute()
 
     def batch_info(self, batch_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch(batch_id)).items()}
@@ -343,6 +465,19 @@ class RunStore:
             found.update(m.decode() for m in _STEP_ARGS.findall(raw))
         return found
 
+    def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
+        """Add `count` to the tenant's submissions of this minute; return its total over the last
+        `window_s` before them (one-minute buckets that expire; worker/fairness.py)."""
+        minute = int((now or time.time()) // 60)
+        buckets = [keys.tenant_submissions(tenant, minute - i) for i in range(max(1, window_s // 60))]
+        pipe = self.r.pipeline(transaction=False)
+        pipe.incrby(buckets[0], count)
+        pipe.expire(buckets[0], window_s + 60)
+        for bucket in buckets[1:]:
+            pipe.get(bucket)
+        total_now, _, *older = pipe.execute()
+        return int(total_now) - count + sum(int(v) for v in older if v)
+
     def suspect_again(self, run_id: str, step: int, ttl_s: int) -> bool:
         """Record that the reaper found no message for this step; True if it had already found none."""
         return self.r.set(keys.reaper_suspect(run_id), step, ex=ttl_s, get=True) == str(step).encode()
@@ -350,5 +485,12 @@ class RunStore:
     def touch_active(self, run_id: str) -> None:
         self.r.zadd(keys.ACTIVE_RUNS, {run_id: time.time()}, xx=True)
 
+    def forget_active(self, run_id: str) -> None:
+        self.r.zrem(keys.ACTIVE_RUNS, run_id)
+
     def active_count(self) -> int:
         return int(self.r.zcard(keys.ACTIVE_RUNS))
+
+
+def _event(run_id: str, kind: str, data: str) -> Command:
+    return ("XADD", keys.events(run_id), "MAXLEN", "~", EVENTS_MAXLEN, "*", "type", kind, "data", data)

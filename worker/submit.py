@@ -87,7 +87,7 @@ def submit(
     for run in runs:
         by_tenant.setdefault(run.spec.tenant, []).append(run)
     for tenant, group in by_tenant.items():
-        priorities = submission_priorities(store.r, tenant, len(group), interactive)
+        priorities = submission_priorities(store, tenant, len(group), interactive)
         for run, priority in zip(group, priorities, strict=True):
             send_step(run.id, 0, priority=priority)
     return runs

@@ -9,9 +9,11 @@ from typing import Any
 
 from celery import signals
 
-from .celery_app import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, app
+from .celery_app import app
+from .core.outcome import Outcome
 from .drain import IN_FLIGHT, start_drain
 from .errors import LLMThrottled
+from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE
 from .runner import Dispatcher, StepRunner
 from .runtime import get_runtime
 
@@ -46,13 +48,13 @@ def step(self: Any, run_id: str, index: int) -> str:
     a countdown and this worker thread serves other runs meanwhile (worker/ratelimit.py)."""
     try:
         with IN_FLIGHT.track(run_id, index):
-            outcome = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+            result = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
     except LLMThrottled as exc:
         send_step(run_id, index, countdown=exc.wait_s)
         return "throttled"
-    if outcome == "busy" and self.request.retries < BUSY_RETRIES:
+    if result.outcome == Outcome.BUSY and self.request.retries < BUSY_RETRIES:
         raise self.retry(countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
-    return outcome
+    return result.outcome.value
 
 
 @signals.worker_ready.connect

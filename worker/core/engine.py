@@ -15,16 +15,21 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from ..errors import InvalidArguments
-from .models import Observation, Run, RunStatus, Step, ToolCall
+from .models import Mode, Observation, Run, RunStatus, Step, ToolCall
 from .parser import ParsedTurn
 
 TRUNCATION_MARKER = "\n…[truncated {n} chars]"
 
 
 class ToolLike(Protocol):
-    name: str
-    sandboxed: bool
-    idempotent: bool
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sandboxed(self) -> bool: ...
+
+    @property
+    def idempotent(self) -> bool: ...
 
     def validate(self, arguments: dict[str, Any] | str) -> BaseModel: ...
 
@@ -37,7 +42,8 @@ class ToolLookup(Protocol):
 
 @dataclass(frozen=True)
 class Limits:
-    max_steps: int = 8
+    """The run-wide safeguards (a run's own step cap is `Run.max_steps`)."""
+
     max_invalid_outputs: int = 3
     repeat_hint_at: int = 3
     repeat_fail_at: int = 4
@@ -79,6 +85,13 @@ class Act:
 
 
 @dataclass(frozen=True)
+class Reflect:
+    """The model answered a reflection prompt in prose: a thought for the trace, and the run goes on."""
+
+    thought: str
+
+
+@dataclass(frozen=True)
 class End:
     status: RunStatus
     reason: str
@@ -96,7 +109,7 @@ LIMIT_SAFEGUARDS = {
 }
 
 
-Decision = Final | Retry | Act | End
+Decision = Final | Retry | Act | Reflect | End
 
 
 def call_signature(name: str, arguments: dict[str, Any] | str) -> str:
@@ -123,19 +136,32 @@ def precheck(run: Run, now: float, limits: Limits) -> End | None:
     """Limits checked before a step calls the model."""
     if run.status == RunStatus.CANCELLED:
         return End(RunStatus.CANCELLED, run.error or "cancelled")
-    if run.deadline_at is not None and now >= run.deadline_at:
-        return End(RunStatus.TIMEOUT, "run deadline passed before the step could start")
-    if run.current_step >= run.max_steps:
+    return _limit_reached(run, run.current_step, now, limits)
+
+
+def _limit_reached(run: Run, steps_done: int, now: float, limits: Limits) -> End | None:
+    """The step, deadline and token-budget checks, shared by `precheck` and `after_step`."""
+    if steps_done >= run.max_steps:
         return End(RunStatus.MAX_STEPS, f"reached max_steps={run.max_steps} without a final answer")
-    if limits.max_tokens_per_run and run.usage.prompt_tokens + run.usage.completion_tokens >= (
-        limits.max_tokens_per_run
-    ):
-        return End(RunStatus.BUDGET_EXCEEDED, f"token budget of {limits.max_tokens_per_run} spent")
+    if run.deadline_at is not None and now >= run.deadline_at:
+        return End(RunStatus.TIMEOUT, "run deadline passed")
+    spent = run.usage.prompt_tokens + run.usage.completion_tokens
+    if limits.max_tokens_per_run and spent >= limits.max_tokens_per_run:
+        return End(RunStatus.BUDGET_EXCEEDED, f"token budget of {limits.max_tokens_per_run} spent ({spent})")
     return None
 
 
-def decide(run: Run, history: list[Step], turn: ParsedTurn, tools: ToolLookup, limits: Limits) -> Decision:
-    """Decide what the model's parsed turn leads to."""
+def decide(
+    run: Run, history: list[Step], turn: ParsedTurn, tools: ToolLookup, limits: Limits,
+    reflection: str | None = None,
+) -> Decision:
+    """Decide what the model's parsed turn leads to. `reflection` is the reply's text when the turn
+    answered a reflection prompt: prose without a tool call is then a thought, not the final answer
+    (in text mode an explicit "Final Answer:" still ends the run)."""
+    if reflection is not None and reflection.strip() and not turn.calls and (
+        run.mode == Mode.TOOLS or turn.final_answer is None
+    ):
+        return Reflect(reflection.strip())
     if turn.final_answer is not None and not turn.calls:
         return Final(turn.final_answer.strip())
     if turn.error is not None or not turn.calls:
@@ -227,14 +253,7 @@ def after_step(run: Run, step: Step, now: float, limits: Limits) -> End | None:
     """
     if step.final_answer is not None:
         return End(RunStatus.SUCCEEDED, "")
-    if step.index + 1 >= run.max_steps:
-        return End(RunStatus.MAX_STEPS, f"reached max_steps={run.max_steps} without a final answer")
-    if run.deadline_at is not None and now >= run.deadline_at:
-        return End(RunStatus.TIMEOUT, "run deadline passed")
-    spent = run.usage.prompt_tokens + run.usage.completion_tokens
-    if limits.max_tokens_per_run and spent >= limits.max_tokens_per_run:
-        return End(RunStatus.BUDGET_EXCEEDED, f"token budget of {limits.max_tokens_per_run} spent ({spent})")
-    return None
+    return _limit_reached(run, step.index + 1, now, limits)
 
 
 def _short(arguments: dict[str, Any] | str, limit: int = 80) -> str:

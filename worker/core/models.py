@@ -70,7 +70,7 @@ class Observation(BaseModel):
     call_id: str
     tool: str
     content: str
-    outcome: str = "ok"  # ok | error | invalid_arguments | unknown_tool | quota | repeated
+    outcome: str = "ok"  # ok | cached | error | invalid_arguments | unknown_tool | quota
     duration_ms: int = 0
 
 
@@ -84,6 +84,7 @@ class Step(BaseModel):
     observations: list[Observation] = Field(default_factory=list)
     final_answer: str | None = None
     error: str | None = None  # format error shown to the model as observation
+    reflection: bool = False  # the model's answer to a reflection prompt: `thought` holds it
     usage: Usage = Field(default_factory=Usage)
     cost_usd: float = 0.0
     llm_ms: int = 0

@@ -45,7 +45,8 @@ REFLECTION = (
 
 
 class ToolDescription(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def openai_schema(self) -> dict[str, Any]: ...
 
@@ -73,8 +74,18 @@ def _args_json(call: ToolCall) -> str:
     return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments, ensure_ascii=False)
 
 
+def reflection_due(steps: Sequence[Step], reflect_every: int) -> bool:
+    """Whether the next turn asks the model to reflect: after every `reflect_every` acting steps,
+    never twice in a row."""
+    if not reflect_every or not steps or steps[-1].reflection:
+        return False
+    return sum(1 for s in steps if not s.reflection) % reflect_every == 0
+
+
 def step_messages(mode: Mode, step: Step) -> list[Message]:
     """The messages one recorded step contributes to the conversation."""
+    if step.reflection:
+        return [{"role": "user", "content": REFLECTION}, {"role": "assistant", "content": step.thought or ""}]
     if step.error is not None:
         return [
             {"role": "assistant", "content": step.raw_output or ""},
@@ -102,6 +113,8 @@ def summarize_step(step: Step, max_chars: int) -> str:
     if step.error is not None:
         first = step.error.splitlines()[0] if step.error.strip() else ""  # "" has no first line
         line = f"step {step.index + 1}: invalid output ({first})"
+    elif step.reflection:
+        line = f"step {step.index + 1}: reflection: {' '.join((step.thought or '').split())}"
     else:
         parts = []
         for call, obs in zip(step.tool_calls, step.observations, strict=False):
@@ -124,7 +137,7 @@ def build_messages(
     """The conversation for the next turn, and how many older steps were compacted into a summary."""
     head = [system_message(mode, tools), question_message(mode, question)]
     tail: list[Message] = []
-    if reflect_every and steps and len(steps) % reflect_every == 0:
+    if reflection_due(steps, reflect_every):
         tail = [{"role": "user", "content": REFLECTION}]
 
     full = head + [m for s in steps for m in step_messages(mode, s)] + tail

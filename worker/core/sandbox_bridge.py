@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .core.models import Observation
+from .models import Observation
 
 STDERR_TAIL_LINES = 20
 

@@ -1,0 +1,147 @@
+"""CPU one reactq step spends on our side, measured in process with the test harness (tests/harness.py).
+
+    python bench/step_cpu.py [--runs 300] [--floor]
+
+Starts its own redis-server and `reactq stub` (latency 0) on free ports, then drives N runs of
+"What is A * B + C?" (2 steps each: calculator, final answer) through the real StepRunner, RunStore
+and OpenAIChat, one step at a time in this one thread, with no Celery. Reports this process's CPU
+seconds per step and the Redis round trips per step. `--floor` also measures what the throughput
+floor's task does per step (one HTTP chat call with httpx, JSON decoded), so the difference is the
+CPU a step spends outside the LLM call. Profile with: py-spy record -o prof.svg -- python bench/step_cpu.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BIN = Path(sys.executable).parent
+CHUNK = 25  # runs (50 steps) per measured chunk
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait(check, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:  # not up yet (refused, reset, loading)
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not come up in {timeout}s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument("--floor", action="store_true", help="also measure the floor's per-step work")
+    args = ap.parse_args()
+
+    import redis
+    from redis.connection import Connection
+
+    from tests.harness import Harness
+    from worker.config import Settings
+    from worker.core.outcome import Outcome
+
+    workdir = Path(tempfile.mkdtemp(prefix="reactq-stepcpu-"))
+    rport, sport = free_port(), free_port()
+    procs = [
+        subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL,
+                         start_new_session=True),
+        subprocess.Popen([str(BIN / "reactq"), "stub", "--port", str(sport), "--latency-ms", "0"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True),
+    ]
+    try:
+        wait(lambda: redis.Redis(port=rport).ping(), "redis-server")
+        wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{sport}/healthz", timeout=1).status == 200, "stub")
+        round_trips = {"n": 0}
+
+        class Counting(Connection):
+            def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
+                round_trips["n"] += 1
+                return super().send_packed_command(command, check_health)
+
+        settings = Settings(redis_url=f"redis://127.0.0.1:{rport}/0", llm_base_url=f"http://127.0.0.1:{sport}/v1")
+        h = Harness(settings, real_llm=True, redis_client=redis.Redis(connection_pool=redis.BlockingConnectionPool(
+            host="127.0.0.1", port=rport, max_connections=8, connection_class=Counting)))
+        rng = random.Random(7)
+
+        spent = {"cpu": 0.0, "wall": 0.0, "trips": 0}
+
+        def one_run() -> int:
+            """Submit (not measured), then deliver the run's steps (measured)."""
+            a, b, c = rng.randint(100, 99999), rng.randint(100, 99999), rng.randint(1, 9999)
+            h.submit(f"What is {a} * {b} + {c}?")
+            trips, cpu, wall = round_trips["n"], time.process_time(), time.perf_counter()
+            outcomes = h.drain()
+            spent["cpu"] += time.process_time() - cpu
+            spent["wall"] += time.perf_counter() - wall
+            spent["trips"] += round_trips["n"] - trips
+            assert outcomes == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER], outcomes
+            return len(outcomes)
+
+        for _ in range(20):  # warm-up: imports, pools, caches
+            one_run()
+        # The machine is shared: the CPU a step costs is taken as the lowest of several chunks' averages
+        # (other processes can only add to a chunk's CPU time, through caches and frequency).
+        chunks, steps, trips = [], 0, 0
+        for _ in range(max(1, args.runs // CHUNK)):
+            spent.update(cpu=0.0, wall=0.0, trips=0)
+            n = sum(one_run() for _ in range(CHUNK))
+            chunks.append(spent["cpu"] / n)
+            steps, trips = steps + n, trips + spent["trips"]
+        cpu = min(chunks)
+        print(f"reactq: {steps} steps, {1e6 * cpu:.0f} us CPU/step (best chunk; median "
+              f"{1e6 * statistics.median(chunks):.0f}), {trips / steps:.1f} Redis round trips/step")
+        if args.floor:
+            import httpx
+
+            sys.argv = sys.argv[:1]
+            from bench.floor_app import _BODY
+
+            client = httpx.Client()
+            url = f"http://127.0.0.1:{sport}/v1/chat/completions"
+            headers = {"content-type": "application/json", "authorization": "Bearer floor"}
+            for _ in range(40):
+                client.post(url, content=_BODY, headers=headers).json()
+            floors = []
+            for _ in range(len(chunks)):
+                cpu0 = time.process_time()
+                for _ in range(2 * CHUNK):
+                    response = client.post(url, content=_BODY, headers=headers)
+                    response.raise_for_status()
+                    response.json()
+                floors.append((time.process_time() - cpu0) / (2 * CHUNK))
+            floor = min(floors)
+            print(f"floor:  {1e6 * floor:.0f} us CPU/step (best chunk; median {1e6 * statistics.median(floors):.0f}; "
+                  "one httpx chat call, JSON decoded)")
+            print(f"reactq - floor: {1e6 * (cpu - floor):.0f} us CPU/step outside the LLM call")
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

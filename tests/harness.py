@@ -1,0 +1,162 @@
+"""An in-process reactq, in the spirit of arq's burst worker: the real StepRunner and RunStore on the
+test's real redis-server, a scripted model at the `LLMClient` seam and a dispatcher that records what
+would be enqueued. `drain()` delivers queued steps one by one until nothing is queued. No Celery, no
+subprocess, no sleep: a whole run takes milliseconds.
+
+    def test_x(harness):
+        harness.llm.script(call("calculator", {"expression": "6*7"}), final("42"))
+        run_id = harness.submit("What is 6 * 7?")
+        harness.drain()
+        assert harness.run(run_id).answer == "42"
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from worker.config import Settings
+from worker.core.models import LLMReply, Run, RunSpec, Step, ToolCall, Usage
+from worker.core.outcome import Outcome, StepOutcome
+from worker.errors import LLMError
+from worker.runner import Dispatcher, StepRunner
+from worker.runtime import Runtime
+from worker.submit import submit
+
+Message = dict[str, Any]
+Scripted = LLMReply | LLMError | Callable[[list[Message]], LLMReply]
+
+
+def final(text: str, tokens: int = 10) -> LLMReply:
+    """A prose reply without a tool call (the final answer in tools mode)."""
+    return LLMReply(content=text, usage=Usage(prompt_tokens=tokens, completion_tokens=tokens // 2))
+
+
+def call(name: str, arguments: dict[str, Any], *, call_id: str = "c1", tokens: int = 10) -> LLMReply:
+    """A reply asking for one tool call."""
+    return calls((name, arguments, call_id), tokens=tokens)
+
+
+def calls(*wanted: tuple[str, dict[str, Any], str], tokens: int = 10) -> LLMReply:
+    return LLMReply(
+        tool_calls=[ToolCall(id=cid, name=name, arguments=json.dumps(args)) for name, args, cid in wanted],
+        usage=Usage(prompt_tokens=tokens, completion_tokens=tokens // 2),
+    )
+
+
+class ScriptedLLM:
+    """An `LLMClient` that answers from a queue. An entry may be a reply, an LLMError to raise, or a
+    function of the messages (which may act on the world while "the call is in flight")."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Scripted] = deque()
+        self.requests: list[list[Message]] = []  # the messages of every call, in order
+
+    def script(self, *replies: Scripted) -> None:
+        self.queue.extend(replies)
+
+    def chat(self, messages: list[Message], **options: Any) -> LLMReply:
+        self.requests.append(messages)
+        if not self.queue:
+            raise AssertionError(f"the model was asked a turn nobody scripted (call {len(self.requests)})")
+        entry = self.queue.popleft()
+        if isinstance(entry, LLMError):
+            raise entry
+        return entry(messages) if callable(entry) else entry
+
+
+@dataclass
+class RecordingDispatch:
+    """What the runner would enqueue: step deliveries (a FIFO the harness drains) and sandbox requests."""
+
+    steps: deque[tuple[str, int]] = field(default_factory=deque)
+    sandbox: list[dict[str, Any]] = field(default_factory=list)
+    sent_steps: list[tuple[str, int]] = field(default_factory=list)  # every step ever enqueued
+
+    def next_step(self, run_id: str, index: int, priority: int | None = None) -> None:
+        """(The harness runs steps in FIFO order; the priority a submission gives is not modelled.)"""
+        self.steps.append((run_id, index))
+        self.sent_steps.append((run_id, index))
+
+    def send_sandbox(self, request: dict[str, Any]) -> None:
+        self.sandbox.append(request)
+
+    def as_dispatcher(self) -> Dispatcher:
+        return Dispatcher(next_step=self.next_step, sandbox=self.send_sandbox)
+
+
+class Harness:
+    """`real_llm=True` talks to the model at settings.llm_base_url instead (bench/step_cpu.py)."""
+
+    def __init__(self, settings: Settings, *, real_llm: bool = False, redis_client: Any = None) -> None:
+        self.llm = ScriptedLLM()
+        self.rt = Runtime(settings, llm_client=None if real_llm else self.llm)
+        if redis_client is not None:
+            self.rt.redis = redis_client
+        self.store = self.rt.store
+        self.dispatch = RecordingDispatch()
+        self.runner = StepRunner(self.rt, self.dispatch.as_dispatcher())
+        self.outcomes: list[tuple[str, int, StepOutcome]] = []
+
+    def submit(self, question: str, **spec: Any) -> str:
+        [run] = submit(self.store, [RunSpec(question=question, **spec)], self.rt.settings, self.dispatch.next_step)
+        return run.id
+
+    def deliver(self, run_id: str, index: int) -> StepOutcome:
+        """One delivery of a step task, as Celery would make it."""
+        result = self.runner.run_step(run_id, index)
+        self.outcomes.append((run_id, index, result))
+        return result
+
+    def step(self) -> StepOutcome:
+        """Deliver the oldest queued step."""
+        run_id, index = self.dispatch.steps.popleft()
+        return self.deliver(run_id, index)
+
+    def drain(self, limit: int = 200) -> list[Outcome]:
+        """Deliver queued steps until none is left; the outcomes in order."""
+        seen = []
+        while self.dispatch.steps:
+            if len(seen) >= limit:
+                raise AssertionError(f"still {len(self.dispatch.steps)} step(s) queued after {limit} deliveries")
+            seen.append(self.step().outcome)
+        return seen
+
+    def run(self, run_id: str) -> Run:
+        run = self.store.load_run(run_id)
+        assert run is not None, f"run {run_id} has no record"
+        return run
+
+    def steps(self, run_id: str) -> list[Step]:
+        return self.store.load_steps(run_id)
+
+    def close(self) -> None:
+        self.rt.redis.close()
+
+
+HARNESS_SETTINGS: dict[str, Any] = {"tenants": ["default", "acme"], "tool_cache_ttl_s": 0}
+
+
+@pytest.fixture
+def make_harness(redis_url: str) -> Iterator[Callable[..., Harness]]:
+    """`make_harness(**settings)`: a harness on a clean Redis with those settings (REACTQ_ names, lower case)."""
+    made: list[Harness] = []
+
+    def make(**overrides: Any) -> Harness:
+        h = Harness(Settings(redis_url=redis_url, **{**HARNESS_SETTINGS, **overrides}))
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+@pytest.fixture
+def harness(make_harness: Callable[..., Harness]) -> Harness:
+    return make_harness()

@@ -1,0 +1,38 @@
+"""Queue and task names are defined once in worker/names.py; tools_sandbox's own copy agrees, and no
+module imports the Celery app just to read a name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tools_sandbox.tasks
+from tests.test_layering import ROOT, imported_modules, resolve
+from worker import names
+
+
+def test_tools_sandbox_uses_the_same_queue_and_task_names() -> None:
+    assert tools_sandbox.tasks.QUEUE == names.SANDBOX_QUEUE
+    assert tools_sandbox.tasks.TASK_NAME == names.SANDBOX_TASK
+
+
+def test_names_is_pure() -> None:
+    assert imported_modules(ROOT / "worker" / "names.py") == set()
+
+
+def test_only_the_task_module_and_the_worker_command_import_the_celery_app() -> None:
+    importers = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "worker").rglob("*.py")
+        if any(resolve(path, n) == "worker.celery_app" for n in imported_modules(path))
+    }
+    # tasks.py defines the tasks on the app; `reactq worker` starts it. Everyone else uses worker.names.
+    assert importers == {"worker/tasks.py", "worker/cli.py"}
+
+
+def test_queue_names_are_written_nowhere_else_in_worker() -> None:
+    for path in (ROOT / "worker").rglob("*.py"):
+        if path.name == "names.py":
+            continue
+        text = Path(path).read_text()
+        for name in (*names.QUEUES, names.SANDBOX_TASK):  # (STEP_TASK is also the step logger's name)
+            assert f'"{name}"' not in text, f"{path.relative_to(ROOT)} spells out {name!r}; import worker.names"

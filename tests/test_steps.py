@@ -1,0 +1,320 @@
+"""The step path in process (tests/harness.py): fencing, redelivery, leases, cancel, sandbox continuation,
+compaction, reflection. Real RunStore on the real redis-server; the model is scripted at its seam."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tests.harness import Harness, call, calls, final
+from tools_sandbox.models import SandboxResult
+from tools_sandbox.tasks import ExecuteRequest
+from worker.core.models import LLMReply, Observation, RunStatus, Usage
+from worker.core.outcome import Outcome
+from worker.core.prompts import REFLECTION
+from worker.errors import LLMError
+from worker.names import STEP_TASK, STEPS_QUEUE
+from worker.runner import Dispatcher
+from worker.submit import cancel
+
+SIX_BY_SEVEN = call("calculator", {"expression": "6*7"})
+
+
+def test_a_run_calls_a_tool_then_answers(harness: Harness) -> None:
+    harness.llm.script(SIX_BY_SEVEN, final("42"))
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    run = harness.run(run_id)
+    assert (run.status, run.answer, run.current_step) == (RunStatus.SUCCEEDED, "42", 2)
+    steps = harness.steps(run_id)
+    assert [s.index for s in steps] == [0, 1]
+    assert steps[0].observations[0].content == "42"
+    assert run.usage == Usage(prompt_tokens=20, completion_tokens=10)
+    # the second turn saw the first one's call and its observation
+    assert harness.llm.requests[1][-1] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
+
+
+def test_a_step_the_run_has_moved_past_is_fenced_without_asking_the_model(harness: Harness) -> None:
+    harness.llm.script(SIX_BY_SEVEN, final("42"))
+    run_id = harness.submit("What is 6 * 7?")
+    harness.drain()
+    assert harness.deliver(run_id, 0).outcome == Outcome.FENCED  # the run is finished
+    assert harness.deliver(run_id, 5).outcome == Outcome.FENCED
+    assert harness.deliver("no-such-run", 0).outcome == Outcome.FENCED
+    assert len(harness.llm.requests) == 2 and len(harness.steps(run_id)) == 2
+
+
+def test_a_step_ahead_of_the_run_is_fenced(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.deliver(run_id, 1).outcome == Outcome.FENCED
+    assert harness.llm.requests == [] and harness.run(run_id).current_step == 0
+
+
+def test_a_step_delivered_twice_in_a_row_is_recorded_once(harness: Harness) -> None:
+    harness.llm.script(SIX_BY_SEVEN, final("42"))
+    run_id = harness.submit("What is 6 * 7?")
+    first = harness.step()
+    assert first.outcome == Outcome.TOOL_CALLS and first.next_step == 1
+    assert harness.deliver(run_id, 0).outcome == Outcome.FENCED  # the duplicate, after the first committed
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    assert [s.index for s in harness.steps(run_id)] == [0, 1]
+    assert harness.dispatch.sent_steps == [(run_id, 0), (run_id, 1)]  # step 1 was enqueued once
+    assert len(harness.llm.requests) == 2
+
+
+def test_a_duplicate_arriving_while_the_step_runs_backs_off_then_is_fenced(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+    during: list[Outcome] = []
+
+    def reply_while_a_duplicate_arrives(messages: list[dict[str, Any]]) -> LLMReply:
+        during.append(harness.deliver(run_id, 0).outcome)  # the same step, delivered meanwhile
+        return SIX_BY_SEVEN
+
+    harness.llm.script(reply_while_a_duplicate_arrives, final("42"))
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert during == [Outcome.BUSY]
+    assert harness.deliver(run_id, 0).outcome == Outcome.FENCED  # Celery's retry of the busy duplicate
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    assert len(harness.llm.requests) == 2 and len(harness.steps(run_id)) == 2
+
+
+def test_a_redelivered_step_reuses_the_reply_a_dead_worker_stored(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+    harness.store.save_reply(run_id, 0, SIX_BY_SEVEN)  # stored, then the worker died before recording
+    harness.llm.script(final("42"))
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    assert len(harness.llm.requests) == 1  # only step 1 asked the model
+    assert harness.steps(run_id)[0].tool_calls[0].name == "calculator"
+
+
+def test_a_step_whose_run_lease_is_held_is_busy_and_does_nothing(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+    harness.dispatch.steps.clear()
+    assert harness.store.lease_and_load(run_id, 0, "another-worker", 15_000).acquired
+    result = harness.deliver(run_id, 0)
+    assert (result.outcome, result.next_step) == (Outcome.BUSY, None)
+    assert harness.llm.requests == [] and harness.dispatch.sent_steps == [(run_id, 0)]
+    assert harness.store.lease_held(run_id)  # the other holder's lease is untouched
+    harness.store.release_lease(run_id, "another-worker")
+    harness.llm.script(final("42"))
+    assert harness.deliver(run_id, 0).outcome == Outcome.FINAL_ANSWER
+
+
+def test_the_next_step_is_enqueued_only_after_the_lease_is_released(harness: Harness) -> None:
+    lease_held_when_sent: list[bool] = []
+    record = harness.dispatch.next_step
+
+    def next_step(run_id: str, index: int) -> None:
+        lease_held_when_sent.append(harness.store.lease_held(run_id))
+        record(run_id, index)
+
+    harness.runner.dispatch = Dispatcher(next_step=next_step, sandbox=harness.dispatch.send_sandbox)
+    harness.llm.script(SIX_BY_SEVEN, call("calculator", {"expression": "42+1"}, call_id="c2"), final("43"))
+    harness.submit("What is 6 * 7 + 1?")
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    assert lease_held_when_sent == [False, False]
+
+
+def test_a_cancelled_run_stops_before_its_next_step_and_is_counted_once(harness: Harness) -> None:
+    harness.llm.script(SIX_BY_SEVEN)
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    cancel(harness.store, run_id)
+    assert harness.drain() == [Outcome.FENCED]
+    run = harness.run(run_id)
+    assert run.status == RunStatus.CANCELLED and run.cancel_recorded
+    assert len(harness.steps(run_id)) == 1 and len(harness.llm.requests) == 1
+
+
+def test_a_run_cancelled_while_its_model_call_is_in_flight_records_nothing(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+
+    def cancelled_meanwhile(messages: list[dict[str, Any]]) -> LLMReply:
+        cancel(harness.store, run_id)
+        return SIX_BY_SEVEN
+
+    harness.llm.script(cancelled_meanwhile)
+    assert harness.drain() == [Outcome.FENCED]
+    run = harness.run(run_id)
+    assert run.status == RunStatus.CANCELLED and harness.steps(run_id) == []
+    assert run.usage == Usage()  # the fenced-out reply's tokens are not the run's
+    assert not harness.dispatch.steps
+
+
+def complete_sandbox(harness: Harness, request: dict[str, Any], result: SandboxResult) -> None:
+    """What the sandbox worker does: validate the request, store the result object where it says."""
+    req = ExecuteRequest.model_validate(request)
+    harness.rt.redis.set(req.result_key, result.model_dump_json())
+
+
+def test_a_sandboxed_call_waits_for_its_result_and_the_continuation_finishes_the_step(harness: Harness) -> None:
+    harness.llm.script(call("python", {"code": "print(6*7)"}), final("42"))
+    run_id = harness.submit("Use python to compute 6 * 7", tier="pro", tenant="acme")
+    assert harness.drain() == [Outcome.WAITING]
+    [request] = harness.dispatch.sandbox
+    assert request["code"] == "print(6*7)" and (request["tier"], request["tenant"]) == ("pro", "acme")
+    assert (request["continue_task"], request["continue_args"], request["continue_queue"]) == (
+        STEP_TASK, [run_id, 0], STEPS_QUEUE)
+    assert harness.run(run_id).waiting_on == "sandbox"
+
+    # the continuation (or a redelivery) before the result: still waiting, not sent twice
+    assert harness.deliver(run_id, 0).outcome == Outcome.WAITING
+    assert len(harness.dispatch.sandbox) == 1 and len(harness.llm.requests) == 1
+
+    complete_sandbox(harness, request, SandboxResult(exit_code=0, stdout="42\n", stderr="", tier="pro",
+                                                     backend="process"))
+    assert harness.deliver(*request["continue_args"]).outcome == Outcome.TOOL_CALLS
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    [first, _] = harness.steps(run_id)
+    assert first.observations[0].content == "42" and first.observations[0].outcome == "ok"
+    run = harness.run(run_id)
+    assert (run.status, run.answer, run.waiting_on) == (RunStatus.SUCCEEDED, "42", None)
+
+
+def test_parallel_calls_mix_inline_and_sandboxed_results_in_the_order_asked(harness: Harness) -> None:
+    harness.llm.script(calls(("python", {"code": "print(1)"}, "p"), ("calculator", {"expression": "2+2"}, "c")),
+                       final("done"))
+    run_id = harness.submit("both")
+    assert harness.drain() == [Outcome.WAITING]
+    [request] = harness.dispatch.sandbox
+    complete_sandbox(harness, request, SandboxResult(exit_code=1, stdout="", stderr="Boom", tier="standard",
+                                                     backend="process"))
+    assert harness.deliver(run_id, 0).outcome == Outcome.TOOL_CALLS
+    harness.drain()
+    observations = harness.steps(run_id)[0].observations
+    assert [o.call_id for o in observations] == ["p", "c"]
+    assert observations[0].outcome == "error" and "Boom" in observations[0].content
+    assert observations[1].content == "4"
+
+
+def test_older_steps_are_compacted_to_fit_the_context_budget(make_harness: Any) -> None:
+    harness = make_harness(context_budget_tokens=500, keep_recent_steps=1, max_steps=12)
+    numbers = range(1, 7)
+    harness.llm.script(*[call("calculator", {"expression": f"{n} * 1111111 + {'9' * 300}"}, call_id=f"c{n}")
+                         for n in numbers], final("done"))
+    run_id = harness.submit("Add some big numbers")
+    outcomes = harness.drain()
+    assert outcomes == [Outcome.TOOL_CALLS] * 6 + [Outcome.FINAL_ANSWER]
+    last = harness.llm.requests[-1]
+    summary = [m for m in last if str(m.get("content", "")).startswith("Summary of earlier steps")]
+    assert len(summary) == 1
+    assert all(f"step {n}:" in summary[0]["content"] for n in range(1, 6))  # every older step keeps a line
+    assert [m["tool_call_id"] for m in last if m["role"] == "tool"] == ["c6"]  # the latest step verbatim
+    assert harness.run(run_id).status == RunStatus.SUCCEEDED
+
+
+def test_a_prose_reply_to_the_reflection_prompt_is_a_thought_and_the_run_goes_on(make_harness: Any) -> None:
+    harness = make_harness(reflect_every=1)
+    harness.llm.script(SIX_BY_SEVEN, final("So far 6*7 = 42; next I add 1."),
+                       call("calculator", {"expression": "42+1"}, call_id="c2"),
+                       final("I have 43, which answers the question."), final("43"))
+    run_id = harness.submit("What is 6 * 7 + 1?")
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.REFLECTION, Outcome.TOOL_CALLS, Outcome.REFLECTION,
+                               Outcome.FINAL_ANSWER]
+    run = harness.run(run_id)
+    assert (run.status, run.answer) == (RunStatus.SUCCEEDED, "43")
+    steps = harness.steps(run_id)
+    assert [s.reflection for s in steps] == [False, True, False, True, False]
+    assert steps[1].thought == "So far 6*7 = 42; next I add 1." and steps[1].final_answer is None
+    # the reflection was asked for, and its exchange stays in the conversation
+    assert harness.llm.requests[1][-1] == {"role": "user", "content": REFLECTION}
+    assert harness.llm.requests[2][-2:] == [{"role": "user", "content": REFLECTION},
+                                            {"role": "assistant", "content": "So far 6*7 = 42; next I add 1."}]
+
+
+def test_the_llm_failing_for_good_ends_the_run_with_the_reason(harness: Harness) -> None:
+    harness.llm.script(LLMError("LLM call to http://x failed after 3 attempt(s): HTTP 503: down", 3))
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.drain() == [Outcome.LLM_FAILED]
+    run = harness.run(run_id)
+    assert run.status == RunStatus.FAILED and "3 attempt(s)" in (run.error or "")
+
+
+def test_invalid_outputs_in_a_row_end_the_run_with_their_safeguard(harness: Harness) -> None:
+    harness.llm.script(*[final("")] * 3)
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.drain() == [Outcome.INVALID_OUTPUT, Outcome.INVALID_OUTPUT, Outcome.ENDED]
+    assert harness.outcomes[-1][2].safeguard == "invalid_outputs"
+    assert harness.run(run_id).status == RunStatus.FAILED
+
+
+def test_the_step_cap_ends_the_run_with_its_safeguard(harness: Harness) -> None:
+    harness.llm.script(SIX_BY_SEVEN)
+    run_id = harness.submit("What is 6 * 7?", max_steps=1)
+    assert harness.drain() == [Outcome.TOOL_CALLS]
+    assert harness.outcomes[-1][2].safeguard == "max_steps" and harness.outcomes[-1][2].next_step is None
+    assert harness.run(run_id).status == RunStatus.MAX_STEPS
+
+
+def test_time_spent_waiting_in_the_queue_does_not_use_up_the_deadline(make_harness: Any) -> None:
+    harness = make_harness(run_deadline_s=2)
+    run_id = harness.submit("What is 6 * 7?")
+
+    def queued_long_ago(run: Any) -> bool:
+        run.created_at -= 3600
+        return True
+
+    harness.store.update_run(run_id, queued_long_ago)
+    assert harness.run(run_id).deadline_at is None
+    harness.llm.script(SIX_BY_SEVEN, final("42"))
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    run = harness.run(run_id)
+    assert run.status == RunStatus.SUCCEEDED
+    assert run.deadline_at is not None and run.deadline_at > time.time()  # counted from the first step
+
+
+def test_a_deadline_passed_before_a_step_ends_the_run_without_asking(make_harness: Any) -> None:
+    harness = make_harness()
+    harness.llm.script(SIX_BY_SEVEN)
+    run_id = harness.submit("What is 6 * 7?")
+    harness.step()
+
+    def past_deadline(run: Any) -> bool:
+        run.deadline_at = time.time() - 1
+        return True
+
+    harness.store.update_run(run_id, past_deadline)
+    result = harness.step()
+    assert (result.outcome, result.safeguard) == (Outcome.ENDED, "deadline")
+    assert harness.run(run_id).status == RunStatus.TIMEOUT and len(harness.llm.requests) == 1
+
+
+def test_a_step_commits_even_when_its_run_record_changed_underneath_without_fencing_it(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+
+    def record_touched_meanwhile(messages: list[dict[str, Any]]) -> LLMReply:
+        harness.store.update_run(run_id, lambda run: True)  # any write: the step's compare-and-set misses
+        return SIX_BY_SEVEN
+
+    harness.llm.script(record_touched_meanwhile, final("42"))
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    assert [s.index for s in harness.steps(run_id)] == [0, 1] and harness.run(run_id).answer == "42"
+    assert not harness.store.lease_held(run_id)
+
+
+def test_the_commit_lets_go_of_the_lease(harness: Harness) -> None:
+    harness.llm.script(SIX_BY_SEVEN)
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert not harness.store.lease_held(run_id) and harness.rt.leases.held() == []
+
+
+def test_a_redelivered_step_reuses_the_tool_results_a_dead_worker_stored(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+    harness.store.save_reply(run_id, 0, SIX_BY_SEVEN)
+    harness.store.save_tool_result(run_id, 0, Observation(call_id="c1", tool="calculator", content="42 (stored)"))
+    harness.llm.script(final("42"))
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    assert harness.steps(run_id)[0].observations[0].content == "42 (stored)"
+
+
+def test_an_idempotent_tool_result_is_cached_with_the_step_and_reused_by_the_next_run(make_harness: Any) -> None:
+    harness = make_harness(tool_cache_ttl_s=60)
+    harness.llm.script(SIX_BY_SEVEN, final("42"), SIX_BY_SEVEN, final("42"))
+    first = harness.submit("What is 6 * 7?")
+    harness.drain()
+    second = harness.submit("What is 6 times 7?")
+    harness.drain()
+    assert harness.steps(first)[0].observations[0].outcome == "ok"
+    assert harness.steps(second)[0].observations[0].outcome == "cached"
+    assert harness.steps(second)[0].observations[0].content == "42"

@@ -1,0 +1,32 @@
+"""What one delivery of a step task did: the value `StepRunner.run_step` returns. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """Also the `outcome` label of reactq_steps_total for the outcomes that record or end a step."""
+
+    FENCED = "fenced"  # the run is past this step, finished or gone: nothing done
+    BUSY = "busy"  # another delivery holds the run's lease: try again shortly
+    WAITING = "waiting"  # sandboxed calls are pending; their results re-deliver the step
+    FINAL_ANSWER = "final_answer"
+    TOOL_CALLS = "tool_calls"
+    REFLECTION = "reflection"  # the model answered a reflection prompt in prose; the run goes on
+    INVALID_OUTPUT = "invalid_output"  # the model's output was unusable; the error is its observation
+    ENDED = "ended"  # a limit or a loop ended the run
+    LLM_FAILED = "llm_failed"  # the LLM call failed after its retries; the run ended failed
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    outcome: Outcome
+    next_step: int | None = None  # the step to enqueue, once the run's lease is released
+    safeguard: str | None = None  # the safeguard that ended the run, if one did
+
+
+FENCED = StepOutcome(Outcome.FENCED)
+BUSY = StepOutcome(Outcome.BUSY)
+WAITING = StepOutcome(Outcome.WAITING)
