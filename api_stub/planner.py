@@ -197,8 +197,15 @@ def _part_action(part: str, tools: frozenset[str]) -> Action | None:
     return None
 
 
+# "Run this python code: ```...```": the code is sent verbatim (tests drive the sandbox through the agent).
+_CODE_BLOCK = re.compile(r"\brun (?:this|the following) python(?: code)?:?\s*```(?:python)?\n(.*?)```", re.I | re.S)
+
+
 def plan(question: str, tools: frozenset[str]) -> list[Action]:
     """The tool calls that answer `question` with the `tools` at hand, in order (may be empty)."""
+    block = _CODE_BLOCK.search(question)
+    if block is not None:
+        return [Action("python", block[1], "the given code")] if "python" in tools else []
     actions = []
     for part in split_parts(question):
         action = _part_action(part, tools)

@@ -1,6 +1,12 @@
 """Sandbox latency: `docker run`, `docker exec` and the warm pool, measured in one run.
 
     python bench/sandbox_latency.py [--runs 200] [--cold-runs 20] [--tier standard] [--out FILE]
+    python bench/sandbox_latency.py --sustained 30 [--concurrency 50] [--tenants 10] [--out FILE]
+
+--sustained S: C concurrent callers each run `print(6*7)` back to back for S seconds, spread over T
+tenants, first through the warm pool (SandboxService.execute, one container per execution), then
+with `docker run --rm` (the same C callers, the same S seconds), and reports executions/s and
+p50/p99 of both, and the ratio.
 
 End-to-end pool figure = SandboxService.execute("print(6*7)") from call to result
 (pool take, request, fork+exec in the agent, output, exit record); the container's
@@ -13,12 +19,15 @@ sustained rate per tier, per worker process).
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,13 +51,89 @@ def timed(fn, runs: int) -> list[float]:
     return out
 
 
+def sustained(fn: Callable[[int], None], seconds: float, concurrency: int) -> tuple[int, float, list[float]]:
+    """`concurrency` threads call fn(i) back to back for `seconds`: (calls finished, elapsed s, latencies ms)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    start = time.perf_counter()
+    stop_at = start + seconds
+    errors: list[BaseException] = []
+
+    def caller(i: int) -> None:
+        while time.perf_counter() < stop_at and not errors:
+            t0 = time.perf_counter()
+            try:
+                fn(i)
+            except BaseException as exc:  # noqa: BLE001 - reported after the run
+                errors.append(exc)
+                return
+            with lock:
+                latencies.append((time.perf_counter() - t0) * 1000)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise SystemExit(f"a call failed: {errors[0]!r}")
+    return len(latencies), time.perf_counter() - start, latencies
+
+
+def run_sustained(args: argparse.Namespace, image: str) -> None:
+    settings = SandboxSettings(sandbox_pool_tiers=args.tier, sandbox_pool_max=args.pool_max,
+                               sandbox_pool_builders=args.builders)
+    rows = []
+    with SandboxService(settings, backend="docker", pool=True) as service:
+        assert service.pool is not None
+        service.pool.wait_ready(120)
+
+        def pool_call(i: int) -> None:
+            r = service.execute(SNIPPET, tier=args.tier, tenant=f"tenant-{i % args.tenants}")
+            if r.stdout != "42\n":
+                raise RuntimeError(f"unexpected result: {r}")
+
+        rows.append(("warm pool (SandboxService.execute)", *sustained(pool_call, args.sustained, args.concurrency)))
+        cold = service.pool.cold_starts
+
+    def docker_run(i: int) -> None:
+        out = subprocess.run(["docker", "run", "--rm", "--network", "none", image, "python3", "-c", SNIPPET],
+                             check=True, capture_output=True, text=True).stdout
+        if out != "42\n":
+            raise RuntimeError(f"unexpected output {out!r}")
+
+    rows.append(("`docker run --rm --network none`", *sustained(docker_run, args.sustained, args.concurrency)))
+    lines = ["| what | executions | seconds | executions/s | p50 ms | p99 ms |", "|---|---:|---:|---:|---:|---:|"]
+    for name, n, elapsed, lat in rows:
+        lines.append(f"| {name} | {n} | {elapsed:.1f} | {n / elapsed:.2f} | {statistics.median(lat):.1f} | "
+                     f"{pct(lat, 99):.1f} |")
+    ratio = (rows[0][1] / rows[0][2]) / (rows[1][1] / rows[1][2])
+    table = "\n".join(lines)
+    report = (f"{table}\n\nsustained rate, pool / docker run = {ratio:.2f}; cold starts during the pool run: {cold}; "
+              f"{args.concurrency} callers over {args.tenants} tenants, tier {args.tier}, {args.sustained:.0f} s each")
+    print(report)
+    if args.out:
+        command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+        Path(args.out).write_text(f"# Sandbox sustained throughput\n\nCommand: `{command}`\n\n"
+                                  f"Machine: {platform.platform()}, {os.cpu_count()} cores.\n\n{report}\n",
+                                  encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--cold-runs", type=int, default=20)
     ap.add_argument("--tier", default="standard")
     ap.add_argument("--out", default=None, help="write a markdown report here")
+    ap.add_argument("--sustained", type=float, default=0, help="seconds of the sustained-throughput mode")
+    ap.add_argument("--concurrency", type=int, default=50)
+    ap.add_argument("--tenants", type=int, default=10)
+    ap.add_argument("--pool-max", type=int, default=16)
+    ap.add_argument("--builders", type=int, default=3)
     args = ap.parse_args()
+    if args.sustained:
+        run_sustained(args, SandboxSettings().sandbox_image)
+        return
 
     settings = SandboxSettings(sandbox_pool_tiers=args.tier)
     image = settings.sandbox_image

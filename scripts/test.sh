@@ -3,7 +3,7 @@
 #
 # Installs what the tests need (Debian: redis-server, docker.io, debootstrap, bubblewrap, prometheus;
 # pip: this project with its test extras), starts a Docker engine if none answers, builds the sandbox
-# image offline when it is missing, runs ruff, mypy on worker/ and api_stub/ and pytest, then stops the
+# image offline when it is missing, runs ruff, mypy on worker/, api_stub/ and tools_sandbox/, and pytest, then stops the
 # engine it started. Docker tests fail (never skip) here: REACTQ_REQUIRE_DOCKER=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +36,8 @@ trap stop_dockerd EXIT
 bash scripts/build-sandbox-image.sh
 
 python3 -m ruff check .
-python3 -m mypy worker api_stub  # + tools_sandbox once its two errors are fixed (issue 7)
+python3 -m mypy worker api_stub
+python3 -m mypy tools_sandbox
 
 export REACTQ_REQUIRE_DOCKER=1
 python3 -m pytest -q -p no:cacheprovider "$@"

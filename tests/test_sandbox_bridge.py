@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from worker.core.sandbox_bridge import STDERR_TAIL_LINES, observation_from_sandbox
+from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT, STDERR_TAIL_LINES
+from worker.core.sandbox_bridge import UNREADABLE, observation_from_sandbox
 
 
 def result(**kw) -> str:
@@ -62,7 +63,7 @@ def test_nonzero_exit_shows_output_exit_code_and_stderr_tail():
 
 
 def test_timeout():
-    obs, error_type = observe(timed_out=True, exit_code=None, stdout="started", tier="small")
+    obs, error_type = observe(timed_out=True, exit_code=None, stdout="started", tier="small", error_kind="timeout")
     assert error_type == "timeout"
     assert obs.outcome == "error"
     assert obs.content.startswith("Error: the code was stopped at the time limit of its tier (small).")
@@ -70,7 +71,7 @@ def test_timeout():
 
 
 def test_oom():
-    obs, error_type = observe(oom_killed=True, exit_code=137, stderr="Killed", tier="standard")
+    obs, error_type = observe(oom_killed=True, exit_code=137, stderr="Killed", tier="standard", error_kind="oom")
     assert error_type == "oom"
     assert obs.outcome == "error"
     assert obs.content.startswith("Error: the code ran out of memory (tier standard).")
@@ -79,7 +80,7 @@ def test_oom():
 
 def test_quota_error():
     error = "quota_exceeded: concurrent for tenant acme on tier standard; limit 2"
-    obs, error_type = observe(exit_code=None, error=error)
+    obs, error_type = observe(exit_code=None, error=error, error_kind="quota_exceeded")
     assert error_type == "quota_exceeded"
     assert obs.outcome == "quota"
     assert obs.content == f"Error: {error}"
@@ -87,12 +88,12 @@ def test_quota_error():
 
 
 @pytest.mark.parametrize(
-    ("error", "error_type"),
-    [("sandbox_unavailable: no Docker", "sandbox_unavailable"), ("sandbox_failed: agent died", "sandbox_failed"),
-     (": odd", "sandbox_error")],
+    ("error", "kind", "error_type"),
+    [("sandbox_unavailable: no Docker", "unavailable", "unavailable"),
+     ("unknown_tier: 'x'", "unknown_tier", "unknown_tier"), (": odd", None, "sandbox_error")],
 )
-def test_other_sandbox_errors(error, error_type):
-    obs, got = observe(exit_code=None, error=error, stderr="agent trace")
+def test_other_sandbox_errors(error, kind, error_type):
+    obs, got = observe(exit_code=None, error=error, stderr="agent trace", error_kind=kind)
     assert got == error_type
     assert obs.outcome == "error"
     assert obs.content.startswith(f"Error: {error}")
@@ -100,7 +101,8 @@ def test_other_sandbox_errors(error, error_type):
 
 
 def test_error_wins_over_timeout_flags():
-    obs, error_type = observe(error="quota_exceeded: cpu", timed_out=True, oom_killed=True)
+    obs, error_type = observe(error="quota_exceeded: cpu", timed_out=True, oom_killed=True,
+                              error_kind="quota_exceeded")
     assert error_type == "quota_exceeded"
     assert "time limit" not in obs.content and "memory" not in obs.content
 
@@ -118,8 +120,31 @@ def test_empty_output():
     assert obs.content == "(no output; print() the result)"
 
 
-def test_missing_fields_and_nulls():
-    obs, error_type = observation_from_sandbox("c", "python", json.dumps({"stdout": None, "stderr": None}))
-    assert error_type is None
-    assert obs.content == "(no output; print() the result)"
-    assert obs.duration_ms == 0
+@pytest.mark.parametrize("raw", [
+    json.dumps({"stdout": None, "stderr": None}), "1", "[" * 5000, "{not json",
+    result(exit_code="a"), result(error_kind="made_up"), result(surprise=1), result(duration_ms=-5),
+])
+def test_a_stored_result_that_does_not_validate_is_one_clear_error(raw):
+    obs, error_type = observation_from_sandbox("c", "python", raw)
+    assert (obs.content, obs.outcome, error_type) == (UNREADABLE, "error", "unreadable_result")
+
+
+def test_protocol_violation_is_one_sentence_and_nothing_else():
+    obs, error_type = observe(exit_code=None, stdout="forged 42", stderr="Traceback: AttributeError",
+                              error="the program interfered", error_kind="protocol_violation")
+    assert obs.content == PROTOCOL_VIOLATION_TEXT
+    assert error_type == "protocol_violation" and obs.outcome == "error"
+
+
+def test_output_limit_is_shown_but_not_a_failure():
+    obs, error_type = observe(stdout="x" * 10, truncated=True, exit_code=None, error_kind="output_limit")
+    assert error_type is None and obs.outcome == "ok"
+    assert obs.content.endswith("[output truncated at the tier's byte cap]")
+
+
+def test_observation_method_uses_the_same_renderer():
+    from tools_sandbox import SandboxResult
+
+    raw = result(exit_code=1, stdout="partial", stderr="boom")
+    via_bridge = observation_from_sandbox("c", "python", raw)[0].content
+    assert SandboxResult.model_validate_json(raw).observation() == via_bridge

@@ -45,14 +45,15 @@ def test_orphans_of_a_dead_worker_are_reaped(sandbox_image, docker_engine, test_
         pool.start()
         assert orphan in pool.reaped
         assert pool.wait_ready(60)
-        ids = [c["Id"] for c in labelled_containers(docker_engine)]
-        assert orphan not in ids and len(ids) == 1  # only our live, warm sandbox
+        assert orphan not in [c["Id"] for c in labelled_containers(docker_engine)]
+        ours = [c["Id"] for c in labelled_containers(docker_engine, mine=True)]
+        assert len(ours) == 1  # only our live, warm sandbox
         # A live worker's sandboxes are not reaped by a sibling.
-        assert backend.reap_orphans() == []
+        assert ours[0] not in backend.reap_orphans()
     finally:
         pool.close()
         backend.close()
-    assert labelled_containers(docker_engine) == []
+    assert labelled_containers(docker_engine, mine=True) == []
 
 
 @pytest.mark.docker
@@ -63,9 +64,9 @@ def test_pool_never_reuses_a_sandbox(sandbox_image, sandbox_settings, docker_eng
         for _ in range(3):
             sb = service.pool.acquire(service.tiers["tiny"])
             cids.add(sb.container_id)
-            service.backend.run(sb, "pass")
+            service.pool.backend.run(sb, "pass")
         assert len(cids) == 3
-    assert labelled_containers(docker_engine) == []
+    assert labelled_containers(docker_engine, mine=True) == []
 
 
 def _celery_app(redis_url: str) -> Celery:
@@ -84,7 +85,7 @@ def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monk
     tasks.close_service()
     app = _celery_app(redis_url)
     request = {"code": "print(6*7)", "tier": "tiny", "tenant": "acme", "result_key": "test:result:1",
-               "continue_task": "reactq.steps.continue", "continue_args": ["run-1", 3],
+               "continue_task": "reactq.step", "continue_args": ["run-1", 3],
                "continue_queue": "reactq.test.continue"}
     client = redis.Redis.from_url(redis_url)
     try:
@@ -95,7 +96,7 @@ def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monk
         assert 0 < client.ttl("test:result:1") <= 7 * 24 * 3600
         assert client.llen("reactq.test.continue") == 1
         message = json.loads(client.lindex("reactq.test.continue", 0))
-        assert message["headers"]["task"] == "reactq.steps.continue"
+        assert message["headers"]["task"] == "reactq.step"
 
         # Redelivery: no second execution, same stored result, the continuation is sent again.
         request2 = dict(request, code="print('should not run')")
@@ -108,6 +109,13 @@ def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monk
         out = tasks.execute.apply(args=[dict(request, tier="gold", result_key="test:result:2")]).get()
         bad = SandboxResult.model_validate_json(client.get("test:result:2"))
         assert bad.error and bad.error.startswith("unknown_tier") and "tiny" in bad.error
+        assert bad.error_kind == "unknown_tier"
+
+        # Any other continuation is refused (logged), never sent: the result is still stored.
+        before = client.llen("reactq.test.continue")
+        tasks.execute.apply(args=[dict(request, result_key="test:result:3", continue_task="celery.backend_cleanup")])
+        assert SandboxResult.model_validate_json(client.get("test:result:3")).stdout == "42\n"
+        assert client.llen("reactq.test.continue") == before
     finally:
         tasks.close_service()
         client.close()
@@ -127,7 +135,7 @@ def test_task_with_the_engine_gone_reports_unavailable(redis_url: str, sandbox_s
     try:
         started = time.monotonic()
         out = tasks.execute.apply(args=[{"code": "print(1)", "tier": "tiny", "tenant": "acme",
-                                         "result_key": "test:result:gone", "continue_task": "x.y",
+                                         "result_key": "test:result:gone", "continue_task": "reactq.step",
                                          "continue_queue": "reactq.test.continue"}]).get()
         assert out["outcome"] == "unavailable"
         stored = SandboxResult.model_validate_json(client.get("test:result:gone"))
@@ -138,3 +146,10 @@ def test_task_with_the_engine_gone_reports_unavailable(redis_url: str, sandbox_s
         tasks.close_service()
         client.close()
         app.close()
+
+
+def test_the_allowed_continuation_is_the_workers_step_task() -> None:
+    from tools_sandbox.tasks import ALLOWED_CONTINUATIONS
+    from worker.celery_app import STEP_TASK
+
+    assert frozenset({STEP_TASK}) == ALLOWED_CONTINUATIONS

@@ -10,7 +10,7 @@ import pytest
 import tools_sandbox
 from tools_sandbox import SandboxError, SandboxResult, load_tiers, run_code
 from tools_sandbox.errors import TierConfigError, UnknownTierError
-from tools_sandbox.protocol import FrameParser, encode_request, interpret_exit
+from tools_sandbox.protocol import ExitRecord, FrameParser, encode_request, interpret_exit
 from tools_sandbox.tiers import get_tier, parse_tiers
 
 
@@ -22,8 +22,9 @@ def test_public_api_is_all() -> None:
 
 def test_result_has_contract_fields_plus_backend() -> None:
     contract = {"exit_code", "stdout", "stderr", "timed_out", "oom_killed", "truncated", "duration_ms",
-                "tier", "error"}
-    assert set(SandboxResult.model_fields) == contract | {"backend"}
+                "tier", "error", "error_kind", "backend"}
+    # Plus the host's measurements (which the quota is charged with).
+    assert set(SandboxResult.model_fields) == contract | {"cpu_seconds", "memory_peak_bytes"}
 
 
 def test_shipped_tiers_file_loads_and_is_ordered() -> None:
@@ -63,6 +64,9 @@ def test_invalid_tiers_rejected(text: str, fragment: str) -> None:
         parse_tiers(text)
 
 
+RECORD = {"exit_code": 0, "signal": None, "cpu_s": 0.01, "oom_kills": 0, "truncated": False, "memory_error": False}
+
+
 def _frame(kind: bytes, payload: bytes) -> bytes:
     return kind + struct.pack(">I", len(payload)) + payload
 
@@ -70,12 +74,12 @@ def _frame(kind: bytes, payload: bytes) -> bytes:
 def test_parser_caps_each_stream_and_reassembles_split_frames() -> None:
     parser = FrameParser(cap=10)
     data = _frame(b"1", b"hello ") + _frame(b"2", b"err") + _frame(b"1", b"world, long") + _frame(
-        b"X", json.dumps({"exit_code": 0}).encode())
+        b"X", json.dumps(RECORD).encode())
     for i in range(len(data)):  # one byte at a time
         parser.feed(data[i:i + 1])
     assert bytes(parser.stdout) == b"hello worl"
     assert bytes(parser.stderr) == b"err"
-    assert parser.truncated and parser.exit == {"exit_code": 0}
+    assert parser.truncated and parser.exit == ExitRecord(**RECORD)
 
 
 def test_parser_memory_stays_flat_under_a_hostile_huge_frame() -> None:
@@ -104,11 +108,17 @@ def test_request_is_printable_ascii() -> None:
 
 def test_exit_interpretation() -> None:
     tier = load_tiers()["free"]
-    assert interpret_exit({"exit_code": 3, "signal": None}, tier).exit_code == 3
-    cpu = interpret_exit({"exit_code": None, "signal": 24, "cpu_s": 3.0}, tier)
+    def rec(**kw):
+        return ExitRecord(**{**RECORD, **kw})
+
+    assert interpret_exit(rec(exit_code=3), tier, None).exit_code == 3
+    cpu = interpret_exit(rec(exit_code=None, signal=24, cpu_s=3.0), tier, None)
     assert cpu.cpu_limited and cpu.exit_code == 152
-    killed = interpret_exit({"exit_code": None, "signal": 9, "cpu_s": 0.1}, tier)
+    killed = interpret_exit(rec(exit_code=None, signal=9, cpu_s=0.1), tier, None)
     assert killed.killed_by_sigkill and not killed.cpu_limited
+    # The host's CPU figure decides, not the agent's claim.
+    lied = interpret_exit(rec(exit_code=None, signal=9, cpu_s=0.0), tier, float(tier.cpu_time_s))
+    assert lied.cpu_limited
 
 
 def test_tools_sandbox_never_imports_worker() -> None:

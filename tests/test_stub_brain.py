@@ -417,3 +417,10 @@ def test_asked_to_reflect_it_answers_in_prose_then_goes_on(tools: list | None) -
 def test_before_any_answer_a_reflect_message_is_part_of_the_question() -> None:
     reply = respond([{"role": "user", "content": "What is 2 + 3?"}, {"role": "user", "content": REFLECT}], TOOLS)
     assert [c.name for c in reply.tool_calls] == ["calculator"]
+
+
+def test_a_given_code_block_is_sent_to_python_verbatim() -> None:
+    code = "import os\nprint(os.getpid(), 'and', 6 * 7)\n"
+    question = f"Run this python code:\n```python\n{code}```"
+    assert [(a.tool, a.argument) for a in plan(question, frozenset({"python", "calculator"}))] == [("python", code)]
+    assert plan(question, frozenset({"calculator"})) == []

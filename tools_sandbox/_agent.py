@@ -212,6 +212,12 @@ def main():
         "memory_error": memory_error,
     }
     _send(b"X", json.dumps(record).encode())
+    # Stay until the host ends the sandbox (it closes stdin, then kills): exiting here would stop the
+    # container and take its cgroup, the host's only CPU figure, with it before the host has read it.
+    try:
+        os.read(0, 1)
+    except OSError:
+        pass
 
 
 main()

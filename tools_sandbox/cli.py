@@ -29,7 +29,7 @@ def sandbox() -> None:
               help="file with the Python source ('-' is not supported; use --code)")
 @click.option("--json", "as_json", is_flag=True, help="print the result object as JSON")
 @click.option("--backend", type=click.Choice(["docker", "process", "auto"]), default=None,
-              help="default: REACTQ_SANDBOX_BACKEND or auto")
+              help="default: REACTQ_SANDBOX_BACKEND, else docker")
 @click.option("--redis-url", default=None, help="check the tenant's quotas on this Redis")
 def run_cmd(tier: str, tenant: str, code: str | None, file: Path | None, as_json: bool,
             backend: str | None, redis_url: str | None) -> None:

@@ -1,8 +1,9 @@
 """Settings of the sandbox service, from the environment (prefix REACTQ_).
 
-Defaults make a laptop work with nothing set: the backend is chosen automatically
-(Docker when an engine answers, else the weaker process backend) and the tiers come
-from deploy/sandbox/tiers.toml in the repository.
+The production default backend is `docker`: with no engine, executions fail closed as
+`unavailable`. The weaker process backend runs only when asked for (`process`, or `auto` =
+Docker when an engine answers, else process — what `reactq demo` sets). The tiers come
+from tools_sandbox/tiers.toml (deploy/sandbox/tiers.toml links to it).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_TIERS_FILE = Path(__file__).resolve().parent / "tiers.toml"  # deploy/sandbox/tiers.toml links here
@@ -20,7 +22,7 @@ class SandboxSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="REACTQ_", extra="ignore")
 
-    sandbox_backend: Literal["docker", "process", "auto"] = "auto"
+    sandbox_backend: Literal["docker", "process", "auto"] = "docker"
     sandbox_image: str = "reactq-sandbox:latest"
     redis_url: str = "redis://127.0.0.1:6379/0"
     sandbox_tiers_file: Path = DEFAULT_TIERS_FILE
@@ -28,6 +30,17 @@ class SandboxSettings(BaseSettings):
     sandbox_pool_size: int = 2
     # Tiers that get a warm pool at start (empty = all tiers).
     sandbox_pool_tiers: str = ""
+    # Threads building warm containers in parallel, and the most a tier's pool grows to under load.
+    sandbox_pool_builders: int = Field(default=3, ge=1, le=32)
+    sandbox_pool_max: int = Field(default=16, ge=1, le=256)
+    # A warm container unused this long is replaced (a tier may override it with max_idle_s).
+    sandbox_max_idle_s: float = Field(default=600.0, gt=0)
+    # The sweeper: how often it runs, and the grace past a tier's limits before it kills.
+    sandbox_sweep_interval_s: float = Field(default=5.0, gt=0)
+    sandbox_sweep_grace_s: float = Field(default=10.0, ge=0)
+    # Configured tenants (shared with the worker's REACTQ_TENANTS): the tenant label of the
+    # CPU-seconds metric is one of these or "other".
+    tenants: list[str] = ["default"]
     # Interpreter the process backend runs (system python, not a virtualenv).
     sandbox_process_python: str = "/usr/bin/python3"
     # How the process backend confines code: bubblewrap, util-linux unshare (root only,

@@ -9,6 +9,12 @@ explicit minimal environment and no mounts at all. A container serves exactly on
 execution and is then destroyed, so nothing (files, processes, env) can leak to the
 next caller or tenant. The wall-clock deadline is enforced here, outside the sandbox,
 by killing the container.
+
+Every execution ends the same way, whatever happened (try/finally): the host reads the
+container's CPU time, peak memory and OOM kills from its cgroup, kills it synchronously
+(the kill has completed before the result is returned), then queues its removal; a
+removal that fails is retried, and anything still left is the sweeper's (sweeper.py).
+A tier whose OCI runtime the engine lacks is unavailable: it never runs on runc instead.
 """
 
 from __future__ import annotations
@@ -21,14 +27,18 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import docker
 import docker.errors
 from docker.types import LogConfig, Ulimit
 
+from .cgroup import CgroupMeter, Usage
 from .errors import SandboxUnavailable
 from .models import SandboxResult, Tier
-from .protocol import FrameParser, agent_source, decode, encode_request, interpret_exit
+from .outcome import HostFacts, finish
+from .protocol import FrameParser, agent_source, encode_request
+from .sweeper import ReapReason, SweepPolicy
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,7 @@ SANDBOX_ENV = {
 }
 SANDBOX_USER = "65534:65534"
 _AGENT_STDERR_CAP = 4096
+_REMOVE_ATTEMPTS = 4
 
 
 def owner_id(pid: int | None = None) -> str:
@@ -78,7 +89,19 @@ class DockerSandbox:
     tier: Tier
     sock: object
     raw: socket.socket
+    meter: CgroupMeter | None = None
     created_at: float = field(default_factory=time.monotonic)
+
+
+def _stats_usage(stats: dict) -> Usage | None:
+    """CPU and peak memory from the engine's stats API (remote engines, where no cgroup is visible)."""
+    try:
+        cpu = int(stats["cpu_stats"]["cpu_usage"]["total_usage"]) / 1e9
+    except (KeyError, TypeError, ValueError):
+        return None
+    memory = stats.get("memory_stats") or {}
+    peak = memory.get("max_usage")
+    return Usage(cpu, int(peak) if isinstance(peak, int) else None, 0)
 
 
 class DockerBackend:
@@ -93,6 +116,8 @@ class DockerBackend:
         self._runtimes: set[str] = set()
         self._removals: queue.Queue[str | None] = queue.Queue()
         self._remover: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._executing: dict[str, float] = {}  # container id -> wall-clock start of its execution
         self.owner = ""
 
     # -- lifecycle -----------------------------------------------------------------
@@ -133,10 +158,20 @@ class DockerBackend:
         return self._client.api
 
     # -- one container -------------------------------------------------------------
+    def check_runtime(self, tier: Tier) -> None:
+        """Fail closed: a tier that asks for a runtime this engine lacks is unavailable."""
+        if tier.runtime is not None and tier.runtime not in self._runtimes:
+            have = ", ".join(sorted(self._runtimes)) or "none"
+            raise SandboxUnavailable(
+                f"tier {tier.name} requires the OCI runtime {tier.runtime!r}, which this Docker engine does not "
+                f"have (it has: {have}); the tier is unavailable rather than run with weaker isolation"
+            )
+
     def host_config(self, tier: Tier) -> dict:
+        self.check_runtime(tier)
         mem = f"{tier.memory_mb}m"
         tmpfs_bytes = tier.tmpfs_mb * 1024 * 1024
-        config = self.api.create_host_config(
+        config: dict = self.api.create_host_config(
             network_mode="none",
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,noexec,size={tier.tmpfs_mb}m,mode=1777"},
@@ -153,12 +188,13 @@ class DockerBackend:
             ],
             ipc_mode="none",
             log_config=LogConfig(type="none"),
-            runtime=tier.runtime if tier.runtime in self._runtimes else None,
+            runtime=tier.runtime,
         )
         return config
 
     def create_sandbox(self, tier: Tier) -> DockerSandbox:
-        """Create, attach and start one container; SandboxUnavailable on engine errors."""
+        """Create, attach and start one container; SandboxUnavailable on engine errors or a missing runtime."""
+        host_config = self.host_config(tier)
         cid = None
         try:
             created = self.api.create_container(
@@ -176,26 +212,34 @@ class DockerBackend:
                 tty=False,
                 labels={LABEL: "1", LABEL_TIER: tier.name, LABEL_OWNER: self.owner,
                         LABEL_HOST: socket.gethostname()},
-                host_config=self.host_config(tier),
+                host_config=host_config,
             )
             cid = created["Id"]
             sock = self.api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw = getattr(sock, "_sock", sock)
             self.api.start(cid)
+            pid = int(self.api.inspect_container(cid)["State"].get("Pid") or 0)
         except (docker.errors.DockerException, OSError) as exc:
             if cid is not None:
                 self.destroy_id(cid)
             raise SandboxUnavailable(f"cannot start a sandbox container: {exc}") from exc
-        return DockerSandbox(container_id=cid, tier=tier, sock=sock, raw=raw)
+        return DockerSandbox(container_id=cid, tier=tier, sock=sock, raw=raw, meter=CgroupMeter.open(pid, cid))
 
     def run(self, sandbox: DockerSandbox, code: str, *, started: float | None = None) -> SandboxResult:
-        """Send `code` to the sandbox's agent and collect the result; the sandbox is spent after."""
+        """Send `code` to the sandbox's agent and collect the result; the sandbox is dead and queued for
+        removal when this returns, whatever happened."""
         started = started if started is not None else time.monotonic()
         tier = sandbox.tier
-        deadline = started + tier.wall_time_s
+        # The wall time is the program's: it starts when the code is sent, not while a container started.
+        deadline = time.monotonic() + tier.wall_time_s
         parser = FrameParser(cap=tier.output_bytes)
         demux = _Demux(parser)
-        timed_out = killed = False
+        timed_out = False
+        infra_error: str | None = None
+        usage: Usage | None = None
+        with self._lock:
+            self._executing[sandbox.container_id] = time.time()
+        base = sandbox.meter.usage() if sandbox.meter is not None else None
         try:
             sandbox.raw.sendall(encode_request(code, tier))
             while parser.exit is None and parser.protocol_error is None and not parser.truncated:
@@ -213,41 +257,20 @@ class DockerBackend:
                     break
                 demux.feed(data)
         except OSError as exc:
-            self.destroy(sandbox)
-            return self._result(tier, started, parser, exit_code=None,
-                                error=f"sandbox_unavailable: lost the sandbox connection: {exc}")
-        if timed_out or parser.truncated:
-            # Close our end first: the engine's stream copier must not block on a reader that
-            # stopped reading (an output flood), or the kill itself would wait for it.
-            self._close_socket(sandbox)
-            self.kill(sandbox)
-            killed = True
-        exit_rec = parser.exit
-        oom = False
-        exit_code: int | None = None
-        error: str | None = None
-        stderr_note = ""
-        if exit_rec is not None:
-            info = interpret_exit(exit_rec, tier)
-            exit_code = info.exit_code
-            timed_out = timed_out or info.cpu_limited
-            stderr_note = info.stderr_note
-            oom = info.memory_error or (info.killed_by_sigkill and (info.oom_kills > 0 or self._oom_killed(sandbox)))
-            if exit_rec.get("truncated"):
-                parser.truncated = True
-        elif not killed:
-            # The agent died before reporting: the OOM killer, or the engine lost it.
-            state = self._wait_state(sandbox)
-            oom = bool(state.get("OOMKilled"))
-            exit_code = state.get("ExitCode")
-            if not oom:
-                why = parser.protocol_error or "the sandbox exited without a result"
-                error = f"sandbox_failed: {why}; agent said: {decode(demux.agent_err)[-500:]!r}"
-        self.destroy(sandbox)
-        if killed:
-            exit_code = None
-        return self._result(tier, started, parser, exit_code=exit_code, error=error, timed_out=timed_out,
-                            oom=oom, stderr_note=stderr_note)
+            infra_error = f"lost the sandbox connection: {exc}"
+        finally:
+            usage = self.stop(sandbox)
+        cpu = None
+        if usage is not None:
+            cpu = max(0.0, usage.cpu_seconds - (base.cpu_seconds if base is not None else 0.0))
+        oom = usage.oom_kills > 0 if usage is not None and sandbox.meter is not None else False
+        if sandbox.meter is None and (parser.exit is None or parser.exit.signal == 9):
+            oom = self._oom_killed(sandbox)
+        facts = HostFacts(started=started, timed_out=timed_out, cpu_seconds=cpu,
+                          memory_peak_bytes=usage.memory_peak_bytes if usage is not None else None,
+                          oom_killed=oom, infra_error=infra_error, agent_said=bytes(demux.agent_err))
+        self.destroy_id(sandbox.container_id)
+        return finish(tier, self.name, parser, facts)
 
     def execute(self, code: str, tier: Tier) -> SandboxResult:
         """One-shot: a fresh container for this execution only (no pool)."""
@@ -255,15 +278,26 @@ class DockerBackend:
         sandbox = self.create_sandbox(tier)
         return self.run(sandbox, code, started=started)
 
-    def _result(self, tier: Tier, started: float, parser: FrameParser, *, exit_code: int | None,
-                error: str | None = None, timed_out: bool = False, oom: bool = False,
-                stderr_note: str = "") -> SandboxResult:
-        return SandboxResult(
-            exit_code=exit_code, stdout=decode(parser.stdout), stderr=decode(parser.stderr) + stderr_note,
-            timed_out=timed_out, oom_killed=oom, truncated=parser.truncated,
-            duration_ms=int((time.monotonic() - started) * 1000), tier=tier.name, error=error,
-            backend=self.name,
-        ).with_cpu(parser.exit.get("cpu_s") if parser.exit else None)
+    def stop(self, sandbox: DockerSandbox) -> Usage | None:
+        """Measure the container, then kill it synchronously; its usage (None when unmeasurable)."""
+        try:
+            if sandbox.meter is not None:
+                usage = sandbox.meter.usage()
+            else:
+                usage = _stats_usage(self.api.stats(sandbox.container_id, stream=False, one_shot=True))
+        except Exception:  # noqa: BLE001 - an unmeasurable sandbox is charged by wall time, never spared the kill
+            usage = None
+        # Close our end first: the engine's stream copier must not block on a reader that stopped
+        # reading (an output flood), or an API kill would wait for it.
+        self._close_socket(sandbox)
+        killed = sandbox.meter.kill() if sandbox.meter is not None else False
+        if sandbox.meter is not None:
+            sandbox.meter.close()
+        if not killed:
+            self.kill_id(sandbox.container_id)
+        with self._lock:
+            self._executing.pop(sandbox.container_id, None)
+        return usage
 
     def _oom_killed(self, sandbox: DockerSandbox) -> bool:
         try:
@@ -271,19 +305,13 @@ class DockerBackend:
         except docker.errors.DockerException:
             return False
 
-    def _wait_state(self, sandbox: DockerSandbox) -> dict:
-        try:
-            self.api.wait(sandbox.container_id, timeout=5)
-            return self.api.inspect_container(sandbox.container_id)["State"]
-        except Exception:  # noqa: BLE001 - any engine trouble means "unknown state"
-            return {}
-
     # -- teardown ------------------------------------------------------------------
-    def kill(self, sandbox: DockerSandbox) -> None:
-        """Kill the whole container now (every process in it), removal follows in the background."""
+    def kill_id(self, container_id: str) -> None:
+        """Kill a container through the engine and wait until it is no longer running."""
         try:
-            self.api.kill(sandbox.container_id)
-        except docker.errors.DockerException:
+            self.api.kill(container_id)
+            self.api.wait(container_id, timeout=10)
+        except Exception:  # noqa: BLE001 - gone already, or the engine is in trouble: the sweeper retries
             pass
 
     @staticmethod
@@ -295,52 +323,91 @@ class DockerBackend:
                 pass
 
     def destroy(self, sandbox: DockerSandbox) -> None:
-        self._close_socket(sandbox)
+        """Kill now, remove in the background (an idle pool sandbox, or one never used)."""
+        self.stop(sandbox)
         self.destroy_id(sandbox.container_id)
 
     def destroy_id(self, container_id: str) -> None:
         """Queue a forced removal; done off the request path so it costs the caller nothing."""
         if self._remover is None:
-            self._remove_now(container_id)
+            self.remove_now(container_id)
         else:
             self._removals.put(container_id)
 
-    def _remove_now(self, container_id: str) -> None:
-        try:
-            self.api.remove_container(container_id, force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if "already in progress" not in str(exc):
-                log.warning("could not remove sandbox container %s: %s", container_id[:12], exc)
-        except Exception as exc:  # noqa: BLE001 - the remover thread must survive engine hiccups
-            log.warning("could not remove sandbox container %s: %s", container_id[:12], exc)
+    def remove_now(self, container_id: str) -> bool:
+        """Forced removal, retried a few times; False = still there (the sweeper will try again)."""
+        for attempt in range(_REMOVE_ATTEMPTS):
+            try:
+                self.api.remove_container(container_id, force=True, v=True)
+                return True
+            except docker.errors.NotFound:
+                return True
+            except Exception as exc:  # noqa: BLE001 - the remover thread must survive engine hiccups
+                if "already in progress" in str(exc):
+                    return True
+                if attempt == _REMOVE_ATTEMPTS - 1:
+                    log.warning("could not remove sandbox container %s (left to the sweeper): %s",
+                                container_id[:12], exc)
+                    return False
+                time.sleep(0.2 * 2 ** attempt)
+        return False
 
     def _remove_loop(self) -> None:
         while True:
             cid = self._removals.get()
             if cid is None:
                 return
-            self._remove_now(cid)
+            self.remove_now(cid)
 
     def pending_removals(self) -> int:
         return self._removals.qsize()
 
-    # -- orphans -------------------------------------------------------------------
+    # -- what the sweeper needs ----------------------------------------------------
+    def executing_since(self, container_id: str) -> float | None:
+        """Wall-clock time this worker handed the container its code; None if it is not executing here."""
+        with self._lock:
+            return self._executing.get(container_id)
+
     def reap_orphans(self) -> list[str]:
         """Remove labelled containers whose owning worker process (on this host) is gone.
 
-        Containers of live workers, and of other hosts sharing the engine, are left alone:
-        their owners remove them. A worker that died mid-execution leaves its container
+        Containers of live workers, and of other hosts sharing the engine, are left alone here
+        (the sweeper bounds their age). A worker that died mid-execution leaves its container
         running; the next worker to start on the host removes it here.
         """
         reaped = []
-        for c in self.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
+        for c in self.list_sandboxes():
             owner = (c.get("Labels") or {}).get(LABEL_OWNER, "")
             if not owner_alive(owner):
-                self._remove_now(c["Id"])
+                self.remove_now(c["Id"])
                 reaped.append(c["Id"])
         return reaped
+
+    def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
+        """Kill and remove every labelled container the policy condemns (see sweeper.py)."""
+        reaped = []
+        now = time.time()
+        for c in self.list_sandboxes():
+            cid = c["Id"]
+            owner = (c.get("Labels") or {}).get(LABEL_OWNER, "")
+            stopped_at = self._stopped_at(cid) if c.get("State") not in ("running", "created") else None
+            reason = policy.verdict(c, now=now, executing_since=self.executing_since(cid),
+                                    owner_alive=owner_alive(owner), stopped_at=stopped_at)
+            if reason is None:
+                continue
+            self.kill_id(cid)
+            if self.remove_now(cid):
+                reaped.append((cid, reason))
+        return reaped
+
+    def _stopped_at(self, container_id: str) -> float | None:
+        """When a stopped container stopped (epoch seconds); None if the engine cannot say."""
+        try:
+            finished = str(self.api.inspect_container(container_id)["State"].get("FinishedAt") or "")
+            stamp = datetime.fromisoformat(finished[:26].rstrip("Z") + "+00:00")
+        except Exception:  # noqa: BLE001 - gone meanwhile, or an odd timestamp: judge by age instead
+            return None
+        return stamp.timestamp() if stamp.year > 1 else None
 
     def list_sandboxes(self) -> list[dict]:
         return self.api.containers(all=True, filters={"label": f"{LABEL}=1"})

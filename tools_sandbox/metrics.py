@@ -6,7 +6,11 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Histogram
 
-OUTCOMES = ("ok", "error", "timeout", "oom", "truncated", "quota_exceeded", "unavailable")
+from .models import ErrorKind
+from .sweeper import ReapReason
+
+# `ok`, `error` (the program exited non-zero) and the error kinds; only `unavailable` is ours.
+OUTCOMES = ("ok", "error", *(kind.value for kind in ErrorKind))
 QUOTAS = ("concurrent_executions", "executions_per_minute", "cpu_seconds_per_day")
 
 EXECUTIONS = Counter(
@@ -19,11 +23,23 @@ DURATION = Histogram(
 QUOTA_REJECTIONS = Counter(
     "reactq_quota_rejections_total", "Sandbox calls refused by a tenant quota", ["tier", "quota"],
 )
+CPU_SECONDS = Counter(
+    "reactq_sandbox_cpu_seconds_total", "CPU seconds used by sandboxed code, measured by the host",
+    ["tier", "tenant"],
+)
+REAPED = Counter(
+    "reactq_sandbox_reaped_total", "Sandbox containers killed and removed by the sweeper", ["reason"],
+)
 
 
-def init_labels(tiers: Iterable[str]) -> None:
+def init_labels(tiers: Iterable[str], tenants: Iterable[str] = ()) -> None:
     """Create every known label set at 0 so dashboards and rate() see the series from the start."""
+    for reason in ReapReason:
+        REAPED.labels(reason=reason.value)
+    tenants = list(tenants)
     for tier in tiers:
+        for tenant in [*tenants, "other"]:
+            CPU_SECONDS.labels(tier=tier, tenant=tenant)
         DURATION.labels(tier=tier)
         for outcome in OUTCOMES:
             EXECUTIONS.labels(tier=tier, outcome=outcome)
@@ -34,3 +50,8 @@ def init_labels(tiers: Iterable[str]) -> None:
 def tier_label(tier: str, known: Iterable[str]) -> str:
     """Only configured tier names become label values."""
     return tier if tier in set(known) else "other"
+
+
+def tenant_label(tenant: str, configured: Iterable[str]) -> str:
+    """Only configured tenants become label values (the same rule as the worker's token metrics)."""
+    return tenant if tenant in set(configured) else "other"

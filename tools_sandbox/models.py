@@ -1,17 +1,42 @@
-"""Data shapes: the result of one execution, a tier, and a tenant's quotas.
+"""Data shapes: the result of one execution, its error kind, a tier, and a tenant's quotas.
 
 SandboxResult is the contract's result object (DESIGN.md) plus `backend`, so every
 observation says which isolation produced it: "docker", or the weaker "process"
 (bubblewrap) or "process-unshare" (util-linux unshare, for hosts without bwrap).
+Every figure in it was measured by the host (the sandboxed program can forge
+anything it sends, so nothing it sends is believed beyond its own output bytes).
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
+class ErrorKind(StrEnum):
+    """Why an execution did not simply run to completion: a small closed set (also a metrics label).
+
+    Only `unavailable` is the infrastructure's fault; the others are the program's doing, the tenant's
+    limits, or (`protocol_violation`) a program that tampered with the sandbox's own reporting.
+    """
+
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    OUTPUT_LIMIT = "output_limit"
+    PROTOCOL_VIOLATION = "protocol_violation"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    UNKNOWN_TIER = "unknown_tier"
+    UNAVAILABLE = "unavailable"
+
+
 class SandboxResult(BaseModel):
-    """What one execution produced; a failure of the code is data here, never an exception."""
+    """What one execution produced; a failure of the code is data here, never an exception.
+
+    Validated wherever it crosses a process boundary (the step worker reads it back from Redis).
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     exit_code: int | None
     stdout: str
@@ -19,57 +44,42 @@ class SandboxResult(BaseModel):
     timed_out: bool = False
     oom_killed: bool = False
     truncated: bool = False
-    duration_ms: int = 0
+    duration_ms: int = Field(default=0, ge=0)
     tier: str
     error: str | None = None
+    error_kind: ErrorKind | None = None
     backend: str
-    # CPU seconds the program used, when the agent reported them (quota accounting only).
-    _cpu_seconds: float | None = PrivateAttr(default=None)
+    # Measured by the host (the container's cgroup, or the wait4 of the sandbox's process tree);
+    # None when nothing was measured (the call never ran). The quota is charged with this figure.
+    cpu_seconds: float | None = Field(default=None, ge=0)
+    memory_peak_bytes: int | None = Field(default=None, ge=0)
+    # Which quota refused the call (in-process only; the stored object says it in `error`).
+    _quota: str | None = PrivateAttr(default=None)
 
     @property
-    def cpu_seconds(self) -> float | None:
-        return self._cpu_seconds
+    def quota(self) -> str | None:
+        return self._quota
 
-    def with_cpu(self, seconds: float | None) -> SandboxResult:
-        self._cpu_seconds = seconds
-        return self
+    @classmethod
+    def refused(cls, *, tier: str, backend: str, quota: str, message: str, duration_ms: int) -> SandboxResult:
+        """The result of a call a tenant quota refused."""
+        result = cls(exit_code=None, stdout="", stderr="", tier=tier, backend=backend, error=message,
+                     error_kind=ErrorKind.QUOTA_EXCEEDED, duration_ms=duration_ms)
+        result._quota = quota
+        return result
 
     @property
     def outcome(self) -> str:
-        """A small closed set, used as the metrics label."""
-        if self.error is not None:
-            if self.error.startswith("quota_exceeded"):
-                return "quota_exceeded"
-            if self.error.startswith("sandbox_unavailable"):
-                return "unavailable"
-        if self.timed_out:
-            return "timeout"
-        if self.oom_killed:
-            return "oom"
-        if self.truncated:
-            return "truncated"
-        if self.exit_code == 0 and self.error is None:
-            return "ok"
-        return "error"
+        """The metrics label: the error kind, else `ok` or `error` (a non-zero exit)."""
+        if self.error_kind is not None:
+            return self.error_kind.value
+        return "ok" if self.exit_code == 0 else "error"
 
     def observation(self) -> str:
-        """The text an agent sees: output, then markers for every limit that was hit."""
-        parts = []
-        if self.stdout:
-            parts.append(self.stdout.rstrip("\n"))
-        if self.stderr:
-            parts.append(f"[stderr]\n{self.stderr.rstrip(chr(10))}")
-        if self.truncated:
-            parts.append("[output truncated: the tier's output limit was reached]")
-        if self.timed_out:
-            parts.append("[killed: time limit reached]")
-        if self.oom_killed:
-            parts.append("[killed: memory limit reached]")
-        if self.error:
-            parts.append(f"[error: {self.error}]")
-        elif self.exit_code not in (0, None):
-            parts.append(f"[exit code {self.exit_code}]")
-        return "\n".join(parts) if parts else "[no output]"
+        """The text an agent sees (one renderer for every caller: see render.py)."""
+        from .render import render
+
+        return render(self).text
 
 
 class TenantQuota(BaseModel):
@@ -96,8 +106,11 @@ class Tier(BaseModel):
     output_bytes: int = Field(ge=1024)
     tmpfs_mb: int = Field(ge=1)
     nofile: int = Field(default=256, ge=16)
-    # An OCI runtime such as "runsc" (gVisor); used only where the engine has it.
+    # An OCI runtime such as "runsc" (gVisor). An engine without it makes the tier unavailable:
+    # the tier never silently runs on the default runtime.
     runtime: str | None = None
     # Warm containers for this tier; None = the service default.
     pool_size: int | None = Field(default=None, ge=0)
+    # How long a warm container may wait unused before the pool replaces it; None = the service default.
+    max_idle_s: float | None = Field(default=None, gt=0)
     quota: TenantQuota

@@ -17,7 +17,9 @@ commands, before any untrusted code) in the new namespaces.
 What both lack: cgroup memory/CPU/pids limits (RLIMIT_NPROC counts every process of
 uid 65534 on the host, RLIMIT_AS is not a cgroup limit), seccomp filtering, and a
 separate view of /usr (host-installed python packages are visible read-only).
-Used only when chosen, or when no Docker engine answers; REACTQ_SANDBOX_PROCESS_CONFINEMENT
+CPU time is the host's figure: wait4 on bwrap/unshare once the namespace's init has been
+killed and reaped sums every process the sandbox ran (see `_stop`), never the agent's report.
+Used only when chosen (`process`, or `auto` with no Docker engine); REACTQ_SANDBOX_PROCESS_CONFINEMENT
 (auto | bwrap | unshare) picks the confinement, auto = bwrap when installed, else unshare.
 """
 
@@ -33,10 +35,13 @@ import signal
 import subprocess
 import time
 
+from .cgroup import ProcessCgroup, Usage
 from .config import SandboxSettings
 from .errors import SandboxUnavailable
 from .models import SandboxResult, Tier
-from .protocol import FrameParser, agent_source, decode, encode_request, interpret_exit
+from .outcome import HostFacts, finish
+from .protocol import FrameParser, agent_source, decode, encode_request
+from .sweeper import ReapReason, SweepPolicy
 
 _ERR_CAP = 4096
 NOBODY = 65534
@@ -100,6 +105,10 @@ class ProcessBackend:
     def close(self) -> None:
         self._bwrap = None
         self._unshare = None
+
+    def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
+        """Nothing outlives a call here: each sandbox is killed at its end and dies with this worker."""
+        return []
 
     def _probe_unshare(self) -> None:
         """Build one empty sandbox now, so a host that forbids it fails at start, not per call."""
@@ -198,13 +207,24 @@ class ProcessBackend:
             self._libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     def execute(self, code: str, tier: Tier) -> SandboxResult:
+        if tier.runtime is not None:
+            raise SandboxUnavailable(
+                f"tier {tier.name} requires the OCI runtime {tier.runtime!r}, which the process backend cannot "
+                "provide; the tier is unavailable rather than run with weaker isolation"
+            )
         started = time.monotonic()
         deadline = started + tier.wall_time_s
         # bwrap runs unprivileged (it sets up a user namespace); unshare needs root to mount.
         drop = os.geteuid() == 0 and self._unshare is None
         fsize = tier.tmpfs_mb * 1024 * 1024
 
+        cgroup = ProcessCgroup.create() if os.geteuid() == 0 else None
+        if cgroup is not None and drop:
+            cgroup.delegate(NOBODY)
+
         def limits() -> None:
+            if cgroup is not None:
+                cgroup.join()
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
             resource.setrlimit(resource.RLIMIT_NOFILE, (tier.nofile, tier.nofile))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -217,69 +237,114 @@ class ProcessBackend:
                 user=NOBODY if drop else None, group=NOBODY if drop else None,
                 extra_groups=[] if drop else None, cwd="/",
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
+            if cgroup is not None:
+                cgroup.remove()
             raise SandboxUnavailable(f"cannot start {self._tool()}: {exc}") from exc
         parser = FrameParser(cap=tier.output_bytes)
         agent_err = bytearray()
         timed_out = False
-        assert proc.stdin and proc.stdout and proc.stderr
+        usage: Usage | None = None
         try:
-            proc.stdin.write(encode_request(code, tier, as_bytes=tier.memory_mb * 1024 * 1024,
-                                            nproc=tier.pids))
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ, "out")
-        sel.register(proc.stderr, selectors.EVENT_READ, "err")
-        open_streams = 2
-        while open_streams and parser.exit is None and parser.protocol_error is None and not parser.truncated:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(remaining):
-                data = os.read(key.fileobj.fileno(), 65536)
-                if not data:
-                    sel.unregister(key.fileobj)
-                    open_streams -= 1
-                elif key.data == "out":
-                    parser.feed(data)
-                elif len(agent_err) < _ERR_CAP:
-                    agent_err += data[: _ERR_CAP - len(agent_err)]
-        sel.close()
-        self._kill(proc)
-        exit_code: int | None = None
-        oom = False
-        error = None
-        note = ""
-        if parser.exit is not None and not timed_out:
-            info = interpret_exit(parser.exit, tier)
-            exit_code, note = info.exit_code, info.stderr_note
-            timed_out = info.cpu_limited
-            oom = info.memory_error
-            parser.truncated = parser.truncated or bool(parser.exit.get("truncated"))
-        elif not timed_out and not parser.truncated:
-            why = parser.protocol_error or "the sandbox exited without a result"
-            error = f"sandbox_failed: {why}; {self._tool()} said: {decode(agent_err)[-500:]!r}"
-        return SandboxResult(
-            exit_code=exit_code, stdout=decode(parser.stdout), stderr=decode(parser.stderr) + note,
-            timed_out=timed_out, oom_killed=oom, truncated=parser.truncated,
-            duration_ms=int((time.monotonic() - started) * 1000), tier=tier.name, error=error,
-            backend=self.name,
-        ).with_cpu(parser.exit.get("cpu_s") if parser.exit else None)
+            assert proc.stdin and proc.stdout and proc.stderr
+            try:
+                proc.stdin.write(encode_request(code, tier, as_bytes=tier.memory_mb * 1024 * 1024,
+                                                nproc=tier.pids))
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ, "out")
+                sel.register(proc.stderr, selectors.EVENT_READ, "err")
+                open_streams = 2
+                while open_streams and parser.exit is None and parser.protocol_error is None \
+                        and not parser.truncated:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        timed_out = True
+                        break
+                    for key, _ in sel.select(remaining):
+                        data = os.read(key.fd, 65536)
+                        if not data:
+                            sel.unregister(key.fileobj)
+                            open_streams -= 1
+                        elif key.data == "out":
+                            parser.feed(data)
+                        elif len(agent_err) < _ERR_CAP:
+                            agent_err += data[: _ERR_CAP - len(agent_err)]
+        finally:
+            usage = self._stop(proc, cgroup)
+        facts = HostFacts(started=started, timed_out=timed_out, agent_said=bytes(agent_err),
+                          cpu_seconds=usage.cpu_seconds if usage is not None else None,
+                          memory_peak_bytes=usage.memory_peak_bytes if usage is not None else None)
+        return finish(tier, self.name, parser, facts)
 
     def _tool(self) -> str:
         return "unshare" if self._unshare is not None else "bwrap"
 
     @staticmethod
-    def _kill(proc: subprocess.Popen[bytes]) -> None:
-        """Kill the session: bwrap or unshare and its namespace's init, which takes the pid namespace with it."""
+    def _stop(proc: subprocess.Popen[bytes], cgroup: ProcessCgroup | None) -> Usage | None:
+        """Kill the sandbox and return the CPU seconds of its whole process tree (None if unmeasurable).
+
+        With a cgroup (a root worker), every process the sandbox started is in it, however it
+        forked, reparented or ptraced: all are killed and the cgroup's totals read, exactly.
+        Without one (best effort): the namespace's init is killed first (the kernel then kills
+        every process in the pid namespace and the init reaps them), so bwrap or unshare, our
+        direct child, reaps it and exits, and wait4 on it sums the CPU time of the processes
+        reaped along that chain. A program that breaks the chain (a ptrace of its agent) can
+        hide CPU time there: run the process backend as root, or use Docker.
+        """
+        for child in _children(proc.pid):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+        cpu: float | None = None
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                cpu = rusage.ru_utime + rusage.ru_stime
+                break
+            time.sleep(0.002)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
+        if proc.returncode is None:
+            proc.wait()
+        usage = Usage(cpu, None, 0) if cpu is not None else None
+        if cgroup is not None:
+            cgroup.kill_all()
+            usage = cgroup.usage() or usage
+            cgroup.remove()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
-                stream.close()
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        return usage
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (the sandbox's namespace init)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found

@@ -3,6 +3,11 @@
 The parser is incremental and bounded: it never holds more than the tier's output
 cap per stream, whatever the sandbox sends (a hostile program can write raw bytes
 to the agent's stdout), so the worker's memory stays flat under an output flood.
+
+The exit record is the program's claim about its own end, nothing more: it is parsed
+only when it is a small flat JSON object (checked on the bytes, before any parser can
+recurse), validated strictly by `ExitRecord`, and anything else — any exception at all —
+is a protocol violation. CPU time, memory and kills come from the host, never from it.
 """
 
 from __future__ import annotations
@@ -14,9 +19,37 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from .models import Tier
 
-_MAX_EXIT_RECORD = 4096
+_MAX_EXIT_RECORD = 1024
+
+
+class ExitRecord(BaseModel):
+    """The agent's exit record: ints, None, booleans and non-negative numbers, nothing else."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    exit_code: int | None = Field(ge=0, le=255)
+    signal: int | None = Field(ge=1, le=64)
+    cpu_s: float = Field(ge=0, le=1e6)  # the agent's own figure: shown in logs at most, never charged
+    oom_kills: int = Field(ge=-1, le=1 << 30)
+    truncated: bool
+    memory_error: bool
+
+
+def parse_exit_record(raw: bytes) -> ExitRecord | None:
+    """The record, or None for anything that is not exactly a valid one (never raises)."""
+    # A valid record is one flat object whose strings are its own keys: one "{", no "[".
+    # Refusing anything else before json.loads means no input can make the parser recurse.
+    if len(raw) > _MAX_EXIT_RECORD or raw.count(b"{") != 1 or b"[" in raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return ExitRecord.model_validate(data) if isinstance(data, dict) else None
+    except Exception:  # noqa: BLE001 - whatever the bytes do to the parser, it is the program's fault
+        return None
 
 
 @lru_cache(maxsize=1)
@@ -47,7 +80,7 @@ class FrameParser:
     cap: int
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
-    exit: dict | None = None
+    exit: ExitRecord | None = None
     truncated: bool = False
     protocol_error: str | None = None
     _head: bytearray = field(default_factory=bytearray)
@@ -60,6 +93,12 @@ class FrameParser:
         return self.truncated
 
     def feed(self, data: bytes) -> None:
+        try:
+            self._feed(data)
+        except Exception:  # noqa: BLE001 - a parser bug must not become the program's lever
+            self.protocol_error = "unparseable frame stream"
+
+    def _feed(self, data: bytes) -> None:
         view = memoryview(data)
         while view and self.protocol_error is None and self.exit is None:
             if self._left == 0:
@@ -87,10 +126,9 @@ class FrameParser:
             if self._kind == b"X":
                 self._exit_buf += take
                 if self._left == 0:
-                    try:
-                        self.exit = json.loads(bytes(self._exit_buf))
-                    except ValueError:
-                        self.protocol_error = "unreadable exit record from the agent"
+                    self.exit = parse_exit_record(bytes(self._exit_buf))
+                    if self.exit is None:
+                        self.protocol_error = "malformed exit record"
             else:
                 buf = self.stdout if self._kind == b"1" else self.stderr
                 room = self.cap - len(buf)
@@ -104,29 +142,28 @@ def decode(data: bytes | bytearray) -> str:
     return bytes(data).decode("utf-8", errors="replace")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExitInfo:
-    """What the agent's exit record means under a tier's limits."""
+    """What the agent's exit record means under a tier's limits, checked against the host's CPU figure."""
 
     exit_code: int | None
     cpu_limited: bool = False
     killed_by_sigkill: bool = False
     memory_error: bool = False
-    oom_kills: int = -1
     stderr_note: str = ""
 
 
-def interpret_exit(record: dict, tier: Tier) -> ExitInfo:
+def interpret_exit(record: ExitRecord, tier: Tier, host_cpu_s: float | None) -> ExitInfo:
     """Exit code as a shell reports it (128+signal), and which limit, if any, ended the program."""
-    sig = record.get("signal")
-    info = ExitInfo(exit_code=record.get("exit_code"), memory_error=bool(record.get("memory_error")),
-                    oom_kills=int(record.get("oom_kills", -1)))
-    if sig is not None:
-        info.exit_code = 128 + int(sig)
-        # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one (soft + 1s).
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and record.get("cpu_s", 0) >= tier.cpu_time_s):
-            info.cpu_limited = True
-            info.stderr_note = f"\n[cpu time limit of {tier.cpu_time_s}s reached]"
-        elif sig == signal.SIGKILL:
-            info.killed_by_sigkill = True
-    return info
+    sig = record.signal
+    if sig is None:
+        return ExitInfo(exit_code=record.exit_code, memory_error=record.memory_error)
+    # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one (soft + 1s). The CPU figure
+    # that decides is the host's; the agent's is used only where the host measured nothing.
+    cpu = host_cpu_s if host_cpu_s is not None else record.cpu_s
+    cpu_limited = sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= tier.cpu_time_s)
+    return ExitInfo(
+        exit_code=128 + sig, cpu_limited=cpu_limited,
+        killed_by_sigkill=sig == signal.SIGKILL and not cpu_limited, memory_error=record.memory_error,
+        stderr_note=f"\n[cpu time limit of {tier.cpu_time_s}s reached]" if cpu_limited else "",
+    )

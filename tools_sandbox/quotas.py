@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 
 import redis
+from redis.commands.core import Script
 
 from . import keys
 from .models import Tier
@@ -73,7 +74,7 @@ class QuotaGate:
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
         self._client: redis.Redis | None = None
-        self._acquire = None
+        self._acquire: Script | None = None
 
     def start(self) -> None:
         self._client = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)

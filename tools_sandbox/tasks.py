@@ -24,7 +24,8 @@ from pydantic import BaseModel, Field
 
 from .config import SandboxSettings
 from .errors import UnknownTierError
-from .models import SandboxResult
+from .models import ErrorKind, SandboxResult
+from .outcome import UNAVAILABLE_TEXT
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,10 @@ RESULT_TTL_S = 7 * 24 * 3600
 # (re-queued with a short delay) for up to about this long before the rejection becomes its result.
 CONCURRENCY_WAIT_S = 120.0
 CONCURRENCY_RETRY_S = 0.5
+# The only task a sandbox call may continue to: the worker's step task (tools_sandbox never imports
+# worker; tests/test_sandbox_pool_task.py checks this name against worker's own constant).
+STEP_TASK = "reactq.step"
+ALLOWED_CONTINUATIONS = frozenset({STEP_TASK})
 
 _lock = threading.Lock()
 _service: SandboxService | None = None
@@ -118,15 +123,15 @@ def run_request(req: ExecuteRequest) -> SandboxResult:
         return get_service().execute(req.code, tier=req.tier, tenant=req.tenant)
     except UnknownTierError as exc:
         return SandboxResult(exit_code=None, stdout="", stderr="", tier=req.tier, error=f"unknown_tier: {exc}",
-                             backend="none")
-    except Exception as exc:  # noqa: BLE001 - infrastructure failure becomes a visible result
+                             error_kind=ErrorKind.UNKNOWN_TIER, backend="none")
+    except Exception:  # noqa: BLE001 - infrastructure failure becomes a visible result (details in the log)
         log.exception("sandbox execution failed")
-        return SandboxResult(exit_code=None, stdout="", stderr="", tier=req.tier,
-                             error=f"sandbox_unavailable: {type(exc).__name__}: {exc}", backend="none")
+        return SandboxResult(exit_code=None, stdout="", stderr="", tier=req.tier, error=UNAVAILABLE_TEXT,
+                             error_kind=ErrorKind.UNAVAILABLE, backend="none")
 
 
 def _waits_for_a_slot(result: SandboxResult) -> bool:
-    return (result.error or "").startswith("quota_exceeded: concurrent_executions")
+    return result.error_kind is ErrorKind.QUOTA_EXCEEDED and result.quota == "concurrent_executions"
 
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)
@@ -145,6 +150,9 @@ def execute(self: Any, request: dict[str, Any]) -> dict[str, Any]:
             outcome = result.outcome
     except redis.exceptions.ConnectionError as exc:
         raise self.retry(exc=exc, countdown=2, max_retries=30) from exc
-    if req.continue_task:
+    if req.continue_task in ALLOWED_CONTINUATIONS:
         self.app.send_task(req.continue_task, args=req.continue_args, queue=req.continue_queue)
+    elif req.continue_task:
+        log.warning("refused to continue sandbox call %s to task %r: only %s may follow a sandbox call",
+                    req.result_key, req.continue_task, ", ".join(sorted(ALLOWED_CONTINUATIONS)))
     return {"result_key": req.result_key, "outcome": outcome}

@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     model: str = "reactq-stub"
     mode: Mode = Mode.TOOLS
     max_steps: int = Field(8, ge=1, le=200)
-    sandbox_backend: str = "auto"
+    sandbox_backend: str = "docker"  # `reactq demo` sets auto for its own sandbox worker
     sandbox_image: str = "reactq-sandbox:latest"
     metrics_port: int = 9808
 

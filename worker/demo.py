@@ -4,6 +4,7 @@ is missing: Redis, api_stub, a step worker, a sandbox worker."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -45,7 +46,10 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
         for queue, name in ((STEPS_QUEUE, "steps"), (SANDBOX_QUEUE, "sandbox")):
             if rt.cluster.live_workers(queue) == 0:
                 console.print(f"starting a {name} worker (log: {workdir}/worker-{name}.log)")
-                started.append(start_worker(name, 64 if name == "steps" else 2, workdir))
+                # The demo alone opts into `auto`: Docker when an engine answers, else the weaker process
+                # backend, which every result then names (production's default is docker, fail closed).
+                env = {"REACTQ_SANDBOX_BACKEND": os.environ.get("REACTQ_SANDBOX_BACKEND", "auto")}
+                started.append(start_worker(name, 64 if name == "steps" else 2, workdir, env=env))
         if outfile.exists():
             outfile.unlink()
         sample = sample_batch_path()

@@ -25,7 +25,7 @@ def initialise(rt: Runtime) -> None:
         return
     from .submit import known_tiers
 
-    init_sandbox(known_tiers(rt.settings))
+    init_sandbox(known_tiers(rt.settings), rt.settings.tenants)
 
 
 def start_metrics_server(port: int, rt: Runtime) -> bool:

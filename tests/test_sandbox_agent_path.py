@@ -1,0 +1,73 @@
+"""A hostile program through the normal agent path: the model calls `python`, the code forges the report.
+
+Real step worker and sandbox worker (Docker backend) processes, the api_stub model (which sends a
+"Run this python code: ```...```" block verbatim), real Redis: the run finishes, the model's
+observation is the one protocol-violation sentence, the sandbox worker counts a
+`protocol_violation` and no `unavailable`, and none of the worker's containers is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.fixtures_cluster import Cluster, metrics_port
+from tests.fixtures_prometheus import scrape, total
+from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT
+
+FORGED = """import os, struct
+payload = b'{"signal": 9, "cpu_s": "a", "oom_kills": "x"}'
+fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+os.write(fd, b"X" + struct.pack(">I", len(payload)) + payload)
+"""
+NESTED = """import os, struct
+payload = b"[" * 5000 + b"]" * 5000
+fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+os.write(fd, b"X" + struct.pack(">I", len(payload)) + payload)
+"""
+
+
+@pytest.mark.docker
+def test_a_forged_report_reaches_the_model_as_one_sentence(cluster: Cluster, sandbox_image: str) -> None:
+    import docker
+
+    port = metrics_port()
+    cluster.start_worker(queues="steps", concurrency=8)
+    sandbox = cluster.start_worker(queues="sandbox", concurrency=2, metrics_port=port,
+                                   REACTQ_SANDBOX_BACKEND="docker", REACTQ_SANDBOX_IMAGE=sandbox_image)
+    for code in (FORGED, NESTED):
+        run = json.loads(cluster.reactq("ask", f"Run this python code:\n```python\n{code}```", "--wait",
+                                        "--json", "--timeout", "120").stdout)
+        assert run["status"] not in ("queued", "running"), run
+        trace = json.loads(cluster.reactq("trace", run["run_id"], "--json").stdout)["trace"]
+        assert trace[0]["tool_calls"][0]["name"] == "python"
+        observation = trace[0]["observations"][0]
+        assert observation["content"] == PROTOCOL_VIOLATION_TEXT, observation
+        assert observation["outcome"] == "error"
+    samples = scrape(f"http://127.0.0.1:{port}/metrics")
+    assert total(samples, "reactq_sandbox_executions_total", outcome="protocol_violation") == 2
+    assert total(samples, "reactq_sandbox_executions_total", outcome="unavailable") == 0
+    assert total(samples, "reactq_sandbox_cpu_seconds_total") > 0
+
+    engine = docker.from_env()
+
+    def executing() -> list[str]:
+        # The worker's idle warm containers are running by design; the executed ones must be gone.
+        mine = engine.api.containers(filters={"label": "reactq.sandbox=1", "status": "running"})
+        return [c["Id"] for c in mine if c["Labels"].get("reactq.sandbox.owner", "").split("/")[1:2]
+                == [str(sandbox.pid)] and _busy(engine, c["Id"])]
+
+    deadline = time.monotonic() + 20
+    while executing() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert executing() == []
+
+
+def _busy(engine, cid: str) -> bool:
+    """A warm container runs only tini and the waiting agent; anything more is a program."""
+    try:
+        return len(engine.api.top(cid)["Processes"]) > 2
+    except Exception:  # noqa: BLE001 - gone between the listing and the look
+        return False

@@ -1,0 +1,351 @@
+"""The host is the only authority: forged reports, tampering with the agent, orphaned CPU burners.
+
+Against the real Docker engine (one-shot containers and the warm pool) and the process backend
+(bubblewrap). For every tampering case: the call returns, the model sees exactly the one
+protocol-violation sentence, the container is dead when the call returns, and the
+`unavailable` outcome (the infrastructure's) is not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.fixtures_sandbox import TEST_TIERS
+from tools_sandbox import ErrorKind, SandboxResult, SandboxService, SandboxSettings, load_tiers, render_result
+from tools_sandbox.protocol import FrameParser, parse_exit_record
+from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT
+
+GRACE_S = SandboxSettings().sandbox_sweep_grace_s
+VALID = {"exit_code": 0, "signal": None, "cpu_s": 0.0, "oom_kills": 0, "truncated": False, "memory_error": False}
+
+# Writes one frame straight into the agent's stdout (the channel the host reads), as a hostile program would.
+FORGE = """
+import os, struct
+payload = {payload!r}
+fd = os.open(f"/proc/{{os.getppid()}}/fd/1", os.O_WRONLY)
+os.write(fd, b"X" + struct.pack(">I", len(payload)) + payload)
+"""
+PTRACE_STOP = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace(16, os.getppid(), None, None)  # PTRACE_ATTACH: the agent stops, and stays stopped when we exit
+"""
+PTRACE = """
+import ctypes, os, struct
+payload = b'{"signal": 9, "cpu_s": "a", "oom_kills": "x"}'
+fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+os.write(fd, b"X" + struct.pack(">I", len(payload)) + payload)
+""" + PTRACE_STOP
+RAW_WRITE = """
+import os
+fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+os.write(fd, b"hello, agent")
+"""
+REDIRECT_STDOUT = """
+import os, sys
+os.close(1)
+os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)  # takes fd 1: our prints now go into the frame stream
+print("forged answer: 42", flush=True)
+"""
+KILL_AGENT = """
+import os, signal
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+TAMPERING = {
+    "record_not_a_dict": FORGE.format(payload=b"1"),
+    "record_nested_past_the_recursion_limit": FORGE.format(payload=b"[" * 5000 + b"]" * 5000),
+    "record_nested_within_the_size_cap": FORGE.format(payload=b"[" * 400 + b"]" * 400),
+    "record_with_wrong_types": FORGE.format(payload=b'{"signal": 9, "cpu_s": "a", "oom_kills": "x"}'),
+    "ptrace_of_the_agent": PTRACE,
+    "raw_write_to_the_agents_stdout": RAW_WRITE,
+    "stdout_closed_and_redirected_to_the_agent": REDIRECT_STDOUT,
+    "agent_killed": KILL_AGENT,
+}
+
+BURN_TIER = """
+[tiers.burn]
+cpus = 1.0
+memory_mb = 128
+wall_time_s = 30
+cpu_time_s = 20
+pids = 32
+output_bytes = 8192
+tmpfs_mb = 8
+pool_size = 0
+
+[tiers.burn.quota]
+concurrent_executions = 2
+executions_per_minute = 100
+cpu_seconds_per_day = 1.0
+
+[tiers.gvisor]
+cpus = 0.5
+memory_mb = 64
+wall_time_s = 2
+cpu_time_s = 1
+pids = 32
+output_bytes = 8192
+tmpfs_mb = 8
+runtime = "runsc-not-installed"
+pool_size = 1
+
+[tiers.gvisor.quota]
+concurrent_executions = 2
+executions_per_minute = 100
+cpu_seconds_per_day = 100
+"""
+
+# A double-forked grandchild burns CPU while its parent only waits: the agent's wait4 sees ~0 s.
+ORPHAN_BURNER = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        t = time.process_time()
+        while time.process_time() - t < 1.5:
+            pass
+        os.write(w, b"done")
+        os._exit(0)
+    os._exit(0)
+os.wait()
+os.close(w)
+os.read(r, 4)
+print("parent idle, orphan done")
+"""
+
+
+def _unavailable(tier: str) -> float:
+    return REGISTRY.get_sample_value("reactq_sandbox_executions_total", {"tier": tier, "outcome": "unavailable"}) or 0.0
+
+
+def _cpu_counted(tier: str, tenant: str) -> float:
+    return REGISTRY.get_sample_value("reactq_sandbox_cpu_seconds_total", {"tier": tier, "tenant": tenant}) or 0.0
+
+
+@pytest.fixture(scope="module")
+def authority_tiers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("authority") / "tiers.toml"
+    path.write_text(TEST_TIERS + BURN_TIER, encoding="utf-8")
+    return path
+
+
+def _settings(tiers_file: Path, **kw: object) -> SandboxSettings:
+    return SandboxSettings(sandbox_tiers_file=tiers_file, tenants=["acme"], **kw)
+
+
+@pytest.fixture(scope="module", params=["docker", "process"])
+def one_shot(request, authority_tiers: Path, docker_engine):
+    """A service that starts a fresh sandbox per call (docker: no pool), on each backend."""
+    if request.param == "process" and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    if request.param == "docker":
+        request.getfixturevalue("sandbox_image")
+    svc = SandboxService(_settings(authority_tiers), backend=request.param, pool=False)
+    svc.start()
+    assert svc.backend_name in ("docker", "process"), svc.start_error
+    yield svc
+    svc.close()
+
+
+def _my_running_containers(engine) -> list[dict]:
+    from tools_sandbox.docker_backend import owner_id
+
+    return engine.api.containers(filters={"label": f"reactq.sandbox.owner={owner_id()}", "status": "running"})
+
+
+def _assert_none_running_within(engine, seconds: float) -> None:
+    """The host killed the sandbox before returning; the engine's own bookkeeping may lag a moment."""
+    deadline = time.monotonic() + seconds
+    while (running := _my_running_containers(engine)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running == [], f"still running {seconds}s after the call: {[c['Id'][:12] for c in running]}"
+
+
+def _assert_discarded(result: SandboxResult) -> None:
+    assert result.error_kind is ErrorKind.PROTOCOL_VIOLATION, result
+    assert render_result(result).text == PROTOCOL_VIOLATION_TEXT
+    assert (result.stdout, result.stderr, result.exit_code) == ("", "", None)
+    assert "Error:" not in (result.error or "") and "Traceback" not in (result.error or "")
+
+
+# -- the exit record parser, on bytes ------------------------------------------------------
+
+@pytest.mark.parametrize("raw", [
+    b"1", b"[" * 5000 + b"]" * 5000, b"[" * 400 + b"]" * 400, b'{"a":' * 200 + b"1" + b"}" * 200,
+    b'{"signal": 9, "cpu_s": "a", "oom_kills": "x"}', json.dumps({**VALID, "cpu_s": -1}).encode(),
+    json.dumps({**VALID, "exit_code": True}).encode(), json.dumps({**VALID, "extra": 1}).encode(),
+    json.dumps({**VALID, "cpu_s": float("nan")}).encode(), b"\xff\xfe", b"{}", b"",
+])
+def test_anything_but_a_valid_record_is_refused_without_raising(raw: bytes) -> None:
+    assert parse_exit_record(raw) is None
+
+
+def test_a_valid_record_parses() -> None:
+    record = parse_exit_record(json.dumps({**VALID, "signal": 9, "cpu_s": 1.5}).encode())
+    assert record is not None and record.signal == 9 and record.cpu_s == 1.5
+
+
+def test_the_frame_parser_turns_a_hostile_record_into_a_protocol_error() -> None:
+    parser = FrameParser(cap=1024)
+    payload = b"[" * 900 + b"]" * 100
+    parser.feed(b"X" + struct.pack(">I", len(payload)) + payload)
+    assert parser.exit is None and parser.protocol_error
+
+
+# -- real sandboxes ------------------------------------------------------------------------
+
+@pytest.mark.docker
+@pytest.mark.parametrize("case", sorted(TAMPERING))
+def test_tampering_with_the_report_is_a_protocol_violation(one_shot: SandboxService, docker_engine,
+                                                            case: str) -> None:
+    before = _unavailable("tiny")
+    result = one_shot.execute(TAMPERING[case], tier="tiny", tenant="acme")
+    if one_shot.backend_name == "process" and "PermissionError" in result.stderr and case != "agent_killed":
+        # bubblewrap's agent is not open to its program: the attack fails inside, an ordinary error.
+        assert result.exit_code == 1 and result.error_kind is None and result.error is None, result
+    else:
+        _assert_discarded(result)
+    assert _unavailable("tiny") == before
+    _assert_none_running_within(docker_engine, one_shot.tiers["tiny"].wall_time_s + GRACE_S)
+    assert result.cpu_seconds is not None  # the host measured it, whatever the program claimed
+
+
+@pytest.mark.docker
+def test_an_agent_stopped_by_ptrace_is_ended_by_the_host_at_the_time_limit(one_shot: SandboxService,
+                                                                           docker_engine) -> None:
+    before = _unavailable("tiny")
+    result = one_shot.execute(PTRACE_STOP, tier="tiny", tenant="acme")
+    assert result.error_kind is ErrorKind.TIMEOUT and result.timed_out and result.exit_code is None, result
+    assert render_result(result).text.startswith("Error: the code was stopped at the time limit of its tier")
+    assert _unavailable("tiny") == before
+    _assert_none_running_within(docker_engine, one_shot.tiers["tiny"].wall_time_s + GRACE_S)
+
+
+@pytest.mark.docker
+def test_tampering_through_the_warm_pool(authority_tiers: Path, sandbox_image: str, docker_engine) -> None:
+    settings = _settings(authority_tiers, sandbox_pool_tiers="tiny")
+    with SandboxService(settings, backend="docker") as svc:
+        assert svc.pool is not None and svc.pool.wait_ready(60)
+        for case in ("record_with_wrong_types", "stdout_closed_and_redirected_to_the_agent"):
+            sandbox = svc.pool.acquire(svc.tiers["tiny"])
+            result = svc.pool.backend.run(sandbox, TAMPERING[case])
+            _assert_discarded(result)
+            deadline = time.monotonic() + svc.tiers["tiny"].wall_time_s + GRACE_S
+            while _running(docker_engine, sandbox.container_id) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _running(docker_engine, sandbox.container_id), case
+        # The pool still serves honest code afterwards.
+        assert svc.execute("print(6*7)", tier="tiny", tenant="acme").stdout == "42\n"
+
+
+def _running(engine, cid: str) -> bool:
+    return bool(engine.api.containers(filters={"id": cid, "status": "running"}))
+
+
+@pytest.mark.docker
+def test_a_forged_zero_cpu_claim_is_not_believed(one_shot: SandboxService) -> None:
+    code = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\n"
+            + FORGE.format(payload=json.dumps(VALID).encode()))
+    result = one_shot.execute(code, tier="roomy", tenant="acme")
+    # A well-formed record is believed about the program's own exit code only (under bubblewrap the
+    # forgery cannot reach the agent at all: an ordinary PermissionError).
+    assert result.error_kind is None and result.exit_code == (0 if one_shot.backend_name == "docker" else 1)
+    assert result.cpu_seconds is not None and result.cpu_seconds >= 0.45, result
+    assert result.memory_peak_bytes is not None  # measured in the sandbox's cgroup, not estimated
+
+
+@pytest.mark.docker
+def test_an_orphaned_cpu_burner_is_charged_and_the_quota_then_refuses(
+        one_shot: SandboxService, authority_tiers: Path, redis_url: str) -> None:
+    counted = _cpu_counted("burn", "acme")
+    with SandboxService(_settings(authority_tiers), backend=one_shot.backend_name, redis_url=redis_url,
+                        pool=False) as svc:
+        first = svc.execute(ORPHAN_BURNER, tier="burn", tenant="acme")
+        assert first.stdout == "parent idle, orphan done\n" and first.error_kind is None, first
+        assert first.cpu_seconds is not None and first.cpu_seconds >= 1.4, first
+        assert first.memory_peak_bytes is not None  # the cgroup's figure, not the wall-time estimate
+        second = svc.execute("print(1)", tier="burn", tenant="acme")
+    assert second.error_kind is ErrorKind.QUOTA_EXCEEDED and second.quota == "cpu_seconds_per_day", second
+    assert "cpu_seconds_per_day" in render_result(second).text
+    assert _cpu_counted("burn", "acme") >= counted + 1.4
+
+
+@pytest.mark.docker
+def test_a_tier_whose_runtime_is_missing_fails_closed(one_shot: SandboxService, docker_engine) -> None:
+    before = len(docker_engine.api.containers(all=True, filters={"label": "reactq.sandbox.tier=gvisor"}))
+    result = one_shot.execute("print('on runc?')", tier="gvisor", tenant="acme")
+    assert result.error_kind is ErrorKind.UNAVAILABLE and result.exit_code is None and result.stdout == ""
+    assert "runsc-not-installed" in (result.error or "")
+    assert len(docker_engine.api.containers(all=True, filters={"label": "reactq.sandbox.tier=gvisor"})) == before
+
+
+@pytest.mark.docker
+def test_the_warm_pool_never_builds_a_tier_whose_runtime_is_missing(authority_tiers: Path, sandbox_image: str,
+                                                                     docker_engine) -> None:
+    with SandboxService(_settings(authority_tiers, sandbox_pool_tiers="gvisor,tiny"), backend="docker") as svc:
+        assert svc.pool is not None and svc.pool.wait_ready(60)
+        assert "gvisor" not in svc.pool.sizes and svc.pool.ready_count("gvisor") == 0
+        result = svc.execute("print(1)", tier="gvisor", tenant="acme")
+        assert result.error_kind is ErrorKind.UNAVAILABLE and "runsc-not-installed" in (result.error or "")
+
+
+def test_the_production_default_backend_is_docker(monkeypatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("REACTQ_"):
+            monkeypatch.delenv(key)
+    assert SandboxSettings().sandbox_backend == "docker"
+    from worker.config import Settings
+
+    assert Settings().sandbox_backend == "docker"
+
+
+def test_docker_backend_without_an_engine_is_unavailable_not_process(monkeypatch, authority_tiers: Path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with SandboxService(_settings(authority_tiers), backend="docker", pool=False) as svc:
+        result = svc.execute("print(1)", tier="tiny", tenant="acme")
+    assert result.error_kind is ErrorKind.UNAVAILABLE and result.backend == "docker" and result.stdout == ""
+
+
+def test_auto_without_an_engine_names_the_weaker_isolation(monkeypatch, authority_tiers: Path) -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with SandboxService(_settings(authority_tiers), backend="auto", pool=False) as svc:
+        result = svc.execute("print(1)", tier="tiny", tenant="acme")
+    assert result.stdout == "1\n" and result.backend == "process"
+
+
+def test_tiers_file_may_name_a_runtime(authority_tiers: Path) -> None:
+    assert load_tiers(authority_tiers)["gvisor"].runtime == "runsc-not-installed"
+
+
+@pytest.mark.docker
+def test_without_a_view_of_the_cgroup_the_engine_measures_and_kills(sandbox_image: str, authority_tiers: Path,
+                                                                     docker_engine) -> None:
+    """A remote engine (dind): no local cgroup or pidfd, so the stats API measures and the API kills."""
+    from tools_sandbox.docker_backend import DockerBackend
+
+    backend = DockerBackend(sandbox_image)
+    backend.start()
+    try:
+        sandbox = backend.create_sandbox(load_tiers(authority_tiers)["roomy"])
+        assert sandbox.meter is not None  # this engine is local; pretend it is not
+        sandbox.meter.close()
+        sandbox.meter = None
+        code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass\nprint('spun')"
+        result = backend.run(sandbox, code)
+        assert result.stdout == "spun\n" and result.error_kind is None, result
+        assert result.cpu_seconds is not None and result.cpu_seconds >= 0.25, result
+        assert not _running(docker_engine, sandbox.container_id)
+    finally:
+        backend.close()

@@ -1,0 +1,247 @@
+"""Host-side measurement and killing of one sandbox through the kernel, not through the sandbox.
+
+For a container of a *local* engine (its init's pid is visible in this pid namespace and
+its cgroup names the container) the host reads CPU time, peak memory and OOM kills from
+the container's cgroup files (v1 or v2) and kills it through a pidfd of its init: SIGKILL
+to a pid namespace's init kills every process in it, and a pidfd can never hit a recycled
+pid. Both cost microseconds, against tens of milliseconds for the engine's API. A remote
+engine (dind) has no such view: `CgroupMeter.open` returns None and the caller uses the
+engine's stats and kill instead.
+
+The process backend gets a cgroup of its own per execution where this worker may create one
+(`ProcessCgroup`, as root): every process the sandbox ever starts is in it, however it forks,
+reparents or ptraces, so its CPU time is exact.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Usage:
+    """CPU seconds, peak memory bytes (None where the cgroup has no such file), OOM kills so far."""
+
+    cpu_seconds: float
+    memory_peak_bytes: int | None
+    oom_kills: int
+
+
+@lru_cache(maxsize=1)
+def _mounts() -> dict[str, Path]:
+    """Controller (or "unified") -> mount point, from this process's mountinfo."""
+    found: dict[str, Path] = {}
+    try:
+        lines = Path("/proc/self/mountinfo").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        if rest[0] == "cgroup2":
+            found.setdefault("unified", Path(fields[4]))
+        elif rest[0] == "cgroup":
+            for option in rest[2].split(","):
+                found.setdefault(option, Path(fields[4]))
+    return found
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii")
+    except OSError:
+        return None
+
+
+def _keyed(text: str | None, key: str) -> int | None:
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+class CgroupFiles:
+    """The accounting files of one cgroup (v1: cpuacct + memory controllers; v2: one directory)."""
+
+    def __init__(self, cpu: Path, memory: Path, procs: Path, v2: bool) -> None:
+        self._cpu, self._memory, self._procs, self._v2 = cpu, memory, procs, v2
+
+    def usage(self) -> Usage | None:
+        """The cgroup's totals so far; None once it is gone."""
+        if self._v2:
+            usec = _keyed(_read(self._cpu / "cpu.stat"), "usage_usec")
+            if usec is None:
+                return None
+            peak = _read(self._memory / "memory.peak")
+            return Usage(usec / 1e6, int(peak) if peak and peak.strip().isdigit() else None,
+                         _keyed(_read(self._memory / "memory.events"), "oom_kill") or 0)
+        nanos = _read(self._cpu / "cpuacct.usage")
+        if nanos is None or not nanos.strip().isdigit():
+            return None
+        peak = _read(self._memory / "memory.max_usage_in_bytes")
+        return Usage(int(nanos) / 1e9, int(peak) if peak and peak.strip().isdigit() else None,
+                     _keyed(_read(self._memory / "memory.oom_control"), "oom_kill") or 0)
+
+    def empty(self) -> bool:
+        procs = _read(self._procs)
+        return procs is None or not procs.strip()
+
+
+class ProcessCgroup(CgroupFiles):
+    """A fresh cgroup for one process-backend execution, below this worker's own cgroups."""
+
+    def __init__(self, dirs: list[Path], v2: bool) -> None:
+        super().__init__(dirs[0], dirs[-1], dirs[0] / "cgroup.procs", v2)
+        self.dirs = dirs
+
+    @classmethod
+    def create(cls) -> ProcessCgroup | None:
+        """None where this worker cannot make one (not root, no cgroup mounts): wait4 accounting then."""
+        own = _read(Path("/proc/self/cgroup")) or ""
+        paths = {}
+        for line in own.splitlines():
+            _, controllers, where = line.split(":", 2)
+            for controller in (controllers.split(",") if controllers else ["unified"]):
+                paths[controller] = where.lstrip("/")
+        mounts, name = _mounts(), f"reactq-sandbox-{uuid.uuid4().hex[:12]}"
+        if "cpuacct" in mounts and "memory" in mounts:
+            wanted = [mounts[c] / paths.get(c, "") / name for c in ("cpuacct", "memory")]
+            v2 = False
+        elif "unified" in mounts:
+            wanted, v2 = [mounts["unified"] / paths.get("unified", "") / name], True
+        else:
+            return None
+        made: list[Path] = []
+        try:
+            for path in wanted:
+                path.mkdir()
+                made.append(path)
+        except OSError:
+            for path in made:
+                _rmdir(path)
+            return None
+        return cls(made, v2)
+
+    def delegate(self, uid: int) -> None:
+        """Let `uid` (the sandbox's launcher) move itself in; nothing else of the cgroup becomes its."""
+        for path in self.dirs:
+            os.chown(path / "cgroup.procs", uid, -1)
+
+    def join(self) -> None:
+        """Move the calling process into the cgroup (from the sandbox's preexec_fn, before exec)."""
+        for path in self.dirs:
+            with open(path / "cgroup.procs", "w", encoding="ascii") as f:
+                f.write("0")
+
+    def kill_all(self, timeout: float = 2.0) -> bool:
+        """SIGKILL every process left in the cgroup until it is empty; False if that took too long."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            procs = (_read(self._procs) or "").split()
+            if not procs:
+                return True
+            for pid in procs:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+            time.sleep(0.002)
+        return False
+
+    def remove(self) -> None:
+        for path in reversed(self.dirs):
+            _rmdir(path)
+
+
+def _rmdir(path: Path) -> None:
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)  # the last killed process is still leaving the cgroup
+
+
+class CgroupMeter(CgroupFiles):
+    """Reads one container's cgroup and kills it through its init's pidfd."""
+
+    def __init__(self, pidfd: int, cpu: Path, memory: Path, procs: Path, v2: bool) -> None:
+        super().__init__(cpu, memory, procs, v2)
+        self.pidfd = pidfd
+
+    @classmethod
+    def open(cls, pid: int, container_id: str) -> CgroupMeter | None:
+        """A meter for the container whose init is host pid `pid`; None where the host cannot see it."""
+        if pid <= 0:
+            return None
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        meter = cls._resolve(pid, container_id, pidfd)
+        if meter is None:
+            os.close(pidfd)
+        return meter
+
+    @classmethod
+    def _resolve(cls, pid: int, container_id: str, pidfd: int) -> CgroupMeter | None:
+        text = _read(Path(f"/proc/{pid}/cgroup"))
+        if text is None or container_id not in text:
+            return None  # not this container's process (remote engine, or the pid was reused)
+        mounts = _mounts()
+        paths: dict[str, str] = {}
+        for line in text.splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in (controllers.split(",") if controllers else ["unified"]):
+                paths[controller] = path.lstrip("/")
+        if "cpuacct" in paths and "memory" in paths and "pids" in paths:
+            cpu = mounts.get("cpuacct")
+            memory = mounts.get("memory")
+            pids = mounts.get("pids")
+            if cpu and memory and pids:
+                return cls(pidfd, cpu / paths["cpuacct"], memory / paths["memory"],
+                           pids / paths["pids"] / "cgroup.procs", v2=False)
+        unified = mounts.get("unified")
+        if unified and "unified" in paths and container_id in paths["unified"]:
+            base = unified / paths["unified"]
+            return cls(pidfd, base, base, base / "cgroup.procs", v2=True)
+        return None
+
+    def kill(self, timeout: float = 2.0) -> bool:
+        """SIGKILL the container's init (so the kernel kills its whole pid namespace) and wait until
+        no process is left in its cgroup; False if that did not happen within `timeout`."""
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            return False
+        # The pidfd turns readable when the init has exited, which the kernel lets happen only once
+        # every other process of its pid namespace is gone: one wake-up, no polling.
+        waiter = select.poll()
+        waiter.register(self.pidfd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        waiter.poll(timeout * 1000)
+        while not self.empty():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def close(self) -> None:
+        try:
+            os.close(self.pidfd)
+        except OSError:
+            pass
