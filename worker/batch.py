@@ -120,7 +120,7 @@ SUBMIT_CHUNK = 500
 class BatchRunner:
     """Submits a batch and follows it to the end, writing each result line as its run finishes."""
 
-    def __init__(self, store: RunStore, settings: Settings, send_step: Callable[[str, int], None],
+    def __init__(self, store: RunStore, settings: Settings, send_step: Callable[..., None],
                  on_wait: Callable[[AdmissionRefused], None] | None = None) -> None:
         self.store = store
         self.settings = settings

@@ -19,7 +19,7 @@ from .runtime import Runtime
 
 def run_batch_file(
     rt: Runtime, infile: Path, outfile: Path, tenant: str | None, tier: str | None,
-    send_step: Callable[[str, int], None], console: Console,
+    send_step: Callable[..., None], console: Console,
     on_result: Callable[[Run], None] | None = None,
 ) -> int:
     """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do."""

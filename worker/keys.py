@@ -123,3 +123,32 @@ def tenant_submissions(name: str, minute: int) -> str:
 def tenant_streams(name: str) -> str:
     """zset: open event streams, member = stream id, score = when it lapses unless renewed."""
     return f"{PREFIX}:tenant:{name}:streams"
+
+
+def llm_limit(model: str, budget: str) -> str:
+    """string: a provider budget's GCRA theoretical arrival time (µs, Redis clock); budget rpm | tpm."""
+    return f"{PREFIX}:llm:{model}:limit:{budget}"
+
+
+def llm_cooldown(model: str) -> str:
+    """string with a TTL: set after a provider 429; no worker calls the model until it expires."""
+    return f"{PREFIX}:llm:{model}:cooldown"
+
+
+def tenant_submitted(tenant: str, minute: int) -> str:
+    """string counter with a TTL: runs a tenant submitted in one minute, kept for the fairness window
+    (worker/fairness.py; admission's per-minute limit has its own shorter-lived counter)."""
+    return f"{PREFIX}:tenant:{tenant}:submitted:{minute}"
+
+
+def step_taken(run_id: str) -> str:
+    """string "INDEX:UNIX_TIME": the last step of the run a worker received (the reaper reads it)."""
+    return f"{PREFIX}:run:{run_id}:taken"
+
+
+def reaper_suspect(run_id: str) -> str:
+    """string with a TTL: the step index the reaper found no message for on its last pass."""
+    return f"{PREFIX}:reaper:suspect:{run_id}"
+
+
+CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken and not yet acked
