@@ -50,6 +50,12 @@ class FaultConfig(BaseModel):
         default=0, ge=0, description="the first N completion requests of the server fail with fail_status")
     fail_status: int = Field(default=500, ge=400, le=599, description="status used by fail_first_n")
     seed: int = Field(default=0, description="seed of the per-request random choices")
+    fail_models: list[str] = Field(
+        default_factory=list, description="requests naming one of these models are answered 503 (model routing)")
+    rpm_limit: int = Field(
+        default=0, ge=0, description="server-side requests-per-minute limit (0: none); over it, 429 + Retry-After")
+    tpm_limit: int = Field(
+        default=0, ge=0, description="server-side tokens-per-minute limit (0: none); over it, 429 + Retry-After")
 
 
 def merge_faults(base: FaultConfig, header: str | None) -> FaultConfig:

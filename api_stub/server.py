@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api_stub.brain import respond
 from api_stub.faults import FaultConfig, decide, hallucinate, malform, merge_faults
+from api_stub.limits import Refusal, ServerLimits
 from api_stub.tokens import count_prompt_tokens
 from api_stub.wire import apply_limits, completion_body, completion_tokens, error_body, stream_events
 
@@ -82,6 +83,7 @@ class _Metrics:
 class _State:
     def __init__(self, faults: FaultConfig) -> None:
         self.faults = faults
+        self.limits = ServerLimits(faults.rpm_limit, faults.tpm_limit)
         self.counter = 0
         self.completions = 0
         self.by_status: Tally[str] = Tally()
@@ -105,6 +107,14 @@ def _fault_response(status: int, faults: FaultConfig) -> JSONResponse:
         headers = {"Retry-After": f"{faults.retry_after_s:g}",
                    "retry-after-ms": str(int(math.ceil(faults.retry_after_s * 1000)))}
     return _error(status, message, type_, code, headers=headers)
+
+
+def _limited(refusal: Refusal) -> JSONResponse:
+    what = "requests" if refusal.budget == "rpm" else "tokens"
+    headers = {"Retry-After": str(max(1, math.ceil(refusal.retry_after_s))),
+               "retry-after-ms": str(max(1, math.ceil(refusal.retry_after_s * 1000)))}
+    return _error(429, f"Rate limit reached for {what} per minute (api_stub server-side limit).",
+                  "rate_limit_error", "rate_limit_exceeded", headers=headers)
 
 
 def _bad_request(message: str, param: str | None = None) -> JSONResponse:
@@ -166,6 +176,7 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
             state.faults = FaultConfig.model_validate(await request.json())
         except ValueError as exc:
             return _bad_request(f"invalid fault config: {exc}")
+        state.limits = ServerLimits(state.faults.rpm_limit, state.faults.tpm_limit)
         return state.faults.model_dump()
 
     @app.get("/stub/stats")
@@ -218,6 +229,10 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
     except ValueError as exc:
         return _bad_request(f"invalid X-Stub-Faults header: {exc}"), "bad_request"
 
+    tools = body.get("tools") or None
+    prompt = count_prompt_tokens(messages, tools)
+    if (refusal := state.limits.admit(time.monotonic(), prompt)) is not None:
+        return _limited(refusal), "rate_limited"
     decision = decide(faults, counter)
     if decision.latency_s > 0:
         await asyncio.sleep(decision.latency_s)
@@ -225,8 +240,9 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
         return StreamingResponse(_dropped(faults.timeout_s), media_type="application/json"), "timeout"
     if decision.status is not None:
         return _fault_response(decision.status, faults), f"error_{decision.status}"
+    if body.get("model") in faults.fail_models:
+        return _fault_response(503, faults), "error_503"
 
-    tools = body.get("tools") or None
     for offered in tools or []:
         function = offered.get("function") if isinstance(offered, dict) else None
         if isinstance(function, dict) and isinstance(function.get("name"), str):
@@ -240,8 +256,8 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
     max_tokens = _int_or_none(body.get("max_completion_tokens")) or _int_or_none(body.get("max_tokens"))
     reply = apply_limits(reply, body.get("stop"), max_tokens)
 
-    prompt = count_prompt_tokens(messages, tools)
     completion = completion_tokens(reply)
+    state.limits.charge_completion(time.monotonic(), completion)
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     state.metrics.tokens.labels("prompt").inc(prompt)
     state.metrics.tokens.labels("completion").inc(completion)

@@ -14,7 +14,9 @@ steps/s = chat completions the stub served in a fixed window after a warm-up, di
 window (the stub counts both systems the same way; reactq's committed steps are cross-checked).
 
 Targets: (a) stub latency 0:  reactq >= 0.8 x floor (threads) (issue 11; it was 0.5);
-         (b) stub latency 2 s, 300 in flight: reactq >= 0.8 x best(floor threads, floor gevent).
+         (b) stub latency 2 s, 300 in flight: reactq >= 0.8 x best(floor threads, floor gevent);
+         (c) stub latency 5 s, 1,000 in flight (ideal 200 steps/s): reactq >= 0.9 x ideal, beside the
+             floor; the workers' memory per run in flight is reported (RSS growth over idle / in flight).
 Exit status 1 if a target is missed, 2 if a measurement went wrong (errors, failed runs).
 """
 
@@ -110,6 +112,9 @@ class Result:
     errors: list[str] = field(default_factory=list)
     notes: str = ""
 
+    rss_idle_kb: int = 0
+    rss_loaded_kb: int = 0
+
     @property
     def rate(self) -> float:
         return self.steps / self.seconds if self.seconds else 0.0
@@ -169,6 +174,16 @@ class Bench:
             raise RuntimeError(f"workers not ready after {timeout}s: {names}")
         finally:
             probe.close()
+
+    def rss_kb(self, names: list[str]) -> int:
+        """Resident memory of these worker processes, summed (kB, from /proc)."""
+        total = 0
+        for name, proc in self.procs.procs:
+            if name in names and proc.poll() is None:
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        return total
 
     def completions(self, stub_url: str) -> int:
         return int(http_json(f"{stub_url}/stub/stats", timeout=60)["completions"])
@@ -252,6 +267,7 @@ class Bench:
                                     str(concurrency), "--metrics-port", "0", "--loglevel", self.args.loglevel], env)
         try:
             self.wait_ready(names, redis_url)
+            res.rss_idle_kb = self.rss_kb(names)
             from celery import Celery
 
             from worker.config import Settings
@@ -276,8 +292,9 @@ class Bench:
                         used.add((a, b, c))
                         return f"What is {a} * {b} + {c}?"
 
-            def send_step(run_id: str, index: int) -> None:
-                client.send_task(STEP_TASK, args=[run_id, index], queue=STEPS_QUEUE, connection=conn)
+            def send_step(run_id: str, index: int, priority: int | None = None) -> None:
+                client.send_task(STEP_TASK, args=[run_id, index], queue=STEPS_QUEUE, connection=conn,
+                                 priority=priority)
 
             state = {"submitted": 0}
 
@@ -291,6 +308,7 @@ class Bench:
 
             top_up()
             res.steps, res.seconds = self.measure(stub_url, warmup, window, tick=top_up)
+            res.rss_loaded_kb = self.rss_kb(names)
             done_ids = store.batch_finished_since(batch_id, 0)
             runs = [r for r in store.load_runs(done_ids) if r is not None]
             statuses: dict[str, int] = {}
@@ -333,8 +351,13 @@ def main() -> int:
     ap.add_argument("--b-latency-ms", type=float, default=2000.0)
     ap.add_argument("--b-warmup", type=float, default=8.0)
     ap.add_argument("--b-window", type=float, default=30.0)
+    ap.add_argument("--c-in-flight", type=int, default=1000)
+    ap.add_argument("--c-concurrency", type=int, default=300, help="per worker process")
+    ap.add_argument("--c-latency-ms", type=float, default=5000.0)
+    ap.add_argument("--c-warmup", type=float, default=15.0)
+    ap.add_argument("--c-window", type=float, default=30.0)
     ap.add_argument("--loglevel", default="WARNING", help="worker log level (floor and reactq alike)")
-    ap.add_argument("--only", choices=["a", "b"], default=None, help="measure one case (a: ~1 minute)")
+    ap.add_argument("--only", choices=["a", "b", "c"], default=None, help="measure one case (a: ~1 minute)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="measure case (a) this many times, floor and reactq alternated, and compare the best "
                          "of each (on a shared machine, other load can only lower a measurement)")
@@ -376,6 +399,23 @@ def main() -> int:
             best = max(f.rate for f in floors)
             ratio = rb.rate / best if best else 0.0
             verdicts.append(("b", ratio, 0.8, ratio >= 0.8))
+        if args.only in (None, "c"):
+            for pool in ("threads", "gevent"):
+                fc = bench.floor("c", pool, args.c_latency_ms, args.c_in_flight, args.c_concurrency,
+                                 args.c_warmup, args.c_window)
+                results.append(fc)
+                print(table([fc]), flush=True)
+            rc = bench.reactq("c", args.c_latency_ms, args.c_in_flight, args.c_concurrency,
+                              args.c_warmup, args.c_window)
+            results.append(rc)
+            print(table([rc]), flush=True)
+            ideal = args.c_in_flight / (args.c_latency_ms / 1000)
+            ratio = rc.rate / ideal
+            verdicts.append(("c", ratio, 0.9, ratio >= 0.9))
+            per_run = (rc.rss_loaded_kb - rc.rss_idle_kb) / args.c_in_flight
+            rc.notes += (f"; ideal {ideal:.0f} steps/s; workers' RSS {rc.rss_idle_kb // 1024} MiB idle, "
+                         f"{rc.rss_loaded_kb // 1024} MiB with {args.c_in_flight} runs in flight: "
+                         f"{per_run:.0f} kB per run in flight")
     finally:
         bench.procs.stop()
 
@@ -384,7 +424,9 @@ def main() -> int:
     report = [f"command: `{command}`", f"machine: {machine}", "", table(results), ""]
     for label, ratio, target, ok in verdicts:
         best = " (best of each)" if label == "a" and args.repeat > 1 else ""
-        report.append(f"({label}) reactq / floor{best} = {ratio:.2f} (target >= {target}): {'met' if ok else 'MISSED'}")
+        versus = "ideal" if label == "c" else "floor"
+        report.append(f"({label}) reactq / {versus}{best} = {ratio:.2f} (target >= {target}): "
+                      f"{'met' if ok else 'MISSED'}")
     problems = [f"{r.system} {r.pool} ({r.label}): {e}" for r in results for e in r.errors]
     notes = [f"{r.system} ({r.label}): {r.notes}" for r in results if r.notes]
     report += [""] + notes + problems + [f"logs: {logdir}"]

@@ -78,7 +78,8 @@ class RecordingDispatch:
     sandbox: list[dict[str, Any]] = field(default_factory=list)
     sent_steps: list[tuple[str, int]] = field(default_factory=list)  # every step ever enqueued
 
-    def next_step(self, run_id: str, index: int) -> None:
+    def next_step(self, run_id: str, index: int, priority: int | None = None) -> None:
+        """(The harness runs steps in FIFO order; the priority a submission gives is not modelled.)"""
         self.steps.append((run_id, index))
         self.sent_steps.append((run_id, index))
 

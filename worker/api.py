@@ -56,6 +56,7 @@ class RunRequest(BaseModel, extra="forbid"):
     tier: str | None = None  # default: the plan's default tier
     max_steps: int | None = None
     mode: Mode | None = None
+    model: str | None = None
     id: str | None = None
     max_tokens: int | None = None
     max_cost_usd: float | None = None
@@ -120,14 +121,14 @@ def _spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) ->
     if r.tenant is not None and r.tenant != policy.tenant:
         raise HTTPException(403, f"{where}the tenant comes from your API key; this key acts for {policy.tenant!r}")
     return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
-                   max_steps=r.max_steps, mode=r.mode, client_id=r.id, max_tokens=r.max_tokens,
+                   max_steps=r.max_steps, mode=r.mode, model=r.model, client_id=r.id, max_tokens=r.max_tokens,
                    max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url)
 
 
 @app.post("/v1/runs", status_code=201)
 def create_run(body: RunRequest, policy: CallerPolicy) -> dict:
     rt = get_runtime()
-    [run] = submit(rt.store, [_spec(body, policy, "")], rt.settings, send_step)
+    [run] = submit(rt.store, [_spec(body, policy, "")], rt.settings, send_step, interactive=True)
     return run_json(run)
 
 

@@ -48,7 +48,7 @@ class Submitted:
 class BatchRunner:
     """Submits a batch and follows it to the end, handing over each run as it finishes."""
 
-    def __init__(self, store: RunStore, settings: Settings, send_step: Callable[[str, int], None],
+    def __init__(self, store: RunStore, settings: Settings, send_step: Callable[..., None],
                  on_wait: Callable[[AdmissionRefused], None] | None = None, tenants: Tenants | None = None) -> None:
         self.store = store
         self.settings = settings

@@ -21,7 +21,7 @@ from .runtime import Runtime
 
 def run_batch_file(
     rt: Runtime, infile: Path, outfile: Path, tenant: str | None, tier: str | None,
-    send_step: Callable[[str, int], None], console: Console,
+    send_step: Callable[..., None], console: Console,
     line_for: Callable[[Run], dict[str, Any]] = Run.result_line,
     on_line: Callable[[ParsedLine], None] | None = None,
 ) -> int:

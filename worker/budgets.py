@@ -25,10 +25,12 @@ from typing import Any
 import redis
 
 from . import keys
+from .config import ModelSpec
 from .core.models import Run, Usage
 from .core.pricing import cost_usd
 from .errors import ReactqError
 from .plans import Budgets
+from .routing import model_chain
 
 MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
 MIN_CALL_TOKENS = 256  # no prompt is smaller: a tenant with fewer tokens left cannot make a call
@@ -227,15 +229,26 @@ class Reservation:
         self.actual = Spend(usage.prompt_tokens + usage.completion_tokens, cost)
 
 
+def worst_prices(model: str, models: dict[str, ModelSpec], prices: dict[str, tuple[float, float]]
+                 ) -> dict[str, tuple[float, float]]:
+    """`model` priced at the dearest of it and its fallbacks (worker/routing.py): any of them may
+    answer the call, so a reservation assumes the dearest."""
+    priced = [prices[m] for m in model_chain(models, model) if m in prices]
+    if not priced:
+        return {}
+    return {model: (max(p[0] for p in priced), max(p[1] for p in priced))}
+
+
 @contextmanager
 def reserve_call(rt: Any, run: Run, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[Reservation]:
     """Reserve the worst case of one LLM call of `run` against its own and its tenant's budgets
     (BudgetExceeded if either has no room); settle to what it spent on exit, even if the call failed."""
     s = rt.settings
+    prices = worst_prices(run.model, s.models, s.prices_per_mtok)
     prompt = estimate_prompt_tokens(messages, options)
-    max_tokens = call_max_tokens(run, prompt, s.llm_max_tokens, s.max_tokens_per_run, s.prices_per_mtok)
+    max_tokens = call_max_tokens(run, prompt, s.llm_max_tokens, s.max_tokens_per_run, prices)
     worst = Usage(prompt_tokens=prompt, completion_tokens=max_tokens)
-    worst_cost = cost_usd(run.model, worst, s.prices_per_mtok)
+    worst_cost = cost_usd(run.model, worst, prices)
     policy = rt.tenants.policy(run.spec.tenant)
     if policy is None:
         raise BudgetExceeded(f"tenant {run.spec.tenant!r} no longer exists; no budget to spend")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from .config import get_settings
+from .fairness import PRIORITY_STEPS
 from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, WEBHOOK_TASK, WEBHOOKS_QUEUE
 
 
@@ -34,6 +35,8 @@ def make_app() -> Celery:
             "visibility_timeout": settings.visibility_timeout_s,
             "max_connections": settings.redis_max_connections,
             "socket_keepalive": True,
+            # One list per priority; a worker takes the highest first (worker/fairness.py).
+            "priority_steps": PRIORITY_STEPS,
         },
     )
     return app

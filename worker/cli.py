@@ -103,6 +103,8 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
 @click.option("--malformed-rate", type=float, default=None)
 @click.option("--hallucinate-rate", type=float, default=None)
 @click.option("--seed", type=int, default=None)
+@click.option("--rpm-limit", type=int, default=None, help="server-side requests per minute (429 + Retry-After over it)")
+@click.option("--tpm-limit", type=int, default=None, help="server-side tokens per minute (429 + Retry-After over it)")
 def stub(host: str, port: int, faults_json: str, **options: float | None) -> None:
     """The api_stub OpenAI-compatible server (deterministic ReAct model, fault injection)."""
     from api_stub.server import FaultConfig, serve
@@ -146,10 +148,11 @@ def api(host: str, port: int, insecure_no_auth: bool) -> None:
 @click.option("--tenant", default="default", show_default=True)
 @click.option("--tier", default=None, help="default: the tenant's plan's default tier")
 @click.option("--max-steps", type=int, default=None)
+@click.option("--model", default=None, help="default: REACTQ_MODEL; others from REACTQ_MODELS")
 @click.option("--timeout", type=float, default=600, show_default=True, help="seconds to --wait")
 @click.option("--webhook-url", default=None, help="called with the run when it finishes")
 def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None, max_steps: int | None,
-        timeout: float, webhook_url: str | None) -> None:
+        model: str | None, timeout: float, webhook_url: str | None) -> None:
     """Submit one run."""
     from .admission import AdmissionRefused, TooLarge
     from .batch import BatchRunner
@@ -162,7 +165,8 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
     try:
         tier = tier or tenant_policy(rt.tenants, tenant).plan.default_tier or "standard"
         [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
-                                          webhook_url=webhook_url)], rt.settings, _send_step())
+                                          model=model, webhook_url=webhook_url)], rt.settings, _send_step(),
+                       interactive=True)
     except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)

@@ -6,10 +6,21 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .core.models import Mode
+
+
+class ModelSpec(BaseModel):
+    """One model's entry in REACTQ_MODELS: its provider limits (shared by every worker), fallbacks, prices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: int | None = Field(None, ge=1)  # requests per minute; None: no limit
+    tpm: int | None = Field(None, ge=1)  # tokens (prompt + completion) per minute
+    fallbacks: list[str] = Field(default_factory=list)
+    prices_per_mtok: tuple[float, float] | None = None  # USD per 1M prompt, completion tokens
 
 
 class Settings(BaseSettings):
@@ -50,10 +61,12 @@ class Settings(BaseSettings):
     run_ttl_s: int = Field(7 * 24 * 3600, ge=60)  # every key of an unfinished run or batch; refreshed as it moves
     retention_s: int = Field(30 * 24 * 3600, ge=60)  # how long a finished run (and its batch) is kept
     lease_ttl_s: float = Field(15.0, gt=0)  # a dead worker's step lease lapses this fast
-    stale_after_s: float = Field(120.0, gt=0)  # a running run with no progress this long is re-kicked
+    stale_after_s: float = Field(30.0, gt=0)  # idle this long and no message for it in two passes: re-kicked
+    reaper_scan_limit: int = Field(20_000, ge=0)  # look through at most this many queued messages per pass
     reaper_interval_s: float = Field(15.0, gt=0)
     sandbox_redispatch_after_s: int = Field(300, ge=10)  # a sandbox call not answered by then is sent again
     visibility_timeout_s: int = Field(3600, ge=60)
+    drain_timeout_s: float = Field(60.0, gt=0)  # SIGTERM: steps still running after this go back to the queue
 
     # capacity
     redis_max_connections: int = Field(512, ge=8)
@@ -82,7 +95,19 @@ class Settings(BaseSettings):
     prices_per_mtok: dict[str, tuple[float, float]] = Field(
         default_factory=lambda: {"reactq-stub": (0.15, 0.60)}
     )  # model -> (USD per 1M prompt tokens, USD per 1M completion tokens)
+    # per-model provider limits, fallbacks and prices (REACTQ_MODELS, JSON); see worker/ratelimit.py
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    llm_limit_burst_s: float = Field(0.5, ge=0)  # a limit's burst tolerance: this many seconds' worth at once
+    llm_limit_max_wait_s: float = Field(2.0, ge=0)  # wait longer than this for capacity: re-queue the step
     serpapi_api_key: str | None = Field(None, validation_alias="SERPAPI_API_KEY")
+
+    @model_validator(mode="after")
+    def _model_prices(self) -> Settings:
+        """Prices named in REACTQ_MODELS join (and win over) REACTQ_PRICES_PER_MTOK."""
+        for name, spec in self.models.items():
+            if spec.prices_per_mtok is not None:
+                self.prices_per_mtok[name] = spec.prices_per_mtok
+        return self
 
 
 @lru_cache(maxsize=1)

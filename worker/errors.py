@@ -4,6 +4,7 @@
     ├── InvalidRequest      a submission that cannot run (the user's input; says what and where)
     ├── StoreUnavailable    Redis cannot be reached (names the URL)
     ├── LLMError            the LLM endpoint gave no reply after retries (the run ends `failed`)
+    ├── LLMThrottled        the shared provider limit has no capacity soon enough (the step is re-queued)
     ├── ServiceError        `reactq demo` could not start or reach a service it needs
     └── ToolError           a tool failed; the model hears it as an `Error: ...` observation
         └── InvalidArguments   the model's arguments did not validate (a model mistake)
@@ -39,9 +40,20 @@ def redact_url(url: str) -> str:
 class LLMError(ReactqError):
     """The endpoint could not give a reply (after retries)."""
 
-    def __init__(self, message: str, attempts: int) -> None:
+    def __init__(self, message: str, attempts: int, outcome: str = "error") -> None:
         super().__init__(message)
         self.attempts = attempts
+        self.outcome = outcome  # the last attempt's: server_error, timeout, connection_error, client_error, ...
+
+
+class LLMThrottled(ReactqError):
+    """No capacity for `model` within the limiter's bounded wait: try again after `wait_s`."""
+
+    def __init__(self, model: str, reason: str, wait_s: float) -> None:
+        super().__init__(f"{model}: no {reason} capacity for {wait_s:.1f}s")
+        self.model = model
+        self.reason = reason
+        self.wait_s = wait_s
 
 
 class ServiceError(ReactqError):

@@ -128,6 +128,8 @@ def tenant_submissions(name: str, minute: int) -> str:
 def tenant_streams(name: str) -> str:
     """zset: open event streams, member = stream id, score = when it lapses unless renewed."""
     return f"{PREFIX}:tenant:{name}:streams"
+
+
 def approval_counted(run_id: str, step: int, call_id: str) -> str:
     """Set once a worker has counted this call's approval decision in its metrics."""
     return f"{PREFIX}:run:{run_id}:approval:{step}:{call_id}"
@@ -151,3 +153,32 @@ def tenant_deliveries(tenant: str) -> str:
 def batch_webhook_sent(batch_id: str) -> str:
     """Set once the batch's `finished` webhook has been queued (the last two runs may finish together)."""
     return f"{PREFIX}:batch:{batch_id}:webhook"
+
+
+def llm_limit(model: str, budget: str) -> str:
+    """string: a provider budget's GCRA theoretical arrival time (µs, Redis clock); budget rpm | tpm."""
+    return f"{PREFIX}:llm:{model}:limit:{budget}"
+
+
+def llm_cooldown(model: str) -> str:
+    """string with a TTL: set after a provider 429; no worker calls the model until it expires."""
+    return f"{PREFIX}:llm:{model}:cooldown"
+
+
+def tenant_submitted(tenant: str, minute: int) -> str:
+    """string counter with a TTL: runs a tenant submitted in one minute, kept for the fairness window
+    (worker/fairness.py; admission's per-minute limit has its own shorter-lived counter)."""
+    return f"{PREFIX}:tenant:{tenant}:submitted:{minute}"
+
+
+def step_taken(run_id: str) -> str:
+    """string "INDEX:UNIX_TIME": the last step of the run a worker received (the reaper reads it)."""
+    return f"{PREFIX}:run:{run_id}:taken"
+
+
+def reaper_suspect(run_id: str) -> str:
+    """string with a TTL: the step index the reaper found no message for on its last pass."""
+    return f"{PREFIX}:reaper:suspect:{run_id}"
+
+
+CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken and not yet acked

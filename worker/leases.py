@@ -56,6 +56,14 @@ class LeaseKeeper:
             if self._held.get(run_id) == token:
                 del self._held[run_id]
 
+    def surrender(self) -> list[str]:
+        """Release every lease this process holds (a drain that ran out of time); returns their run ids."""
+        with self._lock:
+            held, self._held = self._held, {}
+        for run_id, token in held.items():
+            self.store.release_lease(run_id, token)
+        return list(held)
+
     def _renew_forever(self) -> None:
         stop = threading.Event()
         while not stop.wait(self.ttl_ms / 3000):

@@ -66,6 +66,7 @@ class OpenAIChat:
         backoff_base_s: float = 0.5,
         backoff_cap_s: float = 20.0,
         on_attempt: Any = None,
+        on_rate_limited: Any = None,
     ) -> None:
         self.base_url = base_url
         self._http = httpx.Client(
@@ -79,6 +80,7 @@ class OpenAIChat:
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
         self.on_attempt = on_attempt  # callback(model, outcome, seconds) for metrics
+        self.on_rate_limited = on_rate_limited  # callback(model, retry_after_s | None): the shared cool-down
 
     def close(self) -> None:
         self._client.close()
@@ -114,10 +116,13 @@ class OpenAIChat:
                         )
                     except openai.OpenAIError as exc:
                         self._report(model, _outcome(exc), time.monotonic() - t0)
+                        if isinstance(exc, openai.RateLimitError) and self.on_rate_limited is not None:
+                            self.on_rate_limited(model, _retry_after(exc))
                         raise
                     self._report(model, "ok", time.monotonic() - t0)
         except openai.OpenAIError as exc:
-            raise LLMError(f"LLM call failed after {attempts} attempt(s): {_describe(exc)}", attempts) from None
+            raise LLMError(f"LLM call failed after {attempts} attempt(s): {_describe(exc)}", attempts,
+                           _outcome(exc)) from None
         return parse_completion(response.content, attempts, int((time.monotonic() - started) * 1000))
 
     def _report(self, model: str, outcome: str, seconds: float) -> None:

@@ -36,6 +36,15 @@ TOOL_FAILURES = Counter("reactq_tool_failures_total", "Tool calls that failed.",
 TOOL_DURATION = Histogram("reactq_tool_duration_seconds", "Tool call latency.", ["tool"], buckets=LLM_BUCKETS)
 SAFEGUARDS = Counter("reactq_safeguards_total", "Times a safeguard acted (hint, compaction, cut-off, limit).",
                      ["kind"])
+LLM_THROTTLED = Counter("reactq_llm_throttled_total",
+                        "Calls held back by the shared provider limits: paced (slept), re-queued (rpm, tpm, "
+                        "cooldown), or refused by the provider (provider_429).", ["model", "reason"])
+LLM_LIMITER_WAIT = Histogram("reactq_llm_limiter_wait_seconds", "Time a call waited for its reserved slot.",
+                             ["model"], buckets=(0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5))
+LLM_FALLBACKS = Counter("reactq_llm_fallbacks_total",
+                        "Steps that moved to a fallback model after repeated 5xx or timeouts.", ["model", "fallback"])
+REAPER_ACTIONS = Counter("reactq_reaper_actions_total", "Stranded runs the reaper re-enqueued, by why; "
+                         "and finished runs it dropped from the active set.", ["action"])
 APPROVALS = Counter("reactq_approvals_total", "Tool calls decided by a person (or expired), by outcome.",
                     ["outcome"])
 QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queue"], multiprocess_mode="max")
@@ -86,3 +95,5 @@ def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tu
         APPROVALS.labels(outcome)
     for queue in QUEUES:
         QUEUE_DEPTH.labels(queue)
+    for action in ("dead_worker", "lost_message", "long_stale", "sandbox_lost", "dropped"):
+        REAPER_ACTIONS.labels(action)

@@ -1,9 +1,28 @@
-"""Finds runs that stopped moving (a worker died, a message was lost) and re-enqueues their step.
+"""Finds runs that stopped moving and re-enqueues their step, whatever the queues hold.
 
-Runs are re-kicked when no progress was recorded for `stale_after_s`, no worker holds their lease,
-and the queues are empty (so a run merely waiting in a long queue is left alone) — or whatever the
-queues hold once they have been stale for longer than the broker's visibility timeout.
-Only one reaper in the cluster works at a time (a Redis lock). It also samples queue depths.
+A run is stranded when nobody holds its lease (a working step renews it every few seconds) and nothing
+will deliver its step. The reaper tells the cases apart by what the run left behind, never by whether
+the queues are empty, so a stranded run is back in the queue within about a minute even while a
+backlog of thousands waits:
+
+- `dead_worker`: a worker received the current step (the `taken` mark, written when a delivery reads
+  the run) after the run's last progress, and its lease has lapsed for longer than two lease TTLs. The
+  broker would hand the message back only after its visibility timeout (an hour).
+- `lost_message`: no worker received the step since the last progress, the run has been idle for
+  `REACTQ_STALE_AFTER_S`, and no message for it is waiting in the steps queue (every priority list) or
+  held unacked — in two passes in a row (a message a worker is just taking is briefly in neither place;
+  the first miss only marks the run a suspect). Looking costs one scan of the queue per pass, done only
+  when such a candidate exists and only while the queue holds at most `REACTQ_REAPER_SCAN_LIMIT`
+  messages; beyond that ...
+- `long_stale`: ... a run idle for longer than the broker's visibility timeout is re-kicked anyway.
+- `sandbox_lost`: a run `waiting_on=sandbox` idle for longer than `REACTQ_SANDBOX_REDISPATCH_AFTER_S`:
+  its re-run step sends the sandboxed call again (the dispatch marker has expired) or uses the result.
+- `dropped`: a finished or vanished run left in the active set is removed from it.
+
+A re-kick is always safe: a step is fenced on the step number and takes the run's lease, so a duplicate
+of a message that did exist costs one cheap fenced task. Each action is counted in
+`reactq_reaper_actions_total{action}`. One reaper in the cluster works at a time (a Redis lock); every
+worker also samples the queue depths for the gauges.
 """
 
 from __future__ import annotations
@@ -14,15 +33,43 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from enum import StrEnum
 
 from . import metrics
 from .approvals import expire_or_defer
-from .core.models import RunStatus
+from .core.models import Run, RunStatus
+from .fairness import queue_lists
 from .names import STEPS_QUEUE
 from .runner import record_finished
 from .runtime import Runtime
 
 log = logging.getLogger("reactq.reaper")
+
+
+class ReaperAction(StrEnum):
+    DEAD_WORKER = "dead_worker"
+    LOST_MESSAGE = "lost_message"
+    LONG_STALE = "long_stale"
+    SANDBOX_LOST = "sandbox_lost"
+    DROPPED = "dropped"
+
+
+def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: float, rt: Runtime,
+            queued: Callable[[], set[str] | None]) -> ReaperAction | None:
+    s = rt.settings
+    idle = now - progress_at
+    if run.waiting_on == "sandbox":
+        return ReaperAction.SANDBOX_LOST if idle > s.sandbox_redispatch_after_s else None
+    if taken is not None and taken[0] == run.current_step and taken[1] >= progress_at - 1:
+        return ReaperAction.DEAD_WORKER if now - taken[1] > 2 * s.lease_ttl_s else None
+    if idle > s.visibility_timeout_s:
+        return ReaperAction.LONG_STALE
+    if idle > s.stale_after_s:
+        waiting = queued()
+        if waiting is not None and run.id not in waiting and rt.store.suspect_again(
+                run.id, run.current_step, ttl_s=int(4 * s.reaper_interval_s) + 5):
+            return ReaperAction.LOST_MESSAGE
+    return None
 
 
 def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | None = None) -> list[str]:
@@ -35,23 +82,38 @@ def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | N
     metrics.RUNS_IN_PROGRESS.set(rt.store.active_count())
     if not rt.cluster.take_reaper_turn(s.reaper_interval_s):
         return []
-    queues_empty = not any(depths.values())
-    candidates = rt.store.stale_runs(now - s.stale_after_s)
+    candidates = rt.store.stale_runs_scored(now - min(2 * s.lease_ttl_s, s.stale_after_s))
+    if not candidates:
+        return []
+    ids = [run_id for run_id, _ in candidates]
+    runs, taken, leased = rt.store.load_runs(ids), rt.store.taken_marks(ids), rt.store.leases_held(ids)
+    scanned: list[set[str] | None] = []
+
+    def queued() -> set[str] | None:  # one scan per pass, and only if some run needs it
+        if not scanned:
+            scanned.append(rt.store.queued_step_runs(queue_lists(STEPS_QUEUE), s.reaper_scan_limit))
+        return scanned[0]
+
     kicked = []
-    for run_id, run in zip(candidates, rt.store.load_runs(candidates), strict=True):
+    for (run_id, progress_at), run, mark, held in zip(candidates, runs, taken, leased, strict=True):
         if run is None or run.status.finished:  # a missing record (expired, or lost with Redis data) too
             rt.store.forget_active(run_id)
+            metrics.REAPER_ACTIONS.labels(ReaperAction.DROPPED).inc()
             continue
         if run.status == RunStatus.AWAITING_APPROVAL:  # nothing to re-kick: a person's decision moves it
             if (ended := expire_or_defer(rt, run, now)) is not None:
                 record_finished(ended, rt)
             continue
-        long_stale = run.updated_at < now - s.visibility_timeout_s
-        if rt.store.lease_held(run.id) or not (queues_empty or long_stale):
+        if held:
             continue
-        log.warning("re-kicking stale run", extra={"run_id": run.id, "step": run.current_step})
+        action = _decide(run, progress_at, mark, now, rt, queued)
+        if action is None:
+            continue
+        log.warning("re-kicking stranded run", extra={"run_id": run.id, "step": run.current_step,
+                                                      "action": action.value})
         rt.store.touch_active(run.id)
         send_step(run.id, run.current_step)
+        metrics.REAPER_ACTIONS.labels(action).inc()
         kicked.append(run.id)
     return kicked
 

@@ -109,10 +109,11 @@ class StepRunner:
             log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
         decision = engine.decide(run, d.steps, turn, self.rt.tools_for(run.spec.tenant), limits,
                                  reflection=(reply.content or "") if reflecting else None)
+        model = reply.routed_model or run.model
         step = Step(
             index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
-            cost_usd=cost_usd(run.model, reply.usage, self.rt.settings.prices_per_mtok),
-            llm_ms=reply.duration_ms, started_at=started,
+            cost_usd=cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok),
+            llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
 
         if isinstance(decision, Final):
@@ -173,11 +174,12 @@ class StepRunner:
             options["stop"] = TEXT_STOP_SEQUENCES[:4]
         with reserve_call(self.rt, run, messages, options) as budget:
             reply = self.rt.llm.chat(messages, **options, max_tokens=budget.max_tokens)
-            budget.spent(reply.usage, cost_usd(run.model, reply.usage, s.prices_per_mtok))
+            model = reply.routed_model or run.model  # a fallback's tokens are priced at its own price
+            budget.spent(reply.usage, cost_usd(model, reply.usage, s.prices_per_mtok))
         tenant = metrics.tenant_label(run.spec.tenant, s.tenants)
-        metrics.LLM_TOKENS.labels(run.model, "prompt", tenant).inc(reply.usage.prompt_tokens)
-        metrics.LLM_TOKENS.labels(run.model, "completion", tenant).inc(reply.usage.completion_tokens)
-        metrics.LLM_COST.labels(run.model, tenant).inc(cost_usd(run.model, reply.usage, s.prices_per_mtok))
+        metrics.LLM_TOKENS.labels(model, "prompt", tenant).inc(reply.usage.prompt_tokens)
+        metrics.LLM_TOKENS.labels(model, "completion", tenant).inc(reply.usage.completion_tokens)
+        metrics.LLM_COST.labels(model, tenant).inc(cost_usd(model, reply.usage, s.prices_per_mtok))
         if compacted:
             metrics.SAFEGUARDS.labels("context_compacted").inc()
             log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})

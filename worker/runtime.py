@@ -15,6 +15,8 @@ from .core.engine import Limits
 from .leases import LeaseKeeper
 from .llm import LLMClient, OpenAIChat
 from .plans import AllowedTools
+from .ratelimit import LimitedLLM, RateLimiter
+from .routing import RoutedLLM
 from .store import RunStore, connect
 from .store_cluster import ClusterStore
 from .tenants import Tenants
@@ -51,14 +53,22 @@ class Runtime:
         return LeaseKeeper(self.store, self.settings.lease_ttl_s)
 
     @cached_property
+    def limiter(self) -> RateLimiter:
+        s = self.settings
+        return RateLimiter(self.redis, s.models, burst_s=s.llm_limit_burst_s, max_wait_s=s.llm_limit_max_wait_s)
+
+    @cached_property
     def llm(self) -> LLMClient:
         if self.llm_client is not None:
             return self.llm_client
         s = self.settings
-        return OpenAIChat(
+        chat = OpenAIChat(
             s.llm_base_url, s.llm_api_key, timeout_s=s.llm_timeout_s, max_retries=s.llm_max_retries,
             max_connections=s.llm_max_connections, on_attempt=_record_llm_attempt,
+            on_rate_limited=self.limiter.cool_down,
         )
+        limited: LLMClient = LimitedLLM(chat, self.limiter) if self.limiter.models else chat
+        return RoutedLLM(limited, s.models)
 
     @cached_property
     def tools(self) -> ToolRegistry:

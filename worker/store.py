@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ from .errors import StoreUnavailable
 from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args
 
 EVENTS_MAXLEN = 2000
+# A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
+_STEP_ARGS = re.compile(rb'"argsrepr": "\[\'([0-9a-f]{32})\', \d+\]"')
+
 _RENEW_LEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 )
@@ -179,7 +183,8 @@ class RunStore:
         pipe.lrange(keys.steps(run_id), 0, -1)
         pipe.get(keys.reply(run_id, index))
         pipe.hgetall(keys.tool_results(run_id, index))
-        acquired, raw_run, raw_steps, raw_reply, raw_results = pipe.execute()
+        pipe.set(keys.step_taken(run_id), f"{index}:{time.time():.3f}", ex=self.ttl)  # for the reaper
+        acquired, raw_run, raw_steps, raw_reply, raw_results, _ = pipe.execute()
         snapshot = Snapshot(Run.model_validate_json(raw_run), raw_run) if raw_run else None
         run = snapshot.run if snapshot else None
         if not acquired or run is None or run.status.finished or run.current_step != index:
@@ -292,6 +297,7 @@ class RunStore:
             ("ZREM", keys.ACTIVE_RUNS, run.id),
             ("SREM", keys.tenant_inflight(run.spec.tenant), run.id),
             event_command(run.id, "finished", finished),
+            ("DEL", keys.step_taken(run.id)),
         ]
         commands += [("EXPIRE", key, self.retention)
                      for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
@@ -531,6 +537,62 @@ class RunStore:
     def stale_runs(self, older_than: float, limit: int = 500) -> list[str]:
         ids = self.r.zrangebyscore(keys.ACTIVE_RUNS, "-inf", older_than, start=0, num=limit)
         return [i.decode() for i in ids]
+
+    def stale_runs_scored(self, older_than: float, limit: int = 500) -> list[tuple[str, float]]:
+        """Active runs with no progress since `older_than`, with their last progress time."""
+        found = self.r.zrangebyscore(keys.ACTIVE_RUNS, "-inf", older_than, start=0, num=limit, withscores=True)
+        return [(i.decode(), float(score)) for i, score in found]
+
+    def taken_marks(self, run_ids: list[str]) -> list[tuple[int, float] | None]:
+        """For each run, the last step index a worker received and when (None: never)."""
+        marks: list[tuple[int, float] | None] = []
+        for raw in self.r.mget([keys.step_taken(r) for r in run_ids]) if run_ids else []:
+            index, _, at = raw.decode().partition(":") if raw else ("", "", "")
+            marks.append((int(index), float(at)) if at else None)
+        return marks
+
+    def leases_held(self, run_ids: list[str]) -> list[bool]:
+        pipe = self.r.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.exists(keys.lease(run_id))
+        return [bool(n) for n in pipe.execute()]
+
+    def queued_step_runs(self, lists: list[str], scan_limit: int) -> set[str] | None:
+        """Run ids with a step message waiting in `lists` or taken and not acked (kombu's `unacked`
+        hash); None when there are more than `scan_limit` messages to look through."""
+        pipe = self.r.pipeline(transaction=False)
+        for name in lists:
+            pipe.llen(name)
+        pipe.hlen(keys.CELERY_UNACKED)
+        if sum(pipe.execute()) > scan_limit:
+            return None
+        found: set[str] = set()
+        for name in lists:
+            for start in range(0, scan_limit, 1000):
+                chunk = self.r.lrange(name, start, start + 999)
+                found.update(m.decode() for m in _STEP_ARGS.findall(b"\n".join(chunk)))
+                if len(chunk) < 1000:
+                    break
+        for _, raw in self.r.hscan_iter(keys.CELERY_UNACKED, count=1000):
+            found.update(m.decode() for m in _STEP_ARGS.findall(raw))
+        return found
+
+    def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
+        """Add `count` to the tenant's submissions of this minute; return its total over the last
+        `window_s` before them (one-minute buckets that expire; worker/fairness.py)."""
+        minute = int((now or time.time()) // 60)
+        buckets = [keys.tenant_submitted(tenant, minute - i) for i in range(max(1, window_s // 60))]
+        pipe = self.r.pipeline(transaction=False)
+        pipe.incrby(buckets[0], count)
+        pipe.expire(buckets[0], window_s + 60)
+        for bucket in buckets[1:]:
+            pipe.get(bucket)
+        total_now, _, *older = pipe.execute()
+        return int(total_now) - count + sum(int(v) for v in older if v)
+
+    def suspect_again(self, run_id: str, step: int, ttl_s: int) -> bool:
+        """Record that the reaper found no message for this step; True if it had already found none."""
+        return self.r.set(keys.reaper_suspect(run_id), step, ex=ttl_s, get=True) == str(step).encode()
 
     def touch_active(self, run_id: str) -> None:
         self.r.zadd(keys.ACTIVE_RUNS, {run_id: time.time()}, xx=True)

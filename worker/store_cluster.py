@@ -8,6 +8,7 @@ import time
 import redis
 
 from . import keys
+from .fairness import queue_lists
 from .names import QUEUES
 
 
@@ -28,11 +29,13 @@ class ClusterStore:
         return int(self.r.zcount(keys.workers(queue), time.time() - within_s, "+inf"))
 
     def queue_depths(self) -> dict[str, int]:
-        """Messages waiting in each reactq queue (the broker's lists)."""
+        """Messages waiting in each reactq queue (the broker's lists: one per priority, worker/fairness.py)."""
         pipe = self.r.pipeline(transaction=False)
         for queue in QUEUES:
-            pipe.llen(queue)
-        return dict(zip(QUEUES, pipe.execute(), strict=True))
+            for name in queue_lists(queue):
+                pipe.llen(name)
+        counts = iter(pipe.execute())
+        return {queue: sum(next(counts) for _ in queue_lists(queue)) for queue in QUEUES}
 
     def take_reaper_turn(self, interval_s: float) -> bool:
         """True for at most one caller in the cluster per interval."""

@@ -11,6 +11,7 @@ from .admission import admit
 from .config import Settings
 from .core.models import Run, RunSpec, RunStatus
 from .errors import InvalidRequest
+from .fairness import submission_priorities
 from .store import RunStore
 from .tenants import Policy, Tenants
 from .webhooks import validate_url
@@ -29,6 +30,14 @@ class TierNotAllowed(InvalidRequest):
     """The tenant's plan does not allow the tier asked for (the HTTP API answers 403)."""
 
 
+MAX_DEADLINE_S = 7 * 24 * 3600.0
+
+
+def known_models(settings: Settings) -> list[str]:
+    """The models a run may name: the default and those of REACTQ_MODELS (a bounded metric label)."""
+    return sorted({settings.model, *settings.models})
+
+
 def validate_spec(spec: RunSpec, settings: Settings, tiers: Sequence[str], where: str = "",
                   policy: Policy | None = None) -> None:
     """Check what a submission asks for; with the tenant's `policy`, also that its plan allows the tier."""
@@ -45,10 +54,15 @@ def validate_spec(spec: RunSpec, settings: Settings, tiers: Sequence[str], where
         raise InvalidRequest(f"{prefix}unknown tier {spec.tier!r}; known tiers: {', '.join(tiers)}")
     if policy is not None and (refused := policy.check_tier(spec.tier)):
         raise TierNotAllowed(prefix + refused)
+    if spec.model is not None and spec.model not in known_models(settings):
+        raise InvalidRequest(f"{prefix}unknown model {spec.model!r}; known models: "
+                             f"{', '.join(known_models(settings))} (configure REACTQ_MODELS)")
+    if spec.deadline_s is not None and not 1 <= spec.deadline_s <= MAX_DEADLINE_S:
+        raise InvalidRequest(f"{prefix}deadline_s must be between 1 and {MAX_DEADLINE_S:.0f} (7 days), "
+                             f"got {spec.deadline_s:g}")
     if spec.max_steps is not None and not 1 <= spec.max_steps <= 200:
         raise InvalidRequest(f"{prefix}max_steps must be between 1 and 200, got {spec.max_steps}")
-    for name, value in (("max_tokens", spec.max_tokens), ("max_cost_usd", spec.max_cost_usd),
-                        ("deadline_s", spec.deadline_s)):
+    for name, value in (("max_tokens", spec.max_tokens), ("max_cost_usd", spec.max_cost_usd)):
         if value is not None and value <= 0:
             raise InvalidRequest(f"{prefix}{name} must be more than 0, got {value}")
     if spec.webhook_url is not None:
@@ -81,11 +95,14 @@ def new_run(spec: RunSpec, settings: Settings) -> Run:
 
 
 def submit(
-    store: RunStore, specs: Sequence[RunSpec], settings: Settings, send_step: Callable[[str, int], None],
-    batch_id: str | None = None, *, admit_runs: bool = True,
+    store: RunStore, specs: Sequence[RunSpec], settings: Settings, send_step: Callable[..., None],
+    batch_id: str | None = None, *, admit_runs: bool = True, interactive: bool = False,
 ) -> list[Run]:
     """Validate every spec first (nothing is submitted if one is bad), check admission for each tenant
-    (AdmissionRefused), then record and enqueue them."""
+    (AdmissionRefused), then record and enqueue them.
+
+    Each run's first step goes out with its priority (worker/fairness.py): interactive runs first, then
+    each tenant's runs by how many it submitted lately; every later step of the run keeps it."""
     tiers = known_tiers(settings)
     tenants = Tenants(store.r, settings)
     policies: dict[str, Policy] = {}
@@ -109,8 +126,13 @@ def submit(
             admit(store.r, policy, sum(1 for s in specs if s.tenant == tenant))
     runs = [new_run(spec.model_copy(update={"batch_id": batch_id}), settings) for spec in specs]
     store.create_runs(runs, batch_id)
+    by_tenant: dict[str, list[Run]] = {}
     for run in runs:
-        send_step(run.id, 0)
+        by_tenant.setdefault(run.spec.tenant, []).append(run)
+    for tenant, group in by_tenant.items():
+        priorities = submission_priorities(store, tenant, len(group), interactive)
+        for run, priority in zip(group, priorities, strict=True):
+            send_step(run.id, 0, priority=priority)
     return runs
 
 

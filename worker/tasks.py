@@ -11,6 +11,8 @@ from celery import signals
 
 from .celery_app import app
 from .core.outcome import Outcome
+from .drain import IN_FLIGHT, start_drain
+from .errors import LLMThrottled
 from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE
 from .runner import Dispatcher, StepRunner
 from .runtime import get_runtime
@@ -18,8 +20,11 @@ from .runtime import get_runtime
 log = logging.getLogger("reactq.tasks")
 
 
-def send_step(run_id: str, index: int) -> None:
-    step.apply_async(args=[run_id, index], queue=STEPS_QUEUE)
+def send_step(run_id: str, index: int, priority: int | None = None, countdown: float | None = None) -> None:
+    """Enqueue a step; without a priority it keeps the priority of the step running on this thread."""
+    if priority is None:
+        priority = (step.request.delivery_info or {}).get("priority")
+    step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, priority=priority, countdown=countdown)
 
 
 def send_sandbox(request: dict[str, Any]) -> None:
@@ -38,8 +43,15 @@ def step(self: Any, run_id: str, index: int) -> str:
     """Make progress on step `index` of run `run_id` (idempotent; fenced on the step number).
 
     When another delivery holds the run's lease (a duplicate, or a sandbox continuation that arrived
-    before the dispatching step let go), try again shortly; past that the reaper has the run."""
-    result = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+    before the dispatching step let go), try again shortly; past that the reaper has the run.
+    When the shared provider limit has no capacity soon enough, the step goes back to the queue with
+    a countdown and this worker thread serves other runs meanwhile (worker/ratelimit.py)."""
+    try:
+        with IN_FLIGHT.track(run_id, index):
+            result = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+    except LLMThrottled as exc:
+        send_step(run_id, index, countdown=exc.wait_s)
+        return "throttled"
     if result.outcome == Outcome.BUSY and self.request.retries < BUSY_RETRIES:
         raise self.retry(countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
     return result.outcome.value
@@ -55,3 +67,11 @@ def _start_background(sender: Any = None, **_: Any) -> None:
         from tools_sandbox.tasks import get_service
 
         threading.Thread(target=get_service, name="reactq-sandbox-warmup", daemon=True).start()
+
+
+@signals.worker_shutting_down.connect
+def _drain_on_shutdown(sender: Any = None, sig: str = "", how: str = "", **_: Any) -> None:
+    """SIGTERM (warm shutdown): Celery takes no new message; bound how long the steps in flight may take."""
+    if how == "Warm":
+        rt = get_runtime()
+        start_drain(rt.settings.drain_timeout_s, send_step, rt.leases)

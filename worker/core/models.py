@@ -61,6 +61,8 @@ class LLMReply(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     duration_ms: int = 0
     attempts: int = 1
+    routed_model: str | None = None  # the model reactq asked (REACTQ_MODELS name) ...
+    fallback_from: str | None = None  # ... when it was a fallback for this one, after repeated failures
 
 
 class Observation(BaseModel):
@@ -88,6 +90,8 @@ class Step(BaseModel):
     cost_usd: float = 0.0
     llm_ms: int = 0
     tools_ms: int = 0
+    model: str | None = None  # the model that answered this step
+    fallback_from: str | None = None  # set when that was a fallback for the run's model
     started_at: float = 0.0
     finished_at: float = 0.0
 
@@ -165,5 +169,6 @@ class Run(BaseModel):
             "steps": self.current_step,
             "usage": self.usage.model_dump(),
             "cost_usd": round(self.cost_usd, 8),
+            "model": self.model,
             "error": self.error,
         }

@@ -1,0 +1,95 @@
+"""Fair queues: interactive runs go first, and one tenant's backlog does not keep another tenant's
+first runs waiting behind it (worker/fairness.py). Ordering is checked, not timing."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.fixtures_cluster import Cluster, wait_until
+from tests.fixtures_stub import StubControl
+from tests.test_recovery import load_run
+from worker import keys
+from worker.celery_app import STEPS_QUEUE
+from worker.fairness import BATCH_FIRST, INTERACTIVE, LOWEST, PRIORITY_SEP, batch_priority, submission_priorities
+from worker.store import RunStore
+
+
+def test_priority_falls_one_level_each_time_a_tenants_recent_submissions_double() -> None:
+    assert [batch_priority(n) for n in (0, 7, 8, 24, 56, 120, 248)] == [2, 2, 3, 4, 5, 6, 7]
+    assert batch_priority(2_000) == LOWEST == batch_priority(10**9)
+
+
+def test_a_tenants_backlog_does_not_lower_another_tenants_priority(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    store = RunStore(client)
+    backlog = submission_priorities(store, "acme", 2_000, interactive=False, now=1_000_000)
+    assert backlog[0] == BATCH_FIRST and backlog[-1] == LOWEST
+    assert sum(p >= 8 for p in backlog) == 2_000 - 504  # all but the first 504
+    assert submission_priorities(store, "other", 1, interactive=False, now=1_000_030) == [BATCH_FIRST]
+    assert submission_priorities(store, "acme", 1, interactive=True, now=1_000_030) == [INTERACTIVE]
+    assert submission_priorities(store, "acme", 1, interactive=False, now=1_000_060) == [LOWEST]
+    # Ten minutes later the window has moved on.
+    assert submission_priorities(store, "acme", 1, interactive=False, now=1_000_000 + 700) == [BATCH_FIRST]
+
+
+def wait_until_value(probe: Callable[[], dict[bytes, int]], what: str, timeout: float) -> dict[bytes, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := probe():
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"waited {timeout}s for {what}")
+
+
+@pytest.mark.integration
+def test_interactive_and_small_tenants_runs_overtake_a_backlog(
+    cluster: Cluster, stub_control: StubControl, tmp_path: Path, redis_url: str
+) -> None:
+    # Tenant "default" queues 60 runs before any worker runs; then tenant "acme" one run, and an `ask`.
+    backlog = tmp_path / "backlog.jsonl"
+    backlog.write_text("".join(json.dumps({"id": f"a{i}", "question": f"What is {i} + 1000?"}) + "\n"
+                               for i in range(60)))
+    out = tmp_path / "backlog-out.jsonl"
+    big = cluster.start_batch(backlog, out)
+    small_in = tmp_path / "small.jsonl"
+    small_in.write_text(json.dumps({"id": "b", "question": "What is 17 * 23 + 4?", "tenant": "acme"}) + "\n")
+    small_out = tmp_path / "small-out.jsonl"
+    small = cluster.start_batch(small_in, small_out)
+    client = redis.Redis.from_url(redis_url)
+    wait_until(lambda: client.zcard(keys.ACTIVE_RUNS) >= 61, "61 runs submitted", 60)
+    asked = cluster.reactq("ask", "What is 2 to the power of 10?", "--json")
+    interactive_id = json.loads(asked.stdout)["run_id"]
+
+    cluster.start_worker(queues="steps", concurrency=2)
+
+    def later_steps_by_list() -> dict[bytes, int]:
+        """Queued messages for steps after the first, per priority list (not the base list, where only
+        continuations without a priority go: reaper re-kicks, drain re-sends, sandbox results)."""
+        found: dict[bytes, int] = {}
+        for name in client.keys(f"{STEPS_QUEUE}{PRIORITY_SEP}*"):
+            later = [m for m in client.lrange(name, 0, -1) if not re.search(rb"argsrepr\": \"\['[0-9a-f]+', 0\]", m)]
+            if later:
+                found[name] = len(later)
+        return found
+
+    # A run's later steps keep its priority (they would all land in the base list otherwise).
+    wait_until_value(later_steps_by_list, "a later step queued with its run's priority", 120)
+    assert big.wait(300) == 0 and small.wait(300) == 0
+    finished = {}
+    for line in map(json.loads, out.read_text().splitlines()):
+        finished[line["id"]] = load_run(redis_url, line["run_id"])[0].finished_at
+    small_line = json.loads(small_out.read_text())
+    small_at = load_run(redis_url, small_line["run_id"])[0].finished_at
+    interactive_at = load_run(redis_url, interactive_id)[0].finished_at
+    assert small_line["status"] == "succeeded" and "395" in small_line["answer"]
+    assert interactive_at < min(finished.values())  # ahead of the whole backlog
+    behind = sum(at > small_at for at in finished.values())
+    assert behind >= 45, f"only {behind} of the 60 backlog runs finished after tenant acme's one run"

@@ -1,0 +1,117 @@
+"""The reaper, driven directly: which stranded runs it re-enqueues (and why), with real Celery messages
+waiting in a busy queue on a real Redis. Time is moved by passing `now`; nothing sleeps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from tests.fixtures_cluster import wait_until
+from worker import keys, metrics
+from worker.celery_app import STEP_TASK, STEPS_QUEUE
+from worker.config import Settings
+from worker.core.models import Run, RunSpec
+from worker.fairness import PRIORITY_STEPS
+from worker.reaper import ReaperAction, reap_once
+from worker.runtime import Runtime
+from worker.submit import new_run
+
+STALE_S, LEASE_S, SANDBOX_S = 30.0, 2.0, 60
+
+
+@pytest.fixture
+def rt(redis_url: str) -> Runtime:
+    redis.Redis.from_url(redis_url).flushdb()
+    return Runtime(Settings(redis_url=redis_url, stale_after_s=STALE_S, lease_ttl_s=LEASE_S,
+                            sandbox_redispatch_after_s=SANDBOX_S, reaper_interval_s=1))
+
+
+@pytest.fixture
+def broker(redis_url: str) -> Iterator[Celery]:
+    """A producer of real step messages, configured like the workers' app (priority lists)."""
+    app = Celery("reaper-test", broker=redis_url)
+    app.conf.broker_transport_options = {"priority_steps": PRIORITY_STEPS}
+    yield app
+    app.close()
+
+
+def submit(rt: Runtime, count: int = 1) -> list[Run]:
+    runs = [new_run(RunSpec(question=f"q{i}"), rt.settings) for i in range(count)]
+    rt.store.create_runs(runs)
+    return runs
+
+
+def enqueue(broker: Celery, run: Run, priority: int | None = None) -> None:
+    broker.send_task(STEP_TASK, args=[run.id, run.current_step], queue=STEPS_QUEUE, priority=priority)
+
+
+def reap(rt: Runtime, at: float) -> dict[str, int]:
+    rt.redis.delete(keys.REAPER_LOCK)  # each call is its own pass
+    kicked: dict[str, int] = {}
+    reap_once(rt, lambda run_id, index: kicked.__setitem__(run_id, index), now=at)
+    return kicked
+
+
+def count(action: ReaperAction) -> float:
+    return metrics.REAPER_ACTIONS.labels(action)._value.get()
+
+
+def test_a_lost_message_is_re_enqueued_while_the_queue_is_busy(rt: Runtime, broker: Celery) -> None:
+    lost, *waiting = submit(rt, 60)
+    for i, run in enumerate(waiting):  # a backlog over every priority list
+        enqueue(broker, run, priority=i % 10)
+    before = count(ReaperAction.LOST_MESSAGE)
+    assert reap(rt, time.time() + STALE_S - 5) == {}  # not idle long enough yet
+    assert reap(rt, time.time() + STALE_S + 1) == {}  # missing once: maybe a worker is just taking it
+    assert reap(rt, time.time() + STALE_S + 2) == {lost.id: 0}  # missing twice in a row
+    assert count(ReaperAction.LOST_MESSAGE) == before + 1
+
+
+def test_a_dead_workers_step_is_re_enqueued_once_its_lease_lapses(rt: Runtime, broker: Celery) -> None:
+    dead, alive, *backlog = submit(rt, 30)
+    for run in backlog:
+        enqueue(broker, run)
+    # Two workers received their steps; one keeps renewing its lease, the other died (lease lapses).
+    assert rt.store.lease_and_load(dead.id, 0, "dead-token", 200).acquired
+    assert rt.store.lease_and_load(alive.id, 0, "alive-token", 60_000).acquired
+    wait_until(lambda: not rt.store.lease_held(dead.id), "the dead worker's lease to lapse", 10)
+    before = count(ReaperAction.DEAD_WORKER)
+    assert reap(rt, time.time() + LEASE_S) == {}  # a lease only just lapsed may be a slow renewal
+    assert reap(rt, time.time() + 2 * LEASE_S + 1) == {dead.id: 0}  # well before STALE_S
+    assert count(ReaperAction.DEAD_WORKER) == before + 1
+
+
+def test_a_run_waiting_on_a_sandbox_task_that_vanished_is_re_kicked(rt: Runtime) -> None:
+    [run] = submit(rt)
+    snapshot = rt.store.lease_and_load(run.id, 0, "token", 10_000).snapshot  # a step dispatches its python call,
+    assert snapshot is not None and rt.store.mark_running(snapshot, 0, waiting_on="sandbox") is not None
+    rt.store.release_lease(run.id, "token")  # waits, and lets go of the run
+    before = count(ReaperAction.SANDBOX_LOST)
+    assert reap(rt, time.time() + SANDBOX_S - 5) == {}  # the sandbox may still be working on it
+    assert reap(rt, time.time() + SANDBOX_S + 1) == {run.id: 0}
+    assert count(ReaperAction.SANDBOX_LOST) == before + 1
+
+
+def test_a_message_held_unacked_by_a_live_worker_is_not_duplicated(rt: Runtime, redis_url: str,
+                                                                    broker: Celery) -> None:
+    [run] = submit(rt)
+    enqueue(broker, run)
+    # A worker took it (kombu moves it to the `unacked` hash) but has not started it: a countdown.
+    client = redis.Redis.from_url(redis_url)
+    [lst] = [name for name in client.keys(f"{STEPS_QUEUE}*") if client.type(name) == b"list"]
+    raw = client.rpop(lst)
+    client.hset(keys.CELERY_UNACKED, "tag-1", b"[" + raw + b', "", "reactq.steps"]')
+    assert reap(rt, time.time() + STALE_S + 1) == {}
+    assert reap(rt, time.time() + STALE_S + 2) == {}
+
+
+def test_runs_whose_record_vanished_leave_the_active_set(rt: Runtime) -> None:
+    [run] = submit(rt)
+    rt.redis.delete(keys.run(run.id))  # expired, or lost with the last second of Redis writes
+    before = count(ReaperAction.DROPPED)
+    assert reap(rt, time.time() + STALE_S + 1) == {}
+    assert rt.store.active_count() == 0 and count(ReaperAction.DROPPED) == before + 1
