@@ -207,11 +207,6 @@ class RunStore:
         costs ~4 KB however few its entries."""
         self.r.eval(_COMPACT_EVENTS, 2, keys.events(run_id), keys.events_compacted(run_id))
 
-    def compacted_events(self, run_id: str) -> list[tuple[str, str, str | int]] | None:
-        """A finished run's events as (entry id, type, data or step index), or None if not compacted."""
-        raw = self.r.get(keys.events_compacted(run_id))
-        return None if raw is None else [tuple(e) for e in json.loads(raw)]  # type: ignore[misc]
-
     def load_steps(self, run_id: str) -> list[Step]:
         raws = self.r.lrange(keys.steps(run_id), 0, -1)
         return _STEPS.validate_json(b"[" + b",".join(raws) + b"]") if raws else []
@@ -533,10 +528,6 @@ class RunStore:
 
     def tenant_usage(self, tenant: str) -> dict[str, float]:
         return {k.decode(): float(v) for k, v in self.r.hgetall(keys.tenant_usage(tenant)).items()}
-
-    def stale_runs(self, older_than: float, limit: int = 500) -> list[str]:
-        ids = self.r.zrangebyscore(keys.ACTIVE_RUNS, "-inf", older_than, start=0, num=limit)
-        return [i.decode() for i in ids]
 
     def stale_runs_scored(self, older_than: float, limit: int = 500) -> list[tuple[str, float]]:
         """Active runs with no progress since `older_than`, with their last progress time."""
