@@ -6,6 +6,7 @@ benchmarks script it at our own seam (tests/harness.py) instead of patching the 
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Protocol
 
@@ -53,7 +54,13 @@ def _retry_after(exc: BaseException | None) -> float | None:
 
 
 class OpenAIChat:
-    """Chat completions against any OpenAI-compatible endpoint."""
+    """Chat completions against any OpenAI-compatible endpoint.
+
+    Each thread gets its own client and connection pool. A worker runs hundreds of steps at once, one
+    per thread, and one shared httpx pool scans all of its connections and waiting requests under a
+    lock on every request and every response close: at 300 threads per process that bookkeeping was
+    three quarters of a step's CPU (BENCHMARKS.md, case (c)). A thread makes one call at a time, so its
+    own pool holds one connection; `max_connections` still caps the calls in flight per process."""
 
     def __init__(
         self,
@@ -69,21 +76,36 @@ class OpenAIChat:
         on_rate_limited: Any = None,
     ) -> None:
         self.base_url = base_url
-        self._http = httpx.Client(
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            timeout=timeout_s,
-        )
-        self._client = openai.OpenAI(
-            base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0, http_client=self._http
-        )
+        self._api_key = api_key
+        self._timeout_s = timeout_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._local = threading.local()
+        self._clients: list[openai.OpenAI] = []
+        self._clients_lock = threading.Lock()
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
         self.on_attempt = on_attempt  # callback(model, outcome, seconds) for metrics
         self.on_rate_limited = on_rate_limited  # callback(model, retry_after_s | None): the shared cool-down
 
+    def _client(self) -> openai.OpenAI:
+        client: openai.OpenAI | None = getattr(self._local, "client", None)
+        if client is None:
+            http = httpx.Client(limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                                timeout=self._timeout_s)
+            client = openai.OpenAI(base_url=self.base_url, api_key=self._api_key, timeout=self._timeout_s,
+                                   max_retries=0, http_client=http)
+            self._local.client = client
+            with self._clients_lock:
+                self._clients.append(client)
+        return client
+
     def close(self) -> None:
-        self._client.close()
+        with self._clients_lock:
+            clients, self._clients = self._clients, []
+            self._local = threading.local()  # every thread builds a new client if it calls again
+        for client in clients:
+            client.close()
 
     def _wait(self, state: RetryCallState) -> float:
         hinted = _retry_after(state.outcome.exception() if state.outcome else None)
@@ -111,9 +133,10 @@ class OpenAIChat:
                         # chat.completions.create, without its typed-params transform and without
                         # building its ChatCompletion model; we validate the body into our own smaller
                         # shape instead (BENCHMARKS.md, "A cheaper step").
-                        response = self._client.post(
-                            "/chat/completions", cast_to=httpx.Response, body={"messages": messages, **options}
-                        )
+                        with self._slots:
+                            response = self._client().post(
+                                "/chat/completions", cast_to=httpx.Response, body={"messages": messages, **options}
+                            )
                     except openai.OpenAIError as exc:
                         self._report(model, _outcome(exc), time.monotonic() - t0)
                         if isinstance(exc, openai.RateLimitError) and self.on_rate_limited is not None:
