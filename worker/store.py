@@ -386,17 +386,21 @@ class RunStore:
         return stored or reply
 
     def prepare_act(
-        self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]]
+        self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]],
+        also: list[Command] | None = None,
     ) -> tuple[bool, list[str | None]]:
         """Before a step acts, in one round trip: store its `reply` unless one is stored already (None:
-        it came from the store), and read the idempotent-tool cache for the `cacheable` (tool,
-        arguments) calls. Returns whether our reply is the one that counts, and the cached contents."""
+        it came from the store), read the idempotent-tool cache for the `cacheable` (tool, arguments)
+        calls, and run the `also` writes. Returns whether our reply is the one that counts, and the
+        cached contents."""
         pipe = self.r.pipeline(transaction=False)
         if reply is not None:
             pipe.set(keys.reply(run_id, step), reply.model_dump_json(), nx=True, ex=self.ttl)
         for tool, arguments in cacheable:
             pipe.get(keys.tool_cache(tool, self._digest(arguments)))
-        results = pipe.execute()
+        for command in also or []:
+            pipe.execute_command(*command)
+        results = pipe.execute()[:len(cacheable) + (reply is not None)]
         stored = bool(results.pop(0)) if reply is not None else True
         return stored, [r.decode() if r else None for r in results]
 
@@ -594,6 +598,14 @@ class RunStore:
     def look_again_at(self, run_id: str, when: float) -> None:
         """Have the reaper look at an active run again at `when` (a run that waits for a person)."""
         self.r.zadd(keys.ACTIVE_RUNS, {run_id: when}, xx=True)
+
+    def run_commands(self, commands: list[Command]) -> None:
+        """Run these writes in one round trip (no transaction)."""
+        if commands:
+            pipe = self.r.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            pipe.execute()
 
     def delete_keys(self, names: list[str]) -> None:
         if names:
