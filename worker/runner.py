@@ -324,7 +324,7 @@ class StepRunner:
         safeguard = committed.end.safeguard if committed.end is not None else ""
         if safeguard:
             metrics.SAFEGUARDS.labels(safeguard).inc()
-        record_finished(committed.run, self.rt)
+        record_finished(committed.run, self.rt, d.steps + [step])
         return StepOutcome(outcome, safeguard=safeguard or None)
 
     def _record_cancel(self, run_id: str) -> None:
@@ -344,12 +344,13 @@ class StepRunner:
         return StepOutcome(outcome, safeguard=end.safeguard or None)
 
 
-def record_finished(run: Run, rt: Runtime) -> None:
+def record_finished(run: Run, rt: Runtime, steps: list[Step] | None = None) -> None:
+    """Count a finished run and do what follows its end (`steps`: all of its steps, if at hand)."""
     metrics.RUNS_TOTAL.labels(run.status.value).inc()
     metrics.RUN_TURNS.labels(run.status.value).observe(run.current_step)
     metrics.RUN_DURATION.labels(run.status.value).observe(max(0.0, (run.finished_at or time.time()) - run.created_at))
     log.info("run finished", extra={"run_id": run.id, "status": run.status.value, "steps": run.current_step})
-    after_finish(rt, run)
+    after_finish(rt, run, steps)
 
 
 def _tool_label(name: str, rt: Runtime) -> str:

@@ -142,6 +142,7 @@ class RunStore:
         self.retention = retention_s  # a finished run's record, steps and events
         self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
         self._cas = client.register_script(CAS_SCRIPT)
+        self._compact = client.register_script(_COMPACT_EVENTS)
 
     # --- run records -------------------------------------------------------------------------
     def create_runs(self, runs: Iterable[Run], batch_id: str | None = None) -> None:
@@ -201,11 +202,15 @@ class RunStore:
         if steps:
             self.r.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
 
-    def compact_events(self, run_id: str) -> None:
-        """Once a run has finished, its event stream becomes one small JSON string (same entry ids, same
-        TTL) whose `step` events point at the step list instead of repeating each step's text: a stream
-        costs ~4 KB however few its entries."""
-        self.r.eval(_COMPACT_EVENTS, 2, keys.events(run_id), keys.events_compacted(run_id))
+    def drop_and_compact(self, run_id: str, names: list[str]) -> None:
+        """Delete these keys of a finished run, and compact its event stream into one small JSON string
+        (same entry ids, same TTL) whose `step` events point at the step list instead of repeating each
+        step's text (a stream costs ~4 KB however few its entries); in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        if names:
+            pipe.delete(*names)
+        self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id)], client=pipe)
+        pipe.execute()
 
     def load_steps(self, run_id: str) -> list[Step]:
         raws = self.r.lrange(keys.steps(run_id), 0, -1)
