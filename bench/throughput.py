@@ -12,6 +12,8 @@ Runs are "What is A * B + C?" with fresh numbers each (no tool-cache hits): two 
 (calculator call, final answer), one LLM call per step, no sandbox.
 steps/s = chat completions the stub served in a fixed window after a warm-up, divided by the
 window (the stub counts both systems the same way; reactq's committed steps are cross-checked).
+CPU us/step = CPU seconds (user + system, from /proc) each group of processes spent in the window,
+per completion: where the machine's 2 cores went.
 
 Targets: (a) stub latency 0:  reactq >= 0.8 x floor (threads) (issue 11; it was 0.5);
          (b) stub latency 2 s, 300 in flight: reactq >= 0.8 x best(floor threads, floor gevent);
@@ -112,6 +114,7 @@ class Result:
     errors: list[str] = field(default_factory=list)
     notes: str = ""
 
+    cpu_us: dict[str, float] = field(default_factory=dict)  # CPU per step of each process group
     rss_idle_kb: int = 0
     rss_loaded_kb: int = 0
 
@@ -125,6 +128,7 @@ class Bench:
         self.args = args
         self.procs = Procs(logdir)
         self.seq = 0
+        self.cpu_per_step: dict[str, float] = {}
 
     # --- infrastructure ------------------------------------------------------------------------
     def start_redis(self) -> str:
@@ -199,10 +203,32 @@ class Bench:
                 time.sleep(min(0.02, max(0.0, end - time.monotonic())))
 
         wait(warmup)
+        cpu0 = self.cpu_seconds()
         c0, t0 = self.completions(stub_url), time.monotonic()
         wait(window)
         c1, t1 = self.completions(stub_url), time.monotonic()
+        cpu1 = self.cpu_seconds()
+        if c1 > c0:  # CPU per step of each group of processes over the window: where the machine went
+            self.cpu_per_step = {g: (cpu1[g] - cpu0.get(g, 0.0)) / (c1 - c0) * 1e6 for g in cpu1}
         return c1 - c0, t1 - t0
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system, threads included) so far of each group of running processes
+        (redis, stub, the workers, this script), from /proc."""
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def of(pid: int) -> float:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                return 0.0
+            return (int(fields[11]) + int(fields[12])) / tick
+
+        groups: dict[str, float] = {"bench": of(os.getpid())}
+        for name, proc in self.procs.procs:
+            group = "workers" if name.startswith(("floor", "reactq")) else name
+            groups[group] = groups.get(group, 0.0) + of(proc.pid)
+        return groups
 
     def scan_errors(self, names: list[str], stub_url: str) -> list[str]:
         errors = []
@@ -243,6 +269,7 @@ class Bench:
                 for chain in range(in_flight):
                     client.send_task("bench.floor.step", args=[chain, 0], queue="bench.floor", connection=conn)
             res.steps, res.seconds = self.measure(stub_url, warmup, window)
+            res.cpu_us = dict(self.cpu_per_step)
             res.errors = self.scan_errors(names, stub_url)
         finally:
             self.procs.stop(names, signal.SIGQUIT, grace=10)  # cold shutdown: the chains never end
@@ -308,6 +335,7 @@ class Bench:
 
             top_up()
             res.steps, res.seconds = self.measure(stub_url, warmup, window, tick=top_up)
+            res.cpu_us = dict(self.cpu_per_step)
             res.rss_loaded_kb = self.rss_kb(names)
             done_ids = store.batch_finished_since(batch_id, 0)
             runs = [r for r in store.load_runs(done_ids) if r is not None]
@@ -331,11 +359,13 @@ class Bench:
 
 
 def table(results: list[Result]) -> str:
-    lines = ["| case | system | pool | procs x conc | in flight | stub latency | steps | window s | steps/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | system | pool | procs x conc | in flight | stub latency | steps | window s | steps/s "
+             "| CPU us/step: workers, stub, redis, bench |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        cpu = ", ".join(f"{r.cpu_us.get(g, 0):.0f}" for g in ("workers", "stub", "redis", "bench"))
         lines.append(f"| {r.label} | {r.system} | {r.pool} | {r.procs} x {r.concurrency} | {r.in_flight} | "
-                     f"{r.latency_ms:g} ms | {r.steps} | {r.seconds:.1f} | {r.rate:.1f} |")
+                     f"{r.latency_ms:g} ms | {r.steps} | {r.seconds:.1f} | {r.rate:.1f} | {cpu} |")
     return "\n".join(lines)
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
+from tests.fixtures_stub import StubControl
 from worker.core.models import ToolCall, Usage
 from worker.errors import LLMError
-from worker.llm import parse_completion
+from worker.llm import OpenAIChat, parse_completion
 
 
 def body(message: dict, **extra: object) -> str:
@@ -44,3 +47,61 @@ def test_no_choices_is_an_empty_reply_and_missing_usage_counts_zero() -> None:
 def test_a_malformed_body_is_a_clear_llm_error(raw: str) -> None:
     with pytest.raises(LLMError, match="malformed completion"):
         parse_completion(raw)
+
+
+# --- OpenAIChat against the real stub over HTTP ----------------------------------------------------
+MESSAGES = [{"role": "user", "content": "What is 6 * 7?"}]
+
+
+def chat_client(base_url: str, **kwargs: Any) -> OpenAIChat:
+    return OpenAIChat(base_url, "sk-test", backoff_base_s=0.01, timeout_s=10, **kwargs)
+
+
+def test_a_failed_first_attempt_is_retried_and_counted(stub_base_url: str, stub_control: StubControl) -> None:
+    stub_control.set_faults(fail_first_n=2, fail_status=503)
+    seen: list[str] = []
+    client = chat_client(stub_base_url, on_attempt=lambda model, outcome, s: seen.append(outcome))
+    reply = client.chat(MESSAGES, model="m")
+    assert reply.attempts == 3 and reply.content
+    assert seen == ["server_error", "server_error", "ok"]
+    assert stub_control.stats()["by_status"] == {"503": 2, "200": 1}
+
+
+def test_retries_stop_at_max_retries_with_the_count_in_the_error(stub_base_url: str,
+                                                                 stub_control: StubControl) -> None:
+    stub_control.set_faults(fail_first_n=10, fail_status=500)
+    with pytest.raises(LLMError) as failed:
+        chat_client(stub_base_url, max_retries=2).chat(MESSAGES, model="m")
+    assert failed.value.attempts == 3 and "3 attempt(s)" in str(failed.value) and "500" in str(failed.value)
+    assert stub_control.stats()["by_status"] == {"500": 3}
+
+
+def test_a_client_error_is_not_retried(stub_base_url: str, stub_control: StubControl) -> None:
+    stub_control.set_faults(fail_first_n=5, fail_status=400)
+    with pytest.raises(LLMError) as failed:
+        chat_client(stub_base_url).chat(MESSAGES, model="m")
+    assert failed.value.attempts == 1
+    assert stub_control.stats()["by_status"] == {"400": 1}
+
+
+def test_a_429_reports_its_retry_after_to_the_shared_cool_down(stub_base_url: str,
+                                                                stub_control: StubControl) -> None:
+    stub_control.set_faults(fail_first_n=0, error_rate_429=1.0, retry_after_s=0.05)
+    hints: list[tuple[str, float | None]] = []
+    with pytest.raises(LLMError):
+        chat_client(stub_base_url, max_retries=1, on_rate_limited=lambda m, s: hints.append((m, s))).chat(
+            MESSAGES, model="m")
+    assert hints == [("m", 0.05), ("m", 0.05)]
+
+
+def test_threads_share_a_bounded_number_of_clients(stub_base_url: str, stub_control: StubControl) -> None:
+    client = chat_client(stub_base_url, max_connections=8)
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        replies = list(pool.map(lambda _: client.chat(MESSAGES, model="m"), range(200)))
+    assert all(r.content for r in replies)
+    built = [c for c in client._shards if c is not None]
+    assert len(client._shards) == 8 and 1 <= len(built) <= 8  # min(POOL_SHARDS, max_connections)
+    assert stub_control.stats()["by_status"] == {"200": 200}
+    client.close()
+    assert client._shards == [None] * 8
+    assert client.chat(MESSAGES, model="m").content  # a closed client builds its shard again

@@ -9,6 +9,7 @@ from typing import Any
 from tests.harness import Harness, call, calls, final
 from tools_sandbox.models import SandboxResult
 from tools_sandbox.tasks import ExecuteRequest
+from worker import keys
 from worker.core.models import LLMReply, Observation, RunStatus, Usage
 from worker.core.outcome import Outcome
 from worker.core.prompts import REFLECTION
@@ -332,3 +333,47 @@ def test_in_text_mode_a_reflection_is_a_thought_but_an_explicit_final_answer_sti
     assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.REFLECTION, Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
     assert (harness.run(run_id).status, harness.run(run_id).answer) == (RunStatus.SUCCEEDED, "43")
     assert harness.steps(run_id)[1].thought == "I have 42 so far; the approach works."
+
+
+# --- what a tenant without budgets is charged: each call once, written with the step's reply ---------
+def day_spend(harness: Harness, tenant: str = "default") -> int:
+    return harness.rt.budgets.spend(tenant)[0].tokens
+
+
+def test_every_call_is_charged_once_to_the_tenants_day_and_month(harness: Harness) -> None:
+    harness.llm.script(call("calculator", {"expression": "6*7"}, tokens=100), final("42", tokens=40))
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    run = harness.run(run_id)
+    assert run.usage.prompt_tokens + run.usage.completion_tokens == 150 + 60
+    day, month = harness.rt.budgets.spend("default")
+    assert day.tokens == month.tokens == 210
+
+
+def test_a_duplicate_call_is_charged_too_and_a_stored_reply_is_not_charged_again(harness: Harness) -> None:
+    run_id = harness.submit("What is 6 * 7?")
+
+    def reply_while_a_duplicate_runs(messages: list[dict[str, Any]]) -> LLMReply:
+        harness.rt.redis.delete(keys.lease(run_id))  # the lease expired: a duplicate runs the step
+        assert harness.deliver(run_id, 0).outcome == Outcome.TOOL_CALLS
+        return call("calculator", {"expression": "6*7"}, tokens=100)
+
+    harness.llm.script(reply_while_a_duplicate_runs, call("calculator", {"expression": "6*7"}, tokens=100),
+                       final("42", tokens=40))
+    assert harness.step().outcome == Outcome.FENCED  # the duplicate stored its reply and recorded the step
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    assert day_spend(harness) == 150 + 150 + 60  # both calls of step 0 were made and paid for
+
+
+def test_a_sandboxed_step_is_charged_when_it_sends_the_code_not_again_when_it_resumes(harness: Harness) -> None:
+    harness.llm.script(call("python", {"code": "print(6*7)"}, tokens=100), final("42", tokens=40))
+    run_id = harness.submit("Use python to compute 6 * 7", tier="pro", tenant="acme")
+    assert harness.drain() == [Outcome.WAITING]
+    assert day_spend(harness, "acme") == 150  # counted with the stored reply, before the result is back
+    [request] = harness.dispatch.sandbox
+    complete_sandbox(harness, request, SandboxResult(exit_code=0, stdout="42\n", stderr="", tier="pro",
+                                                     backend="process"))
+    harness.deliver(*request["continue_args"])
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    assert harness.run(run_id).status == RunStatus.SUCCEEDED
+    assert day_spend(harness, "acme") == 150 + 60

@@ -31,6 +31,7 @@ from .core.pricing import cost_usd
 from .errors import ReactqError
 from .plans import Budgets
 from .routing import model_chain
+from .store_cas import Command
 
 MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
 MIN_CALL_TOKENS = 256  # no prompt is smaller: a tenant with fewer tokens left cannot make a call
@@ -208,22 +209,34 @@ class TenantBudgets:
     def settle(self, tenant: str, reserved: Spend, actual: Spend, reserved_at: float) -> None:
         """Replace a reservation by what the call cost, in the periods it was reserved in (a call
         straddling midnight is charged to the day it started)."""
-        pipe = self.r.pipeline()
-        for period, ttl in zip(periods(reserved_at), (_DAY_TTL_S, _MONTH_TTL_S), strict=True):
-            key = keys.tenant_spend(tenant, period)
-            pipe.hincrby(key, "tokens", actual.tokens - reserved.tokens)
-            pipe.hincrbyfloat(key, "usd", actual.usd - reserved.usd)
-            pipe.expire(key, ttl)
+        pipe = self.r.pipeline(transaction=False)
+        for command in spend_commands(tenant, Spend(actual.tokens - reserved.tokens, actual.usd - reserved.usd),
+                                      reserved_at):
+            pipe.execute_command(*command)
         pipe.execute()
+
+
+def spend_commands(tenant: str, spend: Spend, at: float) -> list[Command]:
+    """The writes that add `spend` to the tenant's day and month of `at`."""
+    commands: list[Command] = []
+    for period, ttl in zip(periods(at), (_DAY_TTL_S, _MONTH_TTL_S), strict=True):
+        key = keys.tenant_spend(tenant, period)
+        commands += [("HINCRBY", key, "tokens", spend.tokens), ("HINCRBYFLOAT", key, "usd", repr(spend.usd)),
+                     ("EXPIRE", key, ttl)]
+    return commands
 
 
 @dataclass
 class Reservation:
-    """One LLM call's budget: send `max_tokens`, then report what the call used with `spent()`."""
+    """One LLM call's budget: send `max_tokens`, then report what the call used with `spent()`.
+
+    After the call, `unsettled` holds the writes that count its spend when the tenant has no budgets
+    (nothing was reserved): the step records them with its reply instead of a round trip of its own."""
 
     max_tokens: int
     reserved: Spend
     actual: Spend = field(default_factory=lambda: Spend(0, 0.0))
+    unsettled: list[Command] = field(default_factory=list)
 
     def spent(self, usage: Usage, cost: float) -> None:
         self.actual = Spend(usage.prompt_tokens + usage.completion_tokens, cost)
@@ -258,7 +271,10 @@ def reserve_call(rt: Any, run: Run, messages: list[dict[str, Any]], options: dic
     try:
         yield call
     finally:
-        rt.budgets.settle(run.spec.tenant, reserved, call.actual, now)
+        if reserved.tokens or reserved.usd:
+            rt.budgets.settle(run.spec.tenant, reserved, call.actual, now)
+        elif call.actual.tokens or call.actual.usd:
+            call.unsettled = spend_commands(run.spec.tenant, call.actual, now)
 
 
 def usage_report(client: redis.Redis, policy: Any, now: float | None = None) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from .broker import transport_for
 from .config import get_settings
 from .fairness import PRIORITY_STEPS
 from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, WEBHOOK_TASK, WEBHOOKS_QUEUE
@@ -27,6 +28,7 @@ def make_app() -> Celery:
         worker_send_task_events=False,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
+        broker_transport=transport_for(settings.redis_url),
         # Sized for a threads pool holding hundreds of LLM calls in flight.
         broker_pool_limit=settings.redis_max_connections,
         redis_max_connections=settings.redis_max_connections,

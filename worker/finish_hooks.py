@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 from . import keys
-from .core.models import Run
+from .core.models import Run, Step
 from .display import run_json
 from .runtime import Runtime
 from .submit import batch_view
@@ -51,16 +51,15 @@ def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Se
         queue_delivery(store, owner, Event.BATCH_FINISHED, batch_id, url, view, send)
 
 
-def trim_finished(rt: Runtime, run: Run) -> None:
+def trim_finished(rt: Runtime, run: Run, steps: list[Step] | None = None) -> None:
     """What a finished run keeps is its record, steps and events: the per-step working keys go, and the
-    events stop repeating each step's text."""
+    events stop repeating each step's text (one round trip when the caller has the run's steps)."""
     from .retention import working_keys
 
-    rt.store.delete_keys(working_keys(rt.store, run))
-    rt.store.compact_events(run.id)
+    rt.store.drop_and_compact(run.id, working_keys(rt.store, run, steps))
 
 
-def after_finish(rt: Runtime, run: Run) -> None:
+def after_finish(rt: Runtime, run: Run, steps: list[Step] | None = None) -> None:
     try:
         from .webhook_tasks import send_delivery
 
@@ -68,6 +67,6 @@ def after_finish(rt: Runtime, run: Run) -> None:
     except Exception:  # a webhook never affects the run
         log.exception("could not queue the webhooks of a finished run", extra={"run_id": run.id})
     try:
-        trim_finished(rt, run)
+        trim_finished(rt, run, steps)
     except Exception:  # the keys expire anyway
         log.exception("could not trim a finished run's keys", extra={"run_id": run.id})

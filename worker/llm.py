@@ -6,13 +6,15 @@ benchmarks script it at our own seam (tests/harness.py) instead of patching the 
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from typing import Any, Protocol
 
 import httpx
 import openai
 from pydantic import BaseModel, ValidationError
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from .core.models import LLMReply, ToolCall, Usage
 from .errors import LLMError
@@ -24,6 +26,8 @@ class LLMClient(Protocol):
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply: ...
 
+
+POOL_SHARDS = 16  # clients (and connection pools) per process that worker threads share
 
 RETRYABLE = (
     openai.APIConnectionError,  # includes APITimeoutError
@@ -53,7 +57,13 @@ def _retry_after(exc: BaseException | None) -> float | None:
 
 
 class OpenAIChat:
-    """Chat completions against any OpenAI-compatible endpoint."""
+    """Chat completions against any OpenAI-compatible endpoint.
+
+    Threads share clients by shard, each with its own connection pool. A worker runs hundreds of steps
+    at once, one per thread, and one shared httpx pool scans all of its connections and waiting requests
+    under a lock on every request and every response close: at 300 threads per process that was three
+    quarters of a step's CPU (BENCHMARKS.md, case (c)). A client per thread would cost a client's
+    construction for every new thread; a few shards keep each pool small and are built once."""
 
     def __init__(
         self,
@@ -69,61 +79,96 @@ class OpenAIChat:
         on_rate_limited: Any = None,
     ) -> None:
         self.base_url = base_url
-        self._http = httpx.Client(
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            timeout=timeout_s,
-        )
-        self._client = openai.OpenAI(
-            base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0, http_client=self._http
-        )
+        self._api_key = api_key
+        self._timeout_s = timeout_s
+        shards = min(POOL_SHARDS, max_connections)
+        self._per_shard = -(-max_connections // shards)  # the shards' pools add up to max_connections
+        self._shards: list[openai.OpenAI | None] = [None] * shards
+        self._shard_of_thread = threading.local()
+        self._next_shard = itertools.count()
+        self._lock = threading.Lock()
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
         self.on_attempt = on_attempt  # callback(model, outcome, seconds) for metrics
         self.on_rate_limited = on_rate_limited  # callback(model, retry_after_s | None): the shared cool-down
 
-    def close(self) -> None:
-        self._client.close()
+    def _client(self) -> openai.OpenAI:
+        """This thread's shard's client (threads are dealt to shards in turn, once)."""
+        shard = getattr(self._shard_of_thread, "index", None)
+        if shard is None:
+            shard = self._shard_of_thread.index = next(self._next_shard) % len(self._shards)
+        client = self._shards[shard]
+        if client is None:
+            with self._lock:
+                client = self._shards[shard]
+                if client is None:
+                    limits = httpx.Limits(max_connections=self._per_shard, max_keepalive_connections=self._per_shard)
+                    client = openai.OpenAI(
+                        base_url=self.base_url, api_key=self._api_key, timeout=self._timeout_s, max_retries=0,
+                        http_client=httpx.Client(limits=limits, timeout=self._timeout_s),
+                    )
+                    self._shards[shard] = client
+        return client
 
-    def _wait(self, state: RetryCallState) -> float:
-        hinted = _retry_after(state.outcome.exception() if state.outcome else None)
+    def close(self) -> None:
+        with self._lock:
+            clients, self._shards = self._shards, [None] * len(self._shards)
+        for client in clients:
+            if client is not None:
+                client.close()
+
+    def _delay(self, exc: BaseException | None, failed_attempts: int) -> float:
+        """How long to wait after `failed_attempts` attempts, the last failing with `exc`."""
+        hinted = _retry_after(exc)
         if hinted is not None:
             return hinted
-        return min(self.backoff_cap_s, self.backoff_base_s * 2 ** (state.attempt_number - 1))
+        return min(self.backoff_cap_s, self.backoff_base_s * 2 ** (failed_attempts - 1))
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply:
         model = options.get("model", "")
-        attempts = 0
+        body = {"messages": messages, **options}
         started = time.monotonic()
-        retrying = Retrying(
-            retry=retry_if_exception(_retryable),
-            stop=stop_after_attempt(self.max_retries + 1),
-            wait=self._wait,
-            reraise=True,
-        )
+        attempts = 1
         try:
-            for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    t0 = time.monotonic()
-                    try:
-                        # The client's documented low-level post: same auth and errors as
-                        # chat.completions.create, without its typed-params transform and without
-                        # building its ChatCompletion model; we validate the body into our own smaller
-                        # shape instead (BENCHMARKS.md, "A cheaper step").
-                        response = self._client.post(
-                            "/chat/completions", cast_to=httpx.Response, body={"messages": messages, **options}
-                        )
-                    except openai.OpenAIError as exc:
-                        self._report(model, _outcome(exc), time.monotonic() - t0)
-                        if isinstance(exc, openai.RateLimitError) and self.on_rate_limited is not None:
-                            self.on_rate_limited(model, _retry_after(exc))
-                        raise
-                    self._report(model, "ok", time.monotonic() - t0)
+            try:
+                response = self._attempt(model, body)
+            except openai.OpenAIError as exc:
+                if not _retryable(exc) or self.max_retries == 0:
+                    raise
+                # Only a failed first attempt pays for the retry machinery.
+                time.sleep(self._delay(exc, 1))
+                retrying = Retrying(
+                    retry=retry_if_exception(_retryable),
+                    stop=stop_after_attempt(self.max_retries),
+                    wait=lambda state: self._delay(state.outcome.exception() if state.outcome else None,
+                                                   state.attempt_number + 1),
+                    reraise=True,
+                )
+                for attempt in retrying:
+                    with attempt:
+                        attempts += 1
+                        response = self._attempt(model, body)
         except openai.OpenAIError as exc:
             raise LLMError(f"LLM call failed after {attempts} attempt(s): {_describe(exc)}", attempts,
                            _outcome(exc)) from None
         return parse_completion(response.content, attempts, int((time.monotonic() - started) * 1000))
+
+    def _attempt(self, model: str, body: dict[str, Any]) -> httpx.Response:
+        """One HTTP call. The client's documented low-level post: same auth and errors as
+        chat.completions.create, without its typed-params transform and without building its
+        ChatCompletion model; we validate the body into our own smaller shape instead (BENCHMARKS.md,
+        "A cheaper step")."""
+        t0 = time.monotonic()
+        try:
+            response = self._client().post("/chat/completions", cast_to=httpx.Response, body=body)
+        except openai.OpenAIError as exc:
+            self._report(model, _outcome(exc), time.monotonic() - t0)
+            if isinstance(exc, openai.RateLimitError) and self.on_rate_limited is not None:
+                self.on_rate_limited(model, _retry_after(exc))
+            raise
+        self._report(model, "ok", time.monotonic() - t0)
+        return response
 
     def _report(self, model: str, outcome: str, seconds: float) -> None:
         if self.on_attempt is not None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import keys
-from .core.models import Run
+from .core.models import Run, Step
 from .store import RunStore
 from .submit import cancel
 
@@ -39,15 +39,19 @@ def _run_keys(store: RunStore, run: Run) -> list[str]:
             *working_keys(store, run)]
 
 
-def working_keys(store: RunStore, run: Run) -> list[str]:
+def working_keys(store: RunStore, run: Run, steps: list[Step] | None = None) -> list[str]:
     """The keys a run needs only while a step is in progress: its lease, stored LLM replies, tool and
-    sandbox results, sandbox dispatch and approval markers. A finished run's trace has it all."""
+    sandbox results, sandbox dispatch and approval markers. A finished run's trace has it all.
+
+    `steps`: the run's whole step list, when the caller has it and no step is in progress (a run its
+    last step has just finished): then nothing is read back."""
     from .runner import StepRunner  # the same call-id rules as the step that stored the results
 
     run_id = run.id
     found = [keys.lease(run_id)]
-    calls_by_step = {s.index: [c.id for c in s.tool_calls] for s in store.load_steps(run_id)}
-    current = store.get_reply(run_id, run.current_step)
+    calls_by_step = {s.index: [c.id for c in s.tool_calls] for s in (steps if steps is not None
+                                                                      else store.load_steps(run_id))}
+    current = store.get_reply(run_id, run.current_step) if steps is None else None
     if current is not None:
         calls_by_step[run.current_step] = [c.id for c in StepRunner._parse(run.mode, current).calls]
     for index in range(run.current_step + 1):

@@ -97,8 +97,12 @@ class StepRunner:
             snap, run = running, running.run
 
         reflecting = prompts.reflection_due(d.steps, self.rt.settings.reflect_every)
+        spend: list[Command] = []  # the call's cost, for a tenant without budgets: written with the reply
         try:
-            reply = d.stored_reply or self._ask(run, d.steps, d.index)
+            if d.stored_reply is not None:
+                reply = d.stored_reply
+            else:
+                reply, spend = self._ask(run, d.steps, d.index)
         except LLMError as exc:
             return self._end(run, End(RunStatus.FAILED, str(exc)), d.index, Outcome.LLM_FAILED)
         except BudgetExceeded as exc:
@@ -118,24 +122,25 @@ class StepRunner:
 
         if isinstance(decision, Final):
             step.final_answer = decision.answer
-            return self._commit(snap, d, step, Outcome.FINAL_ANSWER)
+            return self._commit(snap, d, step, Outcome.FINAL_ANSWER, spend=spend)
         if isinstance(decision, Reflect):
             step.thought, step.reflection = decision.thought, True
-            return self._commit(snap, d, step, Outcome.REFLECTION)
+            return self._commit(snap, d, step, Outcome.REFLECTION, spend=spend)
         if isinstance(decision, Retry):
             metrics.PARSE_ERRORS.labels(decision.kind).inc()
             step.error = decision.error
-            return self._commit(snap, d, step, Outcome.INVALID_OUTPUT, invalid=True)
+            return self._commit(snap, d, step, Outcome.INVALID_OUTPUT, invalid=True, spend=spend)
         if isinstance(decision, End):
             metrics.PARSE_ERRORS.labels(turn.error_kind or "loop").inc()
             step.error = decision.reason
             step.tool_calls = turn.calls
-            return self._commit(snap, d, step, Outcome.ENDED, end=decision)
+            return self._commit(snap, d, step, Outcome.ENDED, end=decision, spend=spend)
 
         step.tool_calls = turn.calls
-        return self._act(snap, d, step, decision, reply)
+        return self._act(snap, d, step, decision, reply, spend)
 
-    def _act(self, snap: Snapshot, d: Delivery, step: Step, act: Act, reply: LLMReply) -> StepOutcome:
+    def _act(self, snap: Snapshot, d: Delivery, step: Step, act: Act, reply: LLMReply,
+             spend: list[Command]) -> StepOutcome:
         """Run the step's tool calls (or send its sandboxed ones) and record the step once all answered.
 
         Acting has effects outside the run record: the reply is stored first, so that a redelivery acts
@@ -144,7 +149,7 @@ class StepRunner:
         cacheable = [p for p in act.planned if p.idempotent and not p.sandboxed and ttl > 0
                      and p.call.id not in d.stored_results]
         ours, cached = self.store.prepare_act(run.id, d.index, None if d.stored_reply else reply,
-                                              [(p.tool, p.arguments) for p in cacheable])
+                                              [(p.tool, p.arguments) for p in cacheable], also=spend)
         if not ours:
             return FENCED  # another delivery, whose lease outlived ours, stored its reply first
         from_cache = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}
@@ -159,8 +164,9 @@ class StepRunner:
         return self._commit(snap, d, step, Outcome.TOOL_CALLS, also=self.store.cache_commands(fresh, ttl))
 
     # --- the LLM reply ----------------------------------------------------------------------
-    def _ask(self, run: Run, steps: list[Step], index: int) -> LLMReply:
-        """Ask the model for step `index`'s turn."""
+    def _ask(self, run: Run, steps: list[Step], index: int) -> tuple[LLMReply, list[Command]]:
+        """Ask the model for step `index`'s turn; the reply and the writes that count its spend (if the
+        reservation was not settled already)."""
         s = self.rt.settings
         tools = self.rt.tools_for(run.spec.tenant).all()
         messages, compacted = prompts.build_messages(
@@ -183,7 +189,7 @@ class StepRunner:
         if compacted:
             metrics.SAFEGUARDS.labels("context_compacted").inc()
             log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})
-        return reply
+        return reply, budget.unsettled
 
     @staticmethod
     def _parse(mode: Mode, reply: LLMReply) -> ParsedTurn:
@@ -289,8 +295,10 @@ class StepRunner:
 
     # --- recording ----------------------------------------------------------------------------
     def _commit(self, snap: Snapshot, d: Delivery, step: Step, outcome: Outcome, *, invalid: bool = False,
-                end: End | None = None, also: list[Command] | None = None) -> StepOutcome:
-        """Record the step (fenced on its index) and let go of the lease in the same transaction."""
+                end: End | None = None, also: list[Command] | None = None,
+                spend: list[Command] | None = None) -> StepOutcome:
+        """Record the step (fenced on its index) and let go of the lease in the same transaction, with
+        the spend of the step's LLM call when it has not been counted yet."""
         run = snap.run
         step.finished_at = time.time()
         limits = self.rt.limits
@@ -300,8 +308,9 @@ class StepRunner:
             return end or engine.after_step(r, step, step.finished_at, limits)
 
         committed = self.store.commit_step(snap, step, conclude, invalid=invalid, release_lease=d.token,
-                                           also=also)
+                                           also=(also or []) + (spend or []))
         if committed is None:
+            self.store.run_commands(spend or [])  # the call was made and paid for, recorded or not
             return FENCED
         self.rt.leases.forget(run.id, d.token)
         metrics.STEPS_TOTAL.labels(outcome.value).inc()
@@ -315,7 +324,7 @@ class StepRunner:
         safeguard = committed.end.safeguard if committed.end is not None else ""
         if safeguard:
             metrics.SAFEGUARDS.labels(safeguard).inc()
-        record_finished(committed.run, self.rt)
+        record_finished(committed.run, self.rt, d.steps + [step])
         return StepOutcome(outcome, safeguard=safeguard or None)
 
     def _record_cancel(self, run_id: str) -> None:
@@ -335,12 +344,13 @@ class StepRunner:
         return StepOutcome(outcome, safeguard=end.safeguard or None)
 
 
-def record_finished(run: Run, rt: Runtime) -> None:
+def record_finished(run: Run, rt: Runtime, steps: list[Step] | None = None) -> None:
+    """Count a finished run and do what follows its end (`steps`: all of its steps, if at hand)."""
     metrics.RUNS_TOTAL.labels(run.status.value).inc()
     metrics.RUN_TURNS.labels(run.status.value).observe(run.current_step)
     metrics.RUN_DURATION.labels(run.status.value).observe(max(0.0, (run.finished_at or time.time()) - run.created_at))
     log.info("run finished", extra={"run_id": run.id, "status": run.status.value, "steps": run.current_step})
-    after_finish(rt, run)
+    after_finish(rt, run, steps)
 
 
 def _tool_label(name: str, rt: Runtime) -> str:

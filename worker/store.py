@@ -142,6 +142,7 @@ class RunStore:
         self.retention = retention_s  # a finished run's record, steps and events
         self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
         self._cas = client.register_script(CAS_SCRIPT)
+        self._compact = client.register_script(_COMPACT_EVENTS)
 
     # --- run records -------------------------------------------------------------------------
     def create_runs(self, runs: Iterable[Run], batch_id: str | None = None) -> None:
@@ -201,11 +202,15 @@ class RunStore:
         if steps:
             self.r.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
 
-    def compact_events(self, run_id: str) -> None:
-        """Once a run has finished, its event stream becomes one small JSON string (same entry ids, same
-        TTL) whose `step` events point at the step list instead of repeating each step's text: a stream
-        costs ~4 KB however few its entries."""
-        self.r.eval(_COMPACT_EVENTS, 2, keys.events(run_id), keys.events_compacted(run_id))
+    def drop_and_compact(self, run_id: str, names: list[str]) -> None:
+        """Delete these keys of a finished run, and compact its event stream into one small JSON string
+        (same entry ids, same TTL) whose `step` events point at the step list instead of repeating each
+        step's text (a stream costs ~4 KB however few its entries); in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        if names:
+            pipe.delete(*names)
+        self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id)], client=pipe)
+        pipe.execute()
 
     def load_steps(self, run_id: str) -> list[Step]:
         raws = self.r.lrange(keys.steps(run_id), 0, -1)
@@ -386,17 +391,21 @@ class RunStore:
         return stored or reply
 
     def prepare_act(
-        self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]]
+        self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]],
+        also: list[Command] | None = None,
     ) -> tuple[bool, list[str | None]]:
         """Before a step acts, in one round trip: store its `reply` unless one is stored already (None:
-        it came from the store), and read the idempotent-tool cache for the `cacheable` (tool,
-        arguments) calls. Returns whether our reply is the one that counts, and the cached contents."""
+        it came from the store), read the idempotent-tool cache for the `cacheable` (tool, arguments)
+        calls, and run the `also` writes. Returns whether our reply is the one that counts, and the
+        cached contents."""
         pipe = self.r.pipeline(transaction=False)
         if reply is not None:
             pipe.set(keys.reply(run_id, step), reply.model_dump_json(), nx=True, ex=self.ttl)
         for tool, arguments in cacheable:
             pipe.get(keys.tool_cache(tool, self._digest(arguments)))
-        results = pipe.execute()
+        for command in also or []:
+            pipe.execute_command(*command)
+        results = pipe.execute()[:len(cacheable) + (reply is not None)]
         stored = bool(results.pop(0)) if reply is not None else True
         return stored, [r.decode() if r else None for r in results]
 
@@ -594,6 +603,14 @@ class RunStore:
     def look_again_at(self, run_id: str, when: float) -> None:
         """Have the reaper look at an active run again at `when` (a run that waits for a person)."""
         self.r.zadd(keys.ACTIVE_RUNS, {run_id: when}, xx=True)
+
+    def run_commands(self, commands: list[Command]) -> None:
+        """Run these writes in one round trip (no transaction)."""
+        if commands:
+            pipe = self.r.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            pipe.execute()
 
     def delete_keys(self, names: list[str]) -> None:
         if names:

@@ -1,0 +1,39 @@
+"""worker/broker.py: kombu's Redis transport keeping one synchronous client per connection pool."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from worker import broker
+
+
+def test_the_transport_is_ours_for_redis_urls_only() -> None:
+    assert broker.transport_for("redis://127.0.0.1:6379/0") == broker.TRANSPORT
+    assert broker.transport_for("rediss://h:6380/0") == broker.TRANSPORT
+    assert broker.transport_for("sentinel://h:26379") is None
+
+
+def test_a_channel_keeps_one_client_per_pool_and_messages_still_flow(redis_url: str) -> None:
+    app = Celery("t", broker=redis_url)
+    app.conf.broker_transport = broker.transport_for(redis_url)
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        assert isinstance(channel, broker.Channel)
+        kept = channel._create_client()
+        assert channel._create_client() is kept
+        assert channel._create_client(asynchronous=True) is not kept  # the event loop's client is kombu's
+
+        queue = conn.SimpleQueue("reactq.test.broker")
+        for i in range(3):
+            queue.put({"n": i})
+        got = []
+        for _ in range(3):
+            message = queue.get(timeout=5)
+            got.append(message.payload["n"])
+            message.ack()  # acks go through the kept client
+        assert got == [0, 1, 2]
+        queue.close()
+
+        channel._disconnect_pools()  # what kombu does on a reconnect: a new pool gets a new client
+        assert channel._create_client() is not kept
+        assert channel._create_client().ping()
