@@ -18,6 +18,7 @@ import redis
 
 from tests.fixtures_services import free_port
 from worker import keys
+from worker.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,17 +86,34 @@ class Cluster:
         wait_until(lambda: lines() >= count, f"{count} result lines in {out}", timeout,
                    lambda: f"it has {lines()}")
 
+    def run_status(self, run_id: str) -> str | None:
+        """The run's status as its record in Redis holds it (read in-process: cheap enough to poll)."""
+        client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
+        try:
+            run = RunStore(client).load_run(run_id)
+        finally:
+            client.close()
+        return None if run is None else run.status.value
+
+    def wait_for_status(self, run_id: str, wanted: Callable[[str | None], bool], what: str,
+                        timeout: float = 60) -> dict:
+        """Poll the run's record until `wanted(status)` holds, then return `reactq status --json` (one CLI call,
+        not one per poll: a CLI process costs about half a CPU second); raises naming `what` on timeout."""
+        last: list[str | None] = [None]
+
+        def reached() -> bool:
+            last[0] = self.run_status(run_id)
+            return wanted(last[0])
+
+        wait_until(reached, f"run {run_id} {what}", timeout, lambda: f"last status {last[0]}")
+        shown = self.reactq("status", run_id, "--json")
+        assert shown.returncode == 0, shown.stderr
+        return json.loads(shown.stdout)
+
     def wait_for_run(self, run_id: str, timeout: float = 60) -> dict:
-        """Poll `reactq status` until the run has ended; returns its status object, raises on timeout."""
-        last: dict = {}
-
-        def ended() -> bool:
-            nonlocal last
-            last = json.loads(self.reactq("status", run_id, "--json").stdout)
-            return last["status"] not in ("queued", "running", "awaiting_approval")
-
-        wait_until(ended, f"run {run_id} to end", timeout, lambda: f"last status {last.get('status')}")
-        return last
+        """Until the run has ended; returns its `reactq status --json` object, raises on timeout."""
+        return self.wait_for_status(run_id, lambda s: s not in (None, "queued", "running", "awaiting_approval"),
+                                    "to end", timeout)
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -21,15 +21,9 @@ CALCULATOR_NEEDS_APPROVAL = {"REACTQ_APPROVAL_TOOLS": '["calculator"]'}
 
 
 def wait_status(cluster: Cluster, run_id: str, status: str, timeout: float = 60) -> dict:
-    last: dict = {}
-
-    def reached() -> bool:
-        nonlocal last
-        last = json.loads(cluster.reactq("status", run_id, "--json").stdout)
-        return last["status"] == status
-
-    wait_until(reached, f"run {run_id} in status {status!r}", timeout, lambda: f"it is {last.get('status')!r}")
-    return last
+    shown = cluster.wait_for_status(run_id, lambda s: s == status, f"in status {status!r}", timeout)
+    assert shown["status"] == status, shown
+    return shown
 
 
 def event_kinds(redis_url: str, run_id: str) -> list[str]:

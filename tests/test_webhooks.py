@@ -10,11 +10,12 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+import redis
 
 from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_receiver import Receiver
 from worker.errors import InvalidRequest
-from worker.webhooks import backoff_s, sign, validate_url
+from worker.webhooks import WebhookStore, backoff_s, sign, validate_url
 
 # --- pure --------------------------------------------------------------------------------------
 
@@ -56,14 +57,23 @@ FAST_RETRIES = {"REACTQ_WEBHOOK_ALLOW_PRIVATE": "1", "REACTQ_WEBHOOK_RETRY_BASE_
 
 def wait_delivery(cluster: Cluster, state: str, count: int = 1, timeout: float = 60) -> list[dict]:
     """The tenant's deliveries once `count` of them are in `state`."""
-    found: list[dict] = []
+    client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
+    store = WebhookStore(client, keep_s=0)  # read only; polled in-process (a CLI call per poll costs a CPU second)
+    polled: list[dict] = []
 
     def reached() -> bool:
-        nonlocal found
-        found = json.loads(cluster.reactq("webhook", "deliveries", "--json").stdout)
-        return sum(d["state"] == state for d in found) >= count
+        nonlocal polled
+        polled = [d.public() for d in store.list("default", 20)]
+        return sum(d["state"] == state for d in polled) >= count
 
-    wait_until(reached, f"{count} delivery in state {state!r}", timeout, lambda: f"deliveries: {found}")
+    try:
+        wait_until(reached, f"{count} delivery in state {state!r}", timeout, lambda: f"deliveries: {polled}")
+    finally:
+        client.close()
+    shown = cluster.reactq("webhook", "deliveries", "--json")
+    assert shown.returncode == 0, shown.stderr
+    found = json.loads(shown.stdout)
+    assert sum(d["state"] == state for d in found) >= count, found
     return found
 
 
