@@ -1,5 +1,6 @@
 """A local webhook receiver for tests: a real HTTP server in a thread that answers its first `fail_first`
-calls with 500 (or every call, with fail_first=-1) and records each request."""
+calls with 500 (or every call, with fail_first=-1) and records each request. With `judge`, the status
+of each call is what `judge(headers, body)` says (e.g. 401 for a signature that does not verify)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class Received:
 @dataclass
 class Receiver:
     fail_first: int = 0
+    judge: Callable[[dict[str, str], bytes], int] | None = None
     calls: list[Received] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
@@ -39,9 +41,9 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 failing = receiver.fail_first < 0 or len(receiver.calls) < receiver.fail_first
-                status = 500 if failing else 200
-                receiver.calls.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body,
-                                               status))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                status = 500 if failing else receiver.judge(headers, body) if receiver.judge else 200
+                receiver.calls.append(Received(self.path, headers, body, status))
                 self.send_response(status)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -65,11 +67,11 @@ class Receiver:
 
 
 @pytest.fixture
-def make_receiver() -> Iterator[Callable[[int], Receiver]]:
+def make_receiver() -> Iterator[Callable[..., Receiver]]:
     started: list[Receiver] = []
 
-    def make(fail_first: int = 0) -> Receiver:
-        receiver = Receiver(fail_first).start()
+    def make(fail_first: int = 0, judge: Callable[[dict[str, str], bytes], int] | None = None) -> Receiver:
+        receiver = Receiver(fail_first, judge).start()
         started.append(receiver)
         return receiver
 
