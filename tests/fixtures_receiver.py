@@ -4,6 +4,7 @@ of each call is what `judge(headers, body)` says (e.g. 401 for a signature that 
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,13 +27,18 @@ class Received:
 class Receiver:
     fail_first: int = 0
     judge: Callable[[dict[str, str], bytes], int] | None = None
+    tls: ssl.SSLContext | None = None  # serve https with this server context
     calls: list[Received] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
     @property
-    def url(self) -> str:
+    def port(self) -> int:
         assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        return int(self.server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/hook"
 
     def start(self) -> Receiver:
         receiver = self
@@ -52,6 +58,8 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if self.tls is not None:
+            self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
@@ -70,8 +78,9 @@ class Receiver:
 def make_receiver() -> Iterator[Callable[..., Receiver]]:
     started: list[Receiver] = []
 
-    def make(fail_first: int = 0, judge: Callable[[dict[str, str], bytes], int] | None = None) -> Receiver:
-        receiver = Receiver(fail_first, judge).start()
+    def make(fail_first: int = 0, judge: Callable[[dict[str, str], bytes], int] | None = None,
+             tls: ssl.SSLContext | None = None) -> Receiver:
+        receiver = Receiver(fail_first, judge, tls).start()
         started.append(receiver)
         return receiver
 

@@ -9,8 +9,11 @@ import hashlib
 import hmac
 import json
 import socket
+import ssl
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -130,10 +133,10 @@ def store(redis_url: str) -> WebhookStore:
 
 
 def deliver(store: WebhookStore, url: str, *, allow_private: bool, resolve: Callable[..., list[Any]] | None = None,
-            body: dict | None = None) -> Delivery:
+            verify_tls: ssl.SSLContext | bool = True) -> Delivery:
     delivery = store.create(Delivery(tenant="default", event=Event.RUN_FINISHED, subject_id="r1", url=url,
-                                     body=json.dumps(body or {"run_id": "r1"})))
-    with httpx.Client(timeout=5, follow_redirects=False) as client:
+                                     body=json.dumps({"run_id": "r1"})))
+    with httpx.Client(timeout=5, follow_redirects=False, verify=verify_tls) as client:
         attempt_delivery(store, delivery.id, 1, client, allow_private=allow_private, retry_base_s=1, retry_max_s=1,
                          retry_for_s=60, **({"resolve": resolve} if resolve else {}))
     done = store.load(delivery.id)
@@ -171,7 +174,7 @@ def test_the_connection_goes_to_the_address_that_was_checked(
     `Host`. Nothing else resolves it (the system's resolver does not know it), so a rebinding name
     server has no second answer to give."""
     receiver = make_receiver(0)
-    port = receiver.url.split(":")[2].split("/")[0]
+    port = receiver.port
     resolve = answers("127.0.0.1")
     delivered = deliver(store, f"http://hooks.rebind.invalid:{port}/hook", allow_private=True, resolve=resolve)
     assert delivered.state == DeliveryState.DELIVERED, delivered.attempts
@@ -200,3 +203,28 @@ def test_refused_and_failed_attempts_are_logged_as_typed_errors(
                                                                   None)
     listed = [d.public() for d in store.list("default")]
     assert {a["kind"] for d in listed for a in d["attempts"]} == {"refused_address", "connection_failed"}
+
+
+def test_https_is_verified_against_the_url_host_not_the_address(
+        store: WebhookStore, make_receiver: Callable[..., Receiver], tmp_path: Path) -> None:
+    """The request goes to the checked IP, but TLS still names the URL's host (SNI) and the certificate is
+    checked against it: a certificate for another name is refused."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=hooks.test", "-addext", "subjectAltName=DNS:hooks.test", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    receiver = make_receiver(0, None, server)
+    trusting = ssl.create_default_context(cafile=str(cert))
+
+    good = deliver(store, f"https://hooks.test:{receiver.port}/hook", allow_private=True,
+                   resolve=answers("127.0.0.1"), verify_tls=trusting)
+    assert good.state == DeliveryState.DELIVERED, good.attempts
+    assert receiver.calls[0].headers["host"] == f"hooks.test:{receiver.port}"
+
+    wrong = deliver(store, f"https://elsewhere.test:{receiver.port}/hook", allow_private=True,
+                    resolve=answers("127.0.0.1"), verify_tls=trusting)
+    [attempt] = wrong.attempts
+    assert attempt.kind == AttemptError.CONNECTION_FAILED and attempt.status_code is None
+    assert len(receiver.calls) == 1
