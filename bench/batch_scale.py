@@ -8,7 +8,7 @@ For each (source tree, command, size): a fresh redis-server (no persistence) and
 ports, `reactq worker --queues steps --processes P` from that tree, then `reactq batch IN --out OUT` (or
 `reactq eval IN --out OUT --json`, each line carrying `expected`: A * B + C) from that tree with N lines
 "What is A * B + C?" (calculator then final answer: two steps, one tool call each).
-- CLI peak RSS: ru_maxrss of the `reactq batch` / `reactq eval` process itself (getrusage at its exit).
+- CLI peak RSS: VmHWM of the `reactq batch` / `reactq eval` process itself (/proc/self/status at its exit).
 - Redis per finished run: every key of 200 sampled runs, found by one SCAN, sized with MEMORY USAGE
   (bytes and key count per run); and INFO used_memory after the batch minus before it, divided by N
   (everything: run keys, batch keys, queues drained).
@@ -49,9 +49,14 @@ class TreeProcs(Procs):
         self.procs.append((name, proc))
         return proc
 
-LAUNCH = ("import atexit, resource, sys\n"
-          "atexit.register(lambda: print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
-          "file=sys.stderr))\n"
+# VmHWM, not ru_maxrss: ru_maxrss survives exec, so a CLI forked from this (by then large) script reported
+# the script's own RSS when that was higher (297 MB for `reactq batch` after an eval of 100,000 lines).
+LAUNCH = ("import atexit, sys\n"
+          "def hwm():\n"
+          "    for line in open('/proc/self/status'):\n"
+          "        if line.startswith('VmHWM:'):\n"
+          "            return int(line.split()[1])\n"
+          "atexit.register(lambda: print('MAXRSS_KB', hwm(), file=sys.stderr))\n"
           "sys.argv = ['reactq', *sys.argv[1:]]\n"
           "from worker.cli import main\nmain()\n")
 
