@@ -1,8 +1,10 @@
 """A local webhook receiver for tests: a real HTTP server in a thread that answers its first `fail_first`
-calls with 500 (or every call, with fail_first=-1) and records each request."""
+calls with 500 (or every call, with fail_first=-1) and records each request. With `judge`, the status
+of each call is what `judge(headers, body)` says (e.g. 401 for a signature that does not verify)."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,13 +26,19 @@ class Received:
 @dataclass
 class Receiver:
     fail_first: int = 0
+    judge: Callable[[dict[str, str], bytes], int] | None = None
+    tls: ssl.SSLContext | None = None  # serve https with this server context
     calls: list[Received] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
     @property
-    def url(self) -> str:
+    def port(self) -> int:
         assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        return int(self.server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/hook"
 
     def start(self) -> Receiver:
         receiver = self
@@ -39,9 +47,9 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 failing = receiver.fail_first < 0 or len(receiver.calls) < receiver.fail_first
-                status = 500 if failing else 200
-                receiver.calls.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body,
-                                               status))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                status = 500 if failing else receiver.judge(headers, body) if receiver.judge else 200
+                receiver.calls.append(Received(self.path, headers, body, status))
                 self.send_response(status)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -50,6 +58,8 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if self.tls is not None:
+            self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
@@ -65,11 +75,12 @@ class Receiver:
 
 
 @pytest.fixture
-def make_receiver() -> Iterator[Callable[[int], Receiver]]:
+def make_receiver() -> Iterator[Callable[..., Receiver]]:
     started: list[Receiver] = []
 
-    def make(fail_first: int = 0) -> Receiver:
-        receiver = Receiver(fail_first).start()
+    def make(fail_first: int = 0, judge: Callable[[dict[str, str], bytes], int] | None = None,
+             tls: ssl.SSLContext | None = None) -> Receiver:
+        receiver = Receiver(fail_first, judge, tls).start()
         started.append(receiver)
         return receiver
 

@@ -156,12 +156,13 @@ def test_compare_flags_regressions_improvements_and_missing() -> None:
     base = [line("a", True), line("b", False), line("c", True, steps=2), line("gone", True)]
     new = [line("a", False, answer="wrong"), line("b", True), line("c", True, steps=4), line("added", True)]
     c = compare(new, base)
-    by_id = {r.id: r for r in c.rows}
-    assert [r.id for r in c.regressions] == ["a"] and [r.id for r in c.improvements] == ["b"]
+    by_id = {r.id: r for r in c.rows()}
+    assert [r.id for r in c.regressions()] == ["a"] and [r.id for r in c.improvements()] == ["b"]
+    assert (c.regression_count, c.improvement_count, c.questions) == (1, 1, 5)
     assert by_id["c"].change == Change.SAME and (by_id["c"].base_steps, by_id["c"].new_steps) == (2, 4)
     assert by_id["added"].change == Change.ONLY_NEW and by_id["added"].base_correct is None
     assert by_id["gone"].change == Change.ONLY_BASE and by_id["gone"].new_steps is None
-    assert [r.id for r in c.rows] == ["a", "b", "c", "added", "gone"]
+    assert [r.id for r in c.rows()] == ["a", "b", "c", "added", "gone"]
     assert c.base.correct == 3 and c.new.correct == 3
     data = c.to_json()
     assert data["regressions"] == ["a"] and data["questions"][0]["change"] == "regression"

@@ -15,7 +15,7 @@ import redis
 from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_receiver import Receiver
 from worker.errors import InvalidRequest
-from worker.webhooks import WebhookStore, backoff_s, sign, validate_url
+from worker.webhooks import WebhookStore, backoff_s, validate_url, verify
 
 # --- pure --------------------------------------------------------------------------------------
 
@@ -37,12 +37,6 @@ def test_valid_urls(url: str) -> None:
 def test_invalid_urls(url: str, problem: str) -> None:
     with pytest.raises(InvalidRequest, match=problem):
         validate_url(url)
-
-
-def test_signature_is_hmac_sha256_of_the_body() -> None:
-    body = b'{"a": 1}'
-    assert sign("s3cret", body) == "sha256=" + hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
-    assert sign("other", body) != sign("s3cret", body)
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:
@@ -93,8 +87,10 @@ def test_tenant_default_webhook_retried_until_delivered_and_signed(
     assert len({c.headers["x-reactq-delivery"] for c in calls}) == 1  # one idempotency id for all attempts
     for call in calls:
         assert call.headers["x-reactq-event"] == "run.finished"
-        expected = "sha256=" + hmac.new(secret.encode(), call.body, hashlib.sha256).hexdigest()
+        timestamp = call.headers["x-reactq-timestamp"]
+        expected = "v1=" + hmac.new(secret.encode(), timestamp.encode() + b"." + call.body, hashlib.sha256).hexdigest()
         assert hmac.compare_digest(call.headers["x-reactq-signature"], expected)
+        verify(secret, call.body, timestamp, call.headers["x-reactq-signature"])
     body = json.loads(calls[-1].body)
     assert body == json.loads(cluster.reactq("status", run["run_id"], "--json").stdout)
     assert body["status"] == "succeeded" and body["answer"] == "42"
@@ -102,6 +98,7 @@ def test_tenant_default_webhook_retried_until_delivered_and_signed(
     [delivery] = wait_delivery(cluster, "delivered")
     assert [a["status_code"] for a in delivery["attempts"]] == [500, 500, 200]
     assert [a["error"] for a in delivery["attempts"]] == ["HTTP 500", "HTTP 500", None]
+    assert [a["kind"] for a in delivery["attempts"]] == ["http_status", "http_status", None]
     listed = api_client.get("/v1/webhooks/deliveries").json()["deliveries"]
     assert [d["id"] for d in listed] == [delivery["id"]] and "body" not in listed[0]
 
@@ -121,8 +118,17 @@ def test_batch_webhook_and_a_failing_receiver_never_affect_the_runs(
     [call] = batch_receiver.wait_for("the batch's call", lambda c: len(c) >= 1)
     assert call.headers["x-reactq-event"] == "batch.finished"
     body = json.loads(call.body)
-    assert body == api_client.get(f"/v1/batches/{batch_id}").json()
-    assert body["finished"] == 2 and body["statuses"] == {"succeeded": 2}
+    got = api_client.get(f"/v1/batches/{batch_id}").json()
+    assert got["run_ids"] == created.json()["run_ids"] and got["next_offset"] is None
+    assert body == {k: v for k, v in got.items() if k not in ("run_ids", "next_offset")}  # no id list
+    assert body["finished"] == 2 and body["statuses"] == {"succeeded": 2} and body["unfinished"] == 0
+    assert body["runs_url"] == f"/v1/runs?batch_id={batch_id}"
+    page = api_client.get(f"/v1/batches/{batch_id}", params={"limit": 1}).json()
+    assert page["run_ids"] == created.json()["run_ids"][:1] and page["next_offset"] == 1
+    page = api_client.get(f"/v1/batches/{batch_id}", params={"offset": 1, "limit": 1}).json()
+    assert page["run_ids"] == created.json()["run_ids"][1:] and page["next_offset"] is None
+    in_batch = api_client.get(body["runs_url"]).json()["runs"]
+    assert sorted(r["run_id"] for r in in_batch) == sorted(created.json()["run_ids"])
     found = wait_delivery(cluster, "failed")  # the broken receiver's run webhook, given up after 2 s
     failed = [d for d in found if d["state"] == "failed"]
     assert failed[0]["url"] == broken.url and len(failed[0]["attempts"]) >= 2
@@ -142,6 +148,7 @@ def test_private_addresses_are_refused_unless_the_operator_allows_them(
     [delivery] = wait_delivery(cluster, "failed")
     [attempt] = delivery["attempts"]
     assert "non-public address" in attempt["error"] and attempt["status_code"] is None
+    assert attempt["kind"] == "refused_address" and attempt["address"] == "127.0.0.1"
     assert receiver.calls == []
 
 

@@ -11,8 +11,9 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -28,6 +29,7 @@ from .api_tenancy import router as tenancy_router
 from .core.models import Mode, Run, RunSpec
 from .display import run_json
 from .errors import InvalidRequest
+from .finish_hooks import batch_may_be_finished
 from .metrics_server import initialise
 from .runtime import get_runtime
 from .submit import TierNotAllowed, batch_view, cancel, new_batch_id, submit
@@ -143,8 +145,14 @@ def create_batch(body: BatchRequest, policy: CallerPolicy) -> dict:
     meta = {"size": str(len(specs)), "tenant": policy.tenant}
     if body.webhook_url is not None:
         meta["webhook_url"] = validate_url(body.webhook_url)
-    runs = submit(rt.store, specs, rt.settings, send_step, batch_id=batch_id)
-    rt.store.create_batch(batch_id, meta)
+    rt.store.create_batch(batch_id, {**meta, "submitting": "1"})  # first: a run may end before submit returns
+    try:
+        runs = submit(rt.store, specs, rt.settings, send_step, batch_id=batch_id)
+    except Exception:
+        rt.store.drop_batch_record(batch_id)
+        raise
+    rt.store.batch_submitted(batch_id, len(runs))
+    batch_may_be_finished(rt, batch_id, policy.tenant)
     return {"batch_id": batch_id, "run_ids": [r.id for r in runs]}
 
 
@@ -211,12 +219,17 @@ def _stream_id(text: str) -> tuple[int, int]:
 
 
 @app.get("/v1/batches/{batch_id}")
-def get_batch(batch_id: str, tenant: CallerTenant) -> dict:
+def get_batch(batch_id: str, tenant: CallerTenant, offset: Annotated[int, Query(ge=0)] = 0,
+              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> dict:
+    """The batch's figures and a page of its run ids (`next_offset` is the next page's, null at the end)."""
     owned_batch(batch_id, tenant)
-    view = batch_view(get_runtime().store, batch_id)
+    store = get_runtime().store
+    view = batch_view(store, batch_id)
     if view is None:
         raise HTTPException(404, f"no batch {batch_id!r}")
-    return view
+    run_ids = store.batch_run_ids_page(batch_id, offset, limit)
+    more = offset + len(run_ids) < view["size"]
+    return {**view, "run_ids": run_ids, "next_offset": offset + len(run_ids) if more else None}
 
 
 @app.get("/healthz")

@@ -16,6 +16,7 @@ from .batch import Progress as BatchProgress
 from .batch_input import LineError, ParsedLine, iter_input
 from .core.models import Run
 from .errors import InvalidRequest
+from .finish_hooks import batch_may_be_finished
 from .runtime import Runtime
 
 
@@ -72,7 +73,7 @@ def run_batch_file(
         except (InvalidRequest, TooLarge) as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 2
-        _batch_may_be_finished(rt, submitted.batch_id)
+        batch_may_be_finished(rt, submitted.batch_id)
         bar.update(task, total=submitted.total)
         console.print(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
                       + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else ""))
@@ -88,10 +89,3 @@ def run_batch_file(
         return 1
     return 1 if submitted.errors else 0
 
-
-def _batch_may_be_finished(rt: Runtime, batch_id: str) -> None:
-    """Every run may have ended while the batch was still being submitted: its webhook is sent from here."""
-    from .finish_hooks import queue_batch_webhook
-    from .webhook_tasks import send_delivery
-
-    queue_batch_webhook(rt, batch_id, None, send_delivery)

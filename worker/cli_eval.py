@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from itertools import islice
 from pathlib import Path
 
 import click
@@ -11,8 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from .cli import _runtime, _send_step, cli, console, out
-from .evals.compare import Change, Comparison, compare
+from .evals.compare import Change, Comparison, compare_pairs
 from .evals.summary import Summary
+
+CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
 
 
 @cli.command("eval")
@@ -30,29 +33,40 @@ from .evals.summary import Summary
 def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report: Path | None, as_json: bool,
                  tenant: str | None, tier: str | None) -> None:
     """Run an evaluation set (batch lines plus `expected` and `match`) and score it."""
-    from .evals.execute import read_results, rescore, run_eval
-    from .evals.report import render
+    from .evals.execute import run_eval
+    from .evals.report import write_report
     from .evals.summary import summarise
+    from .evals.table import BASE, EvalTable
 
     outfile = outfile or Path(dataset.stem + ".results.jsonl")
-    result = run_eval(_runtime(), dataset, outfile, _send_step(), console, tenant, tier)
-    if result.code in (2, 130):
-        sys.exit(result.code)
-    summary = summarise(result.lines)
-    comparison = compare(result.lines, rescore(read_results(other), result.expected)) if other else None
-    if report is not None:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(render(f"reactq eval: {dataset.name}", summary, result.lines, comparison), encoding="utf-8")
-        console.print(f"report written to {report}")
-    if as_json:
-        data = {"dataset": str(dataset), "results": str(outfile), "summary": summary.to_json()}
-        if comparison is not None:
-            data["comparison"] = comparison.to_json()
-        out.print_json(json.dumps(data))
-    else:
-        print_summary(out, summary)
-        if comparison is not None:
-            print_comparison(out, comparison)
+    with EvalTable() as table:
+        result = run_eval(_runtime(), dataset, outfile, _send_step(), console, table, tenant, tier)
+        if result.code in (2, 130):
+            sys.exit(result.code)
+        summary = result.summary
+        comparison = None
+        if other is not None:
+            table.load_results(BASE, other)
+            comparison = compare_pairs(table.pairs, summarise(table.all_lines(BASE)), summary)
+        if report is not None:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            with report.open("w", encoding="utf-8") as sink:
+                write_report(sink, f"reactq eval: {dataset.name}", summary, table.lines, comparison)
+            console.print(f"report written to {report}")
+        if as_json:
+            head = {"dataset": str(dataset), "results": str(outfile), "summary": summary.to_json()}
+            text = json.dumps(head)
+            if comparison is None:
+                click.echo(text)
+            else:  # the per-question rows are streamed: a set of any size prints with flat memory
+                click.echo(text[:-1] + ', "comparison": ', nl=False)
+                for chunk in comparison.json_chunks():
+                    click.echo(chunk, nl=False)
+                click.echo("}")
+        else:
+            print_summary(out, summary)
+            if comparison is not None:
+                print_comparison(out, comparison)
     sys.exit(result.code)
 
 
@@ -96,15 +110,16 @@ def print_comparison(target: Console, c: Comparison) -> None:
     ):
         totals.add_row(name, before, now)
     target.print(totals)
-    changed = [r for r in c.rows if r.change != Change.SAME]
+    changed = [r for r in islice((r for r in c.rows() if r.change != Change.SAME), CHANGES_SHOWN + 1)]
     if changed:
-        rows = Table(title="questions that changed")
+        rows = Table(title="questions that changed", caption=(
+            f"the first {CHANGES_SHOWN}; --json or --report lists them all" if len(changed) > CHANGES_SHOWN else None))
         for column in ("id", "change", "before", "now", "turns", "tokens"):
             rows.add_column(column, overflow="fold")
-        for r in changed:
+        for r in changed[:CHANGES_SHOWN]:
             style = "[red]" if r.change == Change.REGRESSION else "[green]"
             rows.add_row(r.id, f"{style}{r.change.value}[/]", str(r.base_answer or "")[:40],
                          str(r.new_answer or "")[:40], f"{r.base_steps} → {r.new_steps}",
                          f"{r.base_tokens} → {r.new_tokens}")
         target.print(rows)
-    target.print(f"[bold]{len(c.regressions)} regression(s)[/bold], {len(c.improvements)} improvement(s)")
+    target.print(f"[bold]{c.regression_count} regression(s)[/bold], {c.improvement_count} improvement(s)")

@@ -8,18 +8,22 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from .evals.summary import summarise, tokens_of
+from .evals.summary import tokens_of
 from .names import SANDBOX_QUEUE, STEPS_QUEUE
 from .services import Started, http_ok, redis_reachable, start_redis, start_stub, start_worker
+
+if TYPE_CHECKING:
+    from .evals.execute import EvalRun
 
 
 def run_demo(outfile: Path, console: Console, out: Console) -> int:
     from .evals.execute import bundled_set_path, run_eval
+    from .evals.table import EvalTable
     from .runtime import get_runtime
     from .tasks import send_step
 
@@ -44,8 +48,9 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
         if outfile.exists():
             outfile.unlink()
         t0 = time.monotonic()
-        result = run_eval(rt, bundled_set_path(), outfile, send_step, console)
-        _summary(out, result.lines, result.questions, time.monotonic() - t0, outfile)
+        with EvalTable() as table:
+            result = run_eval(rt, bundled_set_path(), outfile, send_step, console, table)
+            _summary(out, result, time.monotonic() - t0, outfile)
         code = result.code
         if code == 0:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -57,16 +62,16 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
             service.stop()
 
 
-def _summary(out: Console, lines: list[dict[str, Any]], total: int, elapsed: float, outfile: Path) -> None:
+def _summary(out: Console, result: EvalRun, elapsed: float, outfile: Path) -> None:
     """The demo's table, and its success line from the evaluation scoring."""
     table = Table(title="reactq demo", show_lines=False)
     for column in ("id", "question", "answer", "status", "steps", "tokens", "ok"):
         table.add_column(column, overflow="fold")
-    for line in lines:
+    for line in result.table.lines():
         table.add_row(line["id"], str(line["question"])[:60], str(line["answer"] or line["error"] or "")[:60],
                       line["status"], str(line["steps"]), str(tokens_of(line)),
                       "[green]✓[/green]" if line["correct"] else "[red]✗[/red]")
     out.print(table)
-    s = summarise(lines)
-    out.print(f"[bold]{s.correct}/{total} correct[/bold] · {s.questions} runs in {elapsed:.1f}s · "
+    s = result.summary
+    out.print(f"[bold]{s.correct}/{result.questions} correct[/bold] · {s.questions} runs in {elapsed:.1f}s · "
               f"{s.total_tokens} tokens · ${s.total_usd:.5f} · results in {outfile}")

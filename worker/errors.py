@@ -6,6 +6,7 @@
     ├── LLMError            the LLM endpoint gave no reply after retries (the run ends `failed`)
     ├── LLMThrottled        the shared provider limit has no capacity soon enough (the step is re-queued)
     ├── ServiceError        `reactq demo` could not start or reach a service it needs
+    ├── SignatureInvalid    a webhook's signature or timestamp did not verify (a receiver's check; says why)
     └── ToolError           a tool failed; the model hears it as an `Error: ...` observation
         └── InvalidArguments   the model's arguments did not validate (a model mistake)
 """
@@ -58,6 +59,15 @@ class LLMThrottled(ReactqError):
 
 class ServiceError(ReactqError):
     """A service could not be started or reached."""
+
+
+class SignatureInvalid(ReactqError):
+    """A webhook delivery failed `worker.webhooks.verify`; `problem` is why (a `SignatureProblem` value:
+    missing, malformed, stale, mismatch)."""
+
+    def __init__(self, problem: str, message: str) -> None:
+        super().__init__(message)
+        self.problem = problem
 
 
 class ToolError(ReactqError):

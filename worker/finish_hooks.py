@@ -32,23 +32,39 @@ def queue_webhooks(rt: Runtime, run: Run, send: Send) -> None:
         queue_batch_webhook(rt, run.spec.batch_id, run.spec.tenant, send)
 
 
-def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Send) -> None:
-    """The batch's webhook, once: when its submission is complete and every run has finished."""
+def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Send) -> bool:
+    """The batch's webhook, once: when its submission is complete and every run has finished. Each of
+    the last runs of a big batch may ask at nearly the same moment: each pays two list lengths and a hash
+    read, one of them wins the one-time marker, and only that one builds the (constant-size) view.
+    Returns whether this call queued it."""
     if rt.store.batch_finished_count(batch_id) < rt.store.batch_size(batch_id):
-        return  # two list lengths: every run of a big batch asks this as it finishes
-    if rt.store.batch_info(batch_id).get("submitting"):
-        return  # more runs are coming; the submitter checks again when it is done
-    view = batch_view(rt.store, batch_id)
-    if view is None or view["finished"] < view["size"]:
-        return
-    if not rt.store.first_time(keys.batch_webhook_sent(batch_id), rt.settings.retention_s):
-        return  # another finishing run got there first
-    store = webhook_store(rt)
+        return False
     info = rt.store.batch_info(batch_id)
+    if not info or info.get("submitting"):
+        return False  # more runs are coming; the submitter checks again when it is done
+    if not rt.store.first_time(keys.batch_webhook_sent(batch_id), rt.settings.retention_s):
+        return False  # another finishing run got there first
+    store = webhook_store(rt)
     owner = info.get("tenant") or tenant or "default"
     url = info.get("webhook_url") or store.default_url(owner)
-    if url:
-        queue_delivery(store, owner, Event.BATCH_FINISHED, batch_id, url, view, send)
+    if not url:
+        return False
+    view = batch_view(rt.store, batch_id)
+    if view is None:
+        return False
+    queue_delivery(store, owner, Event.BATCH_FINISHED, batch_id, url, view, send)
+    return True
+
+
+def batch_may_be_finished(rt: Runtime, batch_id: str, tenant: str | None = None) -> None:
+    """Called by a batch's submitter once it is done: every run may have ended while the batch was still
+    being submitted, and then its webhook is sent from here. Never fails the submission."""
+    try:
+        from .webhook_tasks import send_delivery
+
+        queue_batch_webhook(rt, batch_id, tenant, send_delivery)
+    except Exception:  # a webhook never affects the batch
+        log.exception("could not queue a batch's webhook", extra={"batch_id": batch_id})
 
 
 def trim_finished(rt: Runtime, run: Run, steps: list[Step] | None = None) -> None:

@@ -49,7 +49,15 @@ REAPER_LOCK = f"{PREFIX}:reaper:lock"
 
 
 def batch(batch_id: str) -> str:
+    """hash: `created_at`, `tenant`, `size`, `submitting` (while chunks go in), `webhook_url`, usage sums
+    (`prompt_tokens`, `completion_tokens`, `cost_usd`) and, per status, `status:<status>`: how many of its
+    runs ended so (counted in the transaction that records each end). `counts_statuses` marks a batch
+    created since those counters exist."""
     return f"{PREFIX}:batch:{batch_id}"
+
+
+BATCH_STATUS_FIELD = "status:"  # + a run status: a field of the batch hash
+BATCH_COUNTS_STATUSES = "counts_statuses"
 
 
 def batch_runs(batch_id: str) -> str:

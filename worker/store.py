@@ -302,7 +302,8 @@ class RunStore:
         commands += [("EXPIRE", key, self.retention)
                      for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
         if run.spec.batch_id:
-            commands.append(("RPUSH", keys.batch_done(run.spec.batch_id), run.id))
+            commands += [("RPUSH", keys.batch_done(run.spec.batch_id), run.id),
+                         ("HINCRBY", keys.batch(run.spec.batch_id), keys.BATCH_STATUS_FIELD + run.status.value, 1)]
         return commands
 
     def commit_step(
@@ -455,9 +456,14 @@ class RunStore:
     def create_batch(self, batch_id: str, meta: dict[str, str]) -> None:
         """`meta` names the batch's `tenant` (its owner) and its `size`."""
         pipe = self.r.pipeline(transaction=False)
-        pipe.hset(keys.batch(batch_id), mapping={"created_at": str(time.time()), **meta})
+        fields = {"created_at": str(time.time()), keys.BATCH_COUNTS_STATUSES: "1", **meta}
+        pipe.hset(keys.batch(batch_id), mapping=fields)
         pipe.expire(keys.batch(batch_id), self.batch_ttl)
         pipe.execute()
+
+    def drop_batch_record(self, batch_id: str) -> None:
+        """Forget a batch whose submission failed before any run of it was written."""
+        self.r.delete(keys.batch(batch_id))
 
     def batch_run_ids(self, batch_id: str) -> list[str]:
         return [i.decode() for i in self.r.lrange(keys.batch_runs(batch_id), 0, -1)]
@@ -484,10 +490,13 @@ class RunStore:
             return True
 
         moved = self.update_run(run_id, mutate)
+        ended = self.load_run(run_id) if moved is None else None
         pipe = self.r.pipeline(transaction=False)
         pipe.rpush(keys.batch_runs(batch_id), run_id)
         if moved is None:
             pipe.rpush(keys.batch_done(batch_id), run_id)
+            if ended is not None:
+                pipe.hincrby(keys.batch(batch_id), keys.BATCH_STATUS_FIELD + ended.status.value, 1)
         pipe.execute()
 
     def batch_finished_since(self, batch_id: str, start: int) -> list[str]:
@@ -531,6 +540,9 @@ class RunStore:
             pipe.hset(keys.batch_ids(batch_id), mapping=mapping)
             pipe.expire(keys.batch_ids(batch_id), self.batch_ttl)
             pipe.execute()
+
+    def batch_run_ids_page(self, batch_id: str, offset: int, limit: int) -> list[str]:
+        return [i.decode() for i in self.r.lrange(keys.batch_runs(batch_id), offset, offset + limit - 1)]
 
     def batch_info(self, batch_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch(batch_id)).items()}

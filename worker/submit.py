@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import keys
 from .admission import admit
 from .config import Settings
 from .core.models import Run, RunSpec, RunStatus
@@ -163,21 +164,30 @@ def cancel(store: RunStore, run_id: str, wake: Callable[[str, int], None] | None
 
 
 def batch_view(store: RunStore, batch_id: str) -> dict[str, Any] | None:
-    """A batch as `GET /v1/batches/{id}` returns it (and its webhook sends it), or None if unknown."""
-    if not store.batch_info(batch_id):
-        return None
-    run_ids = store.batch_run_ids(batch_id)
-    finished = store.batch_finished_count(batch_id)  # read first: every run it counts is finished in what follows
+    """A batch's figures, or None if unknown: what its webhook sends, and what `GET /v1/batches/{id}`
+    returns with a page of its run ids. A few reads whatever the batch's size: `statuses` (finished runs
+    by status) comes from counters kept as runs end. A batch created before those counters existed has
+    its runs read, in chunks, instead (their statuses, finished or not, as this view used to show)."""
+    finished = store.batch_finished_count(batch_id)  # read first: every run it counts is in what follows
     info = store.batch_info(batch_id)
-    counts: dict[str, int] = {}
-    for run in store.load_runs(run_ids):
-        if run is not None:
-            counts[run.status.value] = counts.get(run.status.value, 0) + 1
+    if not info:
+        return None
+    size = store.batch_size(batch_id)
+    if keys.BATCH_COUNTS_STATUSES in info:
+        counts = {k.removeprefix(keys.BATCH_STATUS_FIELD): int(v) for k, v in info.items()
+                  if k.startswith(keys.BATCH_STATUS_FIELD) and int(v) > 0}
+    else:
+        counts = {}
+        for chunk in store.iter_batch_run_ids(batch_id):
+            for run in store.load_runs(chunk):
+                if run is not None:
+                    counts[run.status.value] = counts.get(run.status.value, 0) + 1
     return {
         "batch_id": batch_id,
-        "size": len(run_ids),
+        "size": size,
         "finished": finished,
-        "statuses": counts,
+        "unfinished": max(0, size - finished),
+        "statuses": dict(sorted(counts.items())),
         "usage": {k: float(v) for k, v in info.items() if k in ("prompt_tokens", "completion_tokens", "cost_usd")},
-        "run_ids": run_ids,
+        "runs_url": f"/v1/runs?batch_id={batch_id}",
     }

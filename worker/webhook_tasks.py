@@ -20,7 +20,10 @@ def send_delivery(delivery_id: str, attempt: int, countdown: float) -> None:
 
 @lru_cache(maxsize=1)
 def _client() -> httpx.Client:
-    return httpx.Client(timeout=get_runtime().settings.webhook_timeout_s, follow_redirects=False)
+    # No kept-alive connections: requests go to IP addresses (worker/webhooks.py), and a pooled TLS
+    # connection, keyed by address only, could carry a request for another host name than it verified.
+    return httpx.Client(timeout=get_runtime().settings.webhook_timeout_s, follow_redirects=False,
+                        limits=httpx.Limits(max_keepalive_connections=0))
 
 
 @app.task(name=WEBHOOK_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)

@@ -1,9 +1,12 @@
-"""Running an evaluation set through the normal batch path (resumable, progress bar) and reading the
-scored results back. The I/O side of `reactq eval` and `reactq demo`."""
+"""Running an evaluation set through the normal batch path (resumable, progress bar) and scoring each
+result as it is written. The I/O side of `reactq eval` and `reactq demo`.
+
+Memory stays flat in the set's size: the dataset's expected answers go to an on-disk table as the lines
+are read (`EvalTable`), each finished run is scored by one lookup there, and the summary is built from
+the results file read back into that table, one line at a time."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -15,9 +18,11 @@ from rich.console import Console
 from ..batch_input import ParsedLine
 from ..core.models import Run
 from ..runtime import Runtime
-from .scoring import MatchMode, matches
+from .scoring import MatchMode
+from .summary import Summary, summarise
+from .table import NEW, EvalTable, Expected, rescored
 
-__all__ = ["EvalRun", "bundled_set_path", "read_results", "rescore", "run_eval"]
+__all__ = ["EvalRun", "bundled_set_path", "run_eval", "scored_line"]
 
 
 def bundled_set_path() -> Path:
@@ -25,70 +30,37 @@ def bundled_set_path() -> Path:
     return Path(str(resources.files("worker").joinpath("data/eval_set.jsonl")))
 
 
-Expected = dict[str, tuple[str | list[str], MatchMode]]
-
-
-def scored_line(run: Run, expected: Expected) -> dict[str, Any]:
+def scored_line(run: Run, expected: Expected | None) -> dict[str, Any]:
     """A batch output line plus the question, what was expected, whether it matched, and the latency."""
-    want, mode = expected.get(run.spec.client_id or "", (None, MatchMode.CONTAINS))
-    correct = want is not None and run.status.value == "succeeded" and matches(run.answer, want, mode)
     latency = None if run.finished_at is None else round(run.finished_at - run.created_at, 3)
-    return {**run.result_line(), "question": run.spec.question, "expected": want, "match": mode.value,
-            "correct": correct, "latency_s": latency}
-
-
-def read_results(path: Path) -> list[dict[str, Any]]:
-    """The lines of a results file (unreadable lines are skipped, as `reactq batch` does on resume)."""
-    lines = []
-    with path.open(encoding="utf-8") as f:
-        for text in f:
-            try:
-                line = json.loads(text)
-            except ValueError:
-                continue
-            if isinstance(line, dict) and "id" in line:
-                lines.append(line)
-    return lines
-
-
-def rescore(lines: list[dict[str, Any]], expected: Expected) -> list[dict[str, Any]]:
-    """Score each line against the dataset's current expectations (a plain batch output file can be
-    compared too); lines whose id the dataset lacks keep their own verdict."""
-    out = []
-    for line in lines:
-        key = str(line.get("id"))
-        if key in expected:
-            want, mode = expected[key]
-            ok = line.get("status") == "succeeded" and matches(line.get("answer"), want, mode)
-            line = {**line, "expected": want, "match": mode.value, "correct": ok}
-        out.append(line)
-    return out
+    line = {**run.result_line(), "question": run.spec.question, "expected": None, "match": MatchMode.CONTAINS.value,
+            "correct": False, "latency_s": latency}
+    return rescored(line, expected)
 
 
 @dataclass(frozen=True)
 class EvalRun:
     code: int  # the batch's exit code
-    lines: list[dict[str, Any]]  # every dataset question's scored result, in dataset order
-    expected: Expected  # client id -> (expected, match) of every good dataset line
+    table: EvalTable  # the dataset and the scored results (`table.lines()`: in dataset order)
     questions: int  # good dataset lines
+    summary: Summary  # of every dataset question's result
 
 
 def run_eval(rt: Runtime, dataset: Path, outfile: Path, send_step: Callable[[str, int], None], console: Console,
-             tenant: str | None = None, tier: str | None = None) -> EvalRun:
-    """Run the set through the batch path; the expected answers are kept in memory (one entry per line)."""
+             table: EvalTable, tenant: str | None = None, tier: str | None = None) -> EvalRun:
+    """Run the set through the batch path, scoring each run as it finishes, then summarise the whole
+    results file (lines written by an earlier, interrupted invocation included)."""
     from ..batch_cli import run_batch_file
 
-    expected: Expected = {}
-    order: list[str] = []
-
     def seen(line: ParsedLine) -> None:
-        order.append(line.spec.client_id or "")
-        if line.expected is not None:
-            expected[line.spec.client_id or ""] = line.expected
+        table.add_question(line.spec.client_id or "", line.expected)
 
-    code = run_batch_file(rt, dataset, outfile, tenant, tier, send_step, console,
-                          line_for=lambda run: scored_line(run, expected), on_line=seen)
-    if order and not expected:
+    def line_for(run: Run) -> dict[str, Any]:
+        return scored_line(run, table.expected(run.spec.client_id or ""))
+
+    code = run_batch_file(rt, dataset, outfile, tenant, tier, send_step, console, line_for=line_for, on_line=seen)
+    if table.questions and not table.scorable:
         console.print("[yellow]warning:[/yellow] no line has `expected`; nothing can be scored")
-    by_id = {str(line["id"]): line for line in rescore(read_results(outfile), expected)} if outfile.exists() else {}
-    return EvalRun(code, [by_id[i] for i in order if i in by_id], expected, len(order))
+    if outfile.exists():
+        table.load_results(NEW, outfile)
+    return EvalRun(code, table, table.questions, summarise(table.lines(NEW)))

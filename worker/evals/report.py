@@ -1,18 +1,28 @@
 """One self-contained HTML file for an evaluation (pure): the summary table, a histogram of turns and
 tokens per question as inline SVG, and the per-question table (or the diff against another results
-file). No script, no stylesheet or font from the network: it opens from a file on an offline machine."""
+file). No script, no stylesheet or font from the network: it opens from a file on an offline machine.
+
+Written piece by piece to a stream, reading the lines again for each part, so a set of any size costs
+flat memory. A page a browser can open is the other limit: past PER_QUESTION_LIMIT questions the tokens
+chart becomes a histogram, and the per-question tables show the first PER_QUESTION_LIMIT rows (the
+diff: the questions that changed first) and say how many more the results file holds."""
 
 from __future__ import annotations
 
+import io
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator
 from html import escape
-from typing import Any
+from itertools import chain, islice
+from typing import Any, TextIO
 
-from .compare import Change, Comparison
+from .compare import Change, Comparison, QuestionDiff
 from .summary import Summary, tokens_of
 
-__all__ = ["render"]
+__all__ = ["PER_QUESTION_LIMIT", "render", "write_report"]
+
+PER_QUESTION_LIMIT = 2000
+Lines = Callable[[], Iterable[dict[str, Any]]]
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}
@@ -61,34 +71,50 @@ def _failures(summary: Summary) -> str:
     return f"<table id=failures><tr><th>status</th><th>reason</th><th>count</th><th>ids</th></tr>{rows}</table>"
 
 
-def _histogram(lines: Sequence[dict[str, Any]]) -> str:
-    counts = Counter(int(line.get("steps") or 0) for line in lines)
-    if not counts:
-        return "<p>No runs.</p>"
-    values = list(range(min(counts), max(counts) + 1))
+def _bars(svg_id: str, label: str, counts: Counter[int], bar_class: str, key: str, values: list[int]) -> str:
+    """A histogram as inline SVG: one bar per value (every value between min and max for turns)."""
     top = max(counts.values())
     bar, gap, height = 40, 10, 160
     width = len(values) * (bar + gap) + gap
     parts = []
-    for i, turns in enumerate(values):
-        h = round(counts[turns] / top * height)
+    for i, value in enumerate(values):
+        h = round(counts[value] / top * height)
         x = gap + i * (bar + gap)
         parts.append(
-            f"<rect class=bar data-turns='{turns}' data-count='{counts[turns]}' x='{x}' y='{height - h + 15}' "
+            f"<rect class={bar_class} data-{key}='{value}' data-count='{counts[value]}' x='{x}' y='{height - h + 15}' "
             f"width='{bar}' height='{h}' fill='#4a7fb5'/>"
-            f"<text x='{x + bar / 2}' y='{height - h + 12}' text-anchor='middle'>{counts[turns]}</text>"
-            f"<text x='{x + bar / 2}' y='{height + 30}' text-anchor='middle'>{turns}</text>")
-    return (f"<svg id=turns-histogram xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height + 40}' "
-            f"role='img' aria-label='histogram of turns'>{''.join(parts)}</svg><p>turns per run (x) · runs (y)</p>")
+            f"<text x='{x + bar / 2}' y='{height - h + 12}' text-anchor='middle'>{counts[value]}</text>"
+            f"<text x='{x + bar / 2}' y='{height + 30}' text-anchor='middle'>{value}</text>")
+    return (f"<svg id={svg_id} xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height + 40}' "
+            f"role='img' aria-label='{label}'>{''.join(parts)}</svg>")
 
 
-def _tokens_chart(lines: Sequence[dict[str, Any]]) -> str:
-    if not lines:
+def _histogram(lines: Lines) -> str:
+    counts = Counter(int(line.get("steps") or 0) for line in lines())
+    if not counts:
+        return "<p>No runs.</p>"
+    values = list(range(min(counts), max(counts) + 1))
+    return _bars("turns-histogram", "histogram of turns", counts, "bar", "turns", values) + \
+        "<p>turns per run (x) · runs (y)</p>"
+
+
+def _tokens_histogram(lines: Lines, top: int) -> str:
+    """Tokens per question in 20 buckets (a set too large for one bar per question)."""
+    size = max(1, -(-top // 20))
+    counts = Counter(tokens_of(line) // size * size for line in lines())
+    return (_bars("tokens-per-question", "tokens per question", counts, "tokens-bucket", "tokens",
+                  sorted(counts)) + f"<p>tokens per question, in buckets of {size} (x) · runs (y)</p>")
+
+
+def _tokens_chart(lines: Lines, questions: int) -> str:
+    top = max((tokens_of(line) for line in lines()), default=0) or 1
+    if questions == 0:
         return ""
-    top = max(tokens_of(line) for line in lines) or 1
+    if questions > PER_QUESTION_LIMIT:
+        return _tokens_histogram(lines, top)
     row, width, label = 16, 400, 90
     parts = []
-    for i, line in enumerate(lines):
+    for i, line in enumerate(lines()):
         tokens = tokens_of(line)
         w = round(tokens / top * width)
         y = i * row
@@ -99,49 +125,70 @@ def _tokens_chart(lines: Sequence[dict[str, Any]]) -> str:
             f"width='{w}' height='{row - 4}' fill='{colour}'/>"
             f"<text x='{label + w + 4}' y='{y + 12}'>{tokens}</text>")
     return (f"<svg id=tokens-per-question xmlns='http://www.w3.org/2000/svg' width='{label + width + 80}' "
-            f"height='{len(lines) * row}' role='img' aria-label='tokens per question'>{''.join(parts)}</svg>")
+            f"height='{questions * row}' role='img' aria-label='tokens per question'>{''.join(parts)}</svg>")
 
 
-def _questions(lines: Sequence[dict[str, Any]]) -> str:
-    rows = "".join(
-        f"<tr><td>{_e(line.get('id'))}</td><td>{_e(line.get('question'))}</td><td>{_e(line.get('expected'))}</td>"
-        f"<td>{_e(line.get('answer') or line.get('error'))}</td><td>{_e(line.get('status'))}</td>"
-        f"<td class=num>{_e(line.get('steps'))}</td><td class=num>{tokens_of(line)}</td>"
-        f"<td class={'ok' if line.get('correct') else 'bad'}>{'✓' if line.get('correct') else '✗'}</td></tr>"
-        for line in lines)
-    return ("<table id=questions><tr><th>id</th><th>question</th><th>expected</th><th>answer</th><th>status</th>"
-            f"<th>turns</th><th>tokens</th><th>ok</th></tr>{rows}</table>")
+def _more(shown: int, total: int) -> str:
+    return "" if total <= shown else f"<p class=more>{total - shown} more questions are in the results file.</p>"
 
 
-def _diff(comparison: Comparison) -> str:
+def _questions(lines: Lines, questions: int) -> Iterator[str]:
+    yield ("<table id=questions><tr><th>id</th><th>question</th><th>expected</th><th>answer</th><th>status</th>"
+           "<th>turns</th><th>tokens</th><th>ok</th></tr>")
+    for line in islice(lines(), PER_QUESTION_LIMIT):
+        yield (f"<tr><td>{_e(line.get('id'))}</td><td>{_e(line.get('question'))}</td>"
+               f"<td>{_e(line.get('expected'))}</td><td>{_e(line.get('answer') or line.get('error'))}</td>"
+               f"<td>{_e(line.get('status'))}</td><td class=num>{_e(line.get('steps'))}</td>"
+               f"<td class=num>{tokens_of(line)}</td>"
+               f"<td class={'ok' if line.get('correct') else 'bad'}>{'✓' if line.get('correct') else '✗'}</td></tr>")
+    yield "</table>" + _more(min(questions, PER_QUESTION_LIMIT), questions)
+
+
+def _diff(comparison: Comparison) -> Iterator[str]:
     def mark(ok: bool | None) -> str:
         return "–" if ok is None else ("✓" if ok else "✗")
 
-    rows = "".join(
-        f"<tr data-change='{r.change.value}'><td>{_e(r.id)}</td><td>{_e(r.question)}</td>"
-        f"<td>{mark(r.base_correct)} {_e(r.base_answer)}</td><td>{mark(r.new_correct)} {_e(r.new_answer)}</td>"
-        f"<td class=num>{_e(r.base_steps)} → {_e(r.new_steps)}</td>"
-        f"<td class=num>{_e(r.base_tokens)} → {_e(r.new_tokens)}</td>"
-        f"<td class={'bad' if r.change == Change.REGRESSION else 'ok'}>{_e(r.change.value)}</td></tr>"
-        for r in comparison.rows)
-    return (f"<p>{len(comparison.regressions)} regression(s), {len(comparison.improvements)} improvement(s)</p>"
-            "<table id=diff><tr><th>id</th><th>question</th><th>base</th><th>this run</th><th>turns</th>"
-            f"<th>tokens</th><th>change</th></tr>{rows}</table>")
+    total = comparison.questions
+    rows: Iterable[QuestionDiff] = comparison.rows()
+    if total > PER_QUESTION_LIMIT:  # what changed comes first; unchanged questions fill what room is left
+        rows = chain((r for r in comparison.rows() if r.change != Change.SAME),
+                     (r for r in comparison.rows() if r.change == Change.SAME))
+    yield (f"<p>{comparison.regression_count} regression(s), {comparison.improvement_count} improvement(s)</p>"
+           "<table id=diff><tr><th>id</th><th>question</th><th>base</th><th>this run</th><th>turns</th>"
+           "<th>tokens</th><th>change</th></tr>")
+    for r in islice(rows, PER_QUESTION_LIMIT):
+        yield (f"<tr data-change='{r.change.value}'><td>{_e(r.id)}</td><td>{_e(r.question)}</td>"
+               f"<td>{mark(r.base_correct)} {_e(r.base_answer)}</td><td>{mark(r.new_correct)} {_e(r.new_answer)}</td>"
+               f"<td class=num>{_e(r.base_steps)} → {_e(r.new_steps)}</td>"
+               f"<td class=num>{_e(r.base_tokens)} → {_e(r.new_tokens)}</td>"
+               f"<td class={'bad' if r.change == Change.REGRESSION else 'ok'}>{_e(r.change.value)}</td></tr>")
+    yield "</table>" + _more(min(total, PER_QUESTION_LIMIT), total)
 
 
-def render(title: str, summary: Summary, lines: Sequence[dict[str, Any]],
-           comparison: Comparison | None = None) -> str:
-    """The whole report as one HTML document."""
-    body = [
-        f"<h1>{_e(title)}</h1>",
-        "<h2>Summary</h2>", _summary_table(summary, comparison.base if comparison else None),
-        "<h2>Failures</h2>", _failures(summary),
-        "<h2>Turns</h2>", _histogram(lines),
-        "<h2>Tokens per question</h2>", _tokens_chart(lines),
-    ]
+def write_report(stream: TextIO, title: str, summary: Summary, lines: Lines,
+                 comparison: Comparison | None = None) -> None:
+    """The whole report as one HTML document, written to `stream`; `lines()` gives this run's results
+    (in dataset order) each time it is called."""
+    stream.write(f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
+                 f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>")
+    for part in ("<h2>Summary</h2>", _summary_table(summary, comparison.base if comparison else None),
+                 "<h2>Failures</h2>", _failures(summary),
+                 "<h2>Turns</h2>", _histogram(lines),
+                 "<h2>Tokens per question</h2>", _tokens_chart(lines, summary.questions)):
+        stream.write(part)
     if comparison is not None:
-        body += ["<h2>Per question: base → this run</h2>", _diff(comparison)]
+        stream.write("<h2>Per question: base → this run</h2>")
+        stream.writelines(_diff(comparison))
     else:
-        body += ["<h2>Per question</h2>", _questions(lines)]
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+        stream.write("<h2>Per question</h2>")
+        stream.writelines(_questions(lines, summary.questions))
+    stream.write("</body></html>\n")
+
+
+def render(title: str, summary: Summary, lines: Iterable[dict[str, Any]],
+           comparison: Comparison | None = None) -> str:
+    """The report as a string (small sets; `lines` is read several times, so pass a list)."""
+    buffer = io.StringIO()
+    items = list(lines)
+    write_report(buffer, title, summary, lambda: items, comparison)
+    return buffer.getvalue()

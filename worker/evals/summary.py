@@ -6,13 +6,14 @@ A results line is a batch output line plus `question`, `expected`, `match`, `cor
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import Counter
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Failure", "Summary", "percentile", "summarise", "tokens_of", "WRONG_ANSWER"]
+__all__ = ["Failure", "Summary", "SummaryBuilder", "percentile", "summarise", "tokens_of", "WRONG_ANSWER"]
 
 WRONG_ANSWER = "wrong answer"  # the reason of a run that succeeded with an answer that does not match
 
@@ -21,7 +22,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of `values`; 0.0 for none."""
     if not values:
         return 0.0
-    ordered = sorted(values)
+    ordered = sorted(values)  # a transient list: ~3 MB for 100,000 lines
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return float(ordered[min(rank, len(ordered)) - 1])
 
@@ -73,34 +74,77 @@ def _badness(line: dict[str, Any]) -> tuple[int, int, int, float]:
             float(line.get("latency_s") or 0.0))
 
 
-def summarise(lines: Sequence[dict[str, Any]], worst: int = 5) -> Summary:
-    n = len(lines)
-    correct = sum(bool(line.get("correct")) for line in lines)
-    turns = [float(line.get("steps") or 0) for line in lines]
-    tokens = [tokens_of(line) for line in lines]
-    usd = [float(line.get("cost_usd") or 0.0) for line in lines]
-    latency = [float(line["latency_s"]) for line in lines if line.get("latency_s") is not None]
-    grouped: dict[tuple[str, str], list[str]] = {}
-    for line in lines:
+FAILURE_IDS = 10  # ids kept per failure group (the table shows a few; the results file has them all)
+FAILURE_GROUPS = 100  # distinct (status, reason) groups kept; later reasons are counted under OTHER_REASONS
+OTHER_REASONS = "other reasons"
+
+
+class SummaryBuilder:
+    """The figures of a stream of results lines, with memory flat in their number: counts and sums, one
+    float per line for the percentiles (4 bytes each), a bounded heap of the worst lines, and at most
+    FAILURE_GROUPS failure groups of FAILURE_IDS ids each."""
+
+    def __init__(self, worst: int = 5) -> None:
+        self._worst = worst
+        self._heap: list[tuple[tuple[int, int, int, float], int, dict[str, Any]]] = []
+        self._n = self._correct = self._tokens = 0
+        self._usd = 0.0
+        self._turns = array("f")
+        self._latency = array("f")
+        self._groups: dict[tuple[str, str], tuple[int, list[str]]] = {}
+
+    def add(self, line: dict[str, Any]) -> None:
+        self._n += 1
+        self._correct += bool(line.get("correct"))
+        self._turns.append(float(line.get("steps") or 0))
+        self._tokens += tokens_of(line)
+        self._usd += float(line.get("cost_usd") or 0.0)
+        if line.get("latency_s") is not None:
+            self._latency.append(float(line["latency_s"]))
         if not line.get("correct"):
-            grouped.setdefault(_reason(line), []).append(str(line.get("id")))
-    counts = Counter({key: len(ids) for key, ids in grouped.items()})
-    failures = [Failure(status, reason, count, grouped[(status, reason)])
-                for (status, reason), count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
-    ranked = sorted(lines, key=_badness, reverse=True)[:worst]
-    return Summary(
-        questions=n,
-        correct=correct,
-        success_rate=correct / n if n else 0.0,
-        turns_mean=sum(turns) / n if n else 0.0,
-        turns_p95=percentile(turns, 95),
-        tokens_per_question=sum(tokens) / n if n else 0.0,
-        usd_per_question=sum(usd) / n if n else 0.0,
-        latency_p50_s=percentile(latency, 50),
-        latency_p95_s=percentile(latency, 95),
-        total_tokens=sum(tokens),
-        total_usd=sum(usd),
-        failures=failures,
-        worst=[{k: line.get(k) for k in ("id", "question", "status", "answer", "expected", "correct", "steps")}
-               | {"tokens": tokens_of(line)} for line in ranked],
-    )
+            key = _reason(line)
+            if key not in self._groups and len(self._groups) >= FAILURE_GROUPS:
+                key = (key[0], OTHER_REASONS)
+            count, ids = self._groups.get(key, (0, []))
+            if len(ids) < FAILURE_IDS:
+                ids.append(str(line.get("id")))
+            self._groups[key] = (count + 1, ids)
+        if self._worst > 0:
+            # the sequence number breaks ties for the earlier line, as a stable sort would
+            item = (_badness(line), -self._n, {k: line.get(k) for k in _WORST_FIELDS} | {"tokens": tokens_of(line)})
+            if len(self._heap) < self._worst:
+                heapq.heappush(self._heap, item)
+            elif item[:2] > self._heap[0][:2]:
+                heapq.heapreplace(self._heap, item)
+
+    def build(self) -> Summary:
+        n = self._n
+        failures = [Failure(status, reason, count, ids) for (status, reason), (count, ids)
+                    in sorted(self._groups.items(), key=lambda kv: (-kv[1][0], kv[0]))]
+        worst = [entry for _, _, entry in sorted(self._heap, key=lambda item: item[:2], reverse=True)]
+        return Summary(
+            questions=n,
+            correct=self._correct,
+            success_rate=self._correct / n if n else 0.0,
+            turns_mean=sum(self._turns) / n if n else 0.0,
+            turns_p95=percentile(self._turns, 95),
+            tokens_per_question=self._tokens / n if n else 0.0,
+            usd_per_question=self._usd / n if n else 0.0,
+            latency_p50_s=round(percentile(self._latency, 50), 3),
+            latency_p95_s=round(percentile(self._latency, 95), 3),
+            total_tokens=self._tokens,
+            total_usd=self._usd,
+            failures=failures,
+            worst=worst,
+        )
+
+
+_WORST_FIELDS = ("id", "question", "status", "answer", "expected", "correct", "steps")
+
+
+def summarise(lines: Iterable[dict[str, Any]], worst: int = 5) -> Summary:
+    """The figures of `lines` (any iterable: it is read once)."""
+    builder = SummaryBuilder(worst)
+    for line in lines:
+        builder.add(line)
+    return builder.build()
