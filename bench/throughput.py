@@ -369,6 +369,24 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def floors_then_reactq(bench: Bench, args: argparse.Namespace, case: str,
+                       results: list[Result]) -> tuple[list[Result], Result]:
+    """Case `case` (b or c, its settings from `args`): the floor on threads and on gevent, then reactq,
+    each added to `results` and printed as it ends."""
+    def arg(name: str) -> float:
+        return getattr(args, f"{case}_{name}")
+
+    def keep(result: Result) -> Result:
+        results.append(result)
+        print(table([result]), flush=True)
+        return result
+
+    latency, in_flight, concurrency = arg("latency_ms"), int(arg("in_flight")), int(arg("concurrency"))
+    floors = [keep(bench.floor(case, pool, latency, in_flight, concurrency, arg("warmup"), arg("window")))
+              for pool in ("threads", "gevent")]
+    return floors, keep(bench.reactq(case, latency, in_flight, concurrency, arg("warmup"), arg("window")))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--procs", type=int, default=4, help="worker processes, for the floor and reactq alike")
@@ -415,30 +433,12 @@ def main() -> int:
             ratio = best_reactq / best_floor if best_floor else 0.0
             verdicts.append(("a", ratio, 0.8, ratio >= 0.8))
         if args.only in (None, "b"):
-            floors = []
-            for pool in ("threads", "gevent"):
-                fb = bench.floor("b", pool, args.b_latency_ms, args.b_in_flight, args.b_concurrency,
-                                 args.b_warmup, args.b_window)
-                results.append(fb)
-                floors.append(fb)
-                print(table([fb]), flush=True)
-            rb = bench.reactq("b", args.b_latency_ms, args.b_in_flight, args.b_concurrency,
-                              args.b_warmup, args.b_window)
-            results.append(rb)
-            print(table([rb]), flush=True)
+            floors, rb = floors_then_reactq(bench, args, "b", results)
             best = max(f.rate for f in floors)
             ratio = rb.rate / best if best else 0.0
             verdicts.append(("b", ratio, 0.8, ratio >= 0.8))
         if args.only in (None, "c"):
-            for pool in ("threads", "gevent"):
-                fc = bench.floor("c", pool, args.c_latency_ms, args.c_in_flight, args.c_concurrency,
-                                 args.c_warmup, args.c_window)
-                results.append(fc)
-                print(table([fc]), flush=True)
-            rc = bench.reactq("c", args.c_latency_ms, args.c_in_flight, args.c_concurrency,
-                              args.c_warmup, args.c_window)
-            results.append(rc)
-            print(table([rc]), flush=True)
+            _, rc = floors_then_reactq(bench, args, "c", results)
             ideal = args.c_in_flight / (args.c_latency_ms / 1000)
             ratio = rc.rate / ideal
             verdicts.append(("c", ratio, 0.9, ratio >= 0.9))
@@ -453,9 +453,9 @@ def main() -> int:
     machine = f"nproc {os.cpu_count()}, Python {platform.python_version()}, {platform.platform()}"
     report = [f"command: `{command}`", f"machine: {machine}", "", table(results), ""]
     for label, ratio, target, ok in verdicts:
-        best = " (best of each)" if label == "a" and args.repeat > 1 else ""
+        of_best = " (best of each)" if label == "a" and args.repeat > 1 else ""
         versus = "ideal" if label == "c" else "floor"
-        report.append(f"({label}) reactq / {versus}{best} = {ratio:.2f} (target >= {target}): "
+        report.append(f"({label}) reactq / {versus}{of_best} = {ratio:.2f} (target >= {target}): "
                       f"{'met' if ok else 'MISSED'}")
     problems = [f"{r.system} {r.pool} ({r.label}): {e}" for r in results for e in r.errors]
     notes = [f"{r.system} ({r.label}): {r.notes}" for r in results if r.notes]
