@@ -49,9 +49,11 @@ def working_keys(store: RunStore, run: Run, steps: list[Step] | None = None) -> 
 
     run_id = run.id
     found = [keys.lease(run_id)]
-    calls_by_step = {s.index: [c.id for c in s.tool_calls] for s in (steps if steps is not None
-                                                                      else store.load_steps(run_id))}
-    current = store.get_reply(run_id, run.current_step) if steps is None else None
+    current = None
+    if steps is None:  # a step may be in progress: its stored reply names calls not in the step list yet
+        steps = store.load_steps(run_id)
+        current = store.get_reply(run_id, run.current_step)
+    calls_by_step = {s.index: [c.id for c in s.tool_calls] for s in steps}
     if current is not None:
         calls_by_step[run.current_step] = [c.id for c in StepRunner._parse(run.mode, current).calls]
     for index in range(run.current_step + 1):
