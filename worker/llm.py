@@ -2,6 +2,10 @@
 
 The step runner sees the model only through the `LLMClient` protocol (`Runtime.llm`), so tests and
 benchmarks script it at our own seam (tests/harness.py) instead of patching the openai client.
+
+`openai` is imported on first use, not with this module: importing it builds about a thousand pydantic
+models (~0.5 CPU s), which every interactive command (`reactq status`, `ask`, `batch`...) would pay
+for nothing, since only workers call the model.
 """
 
 from __future__ import annotations
@@ -9,15 +13,17 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
-import openai
 from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from .core.models import LLMReply, ToolCall, Usage
 from .errors import LLMError
+
+if TYPE_CHECKING:
+    import openai
 
 
 class LLMClient(Protocol):
@@ -29,15 +35,11 @@ class LLMClient(Protocol):
 
 POOL_SHARDS = 16  # clients (and connection pools) per process that worker threads share
 
-RETRYABLE = (
-    openai.APIConnectionError,  # includes APITimeoutError
-    openai.RateLimitError,
-    openai.InternalServerError,
-)
-
-
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, RETRYABLE) or (isinstance(exc, openai.APIStatusError) and exc.status_code == 408)
+    import openai
+
+    retryable = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)  # + timeouts
+    return isinstance(exc, retryable) or (isinstance(exc, openai.APIStatusError) and exc.status_code == 408)
 
 
 def _retry_after(exc: BaseException | None) -> float | None:
@@ -95,6 +97,7 @@ class OpenAIChat:
 
     def _client(self) -> openai.OpenAI:
         """This thread's shard's client (threads are dealt to shards in turn, once)."""
+        import openai
         shard = getattr(self._shard_of_thread, "index", None)
         if shard is None:
             shard = self._shard_of_thread.index = next(self._next_shard) % len(self._shards)
@@ -126,6 +129,7 @@ class OpenAIChat:
         return min(self.backoff_cap_s, self.backoff_base_s * 2 ** (failed_attempts - 1))
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply:
+        import openai
         model = options.get("model", "")
         body = {"messages": messages, **options}
         started = time.monotonic()
@@ -159,6 +163,7 @@ class OpenAIChat:
         chat.completions.create, without its typed-params transform and without building its
         ChatCompletion model; we validate the body into our own smaller shape instead (BENCHMARKS.md,
         "A cheaper step")."""
+        import openai
         t0 = time.monotonic()
         try:
             response = self._client().post("/chat/completions", cast_to=httpx.Response, body=body)
@@ -176,6 +181,7 @@ class OpenAIChat:
 
 
 def _outcome(exc: BaseException) -> str:
+    import openai
     if isinstance(exc, openai.APITimeoutError):
         return "timeout"
     if isinstance(exc, openai.APIConnectionError):
@@ -190,6 +196,7 @@ def _outcome(exc: BaseException) -> str:
 def _describe(exc: BaseException) -> str:
     """Status and type only: a provider's message may echo the prompt, an account or a URL, and this
     text is stored in the run and shown to its tenant."""
+    import openai
     if isinstance(exc, openai.APIStatusError):
         kind = exc.type if isinstance(getattr(exc, "type", None), str) else exc.__class__.__name__
         return f"HTTP {exc.status_code} ({kind})"
