@@ -305,8 +305,11 @@ class Bench:
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
             store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
-            client = Celery("bench_reactq_client", broker=redis_url)
+            from worker.broker import transport_for
+
+            client = Celery("bench_reactq_client", broker=redis_url)  # sends as reactq's own app does:
             client.conf.broker_pool_limit = 8
+            client.conf.broker_transport = transport_for(redis_url)  # with its Redis transport
             conn = client.connection_for_write()
             batch_id = new_batch_id()
             rng = random.Random(1234)

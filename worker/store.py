@@ -32,7 +32,9 @@ _RENEW_LEASE = (
 _STEPS = TypeAdapter(list[Step])
 
 
+# KEYS: the events stream, the compacted string, then any keys to delete with it.
 _COMPACT_EVENTS = """
+if #KEYS > 2 then redis.call('DEL', unpack(KEYS, 3)) end
 local ttl = redis.call('PTTL', KEYS[1])
 local entries = redis.call('XRANGE', KEYS[1], '-', '+')
 if #entries == 0 then return 0 end
@@ -205,12 +207,9 @@ class RunStore:
     def drop_and_compact(self, run_id: str, names: list[str]) -> None:
         """Delete these keys of a finished run, and compact its event stream into one small JSON string
         (same entry ids, same TTL) whose `step` events point at the step list instead of repeating each
-        step's text (a stream costs ~4 KB however few its entries); in one round trip."""
-        pipe = self.r.pipeline(transaction=False)
-        if names:
-            pipe.delete(*names)
-        self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id)], client=pipe)
-        pipe.execute()
+        step's text (a stream costs ~4 KB however few its entries); in one round trip (one script: a
+        pipeline holding a script would first ask the server whether it knows the script)."""
+        self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id), *names])
 
     def load_steps(self, run_id: str) -> list[Step]:
         raws = self.r.lrange(keys.steps(run_id), 0, -1)
@@ -507,6 +506,14 @@ class RunStore:
 
     def batch_finished_count(self, batch_id: str) -> int:
         return int(self.r.llen(keys.batch_done(batch_id)))
+
+    def batch_progress(self, batch_id: str) -> tuple[int, int]:
+        """(finished runs, runs) of a batch, in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.llen(keys.batch_done(batch_id))
+        pipe.llen(keys.batch_runs(batch_id))
+        finished, size = pipe.execute()
+        return int(finished), int(size)
 
     def batch_for_file(self, digest: str) -> str | None:
         """The batch last submitted for one output file (a re-run adopts its runs), if any."""
