@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -25,6 +26,7 @@ from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args
 EVENTS_MAXLEN = 2000
 # A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
 _STEP_ARGS = re.compile(rb'"argsrepr": "\[\'([0-9a-f]{32})\', \d+\]"')
+_ETA = re.compile(rb'"eta": "([^"]+)"')
 
 _RENEW_LEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
@@ -576,9 +578,15 @@ class RunStore:
             pipe.exists(keys.lease(run_id))
         return [bool(n) for n in pipe.execute()]
 
-    def queued_step_runs(self, lists: list[str], scan_limit: int) -> set[str] | None:
-        """Run ids with a step message waiting in `lists` or taken and not acked (kombu's `unacked`
-        hash); None when there are more than `scan_limit` messages to look through."""
+    def queued_step_runs(self, lists: list[str], scan_limit: int, lost_before: float) -> set[str] | None:
+        """Run ids with a step message waiting in `lists` or held by a worker (kombu's `unacked` hash);
+        None when there are more than `scan_limit` messages to look through.
+
+        A message taken before `lost_before` whose countdown (if any) was also due by then is not held:
+        a step starts as soon as it is taken and due, and a worker whose connection broke while it was
+        taking one (a Redis restart) never gets it; kombu would restore it only after its visibility
+        timeout. The reaper re-kicks such a run instead (a duplicate of a message that did exist costs
+        one fenced task)."""
         pipe = self.r.pipeline(transaction=False)
         for name in lists:
             pipe.llen(name)
@@ -592,8 +600,10 @@ class RunStore:
                 found.update(m.decode() for m in _STEP_ARGS.findall(b"\n".join(chunk)))
                 if len(chunk) < 1000:
                     break
-        for _, raw in self.r.hscan_iter(keys.CELERY_UNACKED, count=1000):
-            found.update(m.decode() for m in _STEP_ARGS.findall(raw))
+        taken_at = dict(self.r.zrange(keys.CELERY_UNACKED_INDEX, 0, -1, withscores=True))
+        for tag, raw in self.r.hscan_iter(keys.CELERY_UNACKED, count=1000):
+            if _still_held(raw, taken_at.get(tag), lost_before):
+                found.update(m.decode() for m in _STEP_ARGS.findall(raw))
         return found
 
     def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
@@ -641,6 +651,19 @@ class RunStore:
 
     def active_count(self) -> int:
         return int(self.r.zcard(keys.ACTIVE_RUNS))
+
+
+def _still_held(raw: bytes, taken_at: float | None, lost_before: float) -> bool:
+    """Whether an unacked message (taken at `taken_at`) may still be with a worker at `lost_before`."""
+    if taken_at is None or taken_at >= lost_before:
+        return True
+    eta = _ETA.search(raw)
+    if eta is None:
+        return False
+    try:
+        return datetime.fromisoformat(eta.group(1).decode()).timestamp() >= lost_before
+    except ValueError:
+        return True  # an ETA we cannot read: leave the message to the broker
 
 
 def _batch_keys(batch_id: str) -> tuple[str, ...]:
