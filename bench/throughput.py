@@ -299,7 +299,7 @@ class Bench:
 
             from worker.config import Settings
             from worker.core.models import RunSpec
-            from worker.names import STEP_TASK, STEPS_QUEUE
+            from worker.names import STEP_TASK, STEPS_QUEUE, step_reprs
             from worker.store import RunStore, connect
             from worker.submit import new_batch_id, submit
 
@@ -324,7 +324,7 @@ class Bench:
 
             def send_step(run_id: str, index: int, priority: int | None = None) -> None:
                 client.send_task(STEP_TASK, args=[run_id, index], queue=STEPS_QUEUE, connection=conn,
-                                 priority=priority)
+                                 priority=priority, **step_reprs(run_id, index))  # as worker.tasks.send_step
 
             state = {"submitted": 0}
 
