@@ -21,7 +21,7 @@ from . import keys
 from .core.engine import End
 from .core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
 from .errors import StoreUnavailable
-from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args
+from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args, write_watched
 
 EVENTS_MAXLEN = 2000
 # A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
@@ -252,31 +252,25 @@ class RunStore:
         release_lease: str | None,
     ) -> Snapshot | None:
         key = keys.run(run_id)
-        with self.r.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    stored = pipe.get(key)
-                    if stored is None:
-                        pipe.unwatch()
-                        return None
-                    run = Run.model_validate_json(stored)
-                    was_finished = run.status.finished
-                    if not mutate(run):
-                        pipe.unwatch()
-                        return None
-                    run.updated_at = time.time()
-                    raw = run.model_dump_json().encode()
-                    pipe.multi()
-                    pipe.set(key, raw, keepttl=True)
-                    if release_lease:
-                        pipe.eval(RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
-                    for command in self._commands(run, was_finished, extra):
-                        pipe.execute_command(*command)
-                    pipe.execute()
-                    return Snapshot(run, raw)
-                except redis.WatchError:
-                    continue
+
+        def decide(stored: bytes) -> tuple[Snapshot, Callable[[Any], None]] | None:
+            run = Run.model_validate_json(stored)
+            was_finished = run.status.finished
+            if not mutate(run):
+                return None
+            run.updated_at = time.time()
+            raw = run.model_dump_json().encode()
+
+            def writes(pipe: Any) -> None:
+                pipe.set(key, raw, keepttl=True)
+                if release_lease:
+                    pipe.eval(RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
+                for command in self._commands(run, was_finished, extra):
+                    pipe.execute_command(*command)
+
+            return Snapshot(run, raw), writes
+
+        return write_watched(self.r, key, decide)
 
     def _commands(self, run: Run, was_finished: bool, extra: Callable[[Run], list[Command]] | None) -> list[Command]:
         """The writes that go with a new run record: `extra`'s, then the active set and the end of a run,
