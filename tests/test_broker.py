@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+import redis
 from celery import Celery
 
 from worker import broker
@@ -37,3 +39,23 @@ def test_a_channel_keeps_one_client_per_pool_and_messages_still_flow(redis_url: 
         channel._disconnect_pools()  # what kombu does on a reconnect: a new pool gets a new client
         assert channel._create_client() is not kept
         assert channel._create_client().ping()
+
+
+def test_closing_after_the_connection_was_dropped_is_a_connection_error(redis_url: str) -> None:
+    """A worker whose Redis went away closes its channel while kombu has already dropped the connection's
+    details and its pool; restoring the unacked messages then needs a client that cannot be made. kombu
+    failed there with an AttributeError, which Celery treats as fatal (the worker exited on a Redis
+    restart); a connection error is what kombu's close path ignores."""
+    app = Celery("t", broker=redis_url)
+    app.conf.broker_transport = broker.transport_for(redis_url)
+    conn = app.connection_for_write()
+    channel = conn.default_channel
+    queue = conn.SimpleQueue("reactq.test.broker-dropped")
+    queue.put({"n": 1})
+    assert queue.get(timeout=5).payload == {"n": 1}  # taken, not acked: the channel must restore it on close
+    channel._disconnect_pools()
+    conn.transport.client = None  # what kombu's connection release does to the transport
+    with pytest.raises(redis.exceptions.ConnectionError):
+        channel._create_client()
+    conn.maybe_close_channel(channel)  # raised before: AttributeError ('NoneType' ... 'hostname')
+    assert channel.closed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
 
 TRANSPORT = "worker.broker:Transport"
@@ -22,6 +23,13 @@ class Channel(kombu_redis.Channel):
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:
             return super()._create_client(asynchronous=True)
+        if self._pool is None and getattr(self.connection, "client", None) is None:
+            # Closing after kombu dropped the connection's details (Redis went away): a new pool cannot be
+            # made. kombu would fail with an AttributeError, which Celery takes as fatal and the worker
+            # exits; a connection error is what the close path ignores. The messages this channel held
+            # unacked stay in Redis's `unacked` hash: the broker restores them after its visibility
+            # timeout, and the reaper re-kicks their runs long before (worker/reaper.py, `lost_message`).
+            raise redis.exceptions.ConnectionError("the broker connection is closed")
         kept = self._kept_client
         if kept is None or kept.connection_pool is not self.pool:  # a reconnect makes a new pool
             kept = self._kept_client = super()._create_client()
