@@ -30,6 +30,7 @@ class Cluster:
     env: dict[str, str]
     logdir: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    graceful: set[int] = field(default_factory=set)  # pids to stop with SIGTERM (their containers go with them)
 
     def start_worker(self, queues: str = "steps,sandbox", concurrency: int = 32,
                      metrics_port: int = 0, **extra_env: str) -> subprocess.Popen[bytes]:
@@ -41,10 +42,12 @@ class Cluster:
             start_new_session=True,
         )
         self.procs.append(proc)
+        if {**self.env, **extra_env}.get("REACTQ_SANDBOX_BACKEND") == "docker":
+            self.graceful.add(proc.pid)
         self.wait_for_workers(queues)
         return proc
 
-    def wait_for_workers(self, queues: str, timeout: float = 60) -> None:
+    def wait_for_workers(self, queues: str, timeout: float = 120) -> None:
         """Workers heartbeat into Redis once Celery is consuming."""
         client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
         wanted = [keys.workers(f"reactq.{q.strip()}") for q in queues.split(",")]
@@ -77,7 +80,7 @@ class Cluster:
                                 text=True)
 
     @staticmethod
-    def wait_for_results(out: Path, count: int, timeout: float = 60) -> None:
+    def wait_for_results(out: Path, count: int, timeout: float = 120) -> None:
         """Until `count` result lines are in `out`; raises naming the file and what it held."""
 
         def lines() -> int:
@@ -96,7 +99,7 @@ class Cluster:
         return None if run is None else run.status.value
 
     def wait_for_status(self, run_id: str, wanted: Callable[[str | None], bool], what: str,
-                        timeout: float = 60) -> dict:
+                        timeout: float = 120) -> dict:
         """Poll the run's record until `wanted(status)` holds, then return `reactq status --json` (one CLI call,
         not one per poll: a CLI process costs about half a CPU second); raises naming `what` on timeout."""
         last: list[str | None] = [None]
@@ -110,15 +113,18 @@ class Cluster:
         assert shown.returncode == 0, shown.stderr
         return json.loads(shown.stdout)
 
-    def wait_for_run(self, run_id: str, timeout: float = 60) -> dict:
+    def wait_for_run(self, run_id: str, timeout: float = 120) -> dict:
         """Until the run has ended; returns its `reactq status --json` object, raises on timeout."""
         return self.wait_for_status(run_id, lambda s: s not in (None, "queued", "running", "awaiting_approval"),
                                     "to end", timeout)
 
     def stop(self) -> None:
+        """After the test: SIGKILL, since a graceful stop takes a worker up to ~3.5 s and is what
+        tests/test_shutdown.py checks, not every test; workers with Docker sandboxes get SIGTERM, so that
+        they remove their warm containers."""
         for proc in self.procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGTERM if proc.pid in self.graceful else signal.SIGKILL)
         for proc in self.procs:
             try:
                 proc.wait(20)
