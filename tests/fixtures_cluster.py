@@ -18,6 +18,8 @@ import redis
 
 from tests.fixtures_services import free_port
 from worker import keys
+from worker.config import Settings
+from worker.display import run_json
 from worker.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +91,19 @@ class Cluster:
         wait_until(lambda: lines() >= count, f"{count} result lines in {out}", timeout,
                    lambda: f"it has {lines()}")
 
+    def settings(self) -> Settings:
+        """The settings this cluster's processes read from their environment, for in-process use."""
+        saved = {k: v for k, v in os.environ.items() if k.startswith("REACTQ_")}
+        try:
+            for name in saved:
+                del os.environ[name]
+            os.environ.update({k: v for k, v in self.env.items() if k.startswith("REACTQ_")})
+            return Settings()
+        finally:
+            for name in [k for k in os.environ if k.startswith("REACTQ_")]:
+                del os.environ[name]
+            os.environ.update(saved)
+
     def run_status(self, run_id: str) -> str | None:
         """The run's status as its record in Redis holds it (read in-process: cheap enough to poll)."""
         client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
@@ -100,8 +115,9 @@ class Cluster:
 
     def wait_for_status(self, run_id: str, wanted: Callable[[str | None], bool], what: str,
                         timeout: float = 120) -> dict:
-        """Poll the run's record until `wanted(status)` holds, then return `reactq status --json` (one CLI call,
-        not one per poll: a CLI process costs about half a CPU second); raises naming `what` on timeout."""
+        """Poll the run's record until `wanted(status)` holds, then return what `reactq status --json` prints
+        (built in-process by the same function; a CLI process costs about half a CPU second, and the CLI's
+        own output is checked where it is under test); raises naming `what` on timeout."""
         last: list[str | None] = [None]
 
         def reached() -> bool:
@@ -109,9 +125,13 @@ class Cluster:
             return wanted(last[0])
 
         wait_until(reached, f"run {run_id} {what}", timeout, lambda: f"last status {last[0]}")
-        shown = self.reactq("status", run_id, "--json")
-        assert shown.returncode == 0, shown.stderr
-        return json.loads(shown.stdout)
+        client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
+        try:
+            run = RunStore(client).load_run(run_id)
+        finally:
+            client.close()
+        assert run is not None, f"run {run_id} vanished"
+        return json.loads(json.dumps(run_json(run)))
 
     def wait_for_run(self, run_id: str, timeout: float = 120) -> dict:
         """Until the run has ended; returns its `reactq status --json` object, raises on timeout."""
