@@ -299,14 +299,17 @@ class Bench:
 
             from worker.config import Settings
             from worker.core.models import RunSpec
-            from worker.names import STEP_TASK, STEPS_QUEUE
+            from worker.names import STEP_TASK, STEPS_QUEUE, step_reprs
             from worker.store import RunStore, connect
             from worker.submit import new_batch_id, submit
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
             store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
-            client = Celery("bench_reactq_client", broker=redis_url)
+            from worker.broker import transport_for
+
+            client = Celery("bench_reactq_client", broker=redis_url)  # sends as reactq's own app does:
             client.conf.broker_pool_limit = 8
+            client.conf.broker_transport = transport_for(redis_url)  # with its Redis transport
             conn = client.connection_for_write()
             batch_id = new_batch_id()
             rng = random.Random(1234)
@@ -321,7 +324,7 @@ class Bench:
 
             def send_step(run_id: str, index: int, priority: int | None = None) -> None:
                 client.send_task(STEP_TASK, args=[run_id, index], queue=STEPS_QUEUE, connection=conn,
-                                 priority=priority)
+                                 priority=priority, **step_reprs(run_id, index))  # as worker.tasks.send_step
 
             state = {"submitted": 0}
 

@@ -37,3 +37,10 @@ def test_queue_names_are_written_nowhere_else_in_worker() -> None:
         text = Path(path).read_text()
         for name in (*names.QUEUES, names.SANDBOX_TASK):  # (STEP_TASK is also the step logger's name)
             assert f'"{name}"' not in text, f"{path.relative_to(ROOT)} spells out {name!r}; import worker.names"
+
+
+def test_a_step_message_shows_its_arguments_as_saferepr_would() -> None:
+    from celery.utils.saferepr import saferepr
+
+    run_id = "0123456789abcdef0123456789abcdef"
+    assert names.step_reprs(run_id, 7) == {"argsrepr": saferepr([run_id, 7]), "kwargsrepr": saferepr({})}

@@ -96,17 +96,37 @@ def test_a_run_waiting_on_a_sandbox_task_that_vanished_is_re_kicked(rt: Runtime)
     assert count(ReaperAction.SANDBOX_LOST) == before + 1
 
 
+def take_unacked(client: redis.Redis, tag: str, taken_at: float) -> None:
+    """What kombu does as a worker takes a message: off its list, into `unacked` and its index."""
+    [lst] = [name for name in client.keys(f"{STEPS_QUEUE}*") if client.type(name) == b"list"]
+    raw = client.rpop(lst)
+    client.hset(keys.CELERY_UNACKED, tag, b"[" + raw + b', "", "reactq.steps"]')
+    client.zadd(keys.CELERY_UNACKED_INDEX, {tag: taken_at})
+
+
 def test_a_message_held_unacked_by_a_live_worker_is_not_duplicated(rt: Runtime, redis_url: str,
                                                                     broker: Celery) -> None:
     [run] = submit(rt)
-    enqueue(broker, run)
-    # A worker took it (kombu moves it to the `unacked` hash) but has not started it: a countdown.
-    client = redis.Redis.from_url(redis_url)
-    [lst] = [name for name in client.keys(f"{STEPS_QUEUE}*") if client.type(name) == b"list"]
-    raw = client.rpop(lst)
-    client.hset(keys.CELERY_UNACKED, "tag-1", b"[" + raw + b', "", "reactq.steps"]')
+    # A worker took it but has not started it: a countdown (a busy retry, a throttled step) not yet due.
+    broker.send_task(STEP_TASK, args=[run.id, 0], queue=STEPS_QUEUE, countdown=STALE_S + 60)
+    take_unacked(redis.Redis.from_url(redis_url), "tag-1", time.time())
     assert reap(rt, time.time() + STALE_S + 1) == {}
     assert reap(rt, time.time() + STALE_S + 2) == {}
+
+
+def test_a_message_taken_but_never_started_is_re_kicked(rt: Runtime, redis_url: str, broker: Celery) -> None:
+    """A worker's connection broke while it took the message (Redis restarted): it sits in `unacked`,
+    which kombu restores only after its visibility timeout (an hour), and no worker has the step."""
+    [run] = submit(rt)
+    enqueue(broker, run)
+    now = time.time()
+    take_unacked(redis.Redis.from_url(redis_url), "tag-1", taken_at=now + 10)
+    before = count(ReaperAction.LOST_MESSAGE)
+    for late in (1, 2, 9):  # the run is stale, but the message was taken lately: a worker may start it
+        assert reap(rt, now + STALE_S + late) == {}
+    assert reap(rt, now + STALE_S + 11) == {}  # no longer held: the first miss makes the run a suspect
+    assert reap(rt, now + STALE_S + 12) == {run.id: 0}
+    assert count(ReaperAction.LOST_MESSAGE) == before + 1
 
 
 def test_runs_whose_record_vanished_leave_the_active_set(rt: Runtime) -> None:

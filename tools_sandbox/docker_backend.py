@@ -28,10 +28,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-
-import docker
-import docker.errors
-from docker.types import LogConfig, Ulimit
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from .cgroup import CgroupMeter, Usage
 from .errors import SandboxUnavailable
@@ -39,6 +37,19 @@ from .models import SandboxResult, Tier
 from .outcome import HostFacts, finish
 from .protocol import FrameParser, agent_source, encode_request
 from .sweeper import ReapReason, SweepPolicy
+
+if TYPE_CHECKING:
+    import docker
+
+
+def _sdk() -> ModuleType:
+    """The docker SDK, imported on first use: it brings requests and urllib3 (~80 ms of imports) that
+    the CLI's other verbs and the step workers never use."""
+    import docker
+    import docker.errors
+    import docker.types
+
+    return docker
 
 log = logging.getLogger(__name__)
 
@@ -125,17 +136,17 @@ class DockerBackend:
         """Connect to the engine and check the image; SandboxUnavailable if either fails."""
         try:
             if self.base_url:
-                self._client = docker.DockerClient(base_url=self.base_url, timeout=30)
+                self._client = _sdk().DockerClient(base_url=self.base_url, timeout=30)
             else:
-                self._client = docker.from_env(timeout=30)
+                self._client = _sdk().from_env(timeout=30)
             self._client.ping()
             self._runtimes = set((self._client.info().get("Runtimes") or {}).keys())
             self._client.images.get(self.image)
-        except docker.errors.ImageNotFound as exc:
+        except _sdk().errors.ImageNotFound as exc:
             raise SandboxUnavailable(
                 f"sandbox image {self.image} is missing; run `reactq sandbox build-image`"
             ) from exc
-        except (docker.errors.DockerException, OSError) as exc:
+        except (_sdk().errors.DockerException, OSError) as exc:
             raise SandboxUnavailable(f"no Docker engine answers: {exc}") from exc
         self.owner = owner_id()
         self._remover = threading.Thread(target=self._remove_loop, name="sandbox-remover", daemon=True)
@@ -169,6 +180,7 @@ class DockerBackend:
 
     def host_config(self, tier: Tier) -> dict:
         self.check_runtime(tier)
+        sdk = _sdk()
         mem = f"{tier.memory_mb}m"
         tmpfs_bytes = tier.tmpfs_mb * 1024 * 1024
         config: dict = self.api.create_host_config(
@@ -182,12 +194,12 @@ class DockerBackend:
             memswap_limit=mem,
             nano_cpus=int(tier.cpus * 1e9),
             ulimits=[
-                Ulimit(name="fsize", soft=tmpfs_bytes, hard=tmpfs_bytes),
-                Ulimit(name="nofile", soft=tier.nofile, hard=tier.nofile),
-                Ulimit(name="core", soft=0, hard=0),
+                sdk.types.Ulimit(name="fsize", soft=tmpfs_bytes, hard=tmpfs_bytes),
+                sdk.types.Ulimit(name="nofile", soft=tier.nofile, hard=tier.nofile),
+                sdk.types.Ulimit(name="core", soft=0, hard=0),
             ],
             ipc_mode="none",
-            log_config=LogConfig(type="none"),
+            log_config=sdk.types.LogConfig(type="none"),
             runtime=tier.runtime,
         )
         return config
@@ -219,7 +231,7 @@ class DockerBackend:
             raw = getattr(sock, "_sock", sock)
             self.api.start(cid)
             pid = int(self.api.inspect_container(cid)["State"].get("Pid") or 0)
-        except (docker.errors.DockerException, OSError) as exc:
+        except (_sdk().errors.DockerException, OSError) as exc:
             if cid is not None:
                 self.destroy_id(cid)
             raise SandboxUnavailable(f"cannot start a sandbox container: {exc}") from exc
@@ -302,7 +314,7 @@ class DockerBackend:
     def _oom_killed(self, sandbox: DockerSandbox) -> bool:
         try:
             return bool(self.api.inspect_container(sandbox.container_id)["State"].get("OOMKilled"))
-        except docker.errors.DockerException:
+        except _sdk().errors.DockerException:
             return False
 
     # -- teardown ------------------------------------------------------------------
@@ -340,7 +352,7 @@ class DockerBackend:
             try:
                 self.api.remove_container(container_id, force=True, v=True)
                 return True
-            except docker.errors.NotFound:
+            except _sdk().errors.NotFound:
                 return True
             except Exception as exc:  # noqa: BLE001 - the remover thread must survive engine hiccups
                 if "already in progress" in str(exc):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +33,18 @@ def parse_tiers(text: str, source: str = "<string>") -> dict[str, Tier]:
     return tiers
 
 
+TIERS_FILE_ENV = "REACTQ_SANDBOX_TIERS_FILE"
+
+
+@lru_cache(maxsize=8)
+def _default_tiers_file(env_value: str | None) -> Path:
+    """The settings' tiers file, memoised on the one variable that sets it: building SandboxSettings
+    reads the whole environment (~0.5 ms), and every submission checks its tier against this file."""
+    from .config import SandboxSettings
+
+    return SandboxSettings().sandbox_tiers_file
+
+
 @lru_cache(maxsize=8)
 def _load_cached(path: str, mtime_ns: int) -> dict[str, Tier]:
     try:
@@ -43,11 +56,7 @@ def _load_cached(path: str, mtime_ns: int) -> dict[str, Tier]:
 
 def load_tiers(path: str | Path | None = None) -> dict[str, Tier]:
     """All tiers from `path` (default: settings' tiers file), re-read when the file changes."""
-    if path is None:
-        from .config import SandboxSettings
-
-        path = SandboxSettings().sandbox_tiers_file
-    p = Path(path)
+    p = Path(path) if path is not None else _default_tiers_file(os.environ.get(TIERS_FILE_ENV))
     try:
         mtime = p.stat().st_mtime_ns
     except OSError as exc:

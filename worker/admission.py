@@ -65,8 +65,8 @@ def admit(client: redis.Redis, policy: Policy, count: int, now: float | None = N
             raise AdmissionRefused(f"tenant {tenant!r} has {limits.runs_in_flight} runs in flight, the limit "
                                    f"of plan {policy.plan.name!r}; submit more as they finish", INFLIGHT_RETRY_S)
     minute = int(now // 60)
-    if client.eval(_PER_MINUTE, 1, keys.tenant_submissions(tenant, minute), count,
-                   limits.submissions_per_minute) == -1:
+    per_minute = client.register_script(_PER_MINUTE)  # EVALSHA: the script's text is sent once per server
+    if per_minute(keys=[keys.tenant_submissions(tenant, minute)], args=[count, limits.submissions_per_minute]) == -1:
         raise AdmissionRefused(f"tenant {tenant!r} reached {limits.submissions_per_minute} submissions per "
                                f"minute, the limit of plan {policy.plan.name!r}", int(60 - now % 60) + 1)
 

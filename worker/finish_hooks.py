@@ -34,10 +34,11 @@ def queue_webhooks(rt: Runtime, run: Run, send: Send) -> None:
 
 def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Send) -> bool:
     """The batch's webhook, once: when its submission is complete and every run has finished. Each of
-    the last runs of a big batch may ask at nearly the same moment: each pays two list lengths and a hash
-    read, one of them wins the one-time marker, and only that one builds the (constant-size) view.
+    the last runs of a big batch may ask at nearly the same moment: each pays two list lengths (one round
+    trip) and a hash read, one of them wins the one-time marker, and only that one builds the (constant-size) view.
     Returns whether this call queued it."""
-    if rt.store.batch_finished_count(batch_id) < rt.store.batch_size(batch_id):
+    finished, size = rt.store.batch_progress(batch_id)
+    if finished < size:
         return False
     info = rt.store.batch_info(batch_id)
     if not info or info.get("submitting"):

@@ -190,3 +190,4 @@ def reaper_suspect(run_id: str) -> str:
 
 
 CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken and not yet acked
+CELERY_UNACKED_INDEX = "unacked_index"  # ... and when each was taken (a zset of the same tags)

@@ -11,3 +11,9 @@ QUEUES = (STEPS_QUEUE, SANDBOX_QUEUE)  # the queues whose depth is watched (the 
 STEP_TASK = "reactq.step"
 SANDBOX_TASK = "reactq.sandbox.execute"
 WEBHOOK_TASK = "reactq.webhook.deliver"
+
+
+def step_reprs(run_id: str, index: int) -> dict[str, str]:
+    """A step message's `argsrepr` and `kwargsrepr`, as Celery's saferepr writes them (the reaper finds
+    runs in the queues by `argsrepr`), given to `apply_async` so that each send skips saferepr (~25 us)."""
+    return {"argsrepr": f"[{run_id!r}, {index}]", "kwargsrepr": "{}"}

@@ -11,7 +11,10 @@ backlog of thousands waits:
 - `lost_message`: no worker received the step since the last progress, the run has been idle for
   `REACTQ_STALE_AFTER_S`, and no message for it is waiting in the steps queue (every priority list) or
   held unacked — in two passes in a row (a message a worker is just taking is briefly in neither place;
-  the first miss only marks the run a suspect). Looking costs one scan of the queue per pass, done only
+  the first miss only marks the run a suspect). A message taken unacked longer than
+  `REACTQ_STALE_AFTER_S` ago, with no countdown still ahead, and not started is not held: its worker's
+  connection broke while taking it (a Redis restart), and the broker would restore it only after its
+  visibility timeout. Looking costs one scan of the queue per pass, done only
   when such a candidate exists and only while the queue holds at most `REACTQ_REAPER_SCAN_LIMIT`
   messages; beyond that ...
 - `long_stale`: ... a run idle for longer than the broker's visibility timeout is re-kicked anyway.
@@ -91,7 +94,8 @@ def reap_once(rt: Runtime, send_step: Callable[[str, int], None], now: float | N
 
     def queued() -> set[str] | None:  # one scan per pass, and only if some run needs it
         if not scanned:
-            scanned.append(rt.store.queued_step_runs(queue_lists(STEPS_QUEUE), s.reaper_scan_limit))
+            scanned.append(rt.store.queued_step_runs(queue_lists(STEPS_QUEUE), s.reaper_scan_limit,
+                                                      lost_before=now - s.stale_after_s))
         return scanned[0]
 
     kicked = []

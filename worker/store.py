@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -20,11 +21,12 @@ from . import keys
 from .core.engine import End
 from .core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
 from .errors import StoreUnavailable
-from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args
+from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args, write_watched
 
 EVENTS_MAXLEN = 2000
 # A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
 _STEP_ARGS = re.compile(rb'"argsrepr": "\[\'([0-9a-f]{32})\', \d+\]"')
+_ETA = re.compile(rb'"eta": "([^"]+)"')
 
 _RENEW_LEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
@@ -32,7 +34,9 @@ _RENEW_LEASE = (
 _STEPS = TypeAdapter(list[Step])
 
 
+# KEYS: the events stream, the compacted string, then any keys to delete with it.
 _COMPACT_EVENTS = """
+if #KEYS > 2 then redis.call('DEL', unpack(KEYS, 3)) end
 local ttl = redis.call('PTTL', KEYS[1])
 local entries = redis.call('XRANGE', KEYS[1], '-', '+')
 if #entries == 0 then return 0 end
@@ -205,12 +209,9 @@ class RunStore:
     def drop_and_compact(self, run_id: str, names: list[str]) -> None:
         """Delete these keys of a finished run, and compact its event stream into one small JSON string
         (same entry ids, same TTL) whose `step` events point at the step list instead of repeating each
-        step's text (a stream costs ~4 KB however few its entries); in one round trip."""
-        pipe = self.r.pipeline(transaction=False)
-        if names:
-            pipe.delete(*names)
-        self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id)], client=pipe)
-        pipe.execute()
+        step's text (a stream costs ~4 KB however few its entries); in one round trip (one script: a
+        pipeline holding a script would first ask the server whether it knows the script)."""
+        self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id), *names])
 
     def load_steps(self, run_id: str) -> list[Step]:
         raws = self.r.lrange(keys.steps(run_id), 0, -1)
@@ -251,31 +252,25 @@ class RunStore:
         release_lease: str | None,
     ) -> Snapshot | None:
         key = keys.run(run_id)
-        with self.r.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    stored = pipe.get(key)
-                    if stored is None:
-                        pipe.unwatch()
-                        return None
-                    run = Run.model_validate_json(stored)
-                    was_finished = run.status.finished
-                    if not mutate(run):
-                        pipe.unwatch()
-                        return None
-                    run.updated_at = time.time()
-                    raw = run.model_dump_json().encode()
-                    pipe.multi()
-                    pipe.set(key, raw, keepttl=True)
-                    if release_lease:
-                        pipe.eval(RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
-                    for command in self._commands(run, was_finished, extra):
-                        pipe.execute_command(*command)
-                    pipe.execute()
-                    return Snapshot(run, raw)
-                except redis.WatchError:
-                    continue
+
+        def decide(stored: bytes) -> tuple[Snapshot, Callable[[Any], None]] | None:
+            run = Run.model_validate_json(stored)
+            was_finished = run.status.finished
+            if not mutate(run):
+                return None
+            run.updated_at = time.time()
+            raw = run.model_dump_json().encode()
+
+            def writes(pipe: Any) -> None:
+                pipe.set(key, raw, keepttl=True)
+                if release_lease:
+                    pipe.eval(RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
+                for command in self._commands(run, was_finished, extra):
+                    pipe.execute_command(*command)
+
+            return Snapshot(run, raw), writes
+
+        return write_watched(self.r, key, decide)
 
     def _commands(self, run: Run, was_finished: bool, extra: Callable[[Run], list[Command]] | None) -> list[Command]:
         """The writes that go with a new run record: `extra`'s, then the active set and the end of a run,
@@ -508,6 +503,14 @@ class RunStore:
     def batch_finished_count(self, batch_id: str) -> int:
         return int(self.r.llen(keys.batch_done(batch_id)))
 
+    def batch_progress(self, batch_id: str) -> tuple[int, int]:
+        """(finished runs, runs) of a batch, in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.llen(keys.batch_done(batch_id))
+        pipe.llen(keys.batch_runs(batch_id))
+        finished, size = pipe.execute()
+        return int(finished), int(size)
+
     def batch_for_file(self, digest: str) -> str | None:
         """The batch last submitted for one output file (a re-run adopts its runs), if any."""
         previous = self.r.get(keys.batch_file(digest))
@@ -569,9 +572,15 @@ class RunStore:
             pipe.exists(keys.lease(run_id))
         return [bool(n) for n in pipe.execute()]
 
-    def queued_step_runs(self, lists: list[str], scan_limit: int) -> set[str] | None:
-        """Run ids with a step message waiting in `lists` or taken and not acked (kombu's `unacked`
-        hash); None when there are more than `scan_limit` messages to look through."""
+    def queued_step_runs(self, lists: list[str], scan_limit: int, lost_before: float) -> set[str] | None:
+        """Run ids with a step message waiting in `lists` or held by a worker (kombu's `unacked` hash);
+        None when there are more than `scan_limit` messages to look through.
+
+        A message taken before `lost_before` whose countdown (if any) was also due by then is not held:
+        a step starts as soon as it is taken and due, and a worker whose connection broke while it was
+        taking one (a Redis restart) never gets it; kombu would restore it only after its visibility
+        timeout. The reaper re-kicks such a run instead (a duplicate of a message that did exist costs
+        one fenced task)."""
         pipe = self.r.pipeline(transaction=False)
         for name in lists:
             pipe.llen(name)
@@ -585,8 +594,10 @@ class RunStore:
                 found.update(m.decode() for m in _STEP_ARGS.findall(b"\n".join(chunk)))
                 if len(chunk) < 1000:
                     break
-        for _, raw in self.r.hscan_iter(keys.CELERY_UNACKED, count=1000):
-            found.update(m.decode() for m in _STEP_ARGS.findall(raw))
+        taken_at = dict(self.r.zrange(keys.CELERY_UNACKED_INDEX, 0, -1, withscores=True))
+        for tag, raw in self.r.hscan_iter(keys.CELERY_UNACKED, count=1000):
+            if _still_held(raw, taken_at.get(tag), lost_before):
+                found.update(m.decode() for m in _STEP_ARGS.findall(raw))
         return found
 
     def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
@@ -634,6 +645,19 @@ class RunStore:
 
     def active_count(self) -> int:
         return int(self.r.zcard(keys.ACTIVE_RUNS))
+
+
+def _still_held(raw: bytes, taken_at: float | None, lost_before: float) -> bool:
+    """Whether an unacked message (taken at `taken_at`) may still be with a worker at `lost_before`."""
+    if taken_at is None or taken_at >= lost_before:
+        return True
+    eta = _ETA.search(raw)
+    if eta is None:
+        return False
+    try:
+        return datetime.fromisoformat(eta.group(1).decode()).timestamp() >= lost_before
+    except ValueError:
+        return True  # an ETA we cannot read: leave the message to the broker
 
 
 def _batch_keys(batch_id: str) -> tuple[str, ...]:

@@ -9,10 +9,15 @@ WATCH/MULTI transaction, which re-reads and re-decides. Both paths apply the sam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import redis
 
 from .core.models import Run
+
+T = TypeVar("T")
 
 Command = tuple[Any, ...]  # one Redis command and its arguments, e.g. ("RPUSH", key, value)
 
@@ -51,3 +56,27 @@ def cas_args(expected: bytes, new: bytes, lease_token: str | None, commands: lis
         args.append(len(command))
         args.extend(command)
     return args
+
+
+def write_watched(client: redis.Redis, key: str,
+                  decide: Callable[[bytes], tuple[T, Callable[[Any], None]] | None]) -> T | None:
+    """A read-decide-write of one key in a WATCH/MULTI transaction, again whenever the key changed
+    meanwhile. `decide` gets the stored bytes and returns what to give back and a function that queues
+    the writes on the transaction, or None to write nothing. None if the key is missing or nothing
+    was written."""
+    with client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                stored = pipe.get(key)
+                decided = decide(stored) if stored is not None else None
+                if decided is None:
+                    pipe.unwatch()
+                    return None
+                result, queue_writes = decided
+                pipe.multi()
+                queue_writes(pipe)
+                pipe.execute()
+                return result
+            except redis.WatchError:
+                continue

@@ -13,7 +13,7 @@ from .celery_app import app
 from .core.outcome import Outcome
 from .drain import IN_FLIGHT, start_drain
 from .errors import LLMThrottled
-from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE
+from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, step_reprs
 from .runner import Dispatcher, StepRunner
 from .runtime import get_runtime
 
@@ -24,7 +24,8 @@ def send_step(run_id: str, index: int, priority: int | None = None, countdown: f
     """Enqueue a step; without a priority it keeps the priority of the step running on this thread."""
     if priority is None:
         priority = (step.request.delivery_info or {}).get("priority")
-    step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, priority=priority, countdown=countdown)
+    step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, priority=priority, countdown=countdown,
+                     **step_reprs(run_id, index))
 
 
 def send_sandbox(request: dict[str, Any]) -> None:

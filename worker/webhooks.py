@@ -46,6 +46,7 @@ from pydantic import BaseModel, Field
 
 from . import keys
 from .errors import InvalidRequest, ReactqError, SignatureInvalid
+from .store_cas import write_watched
 
 MAX_URL_CHARS = 2000
 MAX_ATTEMPTS_KEPT = 50
@@ -262,25 +263,16 @@ class WebhookStore:
     def record(self, delivery_id: str, number: int, attempt: Attempt, state: DeliveryState) -> Delivery | None:
         """Add attempt `number` (from 1) once: a duplicate of an attempt already recorded changes nothing."""
         key = keys.webhook_delivery(delivery_id)
-        with self.r.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is None:
-                        return None
-                    delivery = Delivery.model_validate_json(raw)
-                    if delivery.state != DeliveryState.PENDING or len(delivery.attempts) != number - 1:
-                        pipe.unwatch()
-                        return None
-                    delivery.attempts = (delivery.attempts + [attempt])[-MAX_ATTEMPTS_KEPT:]
-                    delivery.state = state
-                    pipe.multi()
-                    pipe.set(key, delivery.model_dump_json(), keepttl=True)
-                    pipe.execute()
-                    return delivery
-                except redis.WatchError:
-                    continue
+
+        def decide(raw: bytes) -> tuple[Delivery, Callable[[Any], None]] | None:
+            delivery = Delivery.model_validate_json(raw)
+            if delivery.state != DeliveryState.PENDING or len(delivery.attempts) != number - 1:
+                return None
+            delivery.attempts = (delivery.attempts + [attempt])[-MAX_ATTEMPTS_KEPT:]
+            delivery.state = state
+            return delivery, lambda pipe: pipe.set(key, delivery.model_dump_json(), keepttl=True)
+
+        return write_watched(self.r, key, decide)
 
     def list(self, tenant: str, limit: int = 100, before: float | None = None) -> list[Delivery]:
         """The tenant's deliveries, newest first."""
