@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ class Cluster:
     logdir: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     graceful: set[int] = field(default_factory=set)  # pids to stop with SIGTERM (their containers go with them)
+    stopped: set[int] = field(default_factory=set)  # pids the test stopped on purpose (`kill`)
 
     def start_worker(self, queues: str = "steps,sandbox", concurrency: int = 32,
                      metrics_port: int = 0, **extra_env: str) -> subprocess.Popen[bytes]:
@@ -64,6 +66,7 @@ class Cluster:
         raise TimeoutError(f"no worker for {queues} after {timeout}s; logs in {self.logdir}")
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        self.stopped.add(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
 
@@ -80,6 +83,31 @@ class Cluster:
         return subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", str(infile), "--out", str(out)],
                                 env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)
+
+    def finish_batch(self, batch: subprocess.Popen[str], timeout: float = 240) -> str:
+        """Wait for a `start_batch` process to exit and return its stderr; raises at once, naming the worker
+        and the end of its log, when one of this cluster's workers has died meanwhile (the batch would
+        otherwise wait out its whole timeout for a worker that is gone)."""
+        errors: list[str] = []
+        reader = threading.Thread(target=lambda: errors.append(batch.stderr.read() if batch.stderr else ""),
+                                  daemon=True)  # drained all along, so a full pipe never blocks the batch
+        reader.start()
+        deadline = time.monotonic() + timeout
+        while batch.poll() is None:
+            for i, proc in enumerate(self.procs):
+                if proc.poll() is not None and proc.pid not in self.stopped:
+                    batch.kill()
+                    batch.wait(10)
+                    log = (self.logdir / f"worker-{i}.log").read_text(errors="replace")
+                    raise RuntimeError(f"worker-{i} exited with {proc.returncode} while the batch ran; "
+                                       f"its log ends:\n{log[-3000:]}")
+            if time.monotonic() > deadline:
+                batch.kill()
+                batch.wait(10)
+                raise TimeoutError(f"the batch did not finish within {timeout}s; logs in {self.logdir}")
+            time.sleep(0.2)
+        reader.join(10)
+        return "".join(errors)
 
     @staticmethod
     def wait_for_results(out: Path, count: int, timeout: float = 120) -> None:
