@@ -56,6 +56,8 @@ class FaultConfig(BaseModel):
         default=0, ge=0, description="server-side requests-per-minute limit (0: none); over it, 429 + Retry-After")
     tpm_limit: int = Field(
         default=0, ge=0, description="server-side tokens-per-minute limit (0: none); over it, 429 + Retry-After")
+    limit_burst_s: float = Field(
+        default=1.0, ge=0.0, description="burst tolerance of rpm_limit and tpm_limit, in seconds of the budget")
 
 
 def merge_faults(base: FaultConfig, header: str | None) -> FaultConfig:

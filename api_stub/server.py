@@ -83,15 +83,18 @@ class _Metrics:
 class _State:
     def __init__(self, faults: FaultConfig) -> None:
         self.faults = faults
-        self.limits = ServerLimits(faults.rpm_limit, faults.tpm_limit)
+        self.limits = ServerLimits(faults.rpm_limit, faults.tpm_limit, faults.limit_burst_s)
         self.counter = 0
         self.completions = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0  # most completion requests being served at once (since the last reset)
         self.by_status: Tally[str] = Tally()
         self.tools_offered: Tally[str] = Tally()  # tool name -> requests that offered it
         self.metrics = _Metrics()
 
     def stats(self) -> dict[str, Any]:
-        return {"requests": self.counter, "completions": self.completions, "by_status": dict(self.by_status)}
+        return {"requests": self.counter, "completions": self.completions, "by_status": dict(self.by_status),
+                "peak_in_flight": self.peak_in_flight}
 
 
 def _error(status: int, message: str, type_: str, code: str | None = None, param: str | None = None,
@@ -176,7 +179,7 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
             state.faults = FaultConfig.model_validate(await request.json())
         except ValueError as exc:
             return _bad_request(f"invalid fault config: {exc}")
-        state.limits = ServerLimits(state.faults.rpm_limit, state.faults.tpm_limit)
+        state.limits = ServerLimits(state.faults.rpm_limit, state.faults.tpm_limit, state.faults.limit_burst_s)
         return state.faults.model_dump()
 
     @app.get("/stub/stats")
@@ -190,7 +193,7 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
 
     @app.post("/stub/stats/reset")
     async def reset_stats() -> dict[str, Any]:
-        state.counter, state.completions = 0, 0
+        state.counter, state.completions, state.peak_in_flight = 0, 0, state.in_flight
         state.by_status.clear()
         state.tools_offered.clear()
         return state.stats()
@@ -199,9 +202,12 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         started = time.perf_counter()
         state.metrics.in_flight.inc()
+        state.in_flight += 1
+        state.peak_in_flight = max(state.peak_in_flight, state.in_flight)
         try:
             response, outcome = await _complete(state, request)
         finally:
+            state.in_flight -= 1
             state.metrics.in_flight.dec()
         state.by_status[str(response.status_code)] += 1
         state.metrics.requests.labels(outcome).inc()

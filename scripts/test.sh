@@ -41,4 +41,8 @@ python3 -m ruff check .
 python3 -m mypy worker api_stub tools_sandbox
 
 export REACTQ_REQUIRE_DOCKER=1
-python3 -m pytest -q -p no:cacheprovider "$@"
+# Several pytest-xdist workers: most tests wait on subprocesses, Redis, Docker and HTTP, not on the CPU.
+# Each worker has its own redis-server, stub and ports; a module sharing a module-scoped fixture stays on one
+# worker, and the slowest modules are handed out first (tests/conftest.py). REACTQ_TEST_WORKERS=0 runs
+# everything in this one process.
+python3 -m pytest -q -p no:cacheprovider -n "${REACTQ_TEST_WORKERS:-3}" --dist loadgroup "$@"

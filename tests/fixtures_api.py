@@ -1,5 +1,6 @@
-"""The HTTP API as a real process (`reactq api`) on the test's Redis, with tenants and their keys
-made by the real CLI."""
+"""The HTTP API as a real process (`reactq api`) on the test's Redis, with tenants and their keys made
+in-process by the same `Tenants` store the CLI uses (tests/test_tenancy.py runs the CLI verbs themselves;
+a CLI process costs about half a CPU second, and most tests need a key, not the CLI)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_services import free_port, wait_for_port
+from worker.tenants import Tenants
 
 SHIPPED_PLANS = (ROOT / "worker" / "plans.toml").read_text()
 # small limits, so admission is reached with a handful of runs
@@ -30,14 +33,24 @@ sse_streams = 1
 """
 
 
-def make_key(cluster: Cluster, tenant: str, plan: str | None = None) -> str:
-    """Add `tenant` (unless `plan` is None: an existing or REACTQ_TENANTS tenant) and create a key for it."""
-    if plan is not None:
-        added = cluster.reactq("tenant", "add", tenant, "--plan", plan)
-        assert added.returncode == 0, added.stderr
-    created = cluster.reactq("key", "create", tenant, "--json")
-    assert created.returncode == 0, created.stderr
-    return json.loads(created.stdout.strip().splitlines()[-1])["key"]
+def make_key(cluster: Cluster, tenant: str, plan: str | None = None, via_cli: bool = False) -> str:
+    """Add `tenant` (unless `plan` is None: an existing or REACTQ_TENANTS tenant) and create a key for it,
+    in-process, or (`via_cli`) with `reactq tenant add` and `reactq key create`."""
+    if via_cli:
+        if plan is not None:
+            added = cluster.reactq("tenant", "add", tenant, "--plan", plan)
+            assert added.returncode == 0, added.stderr
+        created = cluster.reactq("key", "create", tenant, "--json")
+        assert created.returncode == 0, created.stderr
+        return json.loads(created.stdout.strip().splitlines()[-1])["key"]
+    client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
+    try:
+        tenants = Tenants(client, cluster.settings())
+        if plan is not None:
+            tenants.add(tenant, plan)
+        return tenants.create_key(tenant).key
+    finally:
+        client.close()
 
 
 @dataclass

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ import redis
 
 from tests.fixtures_services import free_port
 from worker import keys
+from worker.config import Settings
+from worker.display import run_json
 from worker.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +33,8 @@ class Cluster:
     env: dict[str, str]
     logdir: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    graceful: set[int] = field(default_factory=set)  # pids to stop with SIGTERM (their containers go with them)
+    stopped: set[int] = field(default_factory=set)  # pids the test stopped on purpose (`kill`)
 
     def start_worker(self, queues: str = "steps,sandbox", concurrency: int = 32,
                      metrics_port: int = 0, **extra_env: str) -> subprocess.Popen[bytes]:
@@ -41,10 +46,12 @@ class Cluster:
             start_new_session=True,
         )
         self.procs.append(proc)
+        if {**self.env, **extra_env}.get("REACTQ_SANDBOX_BACKEND") == "docker":
+            self.graceful.add(proc.pid)
         self.wait_for_workers(queues)
         return proc
 
-    def wait_for_workers(self, queues: str, timeout: float = 60) -> None:
+    def wait_for_workers(self, queues: str, timeout: float = 120) -> None:
         """Workers heartbeat into Redis once Celery is consuming."""
         client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
         wanted = [keys.workers(f"reactq.{q.strip()}") for q in queues.split(",")]
@@ -59,6 +66,7 @@ class Cluster:
         raise TimeoutError(f"no worker for {queues} after {timeout}s; logs in {self.logdir}")
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        self.stopped.add(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
 
@@ -76,8 +84,33 @@ class Cluster:
                                 env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)
 
+    def finish_batch(self, batch: subprocess.Popen[str], timeout: float = 240) -> str:
+        """Wait for a `start_batch` process to exit and return its stderr; raises at once, naming the worker
+        and the end of its log, when one of this cluster's workers has died meanwhile (the batch would
+        otherwise wait out its whole timeout for a worker that is gone)."""
+        errors: list[str] = []
+        reader = threading.Thread(target=lambda: errors.append(batch.stderr.read() if batch.stderr else ""),
+                                  daemon=True)  # drained all along, so a full pipe never blocks the batch
+        reader.start()
+        deadline = time.monotonic() + timeout
+        while batch.poll() is None:
+            for i, proc in enumerate(self.procs):
+                if proc.poll() is not None and proc.pid not in self.stopped:
+                    batch.kill()
+                    batch.wait(10)
+                    log = (self.logdir / f"worker-{i}.log").read_text(errors="replace")
+                    raise RuntimeError(f"worker-{i} exited with {proc.returncode} while the batch ran; "
+                                       f"its log ends:\n{log[-3000:]}")
+            if time.monotonic() > deadline:
+                batch.kill()
+                batch.wait(10)
+                raise TimeoutError(f"the batch did not finish within {timeout}s; logs in {self.logdir}")
+            time.sleep(0.2)
+        reader.join(10)
+        return "".join(errors)
+
     @staticmethod
-    def wait_for_results(out: Path, count: int, timeout: float = 60) -> None:
+    def wait_for_results(out: Path, count: int, timeout: float = 120) -> None:
         """Until `count` result lines are in `out`; raises naming the file and what it held."""
 
         def lines() -> int:
@@ -85,6 +118,19 @@ class Cluster:
 
         wait_until(lambda: lines() >= count, f"{count} result lines in {out}", timeout,
                    lambda: f"it has {lines()}")
+
+    def settings(self) -> Settings:
+        """The settings this cluster's processes read from their environment, for in-process use."""
+        saved = {k: v for k, v in os.environ.items() if k.startswith("REACTQ_")}
+        try:
+            for name in saved:
+                del os.environ[name]
+            os.environ.update({k: v for k, v in self.env.items() if k.startswith("REACTQ_")})
+            return Settings()
+        finally:
+            for name in [k for k in os.environ if k.startswith("REACTQ_")]:
+                del os.environ[name]
+            os.environ.update(saved)
 
     def run_status(self, run_id: str) -> str | None:
         """The run's status as its record in Redis holds it (read in-process: cheap enough to poll)."""
@@ -96,9 +142,10 @@ class Cluster:
         return None if run is None else run.status.value
 
     def wait_for_status(self, run_id: str, wanted: Callable[[str | None], bool], what: str,
-                        timeout: float = 60) -> dict:
-        """Poll the run's record until `wanted(status)` holds, then return `reactq status --json` (one CLI call,
-        not one per poll: a CLI process costs about half a CPU second); raises naming `what` on timeout."""
+                        timeout: float = 120) -> dict:
+        """Poll the run's record until `wanted(status)` holds, then return what `reactq status --json` prints
+        (built in-process by the same function; a CLI process costs about half a CPU second, and the CLI's
+        own output is checked where it is under test); raises naming `what` on timeout."""
         last: list[str | None] = [None]
 
         def reached() -> bool:
@@ -106,19 +153,26 @@ class Cluster:
             return wanted(last[0])
 
         wait_until(reached, f"run {run_id} {what}", timeout, lambda: f"last status {last[0]}")
-        shown = self.reactq("status", run_id, "--json")
-        assert shown.returncode == 0, shown.stderr
-        return json.loads(shown.stdout)
+        client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
+        try:
+            run = RunStore(client).load_run(run_id)
+        finally:
+            client.close()
+        assert run is not None, f"run {run_id} vanished"
+        return json.loads(json.dumps(run_json(run)))
 
-    def wait_for_run(self, run_id: str, timeout: float = 60) -> dict:
+    def wait_for_run(self, run_id: str, timeout: float = 120) -> dict:
         """Until the run has ended; returns its `reactq status --json` object, raises on timeout."""
         return self.wait_for_status(run_id, lambda s: s not in (None, "queued", "running", "awaiting_approval"),
                                     "to end", timeout)
 
     def stop(self) -> None:
+        """After the test: SIGKILL, since a graceful stop takes a worker up to ~3.5 s and is what
+        tests/test_shutdown.py checks, not every test; workers with Docker sandboxes get SIGTERM, so that
+        they remove their warm containers."""
         for proc in self.procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGTERM if proc.pid in self.graceful else signal.SIGKILL)
         for proc in self.procs:
             try:
                 proc.wait(20)
@@ -137,7 +191,7 @@ def cluster_environment(redis_url: str, stub_base_url: str) -> dict[str, str]:
         "REACTQ_STALE_AFTER_S": "4",
         "REACTQ_REAPER_INTERVAL_S": "1",
         "REACTQ_LEASE_TTL_S": "3",
-        "REACTQ_LLM_TIMEOUT_S": "10",
+        "REACTQ_LLM_TIMEOUT_S": "30",  # far above the stub latencies the tests set, even on a loaded machine
         "REACTQ_TENANTS": '["default", "acme"]',
         "REACTQ_METRICS_PORT": "0",
         "PYTHONUNBUFFERED": "1",

@@ -106,7 +106,7 @@ class Prometheus:
         result = self.query(expr)
         return float(result[0]["value"][1]) if result else None
 
-    def wait_for(self, expr: str, predicate: Callable[[float | None], bool], timeout: float = 60) -> float | None:
+    def wait_for(self, expr: str, predicate: Callable[[float | None], bool], timeout: float = 120) -> float | None:
         deadline = time.monotonic() + timeout
         last: float | None = None
         while time.monotonic() < deadline:

@@ -68,7 +68,7 @@ class Receiver:
             self.server.shutdown()
             self.server.server_close()
 
-    def wait_for(self, what: str, ok: Callable[[list[Received]], bool], timeout: float = 60) -> list[Received]:
+    def wait_for(self, what: str, ok: Callable[[list[Received]], bool], timeout: float = 120) -> list[Received]:
         wait_until(lambda: ok(self.calls), f"the receiver to get {what}", timeout,
                    lambda: f"it got {[c.answered for c in self.calls]}")
         return list(self.calls)

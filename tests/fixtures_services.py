@@ -19,7 +19,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout: float = 15.0) -> None:
+def wait_for_port(port: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -56,7 +56,7 @@ class RedisServer:
         )
         wait_for_port(self.port)
         client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while True:
             try:
                 client.ping()

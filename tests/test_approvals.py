@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 CALCULATOR_NEEDS_APPROVAL = {"REACTQ_APPROVAL_TOOLS": '["calculator"]'}
 
 
-def wait_status(cluster: Cluster, run_id: str, status: str, timeout: float = 60) -> dict:
+def wait_status(cluster: Cluster, run_id: str, status: str, timeout: float = 120) -> dict:
     shown = cluster.wait_for_status(run_id, lambda s: s == status, f"in status {status!r}", timeout)
     assert shown["status"] == status, shown
     return shown
@@ -98,6 +98,6 @@ def test_an_unanswered_call_expires_and_ends_the_run(cluster: Cluster) -> None:
     cluster.env.update({**CALCULATOR_NEEDS_APPROVAL, "REACTQ_APPROVAL_TIMEOUT_S": "1"})
     cluster.start_worker(queues="steps,sandbox")
     run_id = cluster.reactq("ask", "What is 6 * 7?").stdout.strip()
-    done = wait_status(cluster, run_id, "timeout", timeout=60)
+    done = wait_status(cluster, run_id, "timeout")
     assert "approval of calculator" in done["error"] and "not given within 1 s" in done["error"]
     assert done["approvals"][0]["decision"] == "expired"

@@ -154,7 +154,7 @@ def test_each_role_works_with_its_own_redis_user(cluster_env: dict[str, str], tm
     Redis user; the sandbox worker's user cannot read a run, the exporter's no data, nobody without one."""
     c = Cluster({**cluster_env, "REACTQ_REDIS_URL": acl_redis["api"]}, tmp_path)
     try:
-        key = make_key(c, "acl-tenant", "standard")
+        key = make_key(c, "acl-tenant", "standard", via_cli=True)  # the CLI, with its role's Redis user
         c.start_worker(queues="steps", concurrency=4, REACTQ_REDIS_URL=acl_redis["step-worker"])
         c.start_worker(queues="sandbox", concurrency=2, REACTQ_REDIS_URL=acl_redis["sandbox-worker"])
         api = start_api(c)

@@ -121,8 +121,10 @@ def test_sandbox_worker_killed_mid_execution_leaves_no_container_and_the_run_res
     engine = docker.from_env()
 
     def victims_containers() -> list:
-        return [c for c in engine.containers.list(all=True, filters={"label": "reactq.sandbox=1"})
-                if c.labels.get("reactq.sandbox.owner", "").split("/")[1:2] == [str(victim.pid)]]
+        # the low-level listing: the SDK's containers.list() inspects each container it lists, and the engine
+        # is shared (other workers' and tests' containers come and go), so one could vanish in between (404)
+        return [c for c in engine.api.containers(all=True, filters={"label": "reactq.sandbox=1"})
+                if (c.get("Labels") or {}).get("reactq.sandbox.owner", "").split("/")[1:2] == [str(victim.pid)]]
 
     assert victims_containers(), "the killed worker's containers should be there until someone reaps them"
     cluster.start_worker(queues="sandbox", concurrency=2, **sandbox_env)  # reaps orphans at start-up

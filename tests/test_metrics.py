@@ -55,7 +55,7 @@ def run_batch(cluster: Cluster, tmp_path: Path, lines: list[dict]) -> list[dict]
     return results
 
 
-def wait_for_sample(url: str, name: str, value: float, timeout: float = 20, **labels: str) -> Samples:
+def wait_for_sample(url: str, name: str, value: float, timeout: float = 60, **labels: str) -> Samples:
     """Scrape until `name{labels}` sums to `value`; raise naming the series and its last value."""
     samples: Samples = {}
 

@@ -121,7 +121,7 @@ def test_queries_use_only_exported_metrics_and_the_provisioned_datasource() -> N
                 assert panel["datasource"] == {"type": "prometheus", "uid": uid}, (path.name, panel["title"])
 
 
-def wait_until_up(prom: Prometheus, jobs: list[str], timeout: float = 30) -> None:
+def wait_until_up(prom: Prometheus, jobs: list[str], timeout: float = 90) -> None:
     for job in jobs:
         prom.wait_for(f'up{{job="{job}"}}', lambda v: v == 1, timeout=timeout)
 
@@ -204,5 +204,5 @@ def test_every_promql_expression_evaluates(cluster: Cluster, tmp_path: Path, red
     # The worker-down alert's condition holds once a worker stops answering.
     cluster.kill(sandbox_worker)
     worker_down = rule_expressions()["alert ReactqWorkerDown"]
-    prom.wait_for(f"count({worker_down})", lambda v: v == 1, timeout=20)
+    prom.wait_for(f"count({worker_down})", lambda v: v == 1)
     assert [r["metric"]["job"] for r in prom.query(worker_down)] == ["reactq-sandbox-worker"]

@@ -38,7 +38,7 @@ def test_redis_restart_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_
     own_redis.stop()  # SIGTERM: Redis writes its AOF and exits
     time.sleep(2)
     own_redis.start()  # same port, same data directory
-    _, stderr = batch.communicate(timeout=240)
+    stderr = cluster.finish_batch(batch)
     assert batch.returncode == 0, stderr[-3000:]
     assert_all_answered(out, expected)
 
@@ -59,7 +59,7 @@ def test_redis_killed_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_c
     own_redis.proc.wait(10)
     time.sleep(1)
     own_redis.start()
-    _, stderr = batch.communicate(timeout=240)
+    stderr = cluster.finish_batch(batch)
     assert batch.returncode in (0, 1), stderr[-3000:]
     if batch.returncode == 1:
         assert "vanished from Redis" in stderr

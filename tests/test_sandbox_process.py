@@ -19,6 +19,9 @@ from tools_sandbox.process_backend import ProcessBackend, unshare_unavailable
 from tools_sandbox.service import SandboxService
 
 NAMES = {"bwrap": "process", "unshare": "process-unshare"}
+# `tiny` allows 2 s; the programs below would run for 60 s or forever. A bound well above the deadline
+# tells "killed at the deadline" from "ran to the end" without timing the machine.
+KILLED_BY_THE_DEADLINE_MS = 15_000
 
 
 @pytest.fixture(scope="module", params=["bwrap", "unshare"])
@@ -79,10 +82,10 @@ def test_host_filesystem_hidden_and_read_only(backend, tier) -> None:
 
 def test_cpu_spin_and_sleep_are_stopped(backend, tier) -> None:
     spin = backend.execute("while True: pass", tier)
-    assert spin.timed_out and spin.duration_ms < (tier.wall_time_s + 1) * 1000
+    assert spin.timed_out and spin.duration_ms < KILLED_BY_THE_DEADLINE_MS
     sleep = backend.execute("import time; time.sleep(60)", tier)
     assert sleep.timed_out and sleep.exit_code is None
-    assert sleep.duration_ms < (tier.wall_time_s + 1) * 1000
+    assert sleep.duration_ms < KILLED_BY_THE_DEADLINE_MS
 
 
 def test_memory_bomb_and_output_flood(backend, tier) -> None:
@@ -104,8 +107,7 @@ def test_tmpfs_is_capped_and_private(backend, tier) -> None:
 
 def test_background_process_dies_with_the_call(backend, tier) -> None:
     r = backend.execute("import subprocess; subprocess.Popen(['sleep','300']); print('started')", tier)
-    assert r.stdout == "started\n"
-    assert r.duration_ms < tier.wall_time_s * 1000
+    assert r.stdout == "started\n" and not r.timed_out  # the call did not wait for its child
     out = os.popen("ps -eo user:20,args | grep '[s]leep 300' | grep -c nobody").read().strip()
     assert out == "0"
 
@@ -116,7 +118,7 @@ def test_fork_bomb_is_contained(backend, tier) -> None:
     r = backend.execute(code, tier)
     assert "stopped" in r.stdout, (r.stdout, r.stderr, r.error)
     assert int(r.stdout.split()[-1]) < tier.pids
-    assert r.duration_ms < tier.wall_time_s * 1000
+    assert not r.timed_out  # the call did not wait for the sleeping children
 
 
 def test_privilege_cannot_be_regained(backend, tier) -> None:

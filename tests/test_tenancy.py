@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 TWO_STEPS = "What is 3 + 4 and what is the capital of France?"
 
 
-def wait_finished(client: httpx.Client, run_id: str, timeout: float = 60) -> dict:
+def wait_finished(client: httpx.Client, run_id: str, timeout: float = 120) -> dict:
     """Follow the run's events to `finished`; returns the run with its trace."""
     with client.stream("GET", f"/v1/runs/{run_id}/events", timeout=timeout) as response:
         assert response.status_code == 200, response.read()

@@ -49,7 +49,7 @@ FAST_RETRIES = {"REACTQ_WEBHOOK_ALLOW_PRIVATE": "1", "REACTQ_WEBHOOK_RETRY_BASE_
                 "REACTQ_WEBHOOK_RETRY_MAX_S": "1"}
 
 
-def wait_delivery(cluster: Cluster, state: str, count: int = 1, timeout: float = 60) -> list[dict]:
+def wait_delivery(cluster: Cluster, state: str, count: int = 1, timeout: float = 120) -> list[dict]:
     """The tenant's deliveries once `count` of them are in `state`."""
     client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
     store = WebhookStore(client, keep_s=0)  # read only; polled in-process (a CLI call per poll costs a CPU second)
