@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -114,3 +116,35 @@ def test_threads_share_a_bounded_number_of_clients(stub_base_url: str, stub_cont
     client.close()
     assert client._shards == [None] * 8
     assert client.chat(MESSAGES, model="m").content  # a closed client builds its shard again
+
+
+def test_a_providers_cookies_are_not_sent_back() -> None:
+    """The clients are shared by every run and tenant of a worker: a cookie one reply sets (a load
+    balancer's affinity, say) must not ride along on the next caller's request."""
+    seen: list[str | None] = []
+
+    class Provider(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.headers.get("Cookie"))
+            reply = body({"content": "ok"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Set-Cookie", "affinity=tenant-a; Path=/")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = chat_client(f"http://127.0.0.1:{server.server_port}/v1", max_connections=1)
+        assert [client.chat(MESSAGES, model="m").content for _ in range(2)] == ["ok", "ok"]
+        assert seen == [None, None]
+        client.close()
+    finally:
+        server.shutdown()
+        server.server_close()
