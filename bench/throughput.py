@@ -297,6 +297,7 @@ class Bench:
             res.rss_idle_kb = self.rss_kb(names)
             from celery import Celery
 
+            from worker.broker import transport_for
             from worker.config import Settings
             from worker.core.models import RunSpec
             from worker.names import STEP_TASK, STEPS_QUEUE, step_reprs
@@ -305,11 +306,9 @@ class Bench:
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
             store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
-            from worker.broker import transport_for
-
-            client = Celery("bench_reactq_client", broker=redis_url)  # sends as reactq's own app does:
+            client = Celery("bench_reactq_client", broker=redis_url)
             client.conf.broker_pool_limit = 8
-            client.conf.broker_transport = transport_for(redis_url)  # with its Redis transport
+            client.conf.broker_transport = transport_for(redis_url)  # sends as reactq's own app does
             conn = client.connection_for_write()
             batch_id = new_batch_id()
             rng = random.Random(1234)

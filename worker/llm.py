@@ -38,7 +38,8 @@ POOL_SHARDS = 16  # clients (and connection pools) per process that worker threa
 def _retryable(exc: BaseException) -> bool:
     import openai
 
-    retryable = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)  # + timeouts
+    # APIConnectionError includes APITimeoutError
+    retryable = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
     return isinstance(exc, retryable) or (isinstance(exc, openai.APIStatusError) and exc.status_code == 408)
 
 
@@ -118,6 +119,7 @@ class OpenAIChat:
     def _client(self) -> openai.OpenAI:
         """This thread's shard's client (threads are dealt to shards in turn, once)."""
         import openai
+
         shard = getattr(self._shard_of_thread, "index", None)
         if shard is None:
             shard = self._shard_of_thread.index = next(self._next_shard) % len(self._shards)
@@ -150,6 +152,7 @@ class OpenAIChat:
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply:
         import openai
+
         model = options.get("model", "")
         body = {"messages": messages, **options}
         started = time.monotonic()
@@ -184,6 +187,7 @@ class OpenAIChat:
         ChatCompletion model; we validate the body into our own smaller shape instead (BENCHMARKS.md,
         "A cheaper step")."""
         import openai
+
         t0 = time.monotonic()
         try:
             response = self._client().post("/chat/completions", cast_to=httpx.Response, body=body)
@@ -202,6 +206,7 @@ class OpenAIChat:
 
 def _outcome(exc: BaseException) -> str:
     import openai
+
     if isinstance(exc, openai.APITimeoutError):
         return "timeout"
     if isinstance(exc, openai.APIConnectionError):
@@ -217,6 +222,7 @@ def _describe(exc: BaseException) -> str:
     """Status and type only: a provider's message may echo the prompt, an account or a URL, and this
     text is stored in the run and shown to its tenant."""
     import openai
+
     if isinstance(exc, openai.APIStatusError):
         kind = exc.type if isinstance(getattr(exc, "type", None), str) else exc.__class__.__name__
         return f"HTTP {exc.status_code} ({kind})"
