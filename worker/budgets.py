@@ -68,6 +68,10 @@ def _iso(ts: float) -> str:
 
 
 # --- the run's own budget (pure) -----------------------------------------------------------------
+def _limited(budgets: Budgets) -> bool:
+    return any((budgets.tokens_per_day, budgets.usd_per_day, budgets.tokens_per_month, budgets.usd_per_month))
+
+
 def estimate_prompt_tokens(messages: list[dict[str, Any]], options: dict[str, Any]) -> int:
     text = json.dumps(messages, ensure_ascii=False) + json.dumps(options.get("tools") or [], ensure_ascii=False)
     return int(len(text) / _CHARS_PER_TOKEN) + 8 * len(messages) + 16
@@ -177,6 +181,8 @@ class TenantBudgets:
         """The first spent budget (429 on submit), or None. A token budget with less left than the
         smallest useful call (`MIN_CALL_TOKENS`) counts as spent: a run submitted then could not
         make its first call."""
+        if not _limited(budgets):
+            return None  # no budget to be over: no need to read the spend
         now = now or time.time()
         day, month = self.spend(tenant, now)
         for budget, used, limit in (("tokens_per_day", day.tokens, budgets.tokens_per_day),
@@ -190,7 +196,7 @@ class TenantBudgets:
     def reserve(self, tenant: str, budgets: Budgets, tokens: int, usd: float, now: float) -> Spend:
         """Reserve a call's worst case (BudgetExceeded if a budget has no room); returns what was
         reserved: nothing for a tenant without budgets (its spend is still counted when settled)."""
-        if not any((budgets.tokens_per_day, budgets.usd_per_day, budgets.tokens_per_month, budgets.usd_per_month)):
+        if not _limited(budgets):
             return Spend(0, 0.0)
         day, month = periods(now)
         result = self._reserve(
