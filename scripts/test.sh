@@ -44,5 +44,6 @@ export REACTQ_REQUIRE_DOCKER=1
 # Several pytest-xdist workers: most tests wait on subprocesses, Redis, Docker and HTTP, not on the CPU.
 # Each worker has its own redis-server, stub and ports; a module sharing a module-scoped fixture stays on one
 # worker, and the slowest modules are handed out first (tests/conftest.py). REACTQ_TEST_WORKERS=0 runs
-# everything in this one process.
-python3 -m pytest -q -p no:cacheprovider -n "${REACTQ_TEST_WORKERS:-3}" --dist loadgroup "$@"
+# everything in this one process. The 20 slowest tests are listed at the end: a run that took much longer
+# than usual says where its time went.
+python3 -m pytest -q -p no:cacheprovider -n "${REACTQ_TEST_WORKERS:-3}" --dist loadgroup --durations=20 "$@"
