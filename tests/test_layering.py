@@ -69,7 +69,7 @@ def test_services_do_not_import_each_other(package: str, forbidden: set[str]) ->
 RUNTIME = {"runner", "tasks", "celery_app", "runtime", "store", "store_cas", "store_cluster", "leases", "llm",
            "sandbox_bridge", "reaper", "metrics", "logs", "names", "keys", "config", "errors", "budgets", "plans",
            "tenants", "approvals", "finish_hooks", "webhooks", "webhook_tasks", "retention", "submit", "display",
-           "admission", "ratelimit", "routing", "fairness", "drain", "broker"}
+           "admission", "ratelimit", "routing", "fairness", "drain", "broker", "llm_http"}
 
 
 @pytest.mark.parametrize("name", sorted(RUNTIME))

@@ -8,12 +8,15 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpcore
+import httpx
 import pytest
 
 from tests.fixtures_stub import StubControl
 from worker.core.models import ToolCall, Usage
 from worker.errors import LLMError
 from worker.llm import OpenAIChat, parse_completion
+from worker.llm_http import LLMHTTPClient, _Connection
 
 
 def body(message: dict, **extra: object) -> str:
@@ -100,19 +103,16 @@ def test_a_429_reports_its_retry_after_to_the_shared_cool_down(stub_base_url: st
 
 def test_threads_share_a_bounded_number_of_clients(stub_base_url: str, stub_control: StubControl) -> None:
     attempts: list[str] = []
-    client = chat_client(stub_base_url, max_connections=8, timeout_s=20.0,
+    client = chat_client(stub_base_url, max_connections=8, timeout_s=20.0, max_retries=0,
                          on_attempt=lambda model, outcome, seconds: attempts.append(outcome))
     with ThreadPoolExecutor(max_workers=40) as pool:
         replies = list(pool.map(lambda _: client.chat(MESSAGES, model="m"), range(200)))
     assert all(r.content for r in replies)
     built = [c for c in client._shards if c is not None]
     assert len(client._shards) == 8 and 1 <= len(built) <= 8  # min(POOL_SHARDS, max_connections)
-    # Every call the stub answered is one the client made: 200 that succeeded, and rarely one more, a
-    # request the client gave up on after its timeout (NOTES.md: a rare hang of one call under 40
-    # threads, not understood yet) and made again.
-    assert attempts.count("ok") == 200 and set(attempts) <= {"ok", "timeout"}
-    served = stub_control.stats()["by_status"]
-    assert served.get("200", 0) >= 200 and sum(served.values()) <= len(attempts)
+    # One attempt per call: none failed with EBADF or waited out its timeout (worker/llm_http.py).
+    assert attempts == ["ok"] * 200
+    assert stub_control.stats()["by_status"] == {"200": 200}
     client.close()
     assert client._shards == [None] * 8
     assert client.chat(MESSAGES, model="m").content  # a closed client builds its shard again
@@ -148,3 +148,35 @@ def test_a_providers_cookies_are_not_sent_back() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _Inner(httpcore.ConnectionInterface):
+    """A connection whose own check says expired (its socket is readable) while it is or is not idle."""
+
+    def __init__(self, idle: bool) -> None:
+        self.idle = idle
+
+    def has_expired(self) -> bool:
+        return True
+
+    def is_idle(self) -> bool:
+        return self.idle
+
+
+def test_a_connection_taken_while_the_pool_looked_at_it_is_not_expired() -> None:
+    """httpcore's pool checks an idle connection's state, then its socket; a request that took the
+    connection in between, with its reply already waiting, made the socket readable: closing it then
+    failed that request (EBADF) or left it to wait out its timeout."""
+    assert _Connection(_Inner(idle=True)).has_expired()
+    assert not _Connection(_Inner(idle=False)).has_expired()
+
+
+def test_the_pool_hands_out_checked_connections(stub_base_url: str) -> None:
+    client = LLMHTTPClient(httpx.Limits(max_connections=2, max_keepalive_connections=2), timeout=30.0)
+    try:
+        reply = client.post(f"{stub_base_url}/chat/completions", json={"model": "m", "messages": MESSAGES})
+        assert reply.status_code == 200
+        pool = client._transport._pool  # type: ignore[attr-defined]
+        assert pool.connections and all(isinstance(c, _Connection) for c in pool.connections)
+    finally:
+        client.close()

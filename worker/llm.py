@@ -21,6 +21,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from .core.models import LLMReply, ToolCall, Usage
 from .errors import LLMError
+from .llm_http import LLMHTTPClient
 
 if TYPE_CHECKING:
     import openai
@@ -57,26 +58,6 @@ def _retry_after(exc: BaseException | None) -> float | None:
     except ValueError:
         return None
     return None
-
-
-class _NoCookies(httpx.Cookies):
-    """A cookie jar that keeps nothing. httpx parses every response for cookies by building a urllib
-    request from the request's headers, which was ~30% of the CPU of a call through the SDK; and an LLM
-    API needs no cookies, which on clients shared by every run and tenant of a worker would carry one
-    caller's provider state (a load balancer's affinity, say) into another's calls."""
-
-    def extract_cookies(self, response: httpx.Response) -> None:
-        return None
-
-
-class _HTTPClient(httpx.Client):
-    """The openai client's transport: httpx with a jar that keeps no cookies."""
-
-    _no_cookies = _NoCookies()
-
-    @property  # type: ignore[override, misc]  # read-only here: nothing sets it
-    def cookies(self) -> httpx.Cookies:
-        return self._no_cookies
 
 
 class OpenAIChat:
@@ -131,7 +112,7 @@ class OpenAIChat:
                     limits = httpx.Limits(max_connections=self._per_shard, max_keepalive_connections=self._per_shard)
                     client = openai.OpenAI(
                         base_url=self.base_url, api_key=self._api_key, timeout=self._timeout_s, max_retries=0,
-                        http_client=_HTTPClient(limits=limits, timeout=self._timeout_s),
+                        http_client=LLMHTTPClient(limits, self._timeout_s),
                     )
                     self._shards[shard] = client
         return client
