@@ -20,6 +20,7 @@ import redis
 from tests.fixtures_services import free_port
 from worker import keys
 from worker.config import Settings
+from worker.core.models import Run
 from worker.display import run_json
 from worker.store import RunStore
 
@@ -132,13 +133,16 @@ class Cluster:
                 del os.environ[name]
             os.environ.update(saved)
 
-    def run_status(self, run_id: str) -> str | None:
-        """The run's status as its record in Redis holds it (read in-process: cheap enough to poll)."""
+    def load_run(self, run_id: str) -> Run | None:
+        """The run's record as Redis holds it (read in-process: cheap enough to poll)."""
         client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
         try:
-            run = RunStore(client).load_run(run_id)
+            return RunStore(client).load_run(run_id)
         finally:
             client.close()
+
+    def run_status(self, run_id: str) -> str | None:
+        run = self.load_run(run_id)
         return None if run is None else run.status.value
 
     def wait_for_status(self, run_id: str, wanted: Callable[[str | None], bool], what: str,
@@ -153,11 +157,7 @@ class Cluster:
             return wanted(last[0])
 
         wait_until(reached, f"run {run_id} {what}", timeout, lambda: f"last status {last[0]}")
-        client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
-        try:
-            run = RunStore(client).load_run(run_id)
-        finally:
-            client.close()
+        run = self.load_run(run_id)
         assert run is not None, f"run {run_id} vanished"
         return json.loads(json.dumps(run_json(run)))
 

@@ -31,7 +31,7 @@ from .core.pricing import cost_usd
 from .errors import ReactqError
 from .plans import Budgets
 from .routing import model_chain
-from .store_cas import Command
+from .store_cas import Command, run_commands
 
 MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
 MIN_CALL_TOKENS = 256  # no prompt is smaller: a tenant with fewer tokens left cannot make a call
@@ -68,10 +68,6 @@ def _iso(ts: float) -> str:
 
 
 # --- the run's own budget (pure) -----------------------------------------------------------------
-def _limited(budgets: Budgets) -> bool:
-    return any((budgets.tokens_per_day, budgets.usd_per_day, budgets.tokens_per_month, budgets.usd_per_month))
-
-
 def estimate_prompt_tokens(messages: list[dict[str, Any]], options: dict[str, Any]) -> int:
     text = json.dumps(messages, ensure_ascii=False) + json.dumps(options.get("tools") or [], ensure_ascii=False)
     return int(len(text) / _CHARS_PER_TOKEN) + 8 * len(messages) + 16
@@ -161,6 +157,11 @@ def _resets_at(budget: str, now: float) -> float:
     return next_day(now) if budget.endswith("day") else next_month(now)
 
 
+def _limited(budgets: Budgets) -> bool:
+    """Whether the tenant has any budget at all (0 is no limit)."""
+    return any((budgets.tokens_per_day, budgets.usd_per_day, budgets.tokens_per_month, budgets.usd_per_month))
+
+
 class TenantBudgets:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
@@ -215,11 +216,8 @@ class TenantBudgets:
     def settle(self, tenant: str, reserved: Spend, actual: Spend, reserved_at: float) -> None:
         """Replace a reservation by what the call cost, in the periods it was reserved in (a call
         straddling midnight is charged to the day it started)."""
-        pipe = self.r.pipeline(transaction=False)
-        for command in spend_commands(tenant, Spend(actual.tokens - reserved.tokens, actual.usd - reserved.usd),
-                                      reserved_at):
-            pipe.execute_command(*command)
-        pipe.execute()
+        run_commands(self.r, spend_commands(tenant, Spend(actual.tokens - reserved.tokens,
+                                                          actual.usd - reserved.usd), reserved_at))
 
 
 def spend_commands(tenant: str, spend: Spend, at: float) -> list[Command]:

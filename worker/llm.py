@@ -36,6 +36,7 @@ class LLMClient(Protocol):
 
 POOL_SHARDS = 16  # clients (and connection pools) per process that worker threads share
 
+
 def _retryable(exc: BaseException) -> bool:
     import openai
 

@@ -21,7 +21,7 @@ from . import keys
 from .core.engine import End
 from .core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
 from .errors import StoreUnavailable
-from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args, write_watched
+from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args, run_commands, write_watched
 
 EVENTS_MAXLEN = 2000
 # A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
@@ -629,15 +629,7 @@ class RunStore:
 
     def run_commands(self, commands: list[Command]) -> None:
         """Run these writes in one round trip (no transaction)."""
-        if commands:
-            pipe = self.r.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            pipe.execute()
-
-    def delete_keys(self, names: list[str]) -> None:
-        if names:
-            self.r.delete(*names)
+        run_commands(self.r, commands)
 
     def first_time(self, key: str, ttl_s: int) -> bool:
         """True for the first caller only (a marker that something was done once, e.g. counted)."""

@@ -58,6 +58,15 @@ def cas_args(expected: bytes, new: bytes, lease_token: str | None, commands: lis
     return args
 
 
+def run_commands(client: redis.Redis, commands: list[Command]) -> None:
+    """Run these writes in one round trip (a pipeline, no transaction)."""
+    if commands:
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        pipe.execute()
+
+
 def write_watched(client: redis.Redis, key: str,
                   decide: Callable[[bytes], tuple[T, Callable[[Any], None]] | None]) -> T | None:
     """A read-decide-write of one key in a WATCH/MULTI transaction, again whenever the key changed
