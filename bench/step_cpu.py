@@ -5,7 +5,9 @@
 Starts its own redis-server and `reactq stub` (latency 0) on free ports, then drives N runs of
 "What is A * B + C?" (2 steps each: calculator, final answer) through the real StepRunner, RunStore
 and OpenAIChat, one step at a time in this one thread, with no Celery. Reports this process's CPU
-seconds per step and the Redis round trips per step. `--floor` also measures what the throughput
+seconds per step and the Redis round trips per step, redis-server's own CPU per step, and the
+submission's CPU and round trips per run (each run is submitted into one batch, as bench/throughput.py
+does). `--floor` also measures what the throughput
 floor's task does per step (one HTTP chat call with httpx, JSON decoded), so the difference is the
 CPU a step spends outside the LLM call. Profile with: py-spy record -o prof.svg -- python bench/step_cpu.py
 """
@@ -37,6 +39,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has spent, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait(check, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -60,7 +68,9 @@ def main() -> int:
 
     from tests.harness import Harness
     from worker.config import Settings
+    from worker.core.models import RunSpec
     from worker.core.outcome import Outcome
+    from worker.submit import new_batch_id, submit
 
     workdir = Path(tempfile.mkdtemp(prefix="reactq-stepcpu-"))
     rport, sport = free_port(), free_port()
@@ -86,17 +96,24 @@ def main() -> int:
             host="127.0.0.1", port=rport, max_connections=8, connection_class=Counting)))
         rng = random.Random(7)
 
-        spent = {"cpu": 0.0, "wall": 0.0, "trips": 0}
+        spent = {"cpu": 0.0, "wall": 0.0, "trips": 0, "redis": 0.0, "submit": 0.0, "submit_trips": 0}
+        batch_id = new_batch_id()
+        redis_pid = procs[0].pid
 
         def one_run() -> int:
-            """Submit (not measured), then deliver the run's steps (measured)."""
+            """Submit (measured apart), then deliver the run's steps (measured)."""
             a, b, c = rng.randint(100, 99999), rng.randint(100, 99999), rng.randint(1, 9999)
-            h.submit(f"What is {a} * {b} + {c}?")
+            trips, cpu, redis_cpu = round_trips["n"], time.process_time(), process_cpu(redis_pid)
+            submit(h.store, [RunSpec(question=f"What is {a} * {b} + {c}?")], settings, h.dispatch.next_step,
+                   batch_id=batch_id)
+            spent["submit"] += time.process_time() - cpu
+            spent["submit_trips"] += round_trips["n"] - trips
             trips, cpu, wall = round_trips["n"], time.process_time(), time.perf_counter()
             outcomes = h.drain()
             spent["cpu"] += time.process_time() - cpu
             spent["wall"] += time.perf_counter() - wall
             spent["trips"] += round_trips["n"] - trips
+            spent["redis"] += process_cpu(redis_pid) - redis_cpu
             assert outcomes == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER], outcomes
             return len(outcomes)
 
@@ -104,15 +121,22 @@ def main() -> int:
             one_run()
         # The machine is shared: the CPU a step costs is taken as the lowest of several chunks' averages
         # (other processes can only add to a chunk's CPU time, through caches and frequency).
-        chunks, steps, trips = [], 0, 0
+        chunks, submit_chunks, steps, trips, submit_trips, redis_cpu = [], [], 0, 0, 0, 0.0
         for _ in range(max(1, args.runs // CHUNK)):
-            spent.update(cpu=0.0, wall=0.0, trips=0)
+            spent.update(cpu=0.0, wall=0.0, trips=0, redis=0.0, submit=0.0, submit_trips=0)
             n = sum(one_run() for _ in range(CHUNK))
             chunks.append(spent["cpu"] / n)
-            steps, trips = steps + n, trips + spent["trips"]
+            redis_cpu += spent["redis"]
+            submit_chunks.append(spent["submit"] / CHUNK)
+            steps, trips, submit_trips = steps + n, trips + spent["trips"], submit_trips + spent["submit_trips"]
         cpu = min(chunks)
+        runs = steps // 2
         print(f"reactq: {steps} steps, {1e6 * cpu:.0f} us CPU/step (best chunk; median "
               f"{1e6 * statistics.median(chunks):.0f}), {trips / steps:.1f} Redis round trips/step")
+        print(f"redis-server: {1e6 * redis_cpu / steps:.0f} us CPU/step (all chunks: /proc counts in 10 ms "
+              "ticks; submissions included)")
+        print(f"submit: {1e6 * min(submit_chunks):.0f} us CPU/run (best chunk; median "
+              f"{1e6 * statistics.median(submit_chunks):.0f}), {submit_trips / runs:.1f} Redis round trips/run")
         if args.floor:
             import httpx
 

@@ -34,13 +34,17 @@ class TooLarge(ReactqError):
     """A submission that can never be admitted as it is (more runs than the plan has in flight)."""
 
 
-# KEYS: the minute's counter. ARGV: runs to add, limit. Returns the new count, or -1 if over the limit.
-_PER_MINUTE = """
-local now = tonumber(redis.call('get', KEYS[1]) or '0')
-if now + tonumber(ARGV[1]) > tonumber(ARGV[2]) then return -1 end
-redis.call('incrby', KEYS[1], ARGV[1])
-redis.call('expire', KEYS[1], 120)
-return now + tonumber(ARGV[1])
+OVER_PER_MINUTE, OVER_IN_FLIGHT = -1, -2
+# KEYS: the tenant's in-flight set, the minute's counter. ARGV: runs to add, in-flight limit, per-minute
+# limit. Counts the runs into the minute and returns the minute's new count, unless over a limit.
+_ADMIT = """
+local adding = tonumber(ARGV[1])
+if redis.call('scard', KEYS[1]) + adding > tonumber(ARGV[2]) then return -2 end
+local now = tonumber(redis.call('get', KEYS[2]) or '0')
+if now + adding > tonumber(ARGV[3]) then return -1 end
+redis.call('incrby', KEYS[2], adding)
+redis.call('expire', KEYS[2], 120)
+return now + adding
 """
 
 
@@ -59,14 +63,17 @@ def admit(client: redis.Redis, policy: Policy, count: int, now: float | None = N
         raise TooLarge(f"{count} runs in one submission; plan {policy.plan.name!r} allows "
                        f"{limits.submissions_per_minute} submissions per minute: submit them in smaller parts")
     inflight = keys.tenant_inflight(tenant)
-    if client.scard(inflight) + count > limits.runs_in_flight:
+    script = client.register_script(_ADMIT)  # EVALSHA: the script's text is sent once per server
+    script_keys = [inflight, keys.tenant_submissions(tenant, int(now // 60))]
+    args = [count, limits.runs_in_flight, limits.submissions_per_minute]
+    admitted = script(keys=script_keys, args=args)
+    if admitted == OVER_IN_FLIGHT:
         _forget_expired(client, inflight)
-        if client.scard(inflight) + count > limits.runs_in_flight:
-            raise AdmissionRefused(f"tenant {tenant!r} has {limits.runs_in_flight} runs in flight, the limit "
-                                   f"of plan {policy.plan.name!r}; submit more as they finish", INFLIGHT_RETRY_S)
-    minute = int(now // 60)
-    per_minute = client.register_script(_PER_MINUTE)  # EVALSHA: the script's text is sent once per server
-    if per_minute(keys=[keys.tenant_submissions(tenant, minute)], args=[count, limits.submissions_per_minute]) == -1:
+        admitted = script(keys=script_keys, args=args)
+    if admitted == OVER_IN_FLIGHT:
+        raise AdmissionRefused(f"tenant {tenant!r} has {limits.runs_in_flight} runs in flight, the limit "
+                               f"of plan {policy.plan.name!r}; submit more as they finish", INFLIGHT_RETRY_S)
+    if admitted == OVER_PER_MINUTE:
         raise AdmissionRefused(f"tenant {tenant!r} reached {limits.submissions_per_minute} submissions per "
                                f"minute, the limit of plan {policy.plan.name!r}", int(60 - now % 60) + 1)
 

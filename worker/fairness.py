@@ -51,5 +51,9 @@ def submission_priorities(store: SubmissionCounter, tenant: str, count: int, int
     """Priorities for `count` runs a tenant submits now; counts them into the tenant's recent window."""
     if interactive:
         return [INTERACTIVE] * count
-    before = store.count_submissions(tenant, count, WINDOW_S, now)
-    return [batch_priority(before + i) for i in range(count)]
+    return batch_priorities(store.count_submissions(tenant, count, WINDOW_S, now), count)
+
+
+def batch_priorities(recent: int, count: int) -> list[int]:
+    """Priorities for `count` batch runs of a tenant that submitted `recent` runs in the window before."""
+    return [batch_priority(recent + i) for i in range(count)]

@@ -23,21 +23,22 @@ def webhook_store(rt: Runtime) -> WebhookStore:
     return WebhookStore(rt.redis, rt.settings.retention_s)
 
 
-def queue_webhooks(rt: Runtime, run: Run, send: Send) -> None:
+def queue_webhooks(rt: Runtime, run: Run, send: Send, batch_progress: tuple[int, int] | None = None) -> None:
     store = webhook_store(rt)
     url = run.spec.webhook_url or (None if run.spec.batch_id else store.default_url(run.spec.tenant))
     if url:
         queue_delivery(store, run.spec.tenant, Event.RUN_FINISHED, run.id, url, run_json(run), send)
     if run.spec.batch_id is not None:
-        queue_batch_webhook(rt, run.spec.batch_id, run.spec.tenant, send)
+        queue_batch_webhook(rt, run.spec.batch_id, run.spec.tenant, send, batch_progress)
 
 
-def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Send) -> bool:
+def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Send,
+                        progress: tuple[int, int] | None = None) -> bool:
     """The batch's webhook, once: when its submission is complete and every run has finished. Each of
-    the last runs of a big batch may ask at nearly the same moment: each pays two list lengths (one round
-    trip) and a hash read, one of them wins the one-time marker, and only that one builds the (constant-size) view.
-    Returns whether this call queued it."""
-    finished, size = rt.store.batch_progress(batch_id)
+    the last runs of a big batch may ask at nearly the same moment: each reads the batch's progress
+    (unless its last write returned it: `progress`) and its hash, one of them wins the one-time marker,
+    and only that one builds the (constant-size) view. Returns whether this call queued it."""
+    finished, size = progress or rt.store.batch_progress(batch_id)
     if finished < size:
         return False
     info = rt.store.batch_info(batch_id)
@@ -76,13 +77,16 @@ def trim_finished(rt: Runtime, run: Run, steps: list[Step] | None = None) -> Non
     rt.store.drop_and_compact(run.id, working_keys(rt.store, run, steps))
 
 
-def after_finish(rt: Runtime, run: Run, steps: list[Step] | None = None) -> None:
+def after_finish(rt: Runtime, run: Run, steps: list[Step] | None = None, *, trimmed: bool = False,
+                 batch_progress: tuple[int, int] | None = None) -> None:
     try:
         from .webhook_tasks import send_delivery
 
-        queue_webhooks(rt, run, send_delivery)
+        queue_webhooks(rt, run, send_delivery, batch_progress)
     except Exception:  # a webhook never affects the run
         log.exception("could not queue the webhooks of a finished run", extra={"run_id": run.id})
+    if trimmed:
+        return
     try:
         trim_finished(rt, run, steps)
     except Exception:  # the keys expire anyway

@@ -25,6 +25,7 @@ from .core.pricing import cost_usd
 from .errors import LLMError, ToolError
 from .finish_hooks import after_finish
 from .names import STEP_TASK, STEPS_QUEUE
+from .retention import working_keys
 from .runtime import Runtime
 from .sandbox_bridge import observation_from_sandbox
 from .store_cas import Command, Snapshot
@@ -143,16 +144,21 @@ class StepRunner:
              spend: list[Command]) -> StepOutcome:
         """Run the step's tool calls (or send its sandboxed ones) and record the step once all answered.
 
-        Acting has effects outside the run record: the reply is stored first, so that a redelivery acts
-        on the same calls. (A reply that is recorded without acting is stored by the commit itself.)"""
+        When acting has effects outside the run record (a tool with effects, a sandbox run, a person
+        asked), the reply is stored first, so that a redelivery acts on the same calls. Calls to
+        idempotent inline tools only are like a final answer: a redelivery may ask the model again,
+        and the reply is recorded with the step by the commit."""
         run, ttl = snap.run, self.rt.settings.tool_cache_ttl_s
-        cacheable = [p for p in act.planned if p.idempotent and not p.sandboxed and ttl > 0
+        cacheable = [p for p in act.planned if p.cached and not p.sandboxed and ttl > 0
                      and p.call.id not in d.stored_results]
-        ours, cached = self.store.prepare_act(run.id, d.index, None if d.stored_reply else reply,
-                                              [(p.tool, p.arguments) for p in cacheable], also=spend)
-        if not ours:
-            return FENCED  # another delivery, whose lease outlived ours, stored its reply first
-        from_cache = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}
+        store_reply = d.stored_reply is None and self._acts_outside(run, act)
+        from_cache: dict[str, str | None] = {}
+        if store_reply or cacheable:
+            ours, cached = self.store.prepare_act(run.id, d.index, reply if store_reply else None,
+                                                  [(p.tool, p.arguments) for p in cacheable], also=spend)
+            if not ours:
+                return FENCED  # another delivery, whose lease outlived ours, stored its reply first
+            from_cache, spend = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}, []
         executed = self._execute(run, d, act, step.tool_calls, from_cache)
         if executed is Waiting.APPROVAL:
             return AWAITING_APPROVAL  # a person's decision re-enqueues this step
@@ -161,7 +167,14 @@ class StepRunner:
             return WAITING
         step.observations, fresh = executed
         step.tools_ms = sum(o.duration_ms for o in step.observations)
-        return self._commit(snap, d, step, Outcome.TOOL_CALLS, also=self.store.cache_commands(fresh, ttl))
+        return self._commit(snap, d, step, Outcome.TOOL_CALLS, also=self.store.cache_commands(fresh, ttl),
+                            spend=spend)
+
+    def _acts_outside(self, run: Run, act: Act) -> bool:
+        """Whether any call has effects beyond the run record: a sandbox run, a tool with effects, or a
+        person asked to approve it."""
+        return any(p.sandboxed or not p.idempotent or approvals.needs_approval(self.rt, run.spec.tenant, p.tool)
+                   for p in act.planned)
 
     # --- the LLM reply ----------------------------------------------------------------------
     def _ask(self, run: Run, steps: list[Step], index: int) -> tuple[LLMReply, list[Command]]:
@@ -225,7 +238,7 @@ class StepRunner:
                 obs = self._run_inline(planned, cached.get(planned.call.id))
                 if not planned.idempotent:
                     obs = self.store.save_tool_result(run.id, d.index, obs)
-                elif obs.outcome == "ok":
+                elif planned.cached and obs.outcome == "ok":
                     fresh.append((planned.tool, planned.arguments, obs.content))
             if obs is not None:
                 by_id[planned.call.id] = obs
@@ -307,8 +320,10 @@ class StepRunner:
             """The run's end once `r` (the stored record, the step's usage added) records the step."""
             return end or engine.after_step(r, step, step.finished_at, limits)
 
+        steps = d.steps + [step]
         committed = self.store.commit_step(snap, step, conclude, invalid=invalid, release_lease=d.token,
-                                           also=(also or []) + (spend or []))
+                                           also=(also or []) + (spend or []),
+                                           trim=lambda: working_keys(self.store, run, steps))
         if committed is None:
             self.store.run_commands(spend or [])  # the call was made and paid for, recorded or not
             return FENCED
@@ -324,7 +339,8 @@ class StepRunner:
         safeguard = committed.end.safeguard if committed.end is not None else ""
         if safeguard:
             metrics.SAFEGUARDS.labels(safeguard).inc()
-        record_finished(committed.run, self.rt, d.steps + [step])
+        record_finished(committed.run, self.rt, steps, trimmed=committed.trimmed,
+                        batch_progress=committed.batch_progress)
         return StepOutcome(outcome, safeguard=safeguard or None)
 
     def _record_cancel(self, run_id: str) -> None:
@@ -344,13 +360,15 @@ class StepRunner:
         return StepOutcome(outcome, safeguard=end.safeguard or None)
 
 
-def record_finished(run: Run, rt: Runtime, steps: list[Step] | None = None) -> None:
-    """Count a finished run and do what follows its end (`steps`: all of its steps, if at hand)."""
+def record_finished(run: Run, rt: Runtime, steps: list[Step] | None = None, *, trimmed: bool = False,
+                    batch_progress: tuple[int, int] | None = None) -> None:
+    """Count a finished run and do what follows its end (`steps`: all of its steps, if at hand;
+    `trimmed`: its working keys went with its last write; `batch_progress`: its batch's, if read)."""
     metrics.RUNS_TOTAL.labels(run.status.value).inc()
     metrics.RUN_TURNS.labels(run.status.value).observe(run.current_step)
     metrics.RUN_DURATION.labels(run.status.value).observe(max(0.0, (run.finished_at or time.time()) - run.created_at))
     log.info("run finished", extra={"run_id": run.id, "status": run.status.value, "steps": run.current_step})
-    after_finish(rt, run, steps)
+    after_finish(rt, run, steps, trimmed=trimmed, batch_progress=batch_progress)
 
 
 def _tool_label(name: str, rt: Runtime) -> str:

@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,7 +21,18 @@ from . import keys
 from .core.engine import End
 from .core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
 from .errors import StoreUnavailable
-from .store_cas import CAS_SCRIPT, RELEASE_LEASE, Command, Snapshot, cas_args, run_commands, write_watched
+from .store_cas import (
+    CAS_SCRIPT,
+    COMPACT_SCRIPT,
+    RELEASE_LEASE,
+    Command,
+    QueueWrites,
+    Snapshot,
+    Written,
+    cas_args,
+    run_commands,
+    write_watched,
+)
 
 EVENTS_MAXLEN = 2000
 # A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
@@ -34,29 +45,6 @@ _RENEW_LEASE = (
 _STEPS = TypeAdapter(list[Step])
 
 
-# KEYS: the events stream, the compacted string, then any keys to delete with it.
-_COMPACT_EVENTS = """
-if #KEYS > 2 then redis.call('DEL', unpack(KEYS, 3)) end
-local ttl = redis.call('PTTL', KEYS[1])
-local entries = redis.call('XRANGE', KEYS[1], '-', '+')
-if #entries == 0 then return 0 end
-local out = {}
-for _, entry in ipairs(entries) do
-  local fields, kind, data = entry[2], nil, nil
-  for i = 1, #fields, 2 do
-    if fields[i] == 'type' then kind = fields[i + 1] elseif fields[i] == 'data' then data = fields[i + 1] end
-  end
-  if kind == 'step' and data then
-    table.insert(out, {entry[1], kind, cjson.decode(data)['index']})
-  else
-    table.insert(out, {entry[1], kind, data or '{}'})
-  end
-end
-redis.call('SET', KEYS[2], cjson.encode(out))
-if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
-redis.call('DEL', KEYS[1])
-return #entries
-"""
 
 
 def connect(url: str, max_connections: int = 64) -> redis.Redis:
@@ -99,6 +87,9 @@ def ping_quickly(url: str, timeout_s: float = QUICK_TIMEOUT_S) -> None:
         client.close()
 
 
+Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
+
+
 @dataclass(frozen=True)
 class Loaded:
     """What one delivery of step `index` reads, in one round trip, as it tries to take the run's lease.
@@ -117,10 +108,14 @@ class Loaded:
 
 @dataclass(frozen=True)
 class Committed:
-    """A recorded step: the run record as stored, and how the step ended the run (None: it goes on)."""
+    """A recorded step: the run record as stored, and how the step ended the run (None: it goes on).
+    When it ended the run: whether the run's working keys went and its events were compacted with it,
+    and, for a run of a batch, the batch's (finished runs, runs) as the step left them."""
 
     run: Run
     end: End | None
+    trimmed: bool = False
+    batch_progress: tuple[int, int] | None = None
 
 
 def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool) -> None:
@@ -146,10 +141,13 @@ class RunStore:
         self.retention = retention_s  # a finished run's record, steps and events
         self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
         self._cas = client.register_script(CAS_SCRIPT)
-        self._compact = client.register_script(_COMPACT_EVENTS)
+        self._compact = client.register_script(COMPACT_SCRIPT)
 
     # --- run records -------------------------------------------------------------------------
-    def create_runs(self, runs: Iterable[Run], batch_id: str | None = None) -> None:
+    def create_runs(self, runs: list[Run], batch_id: str | None = None,
+                    count_window_s: int | None = None) -> dict[str, int]:
+        """Record new runs. With `count_window_s`, count them into their tenants' recent submissions in
+        the same round trip (count_submissions), and return each tenant's count before them."""
         pipe = self.r.pipeline(transaction=False)
         now = time.time()
         for run in runs:
@@ -163,7 +161,16 @@ class RunStore:
                 pipe.rpush(keys.batch_runs(batch_id), run.id)
         if batch_id:
             self._refresh_batch(pipe, batch_id)
-        pipe.execute()
+        counts: dict[str, int] = {}
+        if count_window_s is not None:
+            for run in runs:
+                counts[run.spec.tenant] = counts.get(run.spec.tenant, 0) + 1
+            for tenant, count in counts.items():
+                _queue_count(pipe, tenant, count, count_window_s, now)
+        replies = pipe.execute()
+        tail = len(replies) - COUNT_COMMANDS * len(counts)
+        return {tenant: _counted_before(replies[tail + COUNT_COMMANDS * i:tail + COUNT_COMMANDS * (i + 1)], count)
+                for i, (tenant, count) in enumerate(counts.items())}
 
     def _refresh_batch(self, pipe: Any, batch_id: str) -> None:
         for key in _batch_keys(batch_id):
@@ -207,10 +214,9 @@ class RunStore:
             self.r.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
 
     def drop_and_compact(self, run_id: str, names: list[str]) -> None:
-        """Delete these keys of a finished run, and compact its event stream into one small JSON string
-        (same entry ids, same TTL) whose `step` events point at the step list instead of repeating each
-        step's text (a stream costs ~4 KB however few its entries); in one round trip (one script: a
-        pipeline holding a script would first ask the server whether it knows the script)."""
+        """Delete these keys of a finished run, and compact its event stream (store_cas.COMPACT_FUNCTION),
+        in one round trip (one script: a pipeline holding a script would first ask the server whether
+        it knows the script)."""
         self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id), *names])
 
     def load_steps(self, run_id: str) -> list[Step]:
@@ -235,56 +241,79 @@ class RunStore:
         """Apply `mutate` to the run record atomically, with the commands `extra` returns for the new
         record; release the lease held with `release_lease` in the same transaction. With `expect`
         (the record as this process last saw it) that is one round trip unless the record changed."""
+        written = self._write(run_id, mutate, extra, expect=expect, release_lease=release_lease)
+        return written.snapshot if written is not None else None
+
+    def _write(
+        self, run_id: str, mutate: Callable[[Run], bool], extra: Callable[[Run], list[Command]] | None = None, *,
+        expect: Snapshot | None = None, release_lease: str | None = None, trim: Trim | None = None,
+    ) -> Written | None:
+        """write_run, with each command's reply. `trim` gives the run's working keys, dropped (and its
+        events compacted) in the same transaction if this write finishes the run."""
         if expect is not None:
             run = expect.run.model_copy()  # mutate sets top-level fields only: a shallow copy suffices
             if not mutate(run):
                 return None  # the record only moves forward: a fence that says no on our copy says no
             run.updated_at = time.time()
             raw = run.model_dump_json().encode()
-            commands = self._commands(run, expect.run.status.finished, extra)
-            lease_key = keys.lease(run_id)
-            if self._cas(keys=[keys.run(run_id), lease_key], args=cas_args(expect.raw, raw, release_lease, commands)):
-                return Snapshot(run, raw)
-        return self._write_watched(run_id, mutate, extra, release_lease)
+            commands, compact = self._commands(run, expect.run.status.finished, extra, trim)
+            script_keys = [keys.run(run_id), keys.lease(run_id)]
+            if compact:
+                script_keys += [keys.events(run_id), keys.events_compacted(run_id)]
+            replies = self._cas(keys=script_keys, args=cas_args(expect.raw, raw, release_lease, commands))
+            if replies != 0:
+                return Written(Snapshot(run, raw), commands, replies)
+        return self._write_watched(run_id, mutate, extra, release_lease, trim)
 
     def _write_watched(
         self, run_id: str, mutate: Callable[[Run], bool], extra: Callable[[Run], list[Command]] | None,
-        release_lease: str | None,
-    ) -> Snapshot | None:
+        release_lease: str | None, trim: Trim | None,
+    ) -> Written | None:
         key = keys.run(run_id)
 
-        def decide(stored: bytes) -> tuple[Snapshot, Callable[[Any], None]] | None:
+        def decide(stored: bytes) -> tuple[Written, QueueWrites] | None:
             run = Run.model_validate_json(stored)
             was_finished = run.status.finished
             if not mutate(run):
                 return None
             run.updated_at = time.time()
             raw = run.model_dump_json().encode()
+            commands, compact = self._commands(run, was_finished, extra, trim)
+            replies: list[Any] = []
 
-            def writes(pipe: Any) -> None:
+            def writes(pipe: Any) -> Callable[[list[Any]], None]:
                 pipe.set(key, raw, keepttl=True)
                 if release_lease:
                     pipe.eval(RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
-                for command in self._commands(run, was_finished, extra):
+                for command in commands:
                     pipe.execute_command(*command)
+                if compact:
+                    pipe.eval(COMPACT_SCRIPT, 2, keys.events(run_id), keys.events_compacted(run_id))
+                first = 1 + bool(release_lease)
+                return lambda results: replies.extend(results[first:first + len(commands)])
 
-            return Snapshot(run, raw), writes
+            return Written(Snapshot(run, raw), commands, replies), writes
 
         return write_watched(self.r, key, decide)
 
-    def _commands(self, run: Run, was_finished: bool, extra: Callable[[Run], list[Command]] | None) -> list[Command]:
+    def _commands(self, run: Run, was_finished: bool, extra: Callable[[Run], list[Command]] | None,
+                  trim: Trim | None = None) -> tuple[list[Command], bool]:
         """The writes that go with a new run record: `extra`'s, then the active set and the end of a run,
-        and the expiry of every key the run (and its batch) keeps: refreshed while it moves."""
+        and the expiry of every key the run keeps: refreshed while it moves. (Its batch's keys get theirs
+        as its runs are submitted and as they finish: the batch outlives them.) And whether the run's
+        events are to be compacted after them: a write that finishes the run, given its working keys."""
         commands = extra(run) if extra is not None else []
+        compact = False
         if run.status.finished and not was_finished:
             commands += self._on_finished(run)
+            if trim is not None:
+                commands.append(("DEL", *trim()))
+                compact = True
         elif not run.status.finished:
             commands.append(("ZADD", keys.ACTIVE_RUNS, run.updated_at, run.id))
             commands += [("EXPIRE", key, self.ttl) for key in (keys.run(run.id), keys.steps(run.id),
                                                                  keys.events(run.id))]
-        if run.spec.batch_id:
-            commands += [("EXPIRE", key, self.batch_ttl) for key in _batch_keys(run.spec.batch_id)]
-        return commands
+        return commands, compact
 
     def _on_finished(self, run: Run) -> list[Command]:
         finished = json.dumps({"status": run.status.value, "answer": run.answer})
@@ -296,18 +325,21 @@ class RunStore:
         ]
         commands += [("EXPIRE", key, self.retention)
                      for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
-        if run.spec.batch_id:
+        if run.spec.batch_id:  # the RPUSH and LLEN replies are the batch's progress (finished runs, runs)
             commands += [("RPUSH", keys.batch_done(run.spec.batch_id), run.id),
+                         ("LLEN", keys.batch_runs(run.spec.batch_id)),
                          ("HINCRBY", keys.batch(run.spec.batch_id), keys.BATCH_STATUS_FIELD + run.status.value, 1)]
+            commands += [("EXPIRE", key, self.batch_ttl) for key in _batch_keys(run.spec.batch_id)]
         return commands
 
     def commit_step(
         self, snapshot: Snapshot, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool = False,
-        release_lease: str | None = None, also: list[Command] | None = None,
+        release_lease: str | None = None, also: list[Command] | None = None, trim: Trim | None = None,
     ) -> Committed | None:
         """Record step `step.index` and advance the run, only if the run is still at that step.
         `conclude` (pure) says whether the advanced record ends the run, and how. The lease held with
-        `release_lease` is let go, and the `also` writes are made, in the same transaction."""
+        `release_lease` is let go, and the `also` writes are made, in the same transaction; and if the
+        step ends the run, its working keys `trim` are dropped and its events compacted."""
         run_id = snapshot.run.id
 
         def mutate(run: Run) -> bool:
@@ -321,8 +353,18 @@ class RunStore:
             return [("RPUSH", keys.steps(run_id), data), event_command(run_id, "step", data),
                     *self._count_usage(run, step.usage, step.cost_usd), *(also or [])]
 
-        written = self.write_run(run_id, mutate, extra, expect=snapshot, release_lease=release_lease)
-        return None if written is None else Committed(written.run, conclude(written.run))
+        written = self._write(run_id, mutate, extra, expect=snapshot, release_lease=release_lease, trim=trim)
+        if written is None:
+            return None
+        run = written.snapshot.run
+        end = conclude(run)
+        if not run.status.finished:
+            return Committed(run, end)
+        progress = None
+        if run.spec.batch_id is not None:
+            finished = written.reply_to("RPUSH", keys.batch_done(run.spec.batch_id))
+            progress = int(finished), int(written.reply_to("LLEN", keys.batch_runs(run.spec.batch_id)))
+        return Committed(run, end, trimmed=trim is not None, batch_progress=progress)
 
     def _count_usage(self, run: Run, usage: Usage, cost: float) -> list[Command]:
         targets = [keys.tenant_usage(run.spec.tenant)]
@@ -603,15 +645,9 @@ class RunStore:
     def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
         """Add `count` to the tenant's submissions of this minute; return its total over the last
         `window_s` before them (one-minute buckets that expire; worker/fairness.py)."""
-        minute = int((now or time.time()) // 60)
-        buckets = [keys.tenant_submitted(tenant, minute - i) for i in range(max(1, window_s // 60))]
         pipe = self.r.pipeline(transaction=False)
-        pipe.incrby(buckets[0], count)
-        pipe.expire(buckets[0], window_s + 60)
-        for bucket in buckets[1:]:
-            pipe.get(bucket)
-        total_now, _, *older = pipe.execute()
-        return int(total_now) - count + sum(int(v) for v in older if v)
+        _queue_count(pipe, tenant, count, window_s, now)
+        return _counted_before(pipe.execute(), count)
 
     def suspect_again(self, run_id: str, step: int, ttl_s: int) -> bool:
         """Record that the reaper found no message for this step; True if it had already found none."""
@@ -650,6 +686,24 @@ def _still_held(raw: bytes, taken_at: float | None, lost_before: float) -> bool:
         return datetime.fromisoformat(eta.group(1).decode()).timestamp() >= lost_before
     except ValueError:
         return True  # an ETA we cannot read: leave the message to the broker
+
+
+COUNT_COMMANDS = 3  # what _queue_count puts on a pipeline
+
+
+def _queue_count(pipe: Any, tenant: str, count: int, window_s: int, now: float | None) -> None:
+    """Add `count` to the tenant's one-minute submission bucket, and read the window's older buckets."""
+    minute = int((now or time.time()) // 60)
+    buckets = [keys.tenant_submitted(tenant, minute - i) for i in range(max(2, window_s // 60))]
+    pipe.incrby(buckets[0], count)
+    pipe.expire(buckets[0], window_s + 60)
+    pipe.mget(buckets[1:])
+
+
+def _counted_before(replies: list[Any], count: int) -> int:
+    """The tenant's submissions in the window before these `count`, from _queue_count's replies."""
+    total_now, _, older = replies
+    return int(total_now) - count + sum(int(v) for v in older if v)
 
 
 def _batch_keys(batch_id: str) -> tuple[str, ...]:

@@ -21,19 +21,56 @@ T = TypeVar("T")
 
 Command = tuple[Any, ...]  # one Redis command and its arguments, e.g. ("RPUSH", key, value)
 
-# KEYS: run record, lease. ARGV: expected bytes, new bytes, lease token ("" = keep the lease), then
-# each command as its argument count followed by its arguments.
-CAS_SCRIPT = """
+# A finished run's event stream compacted into one small JSON string (same entry ids, same TTL) whose
+# `step` events point at the step list instead of repeating each step's text (a stream costs ~4 KB
+# however few its entries).
+COMPACT_FUNCTION = """
+local function compact(stream, compacted)
+  local ttl = redis.call('PTTL', stream)
+  local entries = redis.call('XRANGE', stream, '-', '+')
+  if #entries == 0 then return 0 end
+  local out = {}
+  for _, entry in ipairs(entries) do
+    local fields, kind, data = entry[2], nil, nil
+    for i = 1, #fields, 2 do
+      if fields[i] == 'type' then kind = fields[i + 1] elseif fields[i] == 'data' then data = fields[i + 1] end
+    end
+    if kind == 'step' and data then
+      table.insert(out, {entry[1], kind, cjson.decode(data)['index']})
+    else
+      table.insert(out, {entry[1], kind, data or '{}'})
+    end
+  end
+  redis.call('SET', compacted, cjson.encode(out))
+  if ttl > 0 then redis.call('PEXPIRE', compacted, ttl) end
+  redis.call('DEL', stream)
+  return #entries
+end
+"""
+
+# KEYS: the events stream, the compacted string, then any keys to delete first.
+COMPACT_SCRIPT = COMPACT_FUNCTION + """
+if #KEYS > 2 then redis.call('DEL', unpack(KEYS, 3)) end
+return compact(KEYS[1], KEYS[2])
+"""
+
+# KEYS: run record, lease, and (a write that finishes the run) its events stream and compacted events,
+# compacted after the commands. ARGV: expected bytes, new bytes, lease token ("" = keep the lease), then
+# each command as its argument count followed by its arguments. Returns 0 if the record was not the
+# expected bytes, else each command's reply.
+CAS_SCRIPT = COMPACT_FUNCTION + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+local replies = {}
 local i = 4
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
-  redis.call(unpack(ARGV, i + 1, i + n))
+  replies[#replies + 1] = redis.call(unpack(ARGV, i + 1, i + n))
   i = i + n + 1
 end
-return 1
+if #KEYS == 4 then compact(KEYS[3], KEYS[4]) end
+return replies
 """
 
 RELEASE_LEASE = (
@@ -48,6 +85,22 @@ class Snapshot:
 
     run: Run
     raw: bytes
+
+
+@dataclass(frozen=True)
+class Written:
+    """A run record as written, and the commands written with it and their replies, in order."""
+
+    snapshot: Snapshot
+    commands: list[Command]
+    replies: list[Any]
+
+    def reply_to(self, name: str, key: str) -> Any:
+        """The reply to the first command `name` on `key` (None if there was none)."""
+        for command, reply in zip(self.commands, self.replies, strict=True):
+            if command[0] == name and command[1] == key:
+                return reply
+        return None
 
 
 def cas_args(expected: bytes, new: bytes, lease_token: str | None, commands: list[Command]) -> list[Any]:
@@ -67,12 +120,14 @@ def run_commands(client: redis.Redis, commands: list[Command]) -> None:
         pipe.execute()
 
 
-def write_watched(client: redis.Redis, key: str,
-                  decide: Callable[[bytes], tuple[T, Callable[[Any], None]] | None]) -> T | None:
+QueueWrites = Callable[[Any], Callable[[list[Any]], None] | None]
+
+
+def write_watched(client: redis.Redis, key: str, decide: Callable[[bytes], tuple[T, QueueWrites] | None]) -> T | None:
     """A read-decide-write of one key in a WATCH/MULTI transaction, again whenever the key changed
     meanwhile. `decide` gets the stored bytes and returns what to give back and a function that queues
-    the writes on the transaction, or None to write nothing. None if the key is missing or nothing
-    was written."""
+    the writes on the transaction (and may return one that takes the transaction's replies), or None
+    to write nothing. None if the key is missing or nothing was written."""
     with client.pipeline() as pipe:
         while True:
             try:
@@ -84,8 +139,10 @@ def write_watched(client: redis.Redis, key: str,
                     return None
                 result, queue_writes = decided
                 pipe.multi()
-                queue_writes(pipe)
-                pipe.execute()
+                on_replies = queue_writes(pipe)
+                replies = pipe.execute()
+                if on_replies is not None:
+                    on_replies(replies)
                 return result
             except redis.WatchError:
                 continue

@@ -12,7 +12,7 @@ from .admission import admit
 from .config import Settings
 from .core.models import Run, RunSpec, RunStatus
 from .errors import InvalidRequest
-from .fairness import submission_priorities
+from .fairness import INTERACTIVE, WINDOW_S, batch_priorities
 from .store import RunStore
 from .tenants import Policy, Tenants
 from .webhooks import validate_url
@@ -126,12 +126,12 @@ def submit(
         for tenant, policy in policies.items():
             admit(store.r, policy, sum(1 for s in specs if s.tenant == tenant))
     runs = [new_run(spec.model_copy(update={"batch_id": batch_id}), settings) for spec in specs]
-    store.create_runs(runs, batch_id)
+    recent = store.create_runs(runs, batch_id, count_window_s=None if interactive else WINDOW_S)
     by_tenant: dict[str, list[Run]] = {}
     for run in runs:
         by_tenant.setdefault(run.spec.tenant, []).append(run)
     for tenant, group in by_tenant.items():
-        priorities = submission_priorities(store, tenant, len(group), interactive)
+        priorities = [INTERACTIVE] * len(group) if interactive else batch_priorities(recent[tenant], len(group))
         for run, priority in zip(group, priorities, strict=True):
             send_step(run.id, 0, priority=priority)
     return runs

@@ -270,7 +270,11 @@ class WebhookStore:
                 return None
             delivery.attempts = (delivery.attempts + [attempt])[-MAX_ATTEMPTS_KEPT:]
             delivery.state = state
-            return delivery, lambda pipe: pipe.set(key, delivery.model_dump_json(), keepttl=True)
+
+            def write(pipe: Any) -> None:
+                pipe.set(key, delivery.model_dump_json(), keepttl=True)
+
+            return delivery, write
 
         return write_watched(self.r, key, decide)
 

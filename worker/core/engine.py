@@ -31,6 +31,9 @@ class ToolLike(Protocol):
     @property
     def idempotent(self) -> bool: ...
 
+    @property
+    def cached(self) -> bool: ...
+
     def validate(self, arguments: dict[str, Any] | str) -> BaseModel: ...
 
 
@@ -64,6 +67,7 @@ class PlannedCall:
     sandboxed: bool
     idempotent: bool
     hint: str | None = None  # appended to the observation (the call repeats an earlier one)
+    cached: bool = False  # its result may come from (and goes to) the cross-run tool cache
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,7 @@ def decide(
                 "one more repetition ends the run."
             )
         planned.append(
-            PlannedCall(call, tool.name, args.model_dump(), tool.sandboxed, tool.idempotent, hint)
+            PlannedCall(call, tool.name, args.model_dump(), tool.sandboxed, tool.idempotent, hint, tool.cached)
         )
     return Act(planned, rejected)
 

@@ -26,7 +26,9 @@ class PythonArgs(BaseModel):
     code: str = Field(min_length=1, max_length=50_000, description="Python 3 code; print() the result")
 
 
-@tool("calculator", CalculatorArgs, "Evaluate arithmetic and math functions exactly.", idempotent=True)
+# Not cached: evaluating takes microseconds, less than the cache's Redis lookup and write would.
+@tool("calculator", CalculatorArgs, "Evaluate arithmetic and math functions exactly.", idempotent=True,
+      cached=False)
 def calculator(args: CalculatorArgs) -> str:
     return calc.format_number(calc.evaluate(args.expression))
 

@@ -23,8 +23,9 @@ class Tool:
     description: str
     func: Callable[[Any], str] | None = None
     sandboxed: bool = False  # runs on the reactq.sandbox queue, not inside the step
-    idempotent: bool = False  # results may be cached by (tool, arguments)
+    idempotent: bool = False  # no effects: a call may run again, and its result is recorded with the step
     requires_approval: bool = False  # each call waits for a person (`reactq approve`) before it runs
+    cached: bool = False  # results are shared across runs by (tool, arguments) for REACTQ_TOOL_CACHE_TTL_S
 
     def openai_schema(self) -> dict[str, Any]:
         return _openai_schema(self.name, self.description, self.args_model)
@@ -119,12 +120,15 @@ def tool(
     sandboxed: bool = False,
     idempotent: bool = False,
     requires_approval: bool = False,
+    cached: bool | None = None,
     registry: ToolRegistry = REGISTRY,
 ) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
-    """Decorator: register `func(args: args_model) -> str` as a tool."""
+    """Decorator: register `func(args: args_model) -> str` as a tool. An idempotent tool's results are
+    cached unless `cached=False` (a call cheaper than the cache's Redis lookup, like the calculator)."""
 
     def decorate(func: Callable[[Any], str]) -> Callable[[Any], str]:
-        registry.register(Tool(name, args_model, description, func, sandboxed, idempotent, requires_approval))
+        registry.register(Tool(name, args_model, description, func, sandboxed, idempotent, requires_approval,
+                               cached=idempotent if cached is None else cached and idempotent))
         return func
 
     return decorate
