@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -180,3 +181,17 @@ def test_the_pool_hands_out_checked_connections(stub_base_url: str) -> None:
         assert pool.connections and all(isinstance(c, _Connection) for c in pool.connections)
     finally:
         client.close()
+
+
+def test_the_clients_of_a_process_share_one_tls_context() -> None:
+    """Building a TLS context reads the whole CA bundle; a worker builds a client per shard."""
+    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
+    clients = [LLMHTTPClient(limits, timeout=30.0) for _ in range(2)]
+    try:
+        contexts = {id(c._transport._pool._ssl_context) for c in clients}  # type: ignore[attr-defined]
+        assert len(contexts) == 1
+        assert all(c._transport._pool._ssl_context.verify_mode == ssl.CERT_REQUIRED  # type: ignore[attr-defined]
+                   for c in clients)
+    finally:
+        for c in clients:
+            c.close()
