@@ -300,15 +300,19 @@ class Bench:
             from worker.broker import transport_for
             from worker.config import Settings
             from worker.core.models import RunSpec
+            from worker.fairness import PRIORITY_STEPS
             from worker.names import STEP_TASK, STEPS_QUEUE, step_reprs
             from worker.store import RunStore, connect
             from worker.submit import new_batch_id, submit
+            from worker.tenants import Tenants
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
             store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
+            tenants = Tenants(store.r, settings, policy_memo_s=1.0)  # as the API's (Runtime.tenants)
             client = Celery("bench_reactq_client", broker=redis_url)
             client.conf.broker_pool_limit = 8
             client.conf.broker_transport = transport_for(redis_url)  # sends as reactq's own app does
+            client.conf.broker_transport_options = {"priority_steps": PRIORITY_STEPS}  # to the same lists
             conn = client.connection_for_write()
             batch_id = new_batch_id()
             rng = random.Random(1234)
@@ -332,7 +336,7 @@ class Bench:
                 need = in_flight - (state["submitted"] - done)
                 if need > 0:
                     specs = [RunSpec(question=question()) for _ in range(need)]
-                    submit(store, specs, settings, send_step, batch_id=batch_id)
+                    submit(store, specs, settings, send_step, batch_id=batch_id, tenants=tenants)
                     state["submitted"] += need
 
             top_up()

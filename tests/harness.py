@@ -104,7 +104,8 @@ class Harness:
         self.outcomes: list[tuple[str, int, StepOutcome]] = []
 
     def submit(self, question: str, **spec: Any) -> str:
-        [run] = submit(self.store, [RunSpec(question=question, **spec)], self.rt.settings, self.dispatch.next_step)
+        [run] = submit(self.store, [RunSpec(question=question, **spec)], self.rt.settings, self.dispatch.next_step,
+                       tenants=self.rt.tenants)
         return run.id
 
     def deliver(self, run_id: str, index: int) -> StepOutcome:

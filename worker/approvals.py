@@ -25,7 +25,7 @@ from .core.engine import PlannedCall
 from .core.models import Approval, ApprovalDecision, Observation, Run, RunStatus
 from .errors import InvalidRequest
 from .runtime import Runtime
-from .store import RunStore, event_command
+from .store import RunStore, event_command, start_deadline
 from .store_cas import Command
 
 __all__ = ["ApprovalConflict", "Waiting", "decide", "expire_or_defer", "gate", "needs_approval", "request"]
@@ -89,6 +89,7 @@ def request(rt: Runtime, run: Run, index: int, calls: list[PlannedCall]) -> Run 
         added[:] = [Approval(step=index, call_id=c.call.id, tool=c.tool, arguments=c.arguments, requested_at=now,
                              expires_at=now + rt.settings.approval_timeout_s)
                     for c in calls if _find(r, index, c.call.id) is None]
+        start_deadline(r, now)  # a first step waiting for a person: its deadline counts from now
         r.approvals = r.approvals + added
         r.status = RunStatus.AWAITING_APPROVAL
         r.waiting_on = "approval"

@@ -104,7 +104,8 @@ class BatchRunner:
         """Submit, waiting out admission refusals (the tenant's runs in flight, submissions per minute)."""
         while True:
             try:
-                return submit(self.store, chunk, self.settings, self.send_step, batch_id=batch_id)
+                return submit(self.store, chunk, self.settings, self.send_step, batch_id=batch_id,
+                              tenants=self.tenants)
             except AdmissionRefused as exc:
                 if self.on_wait is not None:
                     self.on_wait(exc)

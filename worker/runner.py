@@ -92,10 +92,8 @@ class StepRunner:
         started = time.time()
         if (end := engine.precheck(run, started, limits)) is not None:
             return self._end(run, end, d.index, Outcome.ENDED)
-        if run.status == RunStatus.QUEUED:
-            if (running := self.store.mark_running(snap, d.index)) is None:
-                return FENCED  # cancelled meanwhile
-            snap, run = running, running.run
+        # A queued run becomes running with its first recorded step, in that step's one write (its
+        # deadline counted from when the step began): no write of its own before the model call.
 
         reflecting = prompts.reflection_due(d.steps, self.rt.settings.reflect_every)
         spend: list[Command] = []  # the call's cost, for a tenant without budgets: written with the reply

@@ -118,8 +118,15 @@ class Committed:
     batch_progress: tuple[int, int] | None = None
 
 
+def start_deadline(run: Run, at: float) -> None:
+    """Start the run's deadline clock at `at` (its first step's start), unless it runs already."""
+    if run.deadline_at is None and run.deadline_s is not None:
+        run.deadline_at = at + run.deadline_s
+
+
 def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool) -> None:
     """Apply a recorded step to the run record (the record must be at `step.index`)."""
+    start_deadline(run, step.started_at)
     run.current_step = step.index + 1
     run.usage = run.usage + step.usage
     run.cost_usd += step.cost_usd
@@ -407,8 +414,7 @@ class RunStore:
         def mutate(run: Run) -> bool:
             if run.status.finished or run.current_step != step_index:
                 return False
-            if run.deadline_at is None and run.deadline_s is not None:
-                run.deadline_at = time.time() + run.deadline_s
+            start_deadline(run, time.time())
             run.status = RunStatus.RUNNING
             run.waiting_on = waiting_on
             return True

@@ -98,14 +98,16 @@ def new_run(spec: RunSpec, settings: Settings) -> Run:
 def submit(
     store: RunStore, specs: Sequence[RunSpec], settings: Settings, send_step: Callable[..., None],
     batch_id: str | None = None, *, admit_runs: bool = True, interactive: bool = False,
+    tenants: Tenants | None = None,
 ) -> list[Run]:
     """Validate every spec first (nothing is submitted if one is bad), check admission for each tenant
-    (AdmissionRefused), then record and enqueue them.
+    (AdmissionRefused), then record and enqueue them. `tenants`: where policies are read (a process
+    that submits often passes its memoising one: Runtime.tenants).
 
     Each run's first step goes out with its priority (worker/fairness.py): interactive runs first, then
     each tenant's runs by how many it submitted lately; every later step of the run keeps it."""
     tiers = known_tiers(settings)
-    tenants = Tenants(store.r, settings)
+    tenants = tenants or Tenants(store.r, settings)
     policies: dict[str, Policy] = {}
     errors = []
     for i, spec in enumerate(specs):
