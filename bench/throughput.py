@@ -308,7 +308,7 @@ class Bench:
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
             store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
-            tenants = Tenants(store.r, settings, policy_memo_s=1.0)  # as the API's (Runtime.tenants)
+            tenants = Tenants(store.r, settings, policy_memo_s=1.0)  # as `reactq batch` (Runtime.tenants)
             client = Celery("bench_reactq_client", broker=redis_url)
             client.conf.broker_pool_limit = 8
             client.conf.broker_transport = transport_for(redis_url)  # sends as reactq's own app does

@@ -130,7 +130,7 @@ def _spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) ->
 @app.post("/v1/runs", status_code=201)
 def create_run(body: RunRequest, policy: CallerPolicy) -> dict:
     rt = get_runtime()
-    [run] = submit(rt.store, [_spec(body, policy, "")], rt.settings, send_step, interactive=True, tenants=rt.tenants)
+    [run] = submit(rt.store, [_spec(body, policy, "")], rt.settings, send_step, interactive=True)
     return run_json(run)
 
 
@@ -147,7 +147,7 @@ def create_batch(body: BatchRequest, policy: CallerPolicy) -> dict:
         meta["webhook_url"] = validate_url(body.webhook_url)
     rt.store.create_batch(batch_id, {**meta, "submitting": "1"})  # first: a run may end before submit returns
     try:
-        runs = submit(rt.store, specs, rt.settings, send_step, batch_id=batch_id, tenants=rt.tenants)
+        runs = submit(rt.store, specs, rt.settings, send_step, batch_id=batch_id)
     except Exception:
         rt.store.drop_batch_record(batch_id)
         raise

@@ -101,8 +101,9 @@ def submit(
     tenants: Tenants | None = None,
 ) -> list[Run]:
     """Validate every spec first (nothing is submitted if one is bad), check admission for each tenant
-    (AdmissionRefused), then record and enqueue them. `tenants`: where policies are read (a process
-    that submits often passes its memoising one: Runtime.tenants).
+    (AdmissionRefused), then record and enqueue them. `tenants`: where policies are read. By default
+    each call reads them afresh (an API submission sees a budget lowered a moment ago); a process that
+    submits chunk after chunk passes its memoising one (Runtime.tenants: a change applies within 1 s).
 
     Each run's first step goes out with its priority (worker/fairness.py): interactive runs first, then
     each tenant's runs by how many it submitted lately; every later step of the run keeps it."""
