@@ -17,8 +17,11 @@ from tests.fixtures_stub import StubControl
 from tests.test_recovery import load_run
 from worker import keys
 from worker.celery_app import STEPS_QUEUE
-from worker.fairness import BATCH_FIRST, INTERACTIVE, LOWEST, PRIORITY_SEP, batch_priority, submission_priorities
+from worker.config import Settings
+from worker.core.models import RunSpec
+from worker.fairness import BATCH_FIRST, LOWEST, PRIORITY_SEP, WINDOW_S, batch_priorities, batch_priority
 from worker.store import RunStore
+from worker.submit import new_run
 
 
 def test_priority_falls_one_level_each_time_a_tenants_recent_submissions_double() -> None:
@@ -30,14 +33,32 @@ def test_a_tenants_backlog_does_not_lower_another_tenants_priority(redis_url: st
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
     store = RunStore(client)
-    backlog = submission_priorities(store, "acme", 2_000, interactive=False, now=1_000_000)
+
+    def priorities(tenant: str, count: int, now: float) -> list[int]:
+        return batch_priorities(store.count_submissions(tenant, count, WINDOW_S, now), count)
+
+    backlog = priorities("acme", 2_000, now=1_000_000)
     assert backlog[0] == BATCH_FIRST and backlog[-1] == LOWEST
     assert sum(p >= 8 for p in backlog) == 2_000 - 504  # all but the first 504
-    assert submission_priorities(store, "other", 1, interactive=False, now=1_000_030) == [BATCH_FIRST]
-    assert submission_priorities(store, "acme", 1, interactive=True, now=1_000_030) == [INTERACTIVE]
-    assert submission_priorities(store, "acme", 1, interactive=False, now=1_000_060) == [LOWEST]
+    assert priorities("other", 1, now=1_000_030) == [BATCH_FIRST]
+    assert priorities("acme", 1, now=1_000_060) == [LOWEST]
     # Ten minutes later the window has moved on.
-    assert submission_priorities(store, "acme", 1, interactive=False, now=1_000_000 + 700) == [BATCH_FIRST]
+    assert priorities("acme", 1, now=1_000_000 + 700) == [BATCH_FIRST]
+
+
+def test_recording_runs_counts_them_per_tenant_in_the_same_round_trip(redis_url: str) -> None:
+    """What submit() gives each tenant's runs their priorities from (interactive runs are not counted)."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    store, settings = RunStore(client), Settings()
+
+    def runs(*tenants: str) -> list:
+        return [new_run(RunSpec(question="q", tenant=t), settings) for t in tenants]
+
+    assert store.create_runs(runs("acme", "acme", "other"), count_window_s=WINDOW_S) == {"acme": 0, "other": 0}
+    assert store.create_runs(runs("acme"), count_window_s=WINDOW_S) == {"acme": 2}
+    assert store.create_runs(runs("acme")) == {}  # interactive: not counted
+    assert store.create_runs(runs("other", "acme"), count_window_s=WINDOW_S) == {"other": 1, "acme": 3}
 
 
 def wait_until_value(probe: Callable[[], dict[bytes, int]], what: str, timeout: float) -> dict[bytes, int]:

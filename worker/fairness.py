@@ -20,7 +20,6 @@ NOTES.md says why this and not per-tenant queues.
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 PRIORITY_STEPS = list(range(10))
 INTERACTIVE = 0
@@ -38,20 +37,6 @@ def queue_lists(queue: str) -> list[str]:
 def batch_priority(recent: int) -> int:
     """The priority of a tenant's run when it has submitted `recent` runs in the window before it."""
     return min(LOWEST, BATCH_FIRST + int(math.log2(1 + recent / 8)))
-
-
-class SubmissionCounter(Protocol):
-    def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
-        """Add `count` to the tenant's recent submissions; return how many it had before them."""
-        ...
-
-
-def submission_priorities(store: SubmissionCounter, tenant: str, count: int, interactive: bool,
-                          now: float | None = None) -> list[int]:
-    """Priorities for `count` runs a tenant submits now; counts them into the tenant's recent window."""
-    if interactive:
-        return [INTERACTIVE] * count
-    return batch_priorities(store.count_submissions(tenant, count, WINDOW_S, now), count)
 
 
 def batch_priorities(recent: int, count: int) -> list[int]:
