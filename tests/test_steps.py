@@ -4,11 +4,13 @@ compaction, reflection. Real RunStore on the real redis-server; the model is scr
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
 import redis
 
+from tests.fixtures_cluster import wait_until
 from tests.harness import HARNESS_SETTINGS, Harness, call, calls, final
 from tools_sandbox.models import SandboxResult
 from tools_sandbox.tasks import ExecuteRequest
@@ -20,6 +22,7 @@ from worker.core.prompts import REFLECTION
 from worker.errors import LLMError
 from worker.names import STEP_TASK, STEPS_QUEUE
 from worker.runner import Dispatcher
+from worker.store_cas import STREAM_LINGER_MS
 from worker.submit import cancel, submit
 
 SIX_BY_SEVEN = call("calculator", {"expression": "6*7"})
@@ -298,8 +301,8 @@ def test_a_step_commits_even_when_its_run_record_changed_underneath_without_fenc
 
 
 def event_kinds(harness: Harness, run_id: str) -> list[str]:
-    """A finished run's event types, from its compacted events (its stream is gone)."""
-    assert not harness.store.r.exists(keys.events(run_id))
+    """A finished run's event types, from its compacted events (its stream expires in moments)."""
+    assert 0 < harness.store.r.pttl(keys.events(run_id)) <= STREAM_LINGER_MS
     raw = harness.store.r.get(keys.events_compacted(run_id))
     assert raw is not None, f"run {run_id} has no compacted events"
     return [kind for _, kind, _ in json.loads(raw)]
@@ -329,11 +332,31 @@ def test_the_last_step_of_a_batch_run_ends_it_in_one_write(redis_url: str) -> No
         assert harness.step().outcome == Outcome.FINAL_ANSWER
         assert len(sent) == 2, sent  # the lease and the reads; the commit
         assert event_kinds(harness, first.id) == ["queued", "step", "step", "finished"]
-        assert sorted(client.keys(f"*{first.id}*")) == sorted(
-            k.encode() for k in (keys.run(first.id), keys.steps(first.id), keys.events_compacted(first.id)))
+        assert sorted(client.keys(f"*{first.id}*")) == sorted(k.encode() for k in (
+            keys.run(first.id), keys.steps(first.id), keys.events(first.id), keys.events_compacted(first.id)))
         assert harness.store.batch_progress("b-one-write") == (1, 2)
     finally:
         harness.close()
+
+
+def test_a_subscriber_waiting_on_the_event_stream_gets_the_last_events_when_the_run_ends(harness: Harness) -> None:
+    """The last step compacts the stream in its own script: the stream must outlive that script, or a
+    reader blocked on it (the SSE route) would hear nothing until its read timed out."""
+    harness.llm.script(call("search", {"query": "x"}, call_id="s1"), final("42"))
+    run_id = harness.submit("What is 6 * 7?")
+    harness.step()
+    latest = harness.store.r.xrevrange(keys.events(run_id), count=1)[0][0]
+    heard: list[Any] = []
+    subscriber = redis.Redis.from_url(harness.rt.settings.redis_url, client_name="subscriber")
+    reader = threading.Thread(target=lambda: heard.extend(subscriber.xread({keys.events(run_id): latest},
+                                                                           block=30_000)))
+    reader.start()
+    wait_until(lambda: any(c.get("name") == "subscriber" and c.get("cmd") == "xread"
+                           for c in harness.store.r.client_list()), "the subscriber to wait on the stream", 30)
+    assert harness.step().outcome == Outcome.FINAL_ANSWER
+    reader.join()
+    [(_, entries)] = heard
+    assert [fields[b"type"] for _, fields in entries] == [b"step", b"finished"]
 
 
 def test_a_last_step_whose_record_changed_meanwhile_still_trims_the_run(harness: Harness) -> None:

@@ -21,9 +21,12 @@ T = TypeVar("T")
 
 Command = tuple[Any, ...]  # one Redis command and its arguments, e.g. ("RPUSH", key, value)
 
+STREAM_LINGER_MS = 10_000
 # A finished run's event stream compacted into one small JSON string (same entry ids, same TTL) whose
 # `step` events point at the step list instead of repeating each step's text (a stream costs ~4 KB
-# however few its entries).
+# however few its entries). The stream itself expires STREAM_LINGER_MS later instead of going at once:
+# a subscriber blocked reading it is served only if the stream still exists when the script ends, and
+# one that read no compacted string a moment ago reads the stream next.
 COMPACT_FUNCTION = """
 local function compact(stream, compacted)
   local ttl = redis.call('PTTL', stream)
@@ -43,7 +46,7 @@ local function compact(stream, compacted)
   end
   redis.call('SET', compacted, cjson.encode(out))
   if ttl > 0 then redis.call('PEXPIRE', compacted, ttl) end
-  redis.call('DEL', stream)
+  redis.call('PEXPIRE', stream, """ + str(STREAM_LINGER_MS) + """)
   return #entries
 end
 """
