@@ -16,6 +16,7 @@ from redis import asyncio as aioredis
 from . import keys
 from .budgets import TenantBudgets
 from .errors import ReactqError
+from .store import Quota, QuotaExceeded
 from .tenants import Policy
 
 INFLIGHT_RETRY_S = 5  # no clock says when a run will finish: ask again soon
@@ -34,23 +35,10 @@ class TooLarge(ReactqError):
     """A submission that can never be admitted as it is (more runs than the plan has in flight)."""
 
 
-OVER_PER_MINUTE, OVER_IN_FLIGHT = -1, -2
-# KEYS: the tenant's in-flight set, the minute's counter. ARGV: runs to add, in-flight limit, per-minute
-# limit. Counts the runs into the minute and returns the minute's new count, unless over a limit.
-_ADMIT = """
-local adding = tonumber(ARGV[1])
-if redis.call('scard', KEYS[1]) + adding > tonumber(ARGV[2]) then return -2 end
-local now = tonumber(redis.call('get', KEYS[2]) or '0')
-if now + adding > tonumber(ARGV[3]) then return -1 end
-redis.call('incrby', KEYS[2], adding)
-redis.call('expire', KEYS[2], 120)
-return now + adding
-"""
-
-
-def admit(client: redis.Redis, policy: Policy, count: int, now: float | None = None) -> None:
-    """Raise AdmissionRefused (or TooLarge) unless `count` new runs of the tenant may be submitted now.
-    On success the runs are counted against the minute's submissions."""
+def quota(client: redis.Redis, policy: Policy, count: int, now: float | None = None) -> Quota:
+    """Raise AdmissionRefused (a budget spent) or TooLarge now, or give the tenant's quota for `count`
+    new runs: its runs in flight and submissions per minute are checked, and counted, by the script
+    that records the runs (RunStore.create_runs), so that two submitters cannot both take the last slot."""
     now = now or time.time()
     tenant, limits = policy.tenant, policy.plan.limits
     over = TenantBudgets(client).over(tenant, policy.budgets, now)
@@ -62,31 +50,18 @@ def admit(client: redis.Redis, policy: Policy, count: int, now: float | None = N
     if count > limits.submissions_per_minute:
         raise TooLarge(f"{count} runs in one submission; plan {policy.plan.name!r} allows "
                        f"{limits.submissions_per_minute} submissions per minute: submit them in smaller parts")
-    inflight = keys.tenant_inflight(tenant)
-    script = client.register_script(_ADMIT)  # EVALSHA: the script's text is sent once per server
-    script_keys = [inflight, keys.tenant_submissions(tenant, int(now // 60))]
-    args = [count, limits.runs_in_flight, limits.submissions_per_minute]
-    admitted = script(keys=script_keys, args=args)
-    if admitted == OVER_IN_FLIGHT:
-        _forget_expired(client, inflight)
-        admitted = script(keys=script_keys, args=args)
-    if admitted == OVER_IN_FLIGHT:
-        raise AdmissionRefused(f"tenant {tenant!r} has {limits.runs_in_flight} runs in flight, the limit "
-                               f"of plan {policy.plan.name!r}; submit more as they finish", INFLIGHT_RETRY_S)
-    if admitted == OVER_PER_MINUTE:
-        raise AdmissionRefused(f"tenant {tenant!r} reached {limits.submissions_per_minute} submissions per "
-                               f"minute, the limit of plan {policy.plan.name!r}", int(60 - now % 60) + 1)
+    return Quota(tenant, count, limits.runs_in_flight, limits.submissions_per_minute)
 
 
-def _forget_expired(client: redis.Redis, inflight: str) -> None:
-    """Drop in-flight entries whose run record has expired (a run that never finished)."""
-    ids = [i.decode() for i in client.smembers(inflight)]
-    pipe = client.pipeline(transaction=False)
-    for run_id in ids:
-        pipe.exists(keys.run(run_id))
-    gone = [run_id for run_id, alive in zip(ids, pipe.execute(), strict=True) if not alive]
-    if gone:
-        client.srem(inflight, *gone)
+def refusal(exceeded: QuotaExceeded, policy: Policy, now: float | None = None) -> AdmissionRefused:
+    """What to tell the submitter whose runs a quota did not admit."""
+    now = now or time.time()
+    tenant, limits = policy.tenant, policy.plan.limits
+    if exceeded.limit == "in_flight":
+        return AdmissionRefused(f"tenant {tenant!r} has {limits.runs_in_flight} runs in flight, the limit of "
+                                f"plan {policy.plan.name!r}; submit more as they finish", INFLIGHT_RETRY_S)
+    return AdmissionRefused(f"tenant {tenant!r} reached {limits.submissions_per_minute} submissions per minute, "
+                            f"the limit of plan {policy.plan.name!r}", int(60 - now % 60) + 1)
 
 
 # --- event streams -------------------------------------------------------------------------------

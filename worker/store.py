@@ -31,6 +31,7 @@ from .store_cas import (
     Written,
     cas_args,
     run_commands,
+    script_commands,
     write_watched,
 )
 
@@ -88,6 +89,51 @@ def ping_quickly(url: str, timeout_s: float = QUICK_TIMEOUT_S) -> None:
 
 
 Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's admission limits for one submission (worker/admission.py), checked and counted by the
+    script that records its runs: the check and the runs' entry into the in-flight set are one step."""
+
+    tenant: str
+    runs: int
+    in_flight: int
+    per_minute: int
+
+
+class QuotaExceeded(Exception):
+    """A quota said no (nothing was written); `limit` is "in_flight" or "per_minute"."""
+
+    def __init__(self, quota: Quota, limit: str) -> None:
+        super().__init__(f"{quota.tenant}: {limit}")
+        self.quota, self.limit = quota, limit
+
+
+# KEYS: per quota, the tenant's in-flight set and this minute's submissions counter. ARGV: the number
+# of quotas, then per quota its runs, in-flight limit and per-minute limit, then the commands (as
+# store_cas.cas_args encodes them). Returns {-2 or -1, i} when quota i is over its in-flight or
+# per-minute limit (nothing written), else {0, each command's reply}.
+_CREATE_RUNS = """
+local n = tonumber(ARGV[1])
+for q = 1, n do
+  local adding = tonumber(ARGV[3 * q - 1])
+  if redis.call('SCARD', KEYS[2 * q - 1]) + adding > tonumber(ARGV[3 * q]) then return {-2, q} end
+  if tonumber(redis.call('GET', KEYS[2 * q]) or '0') + adding > tonumber(ARGV[3 * q + 1]) then return {-1, q} end
+end
+for q = 1, n do
+  redis.call('INCRBY', KEYS[2 * q], ARGV[3 * q - 1])
+  redis.call('EXPIRE', KEYS[2 * q], 120)
+end
+local replies = {}
+local i = 3 * n + 2
+while i <= #ARGV do
+  local count = tonumber(ARGV[i])
+  replies[#replies + 1] = redis.call(unpack(ARGV, i + 1, i + count))
+  i = i + count + 1
+end
+return {0, replies}
+"""
 
 
 @dataclass(frozen=True)
@@ -149,39 +195,55 @@ class RunStore:
         self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
         self._cas = client.register_script(CAS_SCRIPT)
         self._compact = client.register_script(COMPACT_SCRIPT)
+        self._create = client.register_script(_CREATE_RUNS)
 
     # --- run records -------------------------------------------------------------------------
-    def create_runs(self, runs: list[Run], batch_id: str | None = None,
-                    count_window_s: int | None = None) -> dict[str, int]:
-        """Record new runs. With `count_window_s`, count them into their tenants' recent submissions in
-        the same round trip (count_submissions), and return each tenant's count before them."""
-        pipe = self.r.pipeline(transaction=False)
+    def create_runs(self, runs: list[Run], batch_id: str | None = None, count_window_s: int | None = None,
+                    quotas: list[Quota] | None = None) -> dict[str, int]:
+        """Record new runs, in one script. With `quotas`, only if each tenant's quota admits its runs
+        (QuotaExceeded, nothing written, if one does not). With `count_window_s`, count them into their
+        tenants' recent submissions (count_submissions), and return each tenant's count before them."""
+        if not runs:
+            return {}
         now = time.time()
+        by_tenant: dict[str, list[Run]] = {}
         for run in runs:
-            pipe.set(keys.run(run.id), run.model_dump_json(), ex=self.ttl)
-            pipe.zadd(keys.ACTIVE_RUNS, {run.id: now})
-            pipe.xadd(keys.events(run.id), {"type": "queued", "data": "{}"}, maxlen=EVENTS_MAXLEN)
-            pipe.expire(keys.events(run.id), self.ttl)
-            pipe.zadd(keys.tenant_runs(run.spec.tenant), {run.id: run.created_at})
-            pipe.sadd(keys.tenant_inflight(run.spec.tenant), run.id)
-            if batch_id:
-                pipe.rpush(keys.batch_runs(batch_id), run.id)
+            by_tenant.setdefault(run.spec.tenant, []).append(run)
+        commands: list[Command] = []
+        for run in runs:
+            commands += [("SET", keys.run(run.id), run.model_dump_json(), "EX", self.ttl),
+                         event_command(run.id, "queued", "{}"), ("EXPIRE", keys.events(run.id), self.ttl)]
+        commands.append(("ZADD", keys.ACTIVE_RUNS, *_scored(runs, lambda r: now)))
+        for tenant, group in by_tenant.items():
+            commands += [("ZADD", keys.tenant_runs(tenant), *_scored(group, lambda r: r.created_at)),
+                         ("SADD", keys.tenant_inflight(tenant), *[r.id for r in group])]
         if batch_id:
-            self._refresh_batch(pipe, batch_id)
-        counts: dict[str, int] = {}
-        if count_window_s is not None:
-            for run in runs:
-                counts[run.spec.tenant] = counts.get(run.spec.tenant, 0) + 1
-            for tenant, count in counts.items():
-                _queue_count(pipe, tenant, count, count_window_s, now)
-        replies = pipe.execute()
-        tail = len(replies) - COUNT_COMMANDS * len(counts)
-        return {tenant: _counted_before(replies[tail + COUNT_COMMANDS * i:tail + COUNT_COMMANDS * (i + 1)], count)
-                for i, (tenant, count) in enumerate(counts.items())}
+            commands.append(("RPUSH", keys.batch_runs(batch_id), *[r.id for r in runs]))
+            commands += [("EXPIRE", key, self.batch_ttl) for key in _batch_keys(batch_id)]
+        counted = list(by_tenant) if count_window_s is not None else []
+        for tenant in counted:
+            commands += _count_commands(tenant, len(by_tenant[tenant]), count_window_s or 0, now)
+        quotas = quotas or []
+        script_keys = [k for q in quotas for k in (keys.tenant_inflight(q.tenant),
+                                                   keys.tenant_submissions(q.tenant, int(now // 60)))]
+        args: list[Any] = [len(quotas), *[a for q in quotas for a in (q.runs, q.in_flight, q.per_minute)]]
+        code, replies = self._create(keys=script_keys, args=args + script_commands(commands))
+        if code != 0:
+            raise QuotaExceeded(quotas[replies - 1], "in_flight" if code == -2 else "per_minute")
+        tail = len(replies) - COUNT_COMMANDS * len(counted)
+        return {tenant: _counted_before(replies[tail + COUNT_COMMANDS * i:tail + COUNT_COMMANDS * (i + 1)],
+                                        len(by_tenant[tenant])) for i, tenant in enumerate(counted)}
 
-    def _refresh_batch(self, pipe: Any, batch_id: str) -> None:
-        for key in _batch_keys(batch_id):
-            pipe.expire(key, self.batch_ttl)
+    def forget_expired_in_flight(self, tenant: str) -> None:
+        """Drop a tenant's in-flight entries whose run record has expired (a run that never finished)."""
+        inflight = keys.tenant_inflight(tenant)
+        ids = [i.decode() for i in self.r.smembers(inflight)]
+        pipe = self.r.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.exists(keys.run(run_id))
+        gone = [run_id for run_id, alive in zip(ids, pipe.execute(), strict=True) if not alive]
+        if gone:
+            self.r.srem(inflight, *gone)
 
     def load_run(self, run_id: str) -> Run | None:
         raw = self.r.get(keys.run(run_id))
@@ -651,9 +713,7 @@ class RunStore:
     def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
         """Add `count` to the tenant's submissions of this minute; return its total over the last
         `window_s` before them (one-minute buckets that expire; worker/fairness.py)."""
-        pipe = self.r.pipeline(transaction=False)
-        _queue_count(pipe, tenant, count, window_s, now)
-        return _counted_before(pipe.execute(), count)
+        return _counted_before(run_commands(self.r, _count_commands(tenant, count, window_s, now)), count)
 
     def suspect_again(self, run_id: str, step: int, ttl_s: int) -> bool:
         """Record that the reaper found no message for this step; True if it had already found none."""
@@ -694,20 +754,23 @@ def _still_held(raw: bytes, taken_at: float | None, lost_before: float) -> bool:
         return True  # an ETA we cannot read: leave the message to the broker
 
 
-COUNT_COMMANDS = 3  # what _queue_count puts on a pipeline
+COUNT_COMMANDS = 3  # what _count_commands gives
 
 
-def _queue_count(pipe: Any, tenant: str, count: int, window_s: int, now: float | None) -> None:
+def _count_commands(tenant: str, count: int, window_s: int, now: float | None) -> list[Command]:
     """Add `count` to the tenant's one-minute submission bucket, and read the window's older buckets."""
     minute = int((now or time.time()) // 60)
     buckets = [keys.tenant_submitted(tenant, minute - i) for i in range(max(2, window_s // 60))]
-    pipe.incrby(buckets[0], count)
-    pipe.expire(buckets[0], window_s + 60)
-    pipe.mget(buckets[1:])
+    return [("INCRBY", buckets[0], count), ("EXPIRE", buckets[0], window_s + 60), ("MGET", *buckets[1:])]
+
+
+def _scored(runs: list[Run], score: Callable[[Run], float]) -> list[Any]:
+    """ZADD's score-member arguments for these runs."""
+    return [a for run in runs for a in (score(run), run.id)]
 
 
 def _counted_before(replies: list[Any], count: int) -> int:
-    """The tenant's submissions in the window before these `count`, from _queue_count's replies."""
+    """The tenant's submissions in the window before these `count`, from _count_commands' replies."""
     total_now, _, older = replies
     return int(total_now) - count + sum(int(v) for v in older if v)
 

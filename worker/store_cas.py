@@ -107,20 +107,26 @@ class Written:
 
 
 def cas_args(expected: bytes, new: bytes, lease_token: str | None, commands: list[Command]) -> list[Any]:
-    args: list[Any] = [expected, new, lease_token or ""]
+    return [expected, new, lease_token or "", *script_commands(commands)]
+
+
+def script_commands(commands: list[Command]) -> list[Any]:
+    """Commands as a script's ARGV tail: each as its argument count followed by its arguments."""
+    args: list[Any] = []
     for command in commands:
         args.append(len(command))
         args.extend(command)
     return args
 
 
-def run_commands(client: redis.Redis, commands: list[Command]) -> None:
-    """Run these writes in one round trip (a pipeline, no transaction)."""
-    if commands:
-        pipe = client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        pipe.execute()
+def run_commands(client: redis.Redis, commands: list[Command]) -> list[Any]:
+    """Run these commands in one round trip (a pipeline, no transaction); their replies."""
+    if not commands:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return pipe.execute()
 
 
 QueueWrites = Callable[[Any], Callable[[list[Any]], None] | None]

@@ -8,12 +8,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import keys
-from .admission import admit
+from .admission import quota, refusal
 from .config import Settings
 from .core.models import Run, RunSpec, RunStatus
 from .errors import InvalidRequest
 from .fairness import INTERACTIVE, WINDOW_S, batch_priorities
-from .store import RunStore
+from .store import Quota, QuotaExceeded, RunStore
 from .tenants import Policy, Tenants
 from .webhooks import validate_url
 
@@ -125,11 +125,12 @@ def submit(
             errors.append(str(exc))
     if errors:
         raise InvalidRequest("; ".join(errors))
+    quotas = None
     if admit_runs:
-        for tenant, policy in policies.items():
-            admit(store.r, policy, sum(1 for s in specs if s.tenant == tenant))
+        quotas = [quota(store.r, policy, sum(1 for s in specs if s.tenant == tenant))
+                  for tenant, policy in policies.items()]
     runs = [new_run(spec.model_copy(update={"batch_id": batch_id}), settings) for spec in specs]
-    recent = store.create_runs(runs, batch_id, count_window_s=None if interactive else WINDOW_S)
+    recent = _record(store, runs, batch_id, None if interactive else WINDOW_S, quotas, policies)
     by_tenant: dict[str, list[Run]] = {}
     for run in runs:
         by_tenant.setdefault(run.spec.tenant, []).append(run)
@@ -138,6 +139,23 @@ def submit(
         for run, priority in zip(group, priorities, strict=True):
             send_step(run.id, 0, priority=priority)
     return runs
+
+
+def _record(store: RunStore, runs: list[Run], batch_id: str | None, count_window_s: int | None,
+            quotas: list[Quota] | None, policies: dict[str, Policy]) -> dict[str, int]:
+    """Record the runs if their tenants' quotas admit them (AdmissionRefused if not). Runs whose record
+    expired without finishing still hold in-flight slots: on a refusal for runs in flight those are
+    dropped and the runs tried once more."""
+    try:
+        return store.create_runs(runs, batch_id, count_window_s, quotas)
+    except QuotaExceeded as exc:
+        if exc.limit != "in_flight":
+            raise refusal(exc, policies[exc.quota.tenant]) from None
+        store.forget_expired_in_flight(exc.quota.tenant)
+    try:
+        return store.create_runs(runs, batch_id, count_window_s, quotas)
+    except QuotaExceeded as exc:
+        raise refusal(exc, policies[exc.quota.tenant]) from None
 
 
 def new_batch_id() -> str:

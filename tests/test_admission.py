@@ -1,0 +1,70 @@
+"""Admission at submit(), in process on the real Redis: a tenant's runs in flight and submissions per minute
+are checked by the same script that records the runs (worker/store.py, `create_runs`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures_api import SHIPPED_PLANS, TINY_PLAN
+from tests.harness import Harness
+from worker import keys
+from worker.admission import AdmissionRefused
+from worker.core.models import Run, RunSpec
+from worker.store import Quota, QuotaExceeded
+from worker.submit import new_run, submit
+
+
+@pytest.fixture
+def small(make_harness: Any, tmp_path: Path) -> Harness:
+    """A harness whose tenant `small` is on plan `tiny`: 2 runs in flight, 4 submissions a minute."""
+    plans = tmp_path / "plans.toml"
+    plans.write_text(SHIPPED_PLANS + TINY_PLAN)
+    harness = make_harness(plans_file=str(plans))
+    harness.rt.tenants.add("small", "tiny")
+    return harness
+
+
+def submit_one(harness: Harness, question: str = "What is 2 + 2?") -> str:
+    [run] = submit(harness.store, [RunSpec(question=question, tenant="small")], harness.rt.settings,
+                   harness.dispatch.next_step)
+    return run.id
+
+
+def run_keys(harness: Harness) -> set[bytes]:
+    return set(harness.store.r.scan_iter(keys.run("*")))
+
+
+def test_a_submission_past_the_runs_in_flight_writes_nothing(small: Harness) -> None:
+    first = [submit_one(small) for _ in range(2)]
+    before = run_keys(small)
+    with pytest.raises(AdmissionRefused, match="2 runs in flight") as refused:
+        submit_one(small)
+    assert refused.value.retry_after_s == 5
+    assert run_keys(small) == before and len(small.dispatch.sent_steps) == 2
+    assert small.store.r.smembers(keys.tenant_inflight("small")) == {i.encode() for i in first}
+
+
+def test_a_run_whose_record_expired_gives_its_slot_back(small: Harness) -> None:
+    gone, kept = submit_one(small), submit_one(small)
+    small.store.r.delete(keys.run(gone))  # expired without ever finishing
+    admitted = submit_one(small)
+    assert small.store.r.smembers(keys.tenant_inflight("small")) == {kept.encode(), admitted.encode()}
+
+
+def test_the_fifth_submission_in_a_minute_is_refused(small: Harness) -> None:
+    quota = Quota("small", 1, in_flight=100, per_minute=4)
+    if time.time() % 60 > 55:  # the five submissions below must fall in one minute
+        time.sleep(61 - time.time() % 60)
+    for _ in range(4):
+        small.store.create_runs([small_run(small)], quotas=[quota])
+    with pytest.raises(QuotaExceeded) as exceeded:
+        small.store.create_runs([small_run(small)], quotas=[quota])
+    assert (exceeded.value.limit, exceeded.value.quota) == ("per_minute", quota)
+
+
+def small_run(harness: Harness) -> Run:
+    return new_run(RunSpec(question="q", tenant="small"), harness.rt.settings)
