@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import keys
+from .core.engine import parse_reply  # the same call-id rules as the step that stored the results
 from .core.models import Run, Step
 from .store import RunStore
 from .submit import cancel
@@ -45,8 +46,6 @@ def working_keys(store: RunStore, run: Run, steps: list[Step] | None = None) -> 
 
     `steps`: the run's whole step list, when the caller has it and no step is in progress (a run its
     last step has just finished): then nothing is read back."""
-    from .runner import StepRunner  # the same call-id rules as the step that stored the results
-
     run_id = run.id
     found = [keys.lease(run_id)]
     current = None
@@ -55,7 +54,7 @@ def working_keys(store: RunStore, run: Run, steps: list[Step] | None = None) -> 
         current = store.get_reply(run_id, run.current_step)
     calls_by_step = {s.index: [c.id for c in s.tool_calls] for s in steps}
     if current is not None:
-        calls_by_step[run.current_step] = [c.id for c in StepRunner._parse(run.mode, current).calls]
+        calls_by_step[run.current_step] = [c.id for c in parse_reply(run.mode, current).calls]
     for index in range(run.current_step + 1):
         found += [keys.reply(run_id, index), keys.tool_results(run_id, index)]
         for call_id in calls_by_step.get(index, []):

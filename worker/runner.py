@@ -20,7 +20,7 @@ from .core import engine, prompts
 from .core.engine import Act, End, Final, PlannedCall, Reflect, Retry
 from .core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
 from .core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
-from .core.parser import TEXT_STOP_SEQUENCES, ParsedTurn, parse_text, parse_tool_reply
+from .core.parser import TEXT_STOP_SEQUENCES
 from .core.pricing import cost_usd
 from .errors import LLMError, ToolError
 from .finish_hooks import after_finish
@@ -107,7 +107,7 @@ class StepRunner:
         except BudgetExceeded as exc:
             return self._end(run, End(RunStatus.BUDGET_EXCEEDED, str(exc)), d.index, Outcome.BUDGET_EXCEEDED)
 
-        turn = self._parse(run.mode, reply)
+        turn = engine.parse_reply(run.mode, reply)
         for warning in turn.warnings:
             log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
         decision = engine.decide(run, d.steps, turn, self.rt.tools_for(run.spec.tenant), limits,
@@ -201,12 +201,6 @@ class StepRunner:
             metrics.SAFEGUARDS.labels("context_compacted").inc()
             log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})
         return reply, budget.unsettled
-
-    @staticmethod
-    def _parse(mode: Mode, reply: LLMReply) -> ParsedTurn:
-        turn = parse_tool_reply(reply.content, reply.tool_calls) if mode == Mode.TOOLS else parse_text(reply.content)
-        turn.calls = engine.unique_call_ids(turn.calls)
-        return turn
 
     # --- tools --------------------------------------------------------------------------------
     def _execute(

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from ..errors import InvalidArguments
-from .models import Mode, Observation, Run, RunStatus, Step, ToolCall
-from .parser import ParsedTurn
+from .models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
+from .parser import ParsedTurn, parse_text, parse_tool_reply
 
 TRUNCATION_MARKER = "\n…[truncated {n} chars]"
 
@@ -122,6 +122,14 @@ Decision = Final | Retry | Act | Reflect | End
 def call_signature(name: str, arguments: dict[str, Any] | str) -> str:
     canonical = arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
     return f"{name.strip().lower()}:{canonical}"
+
+
+def parse_reply(mode: Mode, reply: LLMReply) -> ParsedTurn:
+    """The model's turn in `reply`, read as `mode` says, with call ids made unique (the ids under which
+    a step stores its calls' results: the step and the retention sweep must agree on them)."""
+    turn = parse_tool_reply(reply.content, reply.tool_calls) if mode == Mode.TOOLS else parse_text(reply.content)
+    turn.calls = unique_call_ids(turn.calls)
+    return turn
 
 
 def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
