@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 from celery import Celery
@@ -59,3 +61,30 @@ def test_closing_after_the_connection_was_dropped_is_a_connection_error(redis_ur
         channel._create_client()
     conn.maybe_close_channel(channel)  # raised before: AttributeError ('NoneType' ... 'hostname')
     assert channel.closed
+
+
+def test_a_submissions_first_steps_go_out_together(redis_url: str) -> None:
+    """`sending_together` (what `reactq batch` and POST /v1/batches submit with): the messages wait in
+    one pipeline and all arrive, with their priority and argsrepr, when the block ends."""
+    from worker.fairness import PRIORITY_STEPS, queue_lists
+    from worker.names import STEPS_QUEUE, step_reprs
+    from worker.tasks import sending_together
+
+    client = redis.Redis.from_url(redis_url)
+    client.delete(*queue_lists(STEPS_QUEUE))
+    app = Celery("t", broker=redis_url)
+    app.conf.broker_transport = broker.transport_for(redis_url)
+    app.conf.broker_transport_options = {"priority_steps": PRIORITY_STEPS}
+    run_ids = [f"{i:032x}" for i in range(3)]
+
+    def queued() -> list[bytes]:
+        return [m for key in queue_lists(STEPS_QUEUE) for m in client.lrange(key, 0, -1)]
+
+    with sending_together(app) as send:
+        for run_id in run_ids:
+            send(run_id, 0, priority=4)
+        assert queued() == []  # buffered until the block ends
+    assert client.llen(queue_lists(STEPS_QUEUE)[4]) == 3
+    sent = [json.loads(m)["headers"]["argsrepr"] for m in queued()]
+    assert sorted(sent) == sorted(step_reprs(run_id, 0)["argsrepr"] for run_id in run_ids)
+    client.delete(*queue_lists(STEPS_QUEUE))

@@ -33,7 +33,7 @@ from .finish_hooks import batch_may_be_finished
 from .metrics_server import initialise
 from .runtime import get_runtime
 from .submit import TierNotAllowed, batch_view, cancel, new_batch_id, submit
-from .tasks import send_step
+from .tasks import send_step, sending_together
 from .tenants import Policy
 from .webhooks import validate_url
 
@@ -147,7 +147,8 @@ def create_batch(body: BatchRequest, policy: CallerPolicy) -> dict:
         meta["webhook_url"] = validate_url(body.webhook_url)
     rt.store.create_batch(batch_id, {**meta, "submitting": "1"})  # first: a run may end before submit returns
     try:
-        runs = submit(rt.store, specs, rt.settings, send_step, batch_id=batch_id)
+        with sending_together() as send:
+            runs = submit(rt.store, specs, rt.settings, send, batch_id=batch_id)
     except Exception:
         rt.store.drop_batch_record(batch_id)
         raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +50,12 @@ class BatchRunner:
     """Submits a batch and follows it to the end, handing over each run as it finishes."""
 
     def __init__(self, store: RunStore, settings: Settings, send_step: Callable[..., None],
-                 on_wait: Callable[[AdmissionRefused], None] | None = None, tenants: Tenants | None = None) -> None:
+                 on_wait: Callable[[AdmissionRefused], None] | None = None, tenants: Tenants | None = None,
+                 send_together: Callable[[], AbstractContextManager[Callable[..., None]]] | None = None) -> None:
         self.store = store
         self.settings = settings
         self.send_step = send_step
+        self.send_together = send_together  # with it, each chunk's first steps go out in one round trip
         self.on_wait = on_wait  # told before waiting out an admission refusal (runs in flight, per minute)
         self.tenants = tenants  # with it, chunks are no larger than a tenant's plan admits at once
         self._chunk_limits: dict[str, int] = {}
@@ -104,8 +107,8 @@ class BatchRunner:
         """Submit, waiting out admission refusals (the tenant's runs in flight, submissions per minute)."""
         while True:
             try:
-                return submit(self.store, chunk, self.settings, self.send_step, batch_id=batch_id,
-                              tenants=self.tenants)
+                with self.send_together() if self.send_together else nullcontext(self.send_step) as send:
+                    return submit(self.store, chunk, self.settings, send, batch_id=batch_id, tenants=self.tenants)
             except AdmissionRefused as exc:
                 if self.on_wait is not None:
                     self.on_wait(exc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ def run_batch_file(
     send_step: Callable[..., None], console: Console,
     line_for: Callable[[Run], dict[str, Any]] = Run.result_line,
     on_line: Callable[[ParsedLine], None] | None = None,
+    send_together: Callable[[], AbstractContextManager[Callable[..., None]]] | None = None,
 ) -> int:
     """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do.
     `line_for` makes a finished run's output line (`reactq eval` adds its scoring); `on_line` sees each
@@ -42,7 +44,8 @@ def run_batch_file(
     def waiting(refused: AdmissionRefused) -> None:
         console.print(f"[yellow]waiting {refused.retry_after_s}s:[/yellow] {refused}; the batch goes on after that")
 
-    runner = BatchRunner(rt.store, rt.settings, send_step, on_wait=waiting, tenants=rt.tenants)
+    runner = BatchRunner(rt.store, rt.settings, send_step, on_wait=waiting, tenants=rt.tenants,
+                         send_together=send_together)
     outfile.parent.mkdir(parents=True, exist_ok=True)
     columns = (
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),

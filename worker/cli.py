@@ -192,9 +192,10 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
 def batch(infile: Path, outfile: Path, tenant: str | None, tier: str | None) -> None:
     """Run many questions from JSONL; results are written to --out as they finish."""
     from .batch_cli import run_batch_file
+    from .tasks import sending_together
 
     rt = _runtime()
-    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, _send_step(), console))
+    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, _send_step(), console, send_together=sending_together))
 
 
 @cli.command()
