@@ -7,7 +7,8 @@ on free 127.0.0.1 ports, then P worker processes:
   floor:  celery -A bench.floor_app worker -P threads|gevent -c C   (bench/floor_app.py: one HTTP
           chat call to the stub, then enqueue the next task of the chain; N chains started)
   reactq: reactq worker --queues steps --concurrency C --metrics-port 0   (N runs kept in flight:
-          this script submits a new run, via worker.submit.submit, whenever one finishes)
+          this script submits new runs, via worker.submit.submit, as runs finish, and sends their
+          first steps together, as `reactq batch` does: worker.tasks.sending_together)
 Runs are "What is A * B + C?" with fresh numbers each (no tool-cache hits): two steps each
 (calculator call, final answer), one LLM call per step, no sandbox.
 steps/s = chat completions the stub served in a fixed window after a warm-up, divided by the
@@ -301,9 +302,9 @@ class Bench:
             from worker.config import Settings
             from worker.core.models import RunSpec
             from worker.fairness import PRIORITY_STEPS
-            from worker.names import STEP_TASK, STEPS_QUEUE, step_reprs
             from worker.store import RunStore, connect
             from worker.submit import new_batch_id, submit
+            from worker.tasks import sending_together
             from worker.tenants import Tenants
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
@@ -313,7 +314,6 @@ class Bench:
             client.conf.broker_pool_limit = 8
             client.conf.broker_transport = transport_for(redis_url)  # sends as reactq's own app does
             client.conf.broker_transport_options = {"priority_steps": PRIORITY_STEPS}  # to the same lists
-            conn = client.connection_for_write()
             batch_id = new_batch_id()
             rng = random.Random(1234)
             used: set[tuple[int, int, int]] = set()
@@ -325,10 +325,6 @@ class Bench:
                         used.add((a, b, c))
                         return f"What is {a} * {b} + {c}?"
 
-            def send_step(run_id: str, index: int, priority: int | None = None) -> None:
-                client.send_task(STEP_TASK, args=[run_id, index], queue=STEPS_QUEUE, connection=conn,
-                                 priority=priority, **step_reprs(run_id, index))  # as worker.tasks.send_step
-
             state = {"submitted": 0}
 
             def top_up() -> None:
@@ -336,7 +332,8 @@ class Bench:
                 need = in_flight - (state["submitted"] - done)
                 if need > 0:
                     specs = [RunSpec(question=question()) for _ in range(need)]
-                    submit(store, specs, settings, send_step, batch_id=batch_id, tenants=tenants)
+                    with sending_together(client) as send:  # as `reactq batch` sends a part's first steps
+                        submit(store, specs, settings, send, batch_id=batch_id, tenants=tenants)
                     state["submitted"] += need
 
             top_up()
@@ -357,7 +354,6 @@ class Bench:
                 res.errors.append(f"runs not completed: {bad}")
             if steps_per_run - {2}:
                 res.errors.append(f"runs with other than 2 steps: {sorted(steps_per_run)}")
-            conn.release()
         finally:
             self.procs.stop(names, signal.SIGQUIT, grace=10)
             self.procs.stop(["stub", "redis"])
