@@ -25,11 +25,15 @@ log = logging.getLogger("reactq.tasks")
 
 def send_step(run_id: str, index: int, priority: int | None = None, countdown: float | None = None,
               producer: Any = None) -> None:
-    """Enqueue a step; without a priority it keeps the priority of the step running on this thread."""
+    """Enqueue a step; without a priority it keeps the priority of the step running on this thread.
+
+    `declare=[]`: Celery would declare the queue on every publish (binding copies of the queue and its
+    exchange to the channel, ~30 us of CPU a message). A message to the default exchange goes straight
+    to the queue's Redis list; the workers declare the queue as they start consuming."""
     if priority is None:
         priority = (step.request.delivery_info or {}).get("priority")
     step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, priority=priority, countdown=countdown,
-                     producer=producer, **step_reprs(run_id, index))
+                     producer=producer, declare=[], **step_reprs(run_id, index))
 
 
 @contextmanager
