@@ -23,6 +23,7 @@ from .core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
 from .errors import StoreUnavailable
 from .store_cas import (
     CAS_SCRIPT,
+    COMMANDS_FUNCTION,
     COMPACT_SCRIPT,
     RELEASE_LEASE,
     Command,
@@ -44,8 +45,6 @@ _RENEW_LEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 )
 _STEPS = TypeAdapter(list[Step])
-
-
 
 
 def connect(url: str, max_connections: int = 64) -> redis.Redis:
@@ -111,10 +110,10 @@ class QuotaExceeded(Exception):
 
 
 # KEYS: per quota, the tenant's in-flight set and this minute's submissions counter. ARGV: the number
-# of quotas, then per quota its runs, in-flight limit and per-minute limit, then the commands (as
-# store_cas.cas_args encodes them). Returns {-2 or -1, i} when quota i is over its in-flight or
-# per-minute limit (nothing written), else {0, each command's reply}.
-_CREATE_RUNS = """
+# of quotas, then per quota its runs, in-flight limit and per-minute limit, then the commands
+# (store_cas.script_commands). Returns {-2 or -1, i} when quota i is over its in-flight or per-minute
+# limit (nothing written), else {0, each command's reply}.
+_CREATE_RUNS = COMMANDS_FUNCTION + """
 local n = tonumber(ARGV[1])
 for q = 1, n do
   local adding = tonumber(ARGV[3 * q - 1])
@@ -125,14 +124,7 @@ for q = 1, n do
   redis.call('INCRBY', KEYS[2 * q], ARGV[3 * q - 1])
   redis.call('EXPIRE', KEYS[2 * q], 120)
 end
-local replies = {}
-local i = 3 * n + 2
-while i <= #ARGV do
-  local count = tonumber(ARGV[i])
-  replies[#replies + 1] = redis.call(unpack(ARGV, i + 1, i + count))
-  i = i + count + 1
-end
-return {0, replies}
+return {0, run_commands(3 * n + 2)}
 """
 
 

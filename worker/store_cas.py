@@ -57,21 +57,29 @@ if #KEYS > 2 then redis.call('DEL', unpack(KEYS, 3)) end
 return compact(KEYS[1], KEYS[2])
 """
 
+# Runs the commands that script_commands() encoded into ARGV from index `first` on; their replies.
+COMMANDS_FUNCTION = """
+local function run_commands(first)
+  local replies = {}
+  local i = first
+  while i <= #ARGV do
+    local n = tonumber(ARGV[i])
+    replies[#replies + 1] = redis.call(unpack(ARGV, i + 1, i + n))
+    i = i + n + 1
+  end
+  return replies
+end
+"""
+
 # KEYS: run record, lease, and (a write that finishes the run) its events stream and compacted events,
 # compacted after the commands. ARGV: expected bytes, new bytes, lease token ("" = keep the lease), then
-# each command as its argument count followed by its arguments. Returns 0 if the record was not the
-# expected bytes, else each command's reply.
-CAS_SCRIPT = COMPACT_FUNCTION + """
+# the commands (script_commands). Returns 0 if the record was not the expected bytes, else each
+# command's reply.
+CAS_SCRIPT = COMPACT_FUNCTION + COMMANDS_FUNCTION + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
-local replies = {}
-local i = 4
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  replies[#replies + 1] = redis.call(unpack(ARGV, i + 1, i + n))
-  i = i + n + 1
-end
+local replies = run_commands(4)
 if #KEYS == 4 then compact(KEYS[3], KEYS[4]) end
 return replies
 """
