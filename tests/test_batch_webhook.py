@@ -15,7 +15,7 @@ import pytest
 from worker import keys
 from worker.config import Settings
 from worker.core.models import RunSpec, RunStatus
-from worker.finish_hooks import queue_batch_webhook, webhook_store
+from worker.finish_hooks import queue_batch_webhook
 from worker.runtime import Runtime
 from worker.submit import batch_view, new_batch_id, submit
 
@@ -84,7 +84,7 @@ def test_the_last_runs_ending_together_queue_one_webhook_without_run_ids(rt: Run
     for t in threads:
         t.join()
     assert queued.count(True) == 1 and len(sent) == 1
-    [delivery] = webhook_store(rt).list("default")
+    [delivery] = rt.webhooks.list("default")
     body = json.loads(delivery.body)
     assert delivery.event == "batch.finished" and delivery.subject_id == batch_id
     assert body == batch_view(rt.store, batch_id) and "run_ids" not in body

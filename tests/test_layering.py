@@ -80,3 +80,56 @@ def test_the_step_path_imports_nothing_from_the_app_around_it(name: str) -> None
         if not target.startswith("worker.") or target.startswith(("worker.core", "worker.tools")):
             continue
         assert target.split(".")[1] in RUNTIME, f"worker/{name}.py imports {target}, which is app, not runtime"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, at the top or inside a function alike."""
+    paths = {_module_name(p): p for package in ("worker", "tools_sandbox", "api_stub")
+             for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        targets = set()
+        for name in imported_modules(path):
+            target = resolve(path, name)
+            while target and target not in paths:  # `from .x import f` names module x
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path (first module repeated at the end), or None."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return None
+        for target in sorted(graph[module]):
+            if (cycle := visit(target, path + [module])) is not None:
+                return cycle
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        if (cycle := visit(module, [])) is not None:
+            return cycle
+    return None
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT, STDERR_TAIL_LINES
+from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT, STDERR_TAIL_LINES, render
 from worker.sandbox_bridge import UNREADABLE, observation_from_sandbox
 
 
@@ -142,9 +142,9 @@ def test_output_limit_is_shown_but_not_a_failure():
     assert obs.content.endswith("[output truncated at the tier's byte cap]")
 
 
-def test_observation_method_uses_the_same_renderer():
+def test_the_sandbox_cli_and_the_bridge_show_the_same_text():
     from tools_sandbox import SandboxResult
 
     raw = result(exit_code=1, stdout="partial", stderr="boom")
     via_bridge = observation_from_sandbox("c", "python", raw)[0].content
-    assert SandboxResult.model_validate_json(raw).observation() == via_bridge
+    assert render(SandboxResult.model_validate_json(raw)).text == via_bridge

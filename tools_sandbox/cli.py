@@ -13,6 +13,7 @@ import click
 
 from .config import SandboxSettings
 from .errors import ImageBuildError, SandboxError, UnknownTierError
+from .render import render
 from .service import run_code
 
 
@@ -46,7 +47,7 @@ def run_cmd(tier: str, tenant: str, code: str | None, file: Path | None, as_json
     if as_json:
         click.echo(result.model_dump_json())
     else:
-        click.echo(result.observation())
+        click.echo(render(result).text)
         flags = [name for name in ("timed_out", "oom_killed", "truncated") if getattr(result, name)]
         click.echo(f"-- exit {result.exit_code} in {result.duration_ms} ms on {result.tier} "
                    f"({result.backend}){' ' + ','.join(flags) if flags else ''}", err=True)

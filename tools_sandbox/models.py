@@ -75,12 +75,6 @@ class SandboxResult(BaseModel):
             return self.error_kind.value
         return "ok" if self.exit_code == 0 else "error"
 
-    def observation(self) -> str:
-        """The text an agent sees (one renderer for every caller: see render.py)."""
-        from .render import render
-
-        return render(self).text
-
 
 class TenantQuota(BaseModel):
     """Per-tenant limits on one tier, enforced across all sandbox workers via Redis."""

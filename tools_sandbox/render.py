@@ -1,7 +1,7 @@
 """The one place a sandbox result becomes the text a model reads (and the failure type metrics count).
 
-Pure: it takes a validated SandboxResult. The step worker (worker/sandbox_bridge.py), the CLI
-and SandboxResult.observation() all call `render`, so the model sees the same words whichever
+Pure: it takes a validated SandboxResult. The step worker (worker/sandbox_bridge.py) and the CLI
+both call `render`, so the model sees the same words whichever
 path produced the result.
 """
 

@@ -15,7 +15,6 @@ from .approvals import ApprovalConflict, decide
 from .core.models import Mode
 from .display import run_json
 from .errors import InvalidRequest
-from .finish_hooks import webhook_store
 from .replay import replay
 from .retention import cancel_batch, delete_batch, delete_run
 from .runtime import get_runtime
@@ -47,7 +46,7 @@ def list_deliveries(tenant: str = Depends(caller_tenant), limit: int = Query(100
                     before: float | None = None) -> dict:
     """The caller's webhook deliveries, newest first, each with every attempt and its status. Page with
     `before=<created_at of the last one seen>`."""
-    deliveries = webhook_store(get_runtime()).list(tenant, limit, before)
+    deliveries = get_runtime().webhooks.list(tenant, limit, before)
     return {"deliveries": [d.public() for d in deliveries],
             "next_before": deliveries[-1].created_at if len(deliveries) == limit else None}
 

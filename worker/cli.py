@@ -8,44 +8,11 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from . import cli_tenants
+from .cli_base import _load, _runtime, _send_step, cli, console, out
 from .config import get_settings
 from .names import SANDBOX_QUEUE, STEPS_QUEUE
-
-console = Console(stderr=True)
-out = Console()
-
-
-def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `reactq stub` need no Redis
-    """The process runtime, once Redis answers. People get an answer within seconds (`patient=False`);
-    daemons (`worker`) wait through a Redis restart."""
-    from .errors import StoreUnavailable
-    from .runtime import get_runtime
-    from .store import ping, ping_quickly
-
-    rt = get_runtime()
-    try:
-        if patient:
-            ping(rt.redis, rt.settings.redis_url)
-        else:
-            ping_quickly(rt.settings.redis_url)
-    except StoreUnavailable as exc:
-        console.print(f"[red]error:[/red] {exc}. Start Redis or set REACTQ_REDIS_URL.")
-        sys.exit(2)
-    return rt
-
-
-def _send_step():
-    from .tasks import send_step
-
-    return send_step
-
-
-@click.group()
-def cli() -> None:
-    """reactq: ReAct agents as durable background jobs on Celery + Redis."""
 
 
 @cli.command()
@@ -271,14 +238,6 @@ def demo(outfile: Path) -> None:
     sys.exit(run_demo(outfile, console, out))
 
 
-def _load(run_id: str):
-    run = _runtime().store.load_run(run_id)
-    if run is None:
-        console.print(f"[red]error:[/red] no run {run_id!r} (unknown id, or its record expired)")
-        sys.exit(2)
-    return run
-
-
 def _add_sandbox_commands() -> None:
     try:
         from tools_sandbox.cli import sandbox
@@ -298,7 +257,5 @@ def main() -> None:
     cli()
 
 
-if __name__ == "__main__":  # `python -m worker.cli`: use the imported module, where the add-on verbs registered
-    from worker.cli import main as imported_main
-
-    imported_main()
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .cli import _load, _runtime, _send_step, cli, console, out
+from .cli_base import _load, _runtime, _send_step, cli, console, out
 
 
 def _decide(run_id: str, call_id: str | None, approve: bool, reason: str | None, as_json: bool) -> None:

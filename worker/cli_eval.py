@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .cli import _runtime, _send_step, cli, console, out
+from .cli_base import _runtime, _send_step, cli, console, out
 from .evals.compare import Change, Comparison, compare_pairs
 from .evals.summary import Summary
 

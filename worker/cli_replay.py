@@ -8,7 +8,7 @@ import sys
 import click
 from rich.table import Table
 
-from .cli import _load, _runtime, _send_step, cli, console, out
+from .cli_base import _load, _runtime, _send_step, cli, console, out
 from .core.models import Mode
 
 

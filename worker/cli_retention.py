@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import click
 
-from .cli import _runtime, cli, console, out
+from .cli_base import _runtime, cli, console, out
 
 
 def cancel_batch_command(batch_id: str, as_json: bool) -> None:

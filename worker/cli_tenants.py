@@ -12,13 +12,13 @@ from .plans import BUDGET_FIELDS
 
 
 def _rt() -> Any:
-    from .cli import _runtime
+    from .cli_base import _runtime
 
     return _runtime()
 
 
 def _fail(message: object) -> NoReturn:
-    from .cli import console
+    from .cli_base import console
 
     console.print(f"[red]error:[/red] {message}")
     sys.exit(2)

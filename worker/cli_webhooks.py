@@ -8,7 +8,7 @@ import sys
 import click
 from rich.table import Table
 
-from .cli import _runtime, cli, console, out
+from .cli_base import _runtime, cli, console, out
 
 
 @cli.group()
@@ -31,9 +31,8 @@ def _tenant(name: str) -> str:
 def set_default(tenant: str, url: str | None, clear: bool) -> None:
     """Call URL when any of TENANT's runs (outside a batch) or batches finishes, unless it names its own."""
     from .errors import InvalidRequest
-    from .finish_hooks import webhook_store
 
-    store = webhook_store(_runtime())
+    store = _runtime().webhooks
     if clear == (url is not None):
         raise click.UsageError("give a URL, or --clear")
     try:
@@ -51,9 +50,7 @@ def set_default(tenant: str, url: str | None, clear: bool) -> None:
 @click.option("--rotate", is_flag=True, help="replace the secret (deliveries from now on use the new one)")
 def secret(tenant: str, rotate: bool) -> None:
     """Print TENANT's webhook signing secret (HMAC-SHA256 key of X-Reactq-Signature)."""
-    from .finish_hooks import webhook_store
-
-    out.print(webhook_store(_runtime()).secret(_tenant(tenant), rotate=rotate))
+    out.print(_runtime().webhooks.secret(_tenant(tenant), rotate=rotate))
 
 
 @webhook.command()
@@ -62,9 +59,7 @@ def secret(tenant: str, rotate: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def deliveries(tenant: str, limit: int, as_json: bool) -> None:
     """The tenant's latest deliveries with every attempt's status."""
-    from .finish_hooks import webhook_store
-
-    found = webhook_store(_runtime()).list(_tenant(tenant), limit)
+    found = _runtime().webhooks.list(_tenant(tenant), limit)
     if as_json:
         out.print_json(json.dumps([d.public() for d in found]))
         return

@@ -12,19 +12,15 @@ from .core.models import Run, Step
 from .display import run_json
 from .runtime import Runtime
 from .submit import batch_view
-from .webhooks import Event, WebhookStore, queue_delivery
+from .webhooks import Event, queue_delivery
 
 log = logging.getLogger("reactq.finish")
 
 Send = Callable[[str, int, float], None]
 
 
-def webhook_store(rt: Runtime) -> WebhookStore:
-    return WebhookStore(rt.redis, rt.settings.retention_s)
-
-
 def queue_webhooks(rt: Runtime, run: Run, send: Send, batch_progress: tuple[int, int] | None = None) -> None:
-    store = webhook_store(rt)
+    store = rt.webhooks
     url = run.spec.webhook_url or (None if run.spec.batch_id else store.default_url(run.spec.tenant))
     if url:
         queue_delivery(store, run.spec.tenant, Event.RUN_FINISHED, run.id, url, run_json(run), send)
@@ -46,7 +42,7 @@ def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Se
         return False  # more runs are coming; the submitter checks again when it is done
     if not rt.store.first_time(keys.batch_webhook_sent(batch_id), rt.settings.retention_s):
         return False  # another finishing run got there first
-    store = webhook_store(rt)
+    store = rt.webhooks
     owner = info.get("tenant") or tenant or "default"
     url = info.get("webhook_url") or store.default_url(owner)
     if not url:

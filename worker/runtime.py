@@ -21,6 +21,7 @@ from .store import RunStore, connect
 from .store_cluster import ClusterStore
 from .tenants import Tenants
 from .tools import REGISTRY, ToolRegistry
+from .webhooks import WebhookStore
 
 
 @dataclass
@@ -43,6 +44,10 @@ class Runtime:
     @cached_property
     def budgets(self) -> TenantBudgets:
         return TenantBudgets(self.redis)
+
+    @cached_property
+    def webhooks(self) -> WebhookStore:
+        return WebhookStore(self.redis, self.settings.retention_s)
 
     @cached_property
     def cluster(self) -> ClusterStore:

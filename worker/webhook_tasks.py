@@ -8,7 +8,6 @@ from typing import Any
 import httpx
 
 from .celery_app import app
-from .finish_hooks import webhook_store
 from .names import WEBHOOK_TASK, WEBHOOKS_QUEUE
 from .runtime import get_runtime
 from .webhooks import attempt_delivery
@@ -31,7 +30,7 @@ def deliver(self: Any, delivery_id: str, attempt: int) -> None:
     """Attempt `attempt` of one delivery; schedules the next one when it failed and time is left."""
     rt = get_runtime()
     s = rt.settings
-    wait = attempt_delivery(webhook_store(rt), delivery_id, attempt, _client(), allow_private=s.webhook_allow_private,
+    wait = attempt_delivery(rt.webhooks, delivery_id, attempt, _client(), allow_private=s.webhook_allow_private,
                             retry_base_s=s.webhook_retry_base_s, retry_max_s=s.webhook_retry_max_s,
                             retry_for_s=s.webhook_retry_for_s)
     if wait is not None:
