@@ -13,12 +13,13 @@ subprocess, no sleep: a whole run takes milliseconds.
 from __future__ import annotations
 
 import json
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import redis
 
 from worker.config import Settings
 from worker.core.models import LLMReply, Run, RunSpec, Step, ToolCall, Usage
@@ -26,6 +27,7 @@ from worker.core.outcome import Outcome, StepOutcome
 from worker.errors import LLMError
 from worker.runner import Dispatcher, StepRunner
 from worker.runtime import Runtime
+from worker.store_cas import Command
 from worker.submit import submit
 
 Message = dict[str, Any]
@@ -70,24 +72,55 @@ class ScriptedLLM:
         return entry(messages) if callable(entry) else entry
 
 
-@dataclass
 class RecordingDispatch:
-    """What the runner would enqueue: step deliveries (a FIFO the harness drains) and sandbox requests."""
+    """What the runner would enqueue: step deliveries (a FIFO the harness drains) and sandbox requests.
 
-    steps: deque[tuple[str, int]] = field(default_factory=deque)
-    sandbox: list[dict[str, Any]] = field(default_factory=list)
-    sent_steps: list[tuple[str, int]] = field(default_factory=list)  # every step ever enqueued
+    As with Celery on Redis, a step's commit writes its next step's message itself (`step_commands`):
+    here an RPUSH onto a list in the test's Redis, which `steps` and `sent_steps` take in (with a
+    client of their own, so that bench/step_cpu.py counts only the runner's round trips)."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._queued: deque[tuple[str, int]] = deque()
+        self._sent: list[tuple[str, int]] = []  # every step ever enqueued
+        self.sandbox: list[dict[str, Any]] = []
+        self._redis = redis.Redis.from_url(redis_url)
+        self._list = f"harness:sent:{uuid.uuid4().hex}"
+
+    @property
+    def steps(self) -> deque[tuple[str, int]]:
+        self._take_in()
+        return self._queued
+
+    @property
+    def sent_steps(self) -> list[tuple[str, int]]:
+        self._take_in()
+        return self._sent
 
     def next_step(self, run_id: str, index: int, priority: int | None = None) -> None:
         """(The harness runs steps in FIFO order; the priority a submission gives is not modelled.)"""
-        self.steps.append((run_id, index))
-        self.sent_steps.append((run_id, index))
+        self._take_in()
+        self._queued.append((run_id, index))
+        self._sent.append((run_id, index))
+
+    def step_commands(self, run_id: str, index: int) -> list[Command]:
+        return [("RPUSH", self._list, json.dumps([run_id, index]))]
+
+    def _take_in(self) -> None:
+        with self._redis.pipeline() as pipe:
+            written, _ = pipe.lrange(self._list, 0, -1).delete(self._list).execute()
+        for raw in written:
+            run_id, index = json.loads(raw)
+            self._queued.append((run_id, index))
+            self._sent.append((run_id, index))
 
     def send_sandbox(self, request: dict[str, Any]) -> None:
         self.sandbox.append(request)
 
     def as_dispatcher(self) -> Dispatcher:
-        return Dispatcher(next_step=self.next_step, sandbox=self.send_sandbox)
+        return Dispatcher(next_step=self.next_step, sandbox=self.send_sandbox, step_commands=self.step_commands)
+
+    def close(self) -> None:
+        self._redis.close()
 
 
 class Harness:
@@ -99,7 +132,7 @@ class Harness:
         if redis_client is not None:
             self.rt.redis = redis_client
         self.store = self.rt.store
-        self.dispatch = RecordingDispatch()
+        self.dispatch = RecordingDispatch(settings.redis_url)
         self.runner = StepRunner(self.rt, self.dispatch.as_dispatcher())
         self.outcomes: list[tuple[str, int, StepOutcome]] = []
 
@@ -138,6 +171,7 @@ class Harness:
 
     def close(self) -> None:
         self.rt.redis.close()
+        self.dispatch.close()
 
 
 HARNESS_SETTINGS: dict[str, Any] = {"tenants": ["default", "acme"], "tool_cache_ttl_s": 0}

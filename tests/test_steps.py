@@ -108,6 +108,27 @@ def test_a_step_whose_run_lease_is_held_is_busy_and_does_nothing(harness: Harnes
     assert harness.deliver(run_id, 0).outcome == Outcome.FINAL_ANSWER
 
 
+def test_the_commit_that_records_a_step_sends_the_next_one_and_a_refused_commit_sends_none(
+        harness: Harness) -> None:
+    """With a dispatcher that hands its message back (Celery on Redis), the next step is written by the
+    step's commit, with the lease's release; a commit the record refuses (a cancel while the model was
+    asked) writes no next step."""
+    harness.llm.script(SIX_BY_SEVEN)
+    run_id = harness.submit("What is 6 * 7 + 1?")
+    first = harness.step()
+    assert (first.outcome, first.next_step, first.next_sent) == (Outcome.TOOL_CALLS, 1, True)
+    assert list(harness.dispatch.steps) == [(run_id, 1)] and not harness.store.lease_held(run_id)
+
+    def cancelled_meanwhile(messages: list[dict[str, Any]]) -> LLMReply:
+        cancel(harness.store, run_id)
+        return call("calculator", {"expression": "42+1"}, call_id="c2")
+
+    harness.llm.script(cancelled_meanwhile)
+    assert harness.step().outcome == Outcome.FENCED
+    assert harness.dispatch.sent_steps == [(run_id, 0), (run_id, 1)]  # no step 2
+    assert harness.run(run_id).status == RunStatus.CANCELLED and len(harness.steps(run_id)) == 1
+
+
 def test_the_next_step_is_enqueued_only_after_the_lease_is_released(harness: Harness) -> None:
     lease_held_when_sent: list[bool] = []
     record = harness.dispatch.next_step
@@ -116,6 +137,7 @@ def test_the_next_step_is_enqueued_only_after_the_lease_is_released(harness: Har
         lease_held_when_sent.append(harness.store.lease_held(run_id))
         record(run_id, index)
 
+    # a dispatcher that cannot hand a message back (kombu's own transports): sent after the commit
     harness.runner.dispatch = Dispatcher(next_step=next_step, sandbox=harness.dispatch.send_sandbox)
     harness.llm.script(SIX_BY_SEVEN, call("calculator", {"expression": "42+1"}, call_id="c2"), final("43"))
     harness.submit("What is 6 * 7 + 1?")

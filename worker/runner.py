@@ -52,6 +52,9 @@ class Dispatcher:
 
     next_step: Callable[[str, int], None]
     sandbox: Callable[[dict[str, Any]], None]
+    # The Redis commands that enqueue a step, for a commit to write with the step it records (None:
+    # the step is sent after the commit, with next_step).
+    step_commands: Callable[[str, int], list[Command]] | None = None
 
 
 class StepRunner:
@@ -82,8 +85,9 @@ class StepRunner:
         finally:
             leases.release(run_id, token)  # unless the step's commit already let it go
         # Enqueue the next step only once the lease is gone: sent earlier, it could start (on another
-        # thread or worker) while this step still held the lease, be fenced, and strand the run.
-        if result.next_step is not None:
+        # thread or worker) while this step still held the lease, be fenced, and strand the run. With
+        # Celery on Redis the commit that lets go of the lease sends it (no window between the two).
+        if result.next_step is not None and not result.next_sent:
             self.dispatch.next_step(run_id, result.next_step)
         return result
 
@@ -313,9 +317,12 @@ class StepRunner:
             return end or engine.after_step(r, step, step.finished_at, limits)
 
         steps = d.steps + [step]
-        committed = self.store.commit_step(snap, step, conclude, invalid=invalid, release_lease=d.token,
-                                           also=(also or []) + (spend or []),
-                                           trim=lambda: working_keys(self.store, run, steps))
+        to_send = self.dispatch.step_commands
+        committed = self.store.commit_step(
+            snap, step, conclude, invalid=invalid, release_lease=d.token, also=(also or []) + (spend or []),
+            trim=lambda: working_keys(self.store, run, steps),
+            send_next=(lambda: to_send(run.id, step.index + 1)) if to_send is not None else None,
+        )
         if committed is None:
             self.store.run_commands(spend or [])  # the call was made and paid for, recorded or not
             return FENCED
@@ -327,7 +334,7 @@ class StepRunner:
                                 "completion_tokens": step.usage.completion_tokens,
                                 "llm_ms": step.llm_ms, "tools_ms": step.tools_ms})
         if not committed.run.status.finished:
-            return StepOutcome(outcome, next_step=step.index + 1)
+            return StepOutcome(outcome, next_step=step.index + 1, next_sent=committed.next_sent)
         safeguard = committed.end.safeguard if committed.end is not None else ""
         if safeguard:
             metrics.SAFEGUARDS.labels(safeguard).inc()

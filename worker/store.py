@@ -154,6 +154,7 @@ class Committed:
     end: End | None
     trimmed: bool = False
     batch_progress: tuple[int, int] | None = None
+    next_sent: bool = False  # the run goes on, and its next step's message went out with the step
 
 
 def start_deadline(run: Run, at: float) -> None:
@@ -396,11 +397,13 @@ class RunStore:
     def commit_step(
         self, snapshot: Snapshot, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool = False,
         release_lease: str | None = None, also: list[Command] | None = None, trim: Trim | None = None,
+        send_next: Callable[[], list[Command]] | None = None,
     ) -> Committed | None:
         """Record step `step.index` and advance the run, only if the run is still at that step.
         `conclude` (pure) says whether the advanced record ends the run, and how. The lease held with
-        `release_lease` is let go, and the `also` writes are made, in the same transaction; and if the
-        step ends the run, its working keys `trim` are dropped and its events compacted."""
+        `release_lease` is let go, and the `also` writes are made, in the same transaction; if the run
+        goes on, so are the `send_next` commands (the next step's message); if the step ends the run,
+        its working keys `trim` are dropped and its events compacted."""
         run_id = snapshot.run.id
 
         def mutate(run: Run) -> bool:
@@ -411,8 +414,9 @@ class RunStore:
 
         def extra(run: Run) -> list[Command]:
             data = step.model_dump_json()
+            going_on = send_next() if send_next is not None and not run.status.finished else []
             return [("RPUSH", keys.steps(run_id), data), event_command(run_id, "step", data),
-                    *self._count_usage(run, step.usage, step.cost_usd), *(also or [])]
+                    *self._count_usage(run, step.usage, step.cost_usd), *(also or []), *going_on]
 
         written = self._write(run_id, mutate, extra, expect=snapshot, release_lease=release_lease, trim=trim)
         if written is None:
@@ -420,7 +424,7 @@ class RunStore:
         run = written.snapshot.run
         end = conclude(run)
         if not run.status.finished:
-            return Committed(run, end)
+            return Committed(run, end, next_sent=send_next is not None)
         progress = None
         if run.spec.batch_id is not None:
             finished = written.reply_to("RPUSH", keys.batch_done(run.spec.batch_id))

@@ -25,7 +25,8 @@ class Outcome(StrEnum):
 @dataclass(frozen=True)
 class StepOutcome:
     outcome: Outcome
-    next_step: int | None = None  # the step to enqueue, once the run's lease is released
+    next_step: int | None = None  # the step that follows, enqueued once the run's lease is released
+    next_sent: bool = False  # ... by the commit that released it (else the runner sends it after)
     safeguard: str | None = None  # the safeguard that ended the run, if one did
 
 
