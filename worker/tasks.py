@@ -26,16 +26,17 @@ log = logging.getLogger("reactq.tasks")
 
 
 def send_step(run_id: str, index: int, priority: int | None = None, countdown: float | None = None,
-              producer: Any = None) -> None:
+              producer: Any = None, retry: bool = True) -> None:
     """Enqueue a step; without a priority it keeps the priority of the step running on this thread.
 
     `declare=[]`: Celery would declare the queue on every publish (binding copies of the queue and its
     exchange to the channel, ~30 us of CPU a message). A message to the default exchange goes straight
-    to the queue's Redis list; the workers declare the queue as they start consuming."""
+    to the queue's Redis list; the workers declare the queue as they start consuming. `retry=False`
+    for a producer's batch, which sends nothing as a message is published (nothing to retry)."""
     if priority is None:
         priority = (step.request.delivery_info or {}).get("priority")
     step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, priority=priority, countdown=countdown,
-                     producer=producer, declare=[], **step_reprs(run_id, index))
+                     producer=producer, declare=[], retry=retry, **step_reprs(run_id, index))
 
 
 @contextmanager
@@ -45,7 +46,7 @@ def sending_together(celery: Celery | None = None) -> Iterator[Callable[..., Non
     ~200 us of CPU a message (BENCHMARKS.md). Leaving the block with an exception drops the messages not
     sent yet; their runs are recorded, and the reaper re-kicks them (`lost_message`)."""
     with (celery or app).producer_or_acquire() as producer, producer.batch():
-        yield functools.partial(send_step, producer=producer)
+        yield functools.partial(send_step, producer=producer, retry=False)
 
 
 def step_commands(run_id: str, index: int, priority: int | None = None, celery: Celery | None = None) -> list[Command]:
@@ -53,7 +54,7 @@ def step_commands(run_id: str, index: int, priority: int | None = None, celery: 
     for the step's commit to write: the next step goes out in the same transaction that records this
     one and lets go of the run's lease, one round trip fewer than sending it after."""
     with capturing() as commands, (celery or app).producer_or_acquire() as producer, producer.batch():
-        send_step(run_id, index, priority, producer=producer)
+        send_step(run_id, index, priority, producer=producer, retry=False)
     if not commands:  # a transport that published instead of handing the message back
         raise RuntimeError("the broker transport cannot hand a message back (worker.broker.Transport only)")
     return commands
