@@ -8,18 +8,15 @@ from typing import Any, NoReturn
 
 import click
 
+from .cli_base import _runtime, console
 from .plans import BUDGET_FIELDS
 
 
 def _rt() -> Any:
-    from .cli_base import _runtime
-
     return _runtime()
 
 
 def _fail(message: object) -> NoReturn:
-    from .cli_base import console
-
     console.print(f"[red]error:[/red] {message}")
     sys.exit(2)
 
