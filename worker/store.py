@@ -708,7 +708,8 @@ class RunStore:
 
     def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
         """Add `count` to the tenant's submissions of this minute; return its total over the last
-        `window_s` before them (one-minute buckets that expire; worker/fairness.py)."""
+        `window_s` before them (one-minute buckets that expire; worker/fairness.py). Submissions are
+        counted by create_runs, with the same commands; this one takes `now`, for tests of the window."""
         return _counted_before(run_commands(self.r, _count_commands(tenant, count, window_s, now)), count)
 
     def suspect_again(self, run_id: str, step: int, ttl_s: int) -> bool:
