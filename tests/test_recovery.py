@@ -70,7 +70,9 @@ def test_rate_limits_and_server_errors_are_retried(
     cluster: Cluster, stub_control: StubControl, tmp_path: Path
 ) -> None:
     stub_control.set_faults(error_rate_429=0.25, error_rate_500=0.15, retry_after_s=0.05, seed=7)
-    cluster.start_worker(queues="steps", concurrency=16, REACTQ_LLM_MAX_RETRIES="8")
+    # 40% of requests fail: with 9 attempts a call still fails once in ~3,800 (0.4 ** 9), about one run
+    # of this test (20 runs, ~40 calls) in 100, as it once did in CI; with 13, one call in ~150,000.
+    cluster.start_worker(queues="steps", concurrency=16, REACTQ_LLM_MAX_RETRIES="12")
     infile, expected = inline_questions(tmp_path)
     out = tmp_path / "out.jsonl"
     result = cluster.reactq("batch", str(infile), "--out", str(out))
