@@ -58,7 +58,7 @@ LAUNCH = ("import atexit, sys\n"
           "            return int(line.split()[1])\n"
           "atexit.register(lambda: print('MAXRSS_KB', hwm(), file=sys.stderr))\n"
           "sys.argv = ['reactq', *sys.argv[1:]]\n"
-          "from worker.cli import main\nmain()\n")
+          "from worker.cli.main import main\nmain()\n")
 
 
 @dataclass

@@ -45,8 +45,9 @@ def main() -> int:
 
     from worker.config import Settings
     from worker.core.models import RunSpec
-    from worker.store import RunStore, connect
-    from worker.submit import new_batch_id, submit
+    from worker.service.submit import new_batch_id, submit
+    from worker.store.connection import connect
+    from worker.store.runs import RunStore
 
     bench = Bench(args, Path(tempfile.mkdtemp(prefix="reactq-fairness-")))
     rng = random.Random(7)

@@ -70,7 +70,7 @@ def main() -> int:
     from worker.config import Settings
     from worker.core.models import RunSpec
     from worker.core.outcome import Outcome
-    from worker.submit import new_batch_id, submit
+    from worker.service.submit import new_batch_id, submit
 
     workdir = Path(tempfile.mkdtemp(prefix="reactq-stepcpu-"))
     rport, sport = free_port(), free_port()

@@ -7,8 +7,8 @@ on free 127.0.0.1 ports, then P worker processes:
   floor:  celery -A bench.floor_app worker -P threads|gevent -c C   (bench/floor_app.py: one HTTP
           chat call to the stub, then enqueue the next task of the chain; N chains started)
   reactq: reactq worker --queues steps --concurrency C --metrics-port 0   (N runs kept in flight:
-          this script submits new runs, via worker.submit.submit, as runs finish, and sends their
-          first steps together, as `reactq batch` does: worker.tasks.sending_together)
+          this script submits new runs, via worker.service.submit.submit, as runs finish, and sends their
+          first steps together, as `reactq batch` does: worker.tasks.steps.sending_together)
 Runs are "What is A * B + C?" with fresh numbers each (no tool-cache hits): two steps each
 (calculator call, final answer), one LLM call per step, no sandbox.
 steps/s = chat completions the stub served in a fixed window after a warm-up, divided by the
@@ -298,14 +298,15 @@ class Bench:
             res.rss_idle_kb = self.rss_kb(names)
             from celery import Celery
 
-            from worker.broker import transport_for
             from worker.config import Settings
             from worker.core.models import RunSpec
-            from worker.fairness import PRIORITY_STEPS
-            from worker.store import RunStore, connect
-            from worker.submit import new_batch_id, submit
-            from worker.tasks import sending_together
-            from worker.tenants import Tenants
+            from worker.names import PRIORITY_STEPS
+            from worker.service.submit import new_batch_id, submit
+            from worker.store.connection import connect
+            from worker.store.runs import RunStore
+            from worker.tasks.broker import transport_for
+            from worker.tasks.steps import sending_together
+            from worker.tenancy.tenants import Tenants
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
             store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
@@ -328,7 +329,7 @@ class Bench:
             state = {"submitted": 0}
 
             def top_up() -> None:
-                done = store.batch_finished_count(batch_id)
+                done = store.batches.finished_count(batch_id)
                 need = in_flight - (state["submitted"] - done)
                 if need > 0:
                     specs = [RunSpec(question=question()) for _ in range(need)]
@@ -340,7 +341,7 @@ class Bench:
             res.steps, res.seconds = self.measure(stub_url, warmup, window, tick=top_up)
             res.cpu_us = dict(self.cpu_per_step)
             res.rss_loaded_kb = self.rss_kb(names)
-            done_ids = store.batch_finished_since(batch_id, 0)
+            done_ids = store.batches.finished_since(batch_id, 0)
             runs = [r for r in store.load_runs(done_ids) if r is not None]
             statuses: dict[str, int] = {}
             for r in runs:

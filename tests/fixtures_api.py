@@ -17,9 +17,9 @@ import redis
 
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_services import free_port, wait_for_port
-from worker.tenants import Tenants
+from worker.tenancy.tenants import Tenants
 
-SHIPPED_PLANS = (ROOT / "worker" / "plans.toml").read_text()
+SHIPPED_PLANS = (ROOT / "worker" / "tenancy" / "plans.toml").read_text()
 # small limits, so admission is reached with a handful of runs
 TINY_PLAN = """
 [plans.tiny]

@@ -18,11 +18,11 @@ import pytest
 import redis
 
 from tests.fixtures_services import free_port
-from worker import keys
 from worker.config import Settings
 from worker.core.models import Run
-from worker.display import run_json
-from worker.store import RunStore
+from worker.core.views import run_json
+from worker.store import keys
+from worker.store.runs import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -25,10 +25,11 @@ from worker.config import Settings
 from worker.core.models import LLMReply, Run, RunSpec, Step, ToolCall, Usage
 from worker.core.outcome import Outcome, StepOutcome
 from worker.errors import LLMError
-from worker.runner import Dispatcher, StepRunner
-from worker.runtime import Runtime
-from worker.store_cas import Command
-from worker.submit import submit
+from worker.runtime.context import Runtime
+from worker.runtime.runner import Dispatcher, StepRunner
+from worker.service.submit import submit
+from worker.store.cas import Command
+from worker.tasks.webhooks import send_delivery
 
 Message = dict[str, Any]
 Scripted = LLMReply | LLMError | Callable[[list[Message]], LLMReply]
@@ -117,7 +118,8 @@ class RecordingDispatch:
         self.sandbox.append(request)
 
     def as_dispatcher(self) -> Dispatcher:
-        return Dispatcher(next_step=self.next_step, sandbox=self.send_sandbox, step_commands=self.step_commands)
+        return Dispatcher(next_step=self.next_step, sandbox=self.send_sandbox, webhook=send_delivery,
+                          step_commands=self.step_commands)
 
     def close(self) -> None:
         self._redis.close()

@@ -1,5 +1,5 @@
 """Admission at submit(), in process on the real Redis: a tenant's runs in flight and submissions per minute
-are checked by the same script that records the runs (worker/store.py, `create_runs`)."""
+are checked by the same script that records the runs (worker/store/runs.py, `create_runs`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 
 from tests.fixtures_api import SHIPPED_PLANS, TINY_PLAN
 from tests.harness import Harness
-from worker import keys
-from worker.admission import AdmissionRefused
 from worker.core.models import Run, RunSpec
-from worker.store import Quota, QuotaExceeded
-from worker.submit import new_run, submit
+from worker.service.submit import new_run, submit
+from worker.store import keys
+from worker.store.runs import Quota, QuotaExceeded
+from worker.tenancy.admission import AdmissionRefused
 
 
 @pytest.fixture

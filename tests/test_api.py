@@ -10,7 +10,7 @@ import redis
 
 from tests.fixtures_api import make_key, start_api
 from tests.fixtures_cluster import Cluster
-from worker import keys
+from worker.store import keys
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from tests.fixtures_api import SHIPPED_PLANS
 from tests.harness import Harness, call, final
-from worker import approvals, metrics
+from worker import metrics
 from worker.core.models import RunStatus
 from worker.core.outcome import Outcome
-from worker.submit import cancel
+from worker.runtime import approvals
+from worker.service.submit import cancel
 
 CAREFUL_PLAN = """
 [plans.careful]

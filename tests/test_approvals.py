@@ -14,7 +14,7 @@ import redis
 from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_prometheus import scrape, total
 from tests.fixtures_services import free_port
-from worker import keys
+from worker.store import keys
 
 pytestmark = pytest.mark.integration
 CALCULATOR_NEEDS_APPROVAL = {"REACTQ_APPROVAL_TOOLS": '["calculator"]'}

@@ -12,12 +12,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker import keys
 from worker.config import Settings
 from worker.core.models import RunSpec, RunStatus
-from worker.finish_hooks import queue_batch_webhook
-from worker.runtime import Runtime
-from worker.submit import batch_view, new_batch_id, submit
+from worker.runtime.context import Runtime
+from worker.runtime.finish_hooks import queue_batch_webhook
+from worker.service.submit import new_batch_id, submit
+from worker.store import keys
+from worker.store.batch_view import batch_view
 
 
 @pytest.fixture
@@ -30,10 +31,10 @@ def rt(redis_url: str) -> Iterator[Runtime]:
 def make_batch(rt: Runtime, n: int, url: str | None = "http://hooks.example.com/batch") -> tuple[str, list[str]]:
     batch_id = new_batch_id()
     meta = {"tenant": "default", "submitting": "1", **({"webhook_url": url} if url else {})}
-    rt.store.create_batch(batch_id, meta)
+    rt.store.batches.create(batch_id, meta)
     runs = submit(rt.store, [RunSpec(question=f"q{i}") for i in range(n)], rt.settings, lambda *a, **k: None,
                   batch_id=batch_id)
-    rt.store.batch_submitted(batch_id, n)
+    rt.store.batches.mark_submitted(batch_id, n)
     return batch_id, [r.id for r in runs]
 
 
@@ -97,6 +98,6 @@ def test_no_webhook_while_the_batch_is_still_being_submitted(rt: Runtime) -> Non
     end_all(rt, run_ids)
     sent: list[tuple[str, int, float]] = []
     assert not queue_batch_webhook(rt, batch_id, "default", lambda *a: sent.append(a))
-    rt.store.batch_submitted(batch_id, 3)
+    rt.store.batches.mark_submitted(batch_id, 3)
     assert queue_batch_webhook(rt, batch_id, "default", lambda *a: sent.append(a)) and len(sent) == 1
     assert not queue_batch_webhook(rt, batch_id, "default", lambda *a: sent.append(a))  # once

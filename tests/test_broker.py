@@ -1,4 +1,4 @@
-"""worker/broker.py: kombu's Redis transport keeping one synchronous client per connection pool."""
+"""worker/tasks/broker.py: kombu's Redis transport keeping one synchronous client per connection pool."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import redis
 from celery import Celery
 
-from worker import broker
+from worker.tasks import broker
 
 
 def test_the_transport_is_ours_for_redis_urls_only() -> None:
@@ -67,9 +67,8 @@ def test_closing_after_the_connection_was_dropped_is_a_connection_error(redis_ur
 def test_a_submissions_first_steps_go_out_together(redis_url: str) -> None:
     """`sending_together` (what `reactq batch` and POST /v1/batches submit with): the messages wait in
     one pipeline and all arrive, with their priority and argsrepr, when the block ends."""
-    from worker.fairness import PRIORITY_STEPS, queue_lists
-    from worker.names import STEPS_QUEUE, step_reprs
-    from worker.tasks import sending_together
+    from worker.names import PRIORITY_STEPS, STEPS_QUEUE, queue_lists, step_reprs
+    from worker.tasks.steps import sending_together
 
     client = redis.Redis.from_url(redis_url)
     client.delete(*queue_lists(STEPS_QUEUE))
@@ -104,9 +103,8 @@ def test_a_step_message_handed_back_is_the_one_send_step_sends(redis_url: str, p
     """`step_commands` (what a step's commit writes to enqueue the next step): the same list for the
     priority, the same task, arguments and headers as the message send_step publishes, and nothing is
     sent meanwhile."""
-    from worker.fairness import PRIORITY_STEPS, queue_lists
-    from worker.names import STEP_TASK, STEPS_QUEUE
-    from worker.tasks import send_step, step_commands
+    from worker.names import PRIORITY_STEPS, STEP_TASK, STEPS_QUEUE, queue_lists
+    from worker.tasks.steps import send_step, step_commands
 
     client = redis.Redis.from_url(redis_url)
     client.delete(*queue_lists(STEPS_QUEUE))
@@ -128,9 +126,8 @@ def test_a_step_message_handed_back_is_the_one_send_step_sends(redis_url: str, p
 
 
 def test_capturing_hands_back_only_inside_its_block(redis_url: str) -> None:
-    from worker.fairness import PRIORITY_STEPS, queue_lists
-    from worker.names import STEPS_QUEUE
-    from worker.tasks import sending_together
+    from worker.names import PRIORITY_STEPS, STEPS_QUEUE, queue_lists
+    from worker.tasks.steps import sending_together
 
     client = redis.Redis.from_url(redis_url)
     client.delete(*queue_lists(STEPS_QUEUE))

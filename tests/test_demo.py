@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures_services import free_port
-from worker.services import port_free
+from worker.cli.local_stack import port_free
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent

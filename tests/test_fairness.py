@@ -1,5 +1,5 @@
 """Fair queues: interactive runs go first, and one tenant's backlog does not keep another tenant's
-first runs waiting behind it (worker/fairness.py). Ordering is checked, not timing."""
+first runs waiting behind it (worker/tenancy/fairness.py). Ordering is checked, not timing."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ import redis
 from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_stub import StubControl
 from tests.test_recovery import load_run
-from worker import keys
-from worker.celery_app import STEPS_QUEUE
 from worker.config import Settings
 from worker.core.models import RunSpec
-from worker.fairness import BATCH_FIRST, LOWEST, PRIORITY_SEP, WINDOW_S, batch_priorities, batch_priority
-from worker.store import RunStore
-from worker.submit import new_run
+from worker.names import PRIORITY_SEP
+from worker.service.submit import new_run
+from worker.store import keys
+from worker.store.runs import RunStore
+from worker.tasks.app import STEPS_QUEUE
+from worker.tenancy.fairness import BATCH_FIRST, LOWEST, WINDOW_S, batch_priorities, batch_priority
 
 
 def test_priority_falls_one_level_each_time_a_tenants_recent_submissions_double() -> None:

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from tests.fixtures_cluster import ROOT, Cluster, wait_until
-from worker import keys
 from worker.names import STEPS_QUEUE
+from worker.store import keys
 
 pytestmark = pytest.mark.integration
 

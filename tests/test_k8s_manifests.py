@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from tests.fixtures_cluster import ROOT
-from worker.celery_app import SANDBOX_QUEUE, STEPS_QUEUE, app
-from worker.fairness import queue_lists
+from worker.names import queue_lists
+from worker.tasks.app import SANDBOX_QUEUE, STEPS_QUEUE, app
 
 K8S = ROOT / "deploy" / "k8s"
 K8S_VERSION = "1.30.0"

@@ -1,6 +1,7 @@
-"""Which way imports go (DESIGN.md): the pure engine (`worker/core/`) imports only itself,
-`worker.errors`, the standard library and pydantic; tools_sandbox never imports worker; api_stub
-imports neither."""
+"""Which way imports go (DESIGN.md, NOTES.md "Layout"): worker/ is a stack of packages, each importing
+only the packages below it; the pure engine (`worker/core/`) imports only itself, `worker.errors`, the
+standard library and pydantic; celery, fastapi, click and rich each live in one package; tools_sandbox
+never imports worker and api_stub imports neither. A module is classified by the folder it is in."""
 
 from __future__ import annotations
 
@@ -12,6 +13,31 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "worker" / "core"
+
+# The package table, bottom first: a package may import only the rows above its own (never one beside it).
+LAYERS = [
+    "worker.errors",  # the one exception tree (a module at the root, below everything)
+    "worker.core",  # the pure engine: models, parser, prompts, the step decision, views, trace diff
+    "worker",  # the foundation, the other root modules: config, names, metrics, logs
+    "worker.store",  # every Redis read and write
+    "worker.llm",  # the model edge: client, HTTP pool, rate limiter, fallback
+    "worker.tenancy",  # tenants, plans, budgets and the ledger, admission, fairness
+    "worker.tools worker.evals",  # the built-in tools; evaluation scoring, tables and reports
+    "worker.runtime",  # the step path: runner, approvals, finish hooks, webhooks, leases, reaper, drain
+    "worker.tasks",  # Celery: the app, the transport, the tasks
+    "worker.service",  # submit, batches, batch input, replay, retention: what the CLI and API share
+    "worker.api",  # the HTTP API
+    "worker.cli",  # the command line, its display, the demo and the local stack
+]
+# `celery -A worker.celery_app` (users' scripts, old deployments) is an alias of worker.tasks.app.
+ALIASES = {"worker.celery_app"}
+# Each framework is imported by exactly one package of worker/.
+FRAMEWORKS = {"celery": "worker.tasks", "kombu": "worker.tasks", "fastapi": "worker.api",
+              "starlette": "worker.api", "click": "worker.cli", "rich": "worker.cli"}
+
+
+def rank_of(package: str) -> int:
+    return next(i for i, row in enumerate(LAYERS) if package in row.split())
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -38,6 +64,84 @@ def resolve(path: Path, name: str) -> str:
     return ".".join(base + ([rest] if rest else []))
 
 
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_of(module: str) -> str:
+    """The package-table row a worker module belongs to, by its folder."""
+    if module == "worker.errors":
+        return module
+    path = ROOT / module.replace(".", "/")
+    if path.is_dir():  # a package's __init__
+        return module if module == "worker" else ".".join(module.split(".")[:2])
+    return ".".join(module.split(".")[:2]) if module.count(".") >= 2 else "worker"
+
+
+def module_path(module: str) -> Path:
+    path = ROOT / module.replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+WORKER_MODULES = sorted(_module_name(p) for p in (ROOT / "worker").rglob("*.py"))
+
+
+def test_every_package_is_in_the_table() -> None:
+    for module in WORKER_MODULES:
+        if module not in ALIASES:
+            rank_of(package_of(module))  # StopIteration: a folder the table does not name
+
+
+def package_imports(module: str) -> set[str]:
+    """The worker modules `module` imports (lazy ones included), each as the module it names."""
+    path = module_path(module)
+    targets = set()
+    for name in imported_modules(path):
+        target = resolve(path, name)
+        if target.split(".")[0] == "worker":
+            targets.add(target)
+    return targets
+
+
+def _target_package(target: str) -> str:
+    while target and target != "worker" and not (ROOT / target.replace(".", "/")).exists() \
+            and not (ROOT / (target.replace(".", "/") + ".py")).exists():
+        target = target.rpartition(".")[0]  # `from .x import f` names module x
+    return package_of(target)
+
+
+@pytest.mark.parametrize("module", [m for m in WORKER_MODULES if m not in ALIASES])
+def test_each_package_imports_only_the_packages_below_it(module: str) -> None:
+    here = package_of(module)
+    for target in package_imports(module):
+        there = _target_package(target)
+        if there == here:
+            continue
+        assert rank_of(there) < rank_of(here), (
+            f"{module} ({here}) imports {target} ({there}), which is not below it in tests/test_layering.py LAYERS")
+
+
+def test_nothing_imports_an_alias() -> None:
+    for module in WORKER_MODULES:
+        assert not package_imports(module) & ALIASES, f"{module} imports an alias module"
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_each_framework_is_imported_by_one_package(framework: str) -> None:
+    importers = {package_of(module) for module in WORKER_MODULES if module not in ALIASES
+                 if any(name.split(".")[0] == framework for name in imported_modules(module_path(module)))}
+    assert importers <= {FRAMEWORKS[framework]}, f"{framework} is imported outside {FRAMEWORKS[framework]}: {importers}"
+
+
+def test_modules_are_classified_by_their_folder() -> None:
+    assert rank_of("worker.runtime") < rank_of("worker.tasks")
+    assert package_of("worker.runtime.runner") == "worker.runtime"
+    assert package_of("worker.config") == "worker"
+    assert package_of("worker.store") == "worker.store"
+    assert _target_package("worker.tasks.steps.send_step") == "worker.tasks"
+
+
 @pytest.mark.parametrize("path", sorted(CORE.rglob("*.py")), ids=lambda p: p.name)
 def test_core_imports_only_core_errors_stdlib_and_pydantic(path: Path) -> None:
     for name in imported_modules(path):
@@ -61,30 +165,6 @@ def test_services_do_not_import_each_other(package: str, forbidden: set[str]) ->
     for path in (ROOT / package).rglob("*.py"):
         tops = {name.split(".")[0] for name in imported_modules(path) if not name.startswith(".")}
         assert not tops & forbidden, f"{path.relative_to(ROOT)} imports {tops & forbidden}"
-
-
-# The step path: what a worker runs. The app around it (cli, api, batch, demo, display, submit,
-# services, metrics_server and later entry points) may import it, never the other way (NOTES.md,
-# "Layout").
-RUNTIME = {"runner", "tasks", "celery_app", "runtime", "store", "store_cas", "store_cluster", "leases", "llm",
-           "sandbox_bridge", "reaper", "metrics", "logs", "names", "keys", "config", "errors", "budgets", "plans",
-           "tenants", "approvals", "finish_hooks", "webhooks", "webhook_tasks", "retention", "submit", "display",
-           "admission", "ratelimit", "routing", "fairness", "drain", "broker", "llm_http"}
-
-
-@pytest.mark.parametrize("name", sorted(RUNTIME))
-def test_the_step_path_imports_nothing_from_the_app_around_it(name: str) -> None:
-    path = ROOT / "worker" / f"{name}.py"
-    for imported in imported_modules(path):
-        target = resolve(path, imported)
-        if not target.startswith("worker.") or target.startswith(("worker.core", "worker.tools")):
-            continue
-        assert target.split(".")[1] in RUNTIME, f"worker/{name}.py imports {target}, which is app, not runtime"
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -16,8 +16,8 @@ import pytest
 from tests.fixtures_stub import StubControl
 from worker.core.models import ToolCall, Usage
 from worker.errors import LLMError
-from worker.llm import OpenAIChat, parse_completion
-from worker.llm_http import LLMHTTPClient, _Connection
+from worker.llm.client import OpenAIChat, parse_completion
+from worker.llm.http_pool import LLMHTTPClient, _Connection
 
 
 def body(message: dict, **extra: object) -> str:
@@ -111,7 +111,7 @@ def test_threads_share_a_bounded_number_of_clients(stub_base_url: str, stub_cont
     assert all(r.content for r in replies)
     built = [c for c in client._shards if c is not None]
     assert len(client._shards) == 8 and 1 <= len(built) <= 8  # min(POOL_SHARDS, max_connections)
-    # One attempt per call: none failed with EBADF or waited out its timeout (worker/llm_http.py).
+    # One attempt per call: none failed with EBADF or waited out its timeout (worker/llm/http_pool.py).
     assert attempts == ["ok"] * 200
     assert stub_control.stats()["by_status"] == {"200": 200}
     client.close()

@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.budgets import BudgetExceeded, call_max_tokens, next_day, next_month, periods
 from worker.core.models import Run, RunSpec, Usage
-from worker.plans import AllowedTools, PlanConfigError, load_plans, parse_plans
-from worker.tenants import KeyStatus, Tenants, _digest
+from worker.tenancy.budgets import BudgetExceeded, call_max_tokens, next_day, next_month, periods
+from worker.tenancy.plans import AllowedTools, PlanConfigError, load_plans, parse_plans
+from worker.tenancy.tenants import KeyStatus, Tenants, _digest
 from worker.tools import REGISTRY
 
 PRICES = {"m": (1.0, 2.0)}  # USD per million prompt / completion tokens

@@ -1,4 +1,4 @@
-"""Provider limits shared by every worker (worker/ratelimit.py) and the stub's server-side limits."""
+"""Provider limits shared by every worker (worker/llm/ratelimit.py) and the stub's server-side limits."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from tests.fixtures_prometheus import scrape, total
 from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
 from tests.test_recovery import inline_questions
-from worker import keys
 from worker.config import ModelSpec
 from worker.core.models import LLMReply, Usage
 from worker.errors import LLMThrottled
-from worker.ratelimit import LimitedLLM, RateLimiter, estimate_tokens
+from worker.llm.ratelimit import LimitedLLM, RateLimiter, estimate_tokens
+from worker.store import keys
 
 
 @pytest.fixture

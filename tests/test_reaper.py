@@ -11,14 +11,17 @@ import redis
 from celery import Celery
 
 from tests.fixtures_cluster import wait_until
-from worker import keys, metrics
-from worker.celery_app import STEP_TASK, STEPS_QUEUE
+from worker import metrics
 from worker.config import Settings
 from worker.core.models import Run, RunSpec
-from worker.fairness import PRIORITY_STEPS
-from worker.reaper import ReaperAction, reap_once
-from worker.runtime import Runtime
-from worker.submit import new_run
+from worker.names import PRIORITY_STEPS
+from worker.runtime.context import Runtime
+from worker.runtime.reaper import ReaperAction, reap_once
+from worker.runtime.runner import Dispatcher
+from worker.service.submit import new_run
+from worker.store import keys
+from worker.tasks.app import STEP_TASK, STEPS_QUEUE
+from worker.tasks.webhooks import send_delivery
 
 STALE_S, LEASE_S, SANDBOX_S = 30.0, 2.0, 60
 
@@ -52,7 +55,8 @@ def enqueue(broker: Celery, run: Run, priority: int | None = None) -> None:
 def reap(rt: Runtime, at: float) -> dict[str, int]:
     rt.redis.delete(keys.REAPER_LOCK)  # each call is its own pass
     kicked: dict[str, int] = {}
-    reap_once(rt, lambda run_id, index: kicked.__setitem__(run_id, index), now=at)
+    reap_once(rt, Dispatcher(next_step=lambda run_id, index: kicked.__setitem__(run_id, index),
+                              sandbox=lambda request: None, webhook=send_delivery), now=at)
     return kicked
 
 
@@ -134,4 +138,4 @@ def test_runs_whose_record_vanished_leave_the_active_set(rt: Runtime) -> None:
     rt.redis.delete(keys.run(run.id))  # expired, or lost with the last second of Redis writes
     before = count(ReaperAction.DROPPED)
     assert reap(rt, time.time() + STALE_S + 1) == {}
-    assert rt.store.active_count() == 0 and count(ReaperAction.DROPPED) == before + 1
+    assert rt.cluster.active_count() == 0 and count(ReaperAction.DROPPED) == before + 1

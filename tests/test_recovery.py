@@ -11,8 +11,8 @@ import redis
 from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_stub import StubControl
 from tests.test_integration import SAMPLE, assert_all_answered, read_results
-from worker import keys
 from worker.core.models import Run, Step
+from worker.store import keys
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.fixtures_cluster import Cluster
 from worker.core.models import Observation, Run, RunSpec, RunStatus, Step, ToolCall
-from worker.trace_diff import diff_traces
+from worker.core.trace_diff import diff_traces
 
 QUESTION = "What is 6 * 7 and what is the capital of Japan and who painted the Mona Lisa?"
 

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from tests.fixtures_cluster import Cluster, wait_until
-from worker.retention import parse_age
+from worker.service.retention import parse_age
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("45s", 45),

@@ -12,11 +12,11 @@ import pytest
 from tests.fixtures_cluster import Cluster
 from tests.fixtures_stub import StubControl
 from worker import metrics
-from worker.budgets import call_max_tokens, worst_prices
 from worker.config import ModelSpec
 from worker.core.models import LLMReply, Run, RunSpec, Usage
 from worker.errors import LLMError
-from worker.routing import RoutedLLM
+from worker.llm.fallback import RoutedLLM
+from worker.tenancy.budgets import call_max_tokens, worst_prices
 
 MODELS = {"primary": ModelSpec(fallbacks=["backup", "last"]), "backup": ModelSpec(), "last": ModelSpec()}
 
@@ -63,7 +63,7 @@ def test_a_model_without_fallbacks_is_asked_alone() -> None:
 
 
 def test_a_call_is_budgeted_at_the_dearest_model_that_may_answer_it() -> None:
-    """The budget reservation (worker/budgets.py) happens before routing picks the answering model."""
+    """The budget reservation (worker/tenancy/budgets.py) happens before routing picks the answering model."""
     prices = {"primary": (1.0, 2.0), "backup": (10.0, 20.0), "last": (0.5, 30.0)}
     assert worst_prices("primary", MODELS, prices) == {"primary": (10.0, 30.0)}
     assert worst_prices("backup", MODELS, prices) == {"backup": (10.0, 20.0)}

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT, STDERR_TAIL_LINES, render
-from worker.sandbox_bridge import UNREADABLE, observation_from_sandbox
+from worker.runtime.sandbox_bridge import UNREADABLE, observation_from_sandbox
 
 
 def result(**kw) -> str:

@@ -14,16 +14,16 @@ from tests.fixtures_cluster import wait_until
 from tests.harness import HARNESS_SETTINGS, Harness, call, calls, final
 from tools_sandbox.models import SandboxResult
 from tools_sandbox.tasks import ExecuteRequest
-from worker import keys
 from worker.config import Settings
 from worker.core.models import LLMReply, Observation, RunSpec, RunStatus, Usage
 from worker.core.outcome import Outcome
 from worker.core.prompts import REFLECTION
 from worker.errors import LLMError
 from worker.names import STEP_TASK, STEPS_QUEUE
-from worker.runner import Dispatcher
-from worker.store_cas import STREAM_LINGER_MS
-from worker.submit import cancel, submit
+from worker.runtime.runner import Dispatcher
+from worker.service.submit import cancel, submit
+from worker.store import keys
+from worker.store.cas import STREAM_LINGER_MS
 
 SIX_BY_SEVEN = call("calculator", {"expression": "6*7"})
 
@@ -138,7 +138,8 @@ def test_the_next_step_is_enqueued_only_after_the_lease_is_released(harness: Har
         record(run_id, index)
 
     # a dispatcher that cannot hand a message back (kombu's own transports): sent after the commit
-    harness.runner.dispatch = Dispatcher(next_step=next_step, sandbox=harness.dispatch.send_sandbox)
+    harness.runner.dispatch = Dispatcher(next_step=next_step, sandbox=harness.dispatch.send_sandbox,
+                                         webhook=harness.runner.dispatch.webhook)
     harness.llm.script(SIX_BY_SEVEN, call("calculator", {"expression": "42+1"}, call_id="c2"), final("43"))
     harness.submit("What is 6 * 7 + 1?")
     assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
@@ -356,7 +357,7 @@ def test_the_last_step_of_a_batch_run_ends_it_in_one_write(redis_url: str) -> No
         assert event_kinds(harness, first.id) == ["queued", "step", "step", "finished"]
         assert sorted(client.keys(f"*{first.id}*")) == sorted(k.encode() for k in (
             keys.run(first.id), keys.steps(first.id), keys.events(first.id), keys.events_compacted(first.id)))
-        assert harness.store.batch_progress("b-one-write") == (1, 2)
+        assert harness.store.batches.progress("b-one-write") == (1, 2)
     finally:
         harness.close()
 

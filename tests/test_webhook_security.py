@@ -22,7 +22,7 @@ import redis
 
 from tests.fixtures_receiver import Receiver
 from worker.errors import SignatureInvalid
-from worker.webhooks import (
+from worker.runtime.webhooks import (
     AttemptError,
     Delivery,
     DeliveryState,

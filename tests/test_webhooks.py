@@ -15,7 +15,7 @@ import redis
 from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_receiver import Receiver
 from worker.errors import InvalidRequest
-from worker.webhooks import WebhookStore, backoff_s, validate_url, verify
+from worker.runtime.webhooks import WebhookStore, backoff_s, validate_url, verify
 
 # --- pure --------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The one place a sandbox result becomes the text a model reads (and the failure type metrics count).
 
-Pure: it takes a validated SandboxResult. The step worker (worker/sandbox_bridge.py) and the CLI
+Pure: it takes a validated SandboxResult. The step worker (worker/runtime/sandbox_bridge.py) and the CLI
 both call `render`, so the model sees the same words whichever
 path produced the result.
 """

@@ -1,47 +1,5 @@
-"""The Celery app: Redis broker, at-least-once delivery, queues reactq.steps, reactq.sandbox, reactq.webhooks."""
+"""`celery -A worker.celery_app` keeps working: the Celery app lives in worker/tasks/app.py."""
 
-from __future__ import annotations
+from .tasks.app import app
 
-from celery import Celery
-
-from .broker import transport_for
-from .config import get_settings
-from .fairness import PRIORITY_STEPS
-from .names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, WEBHOOK_TASK, WEBHOOKS_QUEUE
-
-
-def make_app() -> Celery:
-    settings = get_settings()
-    app = Celery("reactq", broker=settings.redis_url,
-                 include=["worker.tasks", "worker.webhook_tasks", "tools_sandbox.tasks"])
-    app.conf.update(
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        task_ignore_result=True,
-        task_serializer="json",
-        accept_content=["json"],
-        task_default_queue=STEPS_QUEUE,
-        task_routes={STEP_TASK: {"queue": STEPS_QUEUE}, SANDBOX_TASK: {"queue": SANDBOX_QUEUE},
-                     WEBHOOK_TASK: {"queue": WEBHOOKS_QUEUE}},
-        worker_prefetch_multiplier=1,
-        worker_hijack_root_logger=False,
-        worker_send_task_events=False,
-        broker_connection_retry_on_startup=True,
-        broker_connection_max_retries=None,
-        broker_transport=transport_for(settings.redis_url),
-        # Sized for a threads pool holding hundreds of LLM calls in flight.
-        broker_pool_limit=settings.redis_max_connections,
-        redis_max_connections=settings.redis_max_connections,
-        broker_transport_options={
-            # A message taken by a worker that died comes back after this; above the longest step.
-            "visibility_timeout": settings.visibility_timeout_s,
-            "max_connections": settings.redis_max_connections,
-            "socket_keepalive": True,
-            # One list per priority; a worker takes the highest first (worker/fairness.py).
-            "priority_steps": PRIORITY_STEPS,
-        },
-    )
-    return app
-
-
-app = make_app()
+__all__ = ["app"]

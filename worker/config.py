@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     prices_per_mtok: dict[str, tuple[float, float]] = Field(
         default_factory=lambda: {"reactq-stub": (0.15, 0.60)}
     )  # model -> (USD per 1M prompt tokens, USD per 1M completion tokens)
-    # per-model provider limits, fallbacks and prices (REACTQ_MODELS, JSON); see worker/ratelimit.py
+    # per-model provider limits, fallbacks and prices (REACTQ_MODELS, JSON); see worker/llm/ratelimit.py
     models: dict[str, ModelSpec] = Field(default_factory=dict)
     llm_limit_burst_s: float = Field(0.5, ge=0)  # a limit's burst tolerance: this many seconds' worth at once
     llm_limit_max_wait_s: float = Field(2.0, ge=0)  # wait longer than this for capacity: re-queue the step

@@ -62,7 +62,7 @@ class ServiceError(ReactqError):
 
 
 class SignatureInvalid(ReactqError):
-    """A webhook delivery failed `worker.webhooks.verify`; `problem` is why (a `SignatureProblem` value:
+    """A webhook delivery failed `worker.runtime.webhooks.verify`; `problem` is why (a `SignatureProblem` value:
     missing, malformed, stale, mismatch)."""
 
     def __init__(self, problem: str, message: str) -> None:

@@ -61,21 +61,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str, ensure_ascii=False)
 
 
-def _task_prerun(task_id: str | None = None, task: Any = None, args: Any = None, **_: Any) -> None:
-    fields = task_fields(getattr(task, "name", ""), args)
-    _bound.set(fields or None)
+def bind_task(task_name: str, args: Any) -> None:
+    """Bind the run id and step of the task this thread starts (until `unbind_task`); worker.tasks calls
+    it from Celery's task_prerun signal."""
+    _bound.set(task_fields(task_name, args) or None)
 
 
-def _task_postrun(**_: Any) -> None:
+def unbind_task() -> None:
     _bound.set(None)
-
-
-def bind_celery_tasks() -> None:
-    """Bind run_id/step for the duration of each task (Celery logs its 'succeeded' line before postrun)."""
-    from celery import signals
-
-    signals.task_prerun.connect(_task_prerun, weak=False, dispatch_uid="reactq-logs-prerun")
-    signals.task_postrun.connect(_task_postrun, weak=False, dispatch_uid="reactq-logs-postrun")
 
 
 def setup(level: str = "INFO") -> None:
@@ -86,4 +79,3 @@ def setup(level: str = "INFO") -> None:
     root.setLevel(level)
     for noisy in ("httpx", "httpcore", "openai", "urllib3", "docker"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    bind_celery_tasks()

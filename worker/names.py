@@ -12,6 +12,15 @@ STEP_TASK = "reactq.step"
 SANDBOX_TASK = "reactq.sandbox.execute"
 WEBHOOK_TASK = "reactq.webhook.deliver"
 
+# kombu's Redis transport keeps one list per priority of a queue (worker/tenancy/fairness.py says who gets which).
+PRIORITY_STEPS = list(range(10))
+PRIORITY_SEP = "\x06\x16"  # queue name + sep + priority
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists holding `queue`'s messages, highest priority first."""
+    return [queue] + [f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS[1:]]
+
 
 def step_reprs(run_id: str, index: int) -> dict[str, str]:
     """A step message's `argsrepr` and `kwargsrepr`, as Celery's saferepr writes them (the reaper finds

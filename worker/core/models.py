@@ -131,7 +131,7 @@ class RunSpec(BaseModel):
     max_tokens: int | None = None  # the run's token budget (prompt + completion, all its calls)
     max_cost_usd: float | None = None  # the run's cost budget
     deadline_s: float | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
-    webhook_url: str | None = None  # called when the run finishes (worker/webhooks.py)
+    webhook_url: str | None = None  # called when the run finishes (worker/runtime/webhooks.py)
 
 
 class Run(BaseModel):

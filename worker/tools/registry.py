@@ -97,7 +97,7 @@ class ToolRegistry:
         return sorted(t.name for t in self._tools.values())
 
     def refusal(self, name: str) -> str | None:
-        """Every registered tool is available (a plan's view, `worker.plans.AllowedTools`, refuses some)."""
+        """Every registered tool is available (a plan's view, `worker.tenancy.plans.AllowedTools`, refuses some)."""
         return None
 
     def all(self) -> list[Tool]:

@@ -1,0 +1,52 @@
+"""What every `reactq` verb module shares: the command group, the consoles and the runtime getter.
+
+Its own module so that `cli.py` and the add-on verb modules (`cli_*.py`) import it, never each other.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `reactq stub` need no Redis
+    """The process runtime, once Redis answers. People get an answer within seconds (`patient=False`);
+    daemons (`worker`) wait through a Redis restart."""
+    from ..errors import StoreUnavailable
+    from ..runtime.context import get_runtime
+    from ..store.connection import ping, ping_quickly
+
+    rt = get_runtime()
+    try:
+        if patient:
+            ping(rt.redis, rt.settings.redis_url)
+        else:
+            ping_quickly(rt.settings.redis_url)
+    except StoreUnavailable as exc:
+        console.print(f"[red]error:[/red] {exc}. Start Redis or set REACTQ_REDIS_URL.")
+        sys.exit(2)
+    return rt
+
+
+def _send_step():
+    from ..tasks.steps import send_step
+
+    return send_step
+
+
+@click.group()
+def cli() -> None:
+    """reactq: ReAct agents as durable background jobs on Celery + Redis."""
+
+
+def _load(run_id: str):
+    run = _runtime().store.load_run(run_id)
+    if run is None:
+        console.print(f"[red]error:[/red] no run {run_id!r} (unknown id, or its record expired)")
+        sys.exit(2)
+    return run

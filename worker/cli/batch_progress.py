@@ -1,0 +1,95 @@
+"""The batch command's terminal side: progress bar and result file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..core.models import Run
+from ..errors import InvalidRequest
+from ..runtime.context import Runtime
+from ..runtime.finish_hooks import batch_may_be_finished
+from ..service.batch import BatchRunner, Follower
+from ..service.batch import Progress as BatchProgress
+from ..service.batch_input import LineError, ParsedLine, iter_input
+from ..tasks.webhooks import send_delivery
+from ..tenancy.admission import AdmissionRefused, TooLarge
+
+
+def run_batch_file(
+    rt: Runtime, infile: Path, outfile: Path, tenant: str | None, tier: str | None,
+    send_step: Callable[..., None], console: Console,
+    line_for: Callable[[Run], dict[str, Any]] = Run.result_line,
+    on_line: Callable[[ParsedLine], None] | None = None,
+    send_together: Callable[[], AbstractContextManager[Callable[..., None]]] | None = None,
+) -> int:
+    """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do.
+    `line_for` makes a finished run's output line (`reactq eval` adds its scoring); `on_line` sees each
+    good input line as it is read."""
+
+    def lines() -> Any:
+        for item in iter_input(infile, rt.settings, tenant, tier, rt.tenants):
+            if on_line is not None and isinstance(item, ParsedLine):
+                on_line(item)
+            yield item
+
+    def rejected(error: LineError) -> None:
+        console.print(f"[red]rejected[/red] {infile}:{error}")
+
+    def waiting(refused: AdmissionRefused) -> None:
+        console.print(f"[yellow]waiting {refused.retry_after_s}s:[/yellow] {refused}; the batch goes on after that")
+
+    runner = BatchRunner(rt.store, rt.settings, send_step, on_wait=waiting, tenants=rt.tenants,
+                         send_together=send_together)
+    outfile.parent.mkdir(parents=True, exist_ok=True)
+    columns = (
+        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+    )
+    with outfile.open("a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
+        task = bar.add_task("runs", total=None, detail="submitting")
+
+        def finished(run: Run) -> None:
+            sink.write(json.dumps(line_for(run), ensure_ascii=False) + "\n")
+            sink.flush()
+
+        def tick(p: BatchProgress) -> None:
+            bar.update(task, completed=p.done, detail=(
+                f"failed {p.failed} · in flight {p.total - p.done - p.lost} · steps {p.steps} · tokens {p.tokens} · "
+                f"${p.cost_usd:.4f}"))
+
+        follower = Follower(rt.store, finished)
+
+        def submitted_chunk(batch_id: str, so_far: int) -> None:  # results are written while the rest goes in
+            follower.drain(batch_id)
+            follower.progress.total = so_far
+            bar.update(task, total=so_far)
+            tick(follower.progress)
+
+        try:
+            submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk)
+        except (InvalidRequest, TooLarge) as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
+        batch_may_be_finished(rt, submitted.batch_id, send_delivery)
+        bar.update(task, total=submitted.total)
+        console.print(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
+                      + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else ""))
+        try:
+            progress = follower.follow(submitted.batch_id, submitted.total, tick)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted:[/yellow] the runs go on in the background; "
+                          "run the same command again to collect the rest")
+            return 130
+    if progress.lost:
+        console.print(f"[red]{progress.lost} run(s) vanished from Redis[/red] (was it restarted without "
+                      "its AOF?); run the same command again to submit them anew")
+        return 1
+    return 1 if submitted.errors else 0
+

@@ -1,0 +1,77 @@
+"""`reactq demo`: the bundled evaluation set on the embedded default, starting (and afterwards stopping) whatever
+is missing: Redis, api_stub, a step worker, a sandbox worker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from ..evals.summary import tokens_of
+from ..names import SANDBOX_QUEUE, STEPS_QUEUE
+from .local_stack import Started, http_ok, redis_reachable, start_redis, start_stub, start_worker
+
+if TYPE_CHECKING:
+    from .evaluation import EvalRun
+
+
+def run_demo(outfile: Path, console: Console, out: Console) -> int:
+    from ..evals.table import EvalTable
+    from ..runtime.context import get_runtime
+    from ..tasks.steps import send_step
+    from .evaluation import bundled_set_path, run_eval
+
+    rt = get_runtime()
+    s = rt.settings
+    workdir = Path(tempfile.mkdtemp(prefix="reactq-demo-"))
+    started: list[Started] = []
+    try:
+        if not redis_reachable(s.redis_url):
+            console.print(f"starting redis-server for {s.redis_url}")
+            started.append(start_redis(s.redis_url, workdir))
+        if not http_ok(s.llm_base_url.rstrip("/") + "/models"):
+            console.print(f"starting api_stub at {s.llm_base_url}")
+            started.append(start_stub(s.llm_base_url, workdir))
+        for queue, name in ((STEPS_QUEUE, "steps"), (SANDBOX_QUEUE, "sandbox")):
+            if rt.cluster.live_workers(queue) == 0:
+                console.print(f"starting a {name} worker (log: {workdir}/worker-{name}.log)")
+                # The demo alone opts into `auto`: Docker when an engine answers, else the weaker process
+                # backend, which every result then names (production's default is docker, fail closed).
+                env = {"REACTQ_SANDBOX_BACKEND": os.environ.get("REACTQ_SANDBOX_BACKEND", "auto")}
+                started.append(start_worker(name, 64 if name == "steps" else 2, workdir, env=env))
+        if outfile.exists():
+            outfile.unlink()
+        t0 = time.monotonic()
+        with EvalTable() as table:
+            result = run_eval(rt, bundled_set_path(), outfile, send_step, console, table)
+            _summary(out, result, time.monotonic() - t0, outfile)
+        code = result.code
+        if code == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            console.print(f"service logs are in {workdir}")
+        return code
+    finally:
+        for service in reversed(started):
+            service.stop()
+
+
+def _summary(out: Console, result: EvalRun, elapsed: float, outfile: Path) -> None:
+    """The demo's table, and its success line from the evaluation scoring."""
+    table = Table(title="reactq demo", show_lines=False)
+    for column in ("id", "question", "answer", "status", "steps", "tokens", "ok"):
+        table.add_column(column, overflow="fold")
+    for line in result.table.lines():
+        table.add_row(line["id"], str(line["question"])[:60], str(line["answer"] or line["error"] or "")[:60],
+                      line["status"], str(line["steps"]), str(tokens_of(line)),
+                      "[green]✓[/green]" if line["correct"] else "[red]✗[/red]")
+    out.print(table)
+    s = result.summary
+    out.print(f"[bold]{s.correct}/{result.questions} correct[/bold] · {s.questions} runs in {elapsed:.1f}s · "
+              f"{s.total_tokens} tokens · ${s.total_usd:.5f} · results in {outfile}")

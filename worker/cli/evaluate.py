@@ -1,0 +1,125 @@
+"""`reactq eval DATASET.jsonl [--out R.jsonl] [--compare OTHER.jsonl] [--report R.html] [--json]`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from itertools import islice
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..evals.compare import Change, Comparison, compare_pairs
+from ..evals.summary import Summary
+from .base import _runtime, _send_step, cli, console, out
+
+CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
+
+
+@cli.command("eval")
+@click.argument("dataset", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", "outfile", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="results JSONL (default: DATASET's name + .results.jsonl in the current directory); "
+                   "running again with the same --out runs only what is missing")
+@click.option("--compare", "other", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="an earlier results file to compare with, per question and in total")
+@click.option("--report", "report", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write one self-contained HTML report here")
+@click.option("--json", "as_json", is_flag=True, help="print the summary (and comparison) as JSON")
+@click.option("--tenant", default=None, help="default tenant for lines without one")
+@click.option("--tier", default=None, help="default tier for lines without one")
+def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report: Path | None, as_json: bool,
+                 tenant: str | None, tier: str | None) -> None:
+    """Run an evaluation set (batch lines plus `expected` and `match`) and score it."""
+    from ..evals.report import write_report
+    from ..evals.summary import summarise
+    from ..evals.table import BASE, EvalTable
+    from .evaluation import run_eval
+
+    outfile = outfile or Path(dataset.stem + ".results.jsonl")
+    with EvalTable() as table:
+        result = run_eval(_runtime(), dataset, outfile, _send_step(), console, table, tenant, tier)
+        if result.code in (2, 130):
+            sys.exit(result.code)
+        summary = result.summary
+        comparison = None
+        if other is not None:
+            table.load_results(BASE, other)
+            comparison = compare_pairs(table.pairs, summarise(table.all_lines(BASE)), summary)
+        if report is not None:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            with report.open("w", encoding="utf-8") as sink:
+                write_report(sink, f"reactq eval: {dataset.name}", summary, table.lines, comparison)
+            console.print(f"report written to {report}")
+        if as_json:
+            head = {"dataset": str(dataset), "results": str(outfile), "summary": summary.to_json()}
+            text = json.dumps(head)
+            if comparison is None:
+                click.echo(text)
+            else:  # the per-question rows are streamed: a set of any size prints with flat memory
+                click.echo(text[:-1] + ', "comparison": ', nl=False)
+                for chunk in comparison.json_chunks():
+                    click.echo(chunk, nl=False)
+                click.echo("}")
+        else:
+            print_summary(out, summary)
+            if comparison is not None:
+                print_comparison(out, comparison)
+    sys.exit(result.code)
+
+
+def print_summary(target: Console, s: Summary) -> None:
+    table = Table(title="evaluation", show_header=False)
+    for name, value in (
+        ("success rate", f"{s.correct}/{s.questions} ({s.success_rate:.1%})"),
+        ("turns mean / p95", f"{s.turns_mean:.2f} / {s.turns_p95:g}"),
+        ("tokens per question", f"{s.tokens_per_question:.1f}"),
+        ("USD per question", f"{s.usd_per_question:.6f}"),
+        ("latency p50 / p95", f"{s.latency_p50_s:.2f}s / {s.latency_p95_s:.2f}s"),
+    ):
+        table.add_row(name, value)
+    target.print(table)
+    if s.failures:
+        failures = Table(title="failures")
+        for column in ("status", "reason", "count", "ids"):
+            failures.add_column(column, overflow="fold")
+        for f in s.failures:
+            failures.add_row(f.status, f.reason, str(f.count), ", ".join(f.ids[:8]))
+        target.print(failures)
+    worst = Table(title="worst questions")
+    for column in ("id", "question", "answer", "status", "turns", "tokens", "ok"):
+        worst.add_column(column, overflow="fold")
+    for w in s.worst:
+        worst.add_row(str(w["id"]), str(w["question"] or "")[:50], str(w["answer"] or "")[:50], str(w["status"]),
+                      str(w["steps"]), str(w["tokens"]), "✓" if w["correct"] else "✗")
+    target.print(worst)
+
+
+def print_comparison(target: Console, c: Comparison) -> None:
+    totals = Table(title="compared with the earlier results")
+    for column in ("figure", "before", "now"):
+        totals.add_column(column)
+    for name, before, now in (
+        ("success rate", f"{c.base.success_rate:.1%}", f"{c.new.success_rate:.1%}"),
+        ("turns mean", f"{c.base.turns_mean:.2f}", f"{c.new.turns_mean:.2f}"),
+        ("tokens per question", f"{c.base.tokens_per_question:.1f}", f"{c.new.tokens_per_question:.1f}"),
+        ("USD per question", f"{c.base.usd_per_question:.6f}", f"{c.new.usd_per_question:.6f}"),
+        ("latency p95", f"{c.base.latency_p95_s:.2f}s", f"{c.new.latency_p95_s:.2f}s"),
+    ):
+        totals.add_row(name, before, now)
+    target.print(totals)
+    changed = [r for r in islice((r for r in c.rows() if r.change != Change.SAME), CHANGES_SHOWN + 1)]
+    if changed:
+        rows = Table(title="questions that changed", caption=(
+            f"the first {CHANGES_SHOWN}; --json or --report lists them all" if len(changed) > CHANGES_SHOWN else None))
+        for column in ("id", "change", "before", "now", "turns", "tokens"):
+            rows.add_column(column, overflow="fold")
+        for r in changed[:CHANGES_SHOWN]:
+            style = "[red]" if r.change == Change.REGRESSION else "[green]"
+            rows.add_row(r.id, f"{style}{r.change.value}[/]", str(r.base_answer or "")[:40],
+                         str(r.new_answer or "")[:40], f"{r.base_steps} → {r.new_steps}",
+                         f"{r.base_tokens} → {r.new_tokens}")
+        target.print(rows)
+    target.print(f"[bold]{c.regression_count} regression(s)[/bold], {c.improvement_count} improvement(s)")

@@ -1,0 +1,167 @@
+"""`reactq tenant ...` and `reactq key ...`: the operator manages tenants, their plans and API keys."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from ..tenancy.plans import BUDGET_FIELDS
+from .base import _runtime, console
+
+
+def _rt() -> Any:
+    return _runtime()
+
+
+def _fail(message: object) -> NoReturn:
+    console.print(f"[red]error:[/red] {message}")
+    sys.exit(2)
+
+
+def _budget_options(func: Any) -> Any:
+    for field in reversed(BUDGET_FIELDS):
+        kind = int if field.startswith("tokens") else float
+        func = click.option(f"--{field.replace('_', '-')}", field, type=kind, default=None,
+                            help=f"override the plan's {field.replace('_', ' ')} (0: no limit)")(func)
+    return click.option("--reset-budgets", is_flag=True, help="drop every override: the plan's budgets apply")(func)
+
+
+@click.group()
+def tenant() -> None:
+    """Manage tenants: each has a plan (tiers, tools, budgets, admission limits)."""
+
+
+@tenant.command("add")
+@click.argument("name")
+@click.option("--plan", required=True, help="a plan of the plans file (free, standard, pro, ...)")
+def tenant_add(name: str, plan: str) -> None:
+    """Add a tenant with a plan."""
+    from ..errors import InvalidRequest
+
+    try:
+        _rt().tenants.add(name, plan)
+    except InvalidRequest as exc:
+        _fail(exc)
+    click.echo(f"tenant {name} added on plan {plan}; create its API key with: reactq key create {name}")
+
+
+@tenant.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def tenant_list(as_json: bool) -> None:
+    """Every tenant with its plan (those of REACTQ_TENANTS included)."""
+    tenants = _rt().tenants
+    rows = []
+    for name in tenants.names():
+        policy = tenants.policy(name)
+        rows.append({"tenant": name, "plan": policy.plan.name if policy else None,
+                     "overrides": tenants.overrides(name), "keys": len(tenants.list_keys(name))})
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for row in rows:
+        extra = " ".join(f"{k}={v}" for k, v in row["overrides"].items())
+        click.echo(f"{row['tenant']}\t{row['plan']}\tkeys={row['keys']}" + (f"\t{extra}" if extra else ""))
+
+
+@tenant.command("set")
+@click.argument("name")
+@click.option("--plan", default=None, help="move the tenant to this plan")
+@_budget_options
+def tenant_set(name: str, plan: str | None, reset_budgets: bool, **budgets: float | None) -> None:
+    """Change a tenant's plan or its budget overrides."""
+    from ..errors import InvalidRequest
+
+    overrides: dict[str, float | None] = {k: v for k, v in budgets.items() if v is not None}
+    if reset_budgets:
+        overrides = {field: None for field in BUDGET_FIELDS}
+    try:
+        _rt().tenants.set(name, plan, overrides)
+    except InvalidRequest as exc:
+        _fail(exc)
+    click.echo(f"tenant {name} updated")
+
+
+@tenant.command("usage")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+def tenant_usage(name: str, as_json: bool) -> None:
+    """A tenant's spend against its budgets, today and this month."""
+    from ..tenancy.budgets import usage_report
+
+    rt = _rt()
+    policy = rt.tenants.policy(name)
+    if policy is None:
+        _fail(f"no tenant {name!r}")
+    report = usage_report(rt.redis, policy)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    click.echo(f"tenant {report['tenant']} (plan {report['plan']}), {report['runs_in_flight']} runs in flight")
+    for period in ("day", "month"):
+        p = report[period]
+        tokens = f"{p['tokens']} / {p['tokens_budget'] or 'no limit'} tokens"
+        usd = f"${p['usd']:.4f} / " + (f"${p['usd_budget']:.2f}" if p["usd_budget"] else "no limit")
+        click.echo(f"  this {period}: {tokens}, {usd} (resets {p['resets_at']})")
+    total = report["total"]
+    click.echo(f"  all time: {total['prompt_tokens']} prompt + {total['completion_tokens']} completion tokens, "
+               f"${total['cost_usd']:.4f}")
+
+
+@click.group()
+def key() -> None:
+    """Manage API keys (stored only as hashes)."""
+
+
+@key.command("create")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help='print {"tenant", "key_id", "key"}')
+def key_create(name: str, as_json: bool) -> None:
+    """Create an API key for tenant NAME; the key is printed once, as the last line."""
+    from ..errors import InvalidRequest
+
+    try:
+        new = _rt().tenants.create_key(name)
+    except InvalidRequest as exc:
+        _fail(exc)
+        return
+    if as_json:
+        click.echo(json.dumps({"tenant": new.tenant, "key_id": new.key_id, "key": new.key}))
+        return
+    click.echo(f"API key {new.key_id} for tenant {new.tenant}; it is shown only now (send it as "
+               "'Authorization: Bearer KEY'):")
+    click.echo(new.key)
+
+
+@key.command("list")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+def key_list(name: str, as_json: bool) -> None:
+    """A tenant's key ids (never the keys), with when each was created or revoked."""
+    rows = _rt().tenants.list_keys(name)
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for row in rows:
+        click.echo(f"{row['key_id']}\t{'revoked' if row['revoked_at'] else 'active'}")
+
+
+@key.command("revoke")
+@click.argument("key_id")
+def key_revoke(key_id: str) -> None:
+    """Revoke a key: every API process refuses it from its next request on."""
+    from ..errors import InvalidRequest
+
+    try:
+        tenant_name = _rt().tenants.revoke(key_id)
+    except InvalidRequest as exc:
+        _fail(exc)
+        return
+    click.echo(f"key {key_id} of tenant {tenant_name} revoked")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(tenant)
+    cli.add_command(key)

@@ -1,0 +1,73 @@
+"""`reactq webhook set-default TENANT URL`, `webhook secret TENANT [--rotate]`, `webhook deliveries`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.table import Table
+
+from .base import _runtime, cli, console, out
+
+
+@cli.group()
+def webhook() -> None:
+    """Tenants' default webhook URL and signing secret; delivery log."""
+
+
+def _tenant(name: str) -> str:
+    rt = _runtime()
+    if name not in rt.settings.tenants:
+        console.print(f"[red]error:[/red] unknown tenant {name!r}; known tenants: {', '.join(rt.settings.tenants)}")
+        sys.exit(2)
+    return name
+
+
+@webhook.command("set-default")
+@click.argument("tenant")
+@click.argument("url", required=False)
+@click.option("--clear", is_flag=True, help="remove the tenant's default URL")
+def set_default(tenant: str, url: str | None, clear: bool) -> None:
+    """Call URL when any of TENANT's runs (outside a batch) or batches finishes, unless it names its own."""
+    from ..errors import InvalidRequest
+
+    store = _runtime().webhooks
+    if clear == (url is not None):
+        raise click.UsageError("give a URL, or --clear")
+    try:
+        store.set_default(_tenant(tenant), None if clear else url)
+    except InvalidRequest as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    store.secret(tenant)  # exists from now on, so the receiver can be configured before the first call
+    out.print(f"{tenant}: default webhook {'cleared' if clear else url}; "
+              f"signing secret: `reactq webhook secret {tenant}`")
+
+
+@webhook.command()
+@click.argument("tenant")
+@click.option("--rotate", is_flag=True, help="replace the secret (deliveries from now on use the new one)")
+def secret(tenant: str, rotate: bool) -> None:
+    """Print TENANT's webhook signing secret (HMAC-SHA256 key of X-Reactq-Signature)."""
+    out.print(_runtime().webhooks.secret(_tenant(tenant), rotate=rotate))
+
+
+@webhook.command()
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def deliveries(tenant: str, limit: int, as_json: bool) -> None:
+    """The tenant's latest deliveries with every attempt's status."""
+    found = _runtime().webhooks.list(_tenant(tenant), limit)
+    if as_json:
+        out.print_json(json.dumps([d.public() for d in found]))
+        return
+    table = Table(title=f"webhook deliveries of {tenant}")
+    for column in ("id", "event", "subject", "url", "state", "attempts", "last"):
+        table.add_column(column, overflow="fold")
+    for d in found:
+        last = d.attempts[-1] if d.attempts else None
+        table.add_row(d.id, d.event.value, d.subject_id, d.url, d.state.value, str(len(d.attempts)),
+                      "" if last is None else (last.error or str(last.status_code)))
+    out.print(table)

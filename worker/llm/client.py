@@ -1,0 +1,274 @@
+"""The LLM edge: one chat call through the official `openai` client, with retries and backoff.
+
+The step runner sees the model only through the `LLMClient` protocol (`Runtime.llm`), so tests and
+benchmarks script it at our own seam (tests/harness.py) instead of patching the openai client.
+
+`openai` is imported on first use, not with this module: importing it builds about a thousand pydantic
+models (~0.5 CPU s), which every interactive command (`reactq status`, `ask`, `batch`...) would pay
+for nothing, since only workers call the model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+from pydantic import BaseModel, ValidationError
+from tenacity import Retrying, retry_if_exception, stop_after_attempt
+
+from ..core.models import LLMReply, ToolCall, Usage
+from ..errors import LLMError
+from .http_pool import LLMHTTPClient
+
+if TYPE_CHECKING:
+    import openai
+
+
+class LLMClient(Protocol):
+    """A chat model: the messages of the next turn and the request options in, the normalised reply out.
+    Raises LLMError when the call fails for good."""
+
+    def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply: ...
+
+
+POOL_SHARDS = 16  # clients (and connection pools) per process that worker threads share
+
+
+def _retryable(exc: BaseException) -> bool:
+    import openai
+
+    # APIConnectionError includes APITimeoutError
+    retryable = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+    return isinstance(exc, retryable) or (isinstance(exc, openai.APIStatusError) and exc.status_code == 408)
+
+
+def _retry_after(exc: BaseException | None) -> float | None:
+    """The server's own wait hint (retry-after-ms, then Retry-After seconds), capped at 60 s."""
+    response = getattr(exc, "response", None)
+    if response is None:
+        return None
+    headers = response.headers
+    try:
+        if "retry-after-ms" in headers:
+            return min(60.0, float(headers["retry-after-ms"]) / 1000)
+        if "retry-after" in headers:
+            return min(60.0, float(headers["retry-after"]))
+    except ValueError:
+        return None
+    return None
+
+
+class OpenAIChat:
+    """Chat completions against any OpenAI-compatible endpoint.
+
+    Threads share clients by shard, each with its own connection pool. A worker runs hundreds of steps
+    at once, one per thread, and one shared httpx pool scans all of its connections and waiting requests
+    under a lock on every request and every response close: at 300 threads per process that was three
+    quarters of a step's CPU (BENCHMARKS.md, case (c)). A client per thread would cost a client's
+    construction for every new thread; a few shards keep each pool small and are built once."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        max_connections: int = 512,
+        backoff_base_s: float = 0.5,
+        backoff_cap_s: float = 20.0,
+        on_attempt: Any = None,
+        on_rate_limited: Any = None,
+    ) -> None:
+        self.base_url = base_url
+        self._api_key = api_key
+        self._timeout_s = timeout_s
+        shards = min(POOL_SHARDS, max_connections)
+        self._per_shard = -(-max_connections // shards)  # the shards' pools add up to max_connections
+        self._shards: list[openai.OpenAI | None] = [None] * shards
+        self._shard_of_thread = threading.local()
+        self._next_shard = itertools.count()
+        self._lock = threading.Lock()
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self.on_attempt = on_attempt  # callback(model, outcome, seconds) for metrics
+        self.on_rate_limited = on_rate_limited  # callback(model, retry_after_s | None): the shared cool-down
+
+    def _client(self) -> openai.OpenAI:
+        """This thread's shard's client (threads are dealt to shards in turn, once)."""
+        import openai
+
+        shard = getattr(self._shard_of_thread, "index", None)
+        if shard is None:
+            shard = self._shard_of_thread.index = next(self._next_shard) % len(self._shards)
+        client = self._shards[shard]
+        if client is None:
+            with self._lock:
+                client = self._shards[shard]
+                if client is None:
+                    limits = httpx.Limits(max_connections=self._per_shard, max_keepalive_connections=self._per_shard)
+                    client = openai.OpenAI(
+                        base_url=self.base_url, api_key=self._api_key, timeout=self._timeout_s, max_retries=0,
+                        http_client=LLMHTTPClient(limits, self._timeout_s),
+                    )
+                    self._shards[shard] = client
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._shards = self._shards, [None] * len(self._shards)
+        for client in clients:
+            if client is not None:
+                client.close()
+
+    def _delay(self, exc: BaseException | None, failed_attempts: int) -> float:
+        """How long to wait after `failed_attempts` attempts, the last failing with `exc`."""
+        hinted = _retry_after(exc)
+        if hinted is not None:
+            return hinted
+        return min(self.backoff_cap_s, self.backoff_base_s * 2 ** (failed_attempts - 1))
+
+    def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply:
+        import openai
+
+        model = options.get("model", "")
+        body = {"messages": messages, **options}
+        started = time.monotonic()
+        attempts = 1
+        try:
+            try:
+                response = self._attempt(model, body)
+            except openai.OpenAIError as exc:
+                if not _retryable(exc) or self.max_retries == 0:
+                    raise
+                # Only a failed first attempt pays for the retry machinery.
+                time.sleep(self._delay(exc, 1))
+                retrying = Retrying(
+                    retry=retry_if_exception(_retryable),
+                    stop=stop_after_attempt(self.max_retries),
+                    wait=lambda state: self._delay(state.outcome.exception() if state.outcome else None,
+                                                   state.attempt_number + 1),
+                    reraise=True,
+                )
+                for attempt in retrying:
+                    with attempt:
+                        attempts += 1
+                        response = self._attempt(model, body)
+        except openai.OpenAIError as exc:
+            raise LLMError(f"LLM call failed after {attempts} attempt(s): {_describe(exc)}", attempts,
+                           _outcome(exc)) from None
+        return parse_completion(response.content, attempts, int((time.monotonic() - started) * 1000))
+
+    def _attempt(self, model: str, body: dict[str, Any]) -> httpx.Response:
+        """One HTTP call. The client's documented low-level post: same auth and errors as
+        chat.completions.create, without its typed-params transform and without building its
+        ChatCompletion model; we validate the body into our own smaller shape instead (BENCHMARKS.md,
+        "A cheaper step")."""
+        import openai
+
+        t0 = time.monotonic()
+        try:
+            response = self._client().post("/chat/completions", cast_to=httpx.Response, body=body)
+        except openai.OpenAIError as exc:
+            self._report(model, _outcome(exc), time.monotonic() - t0)
+            if isinstance(exc, openai.RateLimitError) and self.on_rate_limited is not None:
+                self.on_rate_limited(model, _retry_after(exc))
+            raise
+        self._report(model, "ok", time.monotonic() - t0)
+        return response
+
+    def _report(self, model: str, outcome: str, seconds: float) -> None:
+        if self.on_attempt is not None:
+            self.on_attempt(model, outcome, seconds)
+
+
+def _outcome(exc: BaseException) -> str:
+    import openai
+
+    if isinstance(exc, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, openai.APIConnectionError):
+        return "connection_error"
+    if isinstance(exc, openai.RateLimitError):
+        return "rate_limited"
+    if isinstance(exc, openai.APIStatusError):
+        return "server_error" if exc.status_code >= 500 else "client_error"
+    return "error"
+
+
+def _describe(exc: BaseException) -> str:
+    """Status and type only: a provider's message may echo the prompt, an account or a URL, and this
+    text is stored in the run and shown to its tenant."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        kind = exc.type if isinstance(getattr(exc, "type", None), str) else exc.__class__.__name__
+        return f"HTTP {exc.status_code} ({kind})"
+    return exc.__class__.__name__
+
+
+class _Function(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _Call(BaseModel):
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _Message(BaseModel):
+    content: str | None = None
+    tool_calls: list[_Call] | None = None
+
+
+class _Choice(BaseModel):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _Usage(BaseModel):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Completion(BaseModel):
+    """The part of a chat completion body we use (the provider is outside our trust boundary)."""
+
+    model: str | None = None
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+
+
+def parse_completion(body: bytes | str, attempts: int = 1, duration_ms: int = 0) -> LLMReply:
+    """Validate a chat completion body and normalise it into the stored reply shape."""
+    try:
+        completion = _Completion.model_validate_json(body)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "body"
+        raise LLMError(f"the LLM answered with a malformed completion ({where}: {problem['msg']})",
+                       attempts) from None
+    if not completion.choices:
+        return LLMReply(content=None, model=completion.model or "", attempts=attempts,
+                        duration_ms=duration_ms, finish_reason="empty")
+    choice = completion.choices[0]
+    calls = [
+        ToolCall(id=c.id or f"call-{i}", name=c.function.name or "", arguments=c.function.arguments or "")
+        for i, c in enumerate(choice.message.tool_calls or [])
+        if c.function is not None
+    ]
+    usage = completion.usage or _Usage()
+    return LLMReply(
+        content=choice.message.content,
+        tool_calls=calls,
+        finish_reason=choice.finish_reason,
+        model=completion.model or "",
+        usage=Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=usage.completion_tokens or 0),
+        duration_ms=duration_ms,
+        attempts=attempts,
+    )

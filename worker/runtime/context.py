@@ -1,0 +1,113 @@
+"""The process-wide collaborators of a worker or API process, created on first use (no I/O at import)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import redis
+
+from .. import metrics
+from ..config import Settings, get_settings
+from ..core.engine import Limits
+from ..llm.client import LLMClient, OpenAIChat
+from ..llm.fallback import RoutedLLM
+from ..llm.ratelimit import LimitedLLM, RateLimiter
+from ..store.cluster import ClusterStore
+from ..store.connection import connect
+from ..store.runs import RunStore
+from ..tenancy.budgets import TenantBudgets
+from ..tenancy.plans import AllowedTools
+from ..tenancy.tenants import Tenants
+from ..tools import REGISTRY, ToolRegistry
+from .leases import LeaseKeeper
+from .webhooks import WebhookStore
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    llm_client: LLMClient | None = field(default=None, repr=False)  # a scripted model (tests, benchmarks)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        return connect(self.settings.redis_url, self.settings.redis_max_connections)
+
+    @cached_property
+    def store(self) -> RunStore:
+        return RunStore(self.redis, self.settings.run_ttl_s, self.settings.retention_s)
+
+    @cached_property
+    def tenants(self) -> Tenants:
+        return Tenants(self.redis, self.settings, policy_memo_s=1.0)
+
+    @cached_property
+    def budgets(self) -> TenantBudgets:
+        return TenantBudgets(self.redis)
+
+    @cached_property
+    def webhooks(self) -> WebhookStore:
+        return WebhookStore(self.redis, self.settings.retention_s)
+
+    @cached_property
+    def cluster(self) -> ClusterStore:
+        return ClusterStore(self.redis)
+
+    @cached_property
+    def leases(self) -> LeaseKeeper:
+        return LeaseKeeper(self.store, self.settings.lease_ttl_s)
+
+    @cached_property
+    def limiter(self) -> RateLimiter:
+        s = self.settings
+        return RateLimiter(self.redis, s.models, burst_s=s.llm_limit_burst_s, max_wait_s=s.llm_limit_max_wait_s)
+
+    @cached_property
+    def llm(self) -> LLMClient:
+        if self.llm_client is not None:
+            return self.llm_client
+        s = self.settings
+        chat = OpenAIChat(
+            s.llm_base_url, s.llm_api_key, timeout_s=s.llm_timeout_s, max_retries=s.llm_max_retries,
+            max_connections=s.llm_max_connections, on_attempt=_record_llm_attempt,
+            on_rate_limited=self.limiter.cool_down,
+        )
+        limited: LLMClient = LimitedLLM(chat, self.limiter) if self.limiter.models else chat
+        return RoutedLLM(limited, s.models)
+
+    @cached_property
+    def tools(self) -> ToolRegistry:
+        REGISTRY.load_modules(self.settings.tool_modules)
+        return REGISTRY
+
+    def tools_for(self, tenant: str) -> ToolRegistry | AllowedTools:
+        """The tools `tenant`'s plan allows (read from Redis each time: a plan change applies at once)."""
+        policy = self.tenants.policy(tenant)
+        return self.tools if policy is None else AllowedTools(self.tools, policy.plan)
+
+    @property
+    def limits(self) -> Limits:
+        s = self.settings
+        return Limits(
+            max_invalid_outputs=s.max_invalid_outputs, repeat_hint_at=s.repeat_hint_at,
+            repeat_fail_at=s.repeat_fail_at, observation_max_chars=s.observation_max_chars,
+            max_tokens_per_run=s.max_tokens_per_run,
+        )
+
+
+def _record_llm_attempt(model: str, outcome: str, seconds: float) -> None:
+    metrics.LLM_REQUESTS.labels(model, outcome).inc()
+    metrics.LLM_DURATION.labels(model).observe(seconds)
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+
+
+def get_runtime() -> Runtime:
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = Runtime(get_settings())
+        return _runtime

@@ -1,0 +1,142 @@
+"""Finds runs that stopped moving and re-enqueues their step, whatever the queues hold.
+
+A run is stranded when nobody holds its lease (a working step renews it every few seconds) and nothing
+will deliver its step. The reaper tells the cases apart by what the run left behind, never by whether
+the queues are empty, so a stranded run is back in the queue within about a minute even while a
+backlog of thousands waits:
+
+- `dead_worker`: a worker received the current step (the `taken` mark, written when a delivery reads
+  the run) after the run's last progress, and its lease has lapsed for longer than two lease TTLs. The
+  broker would hand the message back only after its visibility timeout (an hour).
+- `lost_message`: no worker received the step since the last progress, the run has been idle for
+  `REACTQ_STALE_AFTER_S`, and no message for it is waiting in the steps queue (every priority list) or
+  held unacked — in two passes in a row (a message a worker is just taking is briefly in neither place;
+  the first miss only marks the run a suspect). A message taken unacked longer than
+  `REACTQ_STALE_AFTER_S` ago, with no countdown still ahead, and not started is not held: its worker's
+  connection broke while taking it (a Redis restart), and the broker would restore it only after its
+  visibility timeout. Looking costs one scan of the queue per pass, done only
+  when such a candidate exists and only while the queue holds at most `REACTQ_REAPER_SCAN_LIMIT`
+  messages; beyond that ...
+- `long_stale`: ... a run idle for longer than the broker's visibility timeout is re-kicked anyway.
+- `sandbox_lost`: a run `waiting_on=sandbox` idle for longer than `REACTQ_SANDBOX_REDISPATCH_AFTER_S`:
+  its re-run step sends the sandboxed call again (the dispatch marker has expired) or uses the result.
+- `dropped`: a finished or vanished run left in the active set is removed from it.
+
+A re-kick is always safe: a step is fenced on the step number and takes the run's lease, so a duplicate
+of a message that did exist costs one cheap fenced task. Each action is counted in
+`reactq_reaper_actions_total{action}`. One reaper in the cluster works at a time (a Redis lock); every
+worker also samples the queue depths for the gauges.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+from .. import metrics
+from ..core.models import Run, RunStatus
+from ..names import STEPS_QUEUE, queue_lists
+from .approvals import expire_or_defer
+from .context import Runtime
+from .runner import Dispatcher, record_finished
+
+log = logging.getLogger("reactq.reaper")
+
+
+class ReaperAction(StrEnum):
+    DEAD_WORKER = "dead_worker"
+    LOST_MESSAGE = "lost_message"
+    LONG_STALE = "long_stale"
+    SANDBOX_LOST = "sandbox_lost"
+    DROPPED = "dropped"
+
+
+def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: float, rt: Runtime,
+            queued: Callable[[], set[str] | None]) -> ReaperAction | None:
+    s = rt.settings
+    idle = now - progress_at
+    if run.waiting_on == "sandbox":
+        return ReaperAction.SANDBOX_LOST if idle > s.sandbox_redispatch_after_s else None
+    if taken is not None and taken[0] == run.current_step and taken[1] >= progress_at - 1:
+        return ReaperAction.DEAD_WORKER if now - taken[1] > 2 * s.lease_ttl_s else None
+    if idle > s.visibility_timeout_s:
+        return ReaperAction.LONG_STALE
+    if idle > s.stale_after_s:
+        waiting = queued()
+        if waiting is not None and run.id not in waiting and rt.cluster.suspect_again(
+                run.id, run.current_step, ttl_s=int(4 * s.reaper_interval_s) + 5):
+            return ReaperAction.LOST_MESSAGE
+    return None
+
+
+def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> list[str]:
+    """One pass; returns the ids of the runs re-kicked."""
+    now = now or time.time()
+    s = rt.settings
+    depths = rt.cluster.queue_depths()
+    for queue, depth in depths.items():
+        metrics.QUEUE_DEPTH.labels(queue).set(depth)
+    metrics.RUNS_IN_PROGRESS.set(rt.cluster.active_count())
+    if not rt.cluster.take_reaper_turn(s.reaper_interval_s):
+        return []
+    candidates = rt.cluster.stale_runs_scored(now - min(2 * s.lease_ttl_s, s.stale_after_s))
+    if not candidates:
+        return []
+    ids = [run_id for run_id, _ in candidates]
+    runs, taken, leased = rt.store.load_runs(ids), rt.cluster.taken_marks(ids), rt.cluster.leases_held(ids)
+    scanned: list[set[str] | None] = []
+
+    def queued() -> set[str] | None:  # one scan per pass, and only if some run needs it
+        if not scanned:
+            scanned.append(rt.cluster.queued_step_runs(queue_lists(STEPS_QUEUE), s.reaper_scan_limit,
+                                                      lost_before=now - s.stale_after_s))
+        return scanned[0]
+
+    kicked = []
+    for (run_id, progress_at), run, mark, held in zip(candidates, runs, taken, leased, strict=True):
+        if run is None or run.status.finished:  # a missing record (expired, or lost with Redis data) too
+            rt.cluster.forget_active(run_id)
+            metrics.REAPER_ACTIONS.labels(ReaperAction.DROPPED).inc()
+            continue
+        if run.status == RunStatus.AWAITING_APPROVAL:  # nothing to re-kick: a person's decision moves it
+            if (ended := expire_or_defer(rt, run, now)) is not None:
+                record_finished(ended, rt, dispatch.webhook)
+            continue
+        if held:
+            continue
+        action = _decide(run, progress_at, mark, now, rt, queued)
+        if action is None:
+            continue
+        log.warning("re-kicking stranded run", extra={"run_id": run.id, "step": run.current_step,
+                                                      "action": action.value})
+        rt.cluster.touch_active(run.id)
+        dispatch.next_step(run.id, run.current_step)
+        metrics.REAPER_ACTIONS.labels(action).inc()
+        kicked.append(run.id)
+    return kicked
+
+
+def start_reaper(rt: Runtime, dispatch: Dispatcher, queues: list[str]) -> threading.Thread:
+    """Heartbeat for `queues`; step workers also reap (sandbox workers may hold a Redis user that cannot
+    read run records: deploy/redis/acl.conf)."""
+    member = f"{socket.gethostname()}:{os.getpid()}"
+    reap = STEPS_QUEUE in queues
+
+    def loop() -> None:
+        while True:
+            try:
+                rt.cluster.heartbeat(queues, member)
+                if reap:
+                    reap_once(rt, dispatch)
+            except Exception:  # Redis restarting: try again next round
+                log.exception("reaper pass failed")
+            time.sleep(rt.settings.reaper_interval_s)
+
+    thread = threading.Thread(target=loop, name="reactq-reaper", daemon=True)
+    thread.start()
+    return thread

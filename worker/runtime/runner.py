@@ -1,0 +1,378 @@
+"""One ReAct step of one run, end to end: the thin I/O shell around the pure engine.
+
+A step task for step n may run more than once (redelivery, the reaper, a sandbox continuation).
+Each run makes progress from what is stored: the LLM reply of step n, each tool result, each
+sandbox dispatch. The step is recorded exactly once, by a transaction fenced on the step number.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import metrics
+from ..core import engine, prompts
+from ..core.engine import Act, End, Final, PlannedCall, Reflect, Retry
+from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
+from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
+from ..core.parser import TEXT_STOP_SEQUENCES
+from ..core.pricing import cost_usd
+from ..errors import LLMError, ToolError
+from ..names import STEP_TASK, STEPS_QUEUE
+from ..store import keys
+from ..store.cas import Command, Snapshot
+from ..store.run_keys import working_keys
+from ..tenancy.budgets import BudgetExceeded, reserve_call
+from . import approvals
+from .approvals import Waiting
+from .context import Runtime
+from .finish_hooks import SendWebhook, after_finish
+from .sandbox_bridge import observation_from_sandbox
+
+log = logging.getLogger("reactq.step")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of step `index` that holds the run's lease (taken with `token`), and what it read
+    with it: the recorded steps, and the reply and tool results stored for this step by earlier ones."""
+
+    index: int
+    token: str
+    steps: list[Step]
+    stored_reply: LLMReply | None
+    stored_results: dict[str, Observation]
+
+
+@dataclass(frozen=True)
+class Dispatcher:
+    """How the runner enqueues work: Celery in production (worker.tasks.steps), a recording fake in the
+    in-process test harness (tests/harness.py)."""
+
+    next_step: Callable[[str, int], None]
+    sandbox: Callable[[dict[str, Any]], None]
+    webhook: SendWebhook  # queue a delivery attempt: (delivery id, attempt, delay in seconds)
+    # The Redis commands that enqueue a step, for a commit to write with the step it records (None:
+    # the step is sent after the commit, with next_step).
+    step_commands: Callable[[str, int], list[Command]] | None = None
+
+
+class StepRunner:
+    def __init__(self, rt: Runtime, dispatch: Dispatcher) -> None:
+        self.rt = rt
+        self.store = rt.store
+        self.dispatch = dispatch
+
+    def run_step(self, run_id: str, index: int) -> StepOutcome:
+        """Make progress on step `index` of a run, and say what happened."""
+        leases = self.rt.leases
+        token = leases.new_token()
+        loaded = self.store.lease_and_load(run_id, index, token, leases.ttl_ms)
+        run = loaded.run
+        if run is not None and run.status == RunStatus.CANCELLED and not run.cancel_recorded:
+            self._record_cancel(run_id)
+        live = run is not None and not run.status.finished and run.current_step == index
+        if not loaded.acquired:
+            # another delivery (or the step before, finishing) holds the run's lease
+            return BUSY if live else FENCED
+        leases.hold(run_id, token)
+        try:
+            if live and loaded.snapshot is not None:
+                delivery = Delivery(index, token, loaded.steps, loaded.reply, loaded.results)
+                result = self._run_step(loaded.snapshot, delivery)
+            else:
+                result = FENCED
+        finally:
+            leases.release(run_id, token)  # unless the step's commit already let it go
+        # Enqueue the next step only once the lease is gone: sent earlier, it could start (on another
+        # thread or worker) while this step still held the lease, be fenced, and strand the run. With
+        # Celery on Redis the commit that lets go of the lease sends it (no window between the two).
+        if result.next_step is not None and not result.next_sent:
+            self.dispatch.next_step(run_id, result.next_step)
+        return result
+
+    def _run_step(self, snap: Snapshot, d: Delivery) -> StepOutcome:
+        run, limits = snap.run, self.rt.limits
+        started = time.time()
+        if (end := engine.precheck(run, started, limits)) is not None:
+            return self._end(run, end, d.index, Outcome.ENDED)
+        # A queued run becomes running with its first recorded step, in that step's one write (its
+        # deadline counted from when the step began): no write of its own before the model call.
+
+        reflecting = prompts.reflection_due(d.steps, self.rt.settings.reflect_every)
+        spend: list[Command] = []  # the call's cost, for a tenant without budgets: written with the reply
+        try:
+            if d.stored_reply is not None:
+                reply = d.stored_reply
+            else:
+                reply, spend = self._ask(run, d.steps, d.index)
+        except LLMError as exc:
+            return self._end(run, End(RunStatus.FAILED, str(exc)), d.index, Outcome.LLM_FAILED)
+        except BudgetExceeded as exc:
+            return self._end(run, End(RunStatus.BUDGET_EXCEEDED, str(exc)), d.index, Outcome.BUDGET_EXCEEDED)
+
+        turn = engine.parse_reply(run.mode, reply)
+        for warning in turn.warnings:
+            log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
+        decision = engine.decide(run, d.steps, turn, self.rt.tools_for(run.spec.tenant), limits,
+                                 reflection=(reply.content or "") if reflecting else None)
+        model = reply.routed_model or run.model
+        step = Step(
+            index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
+            cost_usd=cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok),
+            llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
+        )
+
+        if isinstance(decision, Final):
+            step.final_answer = decision.answer
+            return self._commit(snap, d, step, Outcome.FINAL_ANSWER, spend=spend)
+        if isinstance(decision, Reflect):
+            step.thought, step.reflection = decision.thought, True
+            return self._commit(snap, d, step, Outcome.REFLECTION, spend=spend)
+        if isinstance(decision, Retry):
+            metrics.PARSE_ERRORS.labels(decision.kind).inc()
+            step.error = decision.error
+            return self._commit(snap, d, step, Outcome.INVALID_OUTPUT, invalid=True, spend=spend)
+        if isinstance(decision, End):
+            metrics.PARSE_ERRORS.labels(turn.error_kind or "loop").inc()
+            step.error = decision.reason
+            step.tool_calls = turn.calls
+            return self._commit(snap, d, step, Outcome.ENDED, end=decision, spend=spend)
+
+        step.tool_calls = turn.calls
+        return self._act(snap, d, step, decision, reply, spend)
+
+    def _act(self, snap: Snapshot, d: Delivery, step: Step, act: Act, reply: LLMReply,
+             spend: list[Command]) -> StepOutcome:
+        """Run the step's tool calls (or send its sandboxed ones) and record the step once all answered.
+
+        When acting has effects outside the run record (a tool with effects, a sandbox run, a person
+        asked), the reply is stored first, so that a redelivery acts on the same calls. Calls to
+        idempotent inline tools only are like a final answer: a redelivery may ask the model again,
+        and the reply is recorded with the step by the commit."""
+        run, ttl = snap.run, self.rt.settings.tool_cache_ttl_s
+        cacheable = [p for p in act.planned if p.cached and not p.sandboxed and ttl > 0
+                     and p.call.id not in d.stored_results]
+        store_reply = d.stored_reply is None and self._acts_outside(run, act)
+        from_cache: dict[str, str | None] = {}
+        if store_reply or cacheable:
+            ours, cached = self.store.prepare_act(run.id, d.index, reply if store_reply else None,
+                                                  [(p.tool, p.arguments) for p in cacheable], also=spend)
+            if not ours:
+                return FENCED  # another delivery, whose lease outlived ours, stored its reply first
+            from_cache, spend = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}, []
+        executed = self._execute(run, d, act, step.tool_calls, from_cache)
+        if executed is Waiting.APPROVAL:
+            return AWAITING_APPROVAL  # a person's decision re-enqueues this step
+        if executed is Waiting.SANDBOX:
+            self.store.mark_running(snap, d.index, waiting_on="sandbox")
+            return WAITING
+        step.observations, fresh = executed
+        step.tools_ms = sum(o.duration_ms for o in step.observations)
+        return self._commit(snap, d, step, Outcome.TOOL_CALLS, also=self.store.cache_commands(fresh, ttl),
+                            spend=spend)
+
+    def _acts_outside(self, run: Run, act: Act) -> bool:
+        """Whether any call has effects beyond the run record: a sandbox run, a tool with effects, or a
+        person asked to approve it."""
+        return any(p.sandboxed or not p.idempotent or approvals.needs_approval(self.rt, run.spec.tenant, p.tool)
+                   for p in act.planned)
+
+    # --- the LLM reply ----------------------------------------------------------------------
+    def _ask(self, run: Run, steps: list[Step], index: int) -> tuple[LLMReply, list[Command]]:
+        """Ask the model for step `index`'s turn; the reply and the writes that count its spend (if the
+        reservation was not settled already)."""
+        s = self.rt.settings
+        tools = self.rt.tools_for(run.spec.tenant).all()
+        messages, compacted = prompts.build_messages(
+            run.mode, run.spec.question, steps, tools, context_budget_tokens=s.context_budget_tokens,
+            keep_recent_steps=s.keep_recent_steps, reflect_every=s.reflect_every,
+        )
+        options: dict[str, Any] = {"model": run.model, "temperature": s.llm_temperature}
+        if run.mode == Mode.TOOLS:
+            options["tools"] = [t.openai_schema() for t in tools]
+        else:
+            options["stop"] = TEXT_STOP_SEQUENCES[:4]
+        with reserve_call(self.rt, run, messages, options) as budget:
+            reply = self.rt.llm.chat(messages, **options, max_tokens=budget.max_tokens)
+            model = reply.routed_model or run.model  # a fallback's tokens are priced at its own price
+            budget.spent(reply.usage, cost_usd(model, reply.usage, s.prices_per_mtok))
+        tenant = metrics.tenant_label(run.spec.tenant, s.tenants)
+        metrics.LLM_TOKENS.labels(model, "prompt", tenant).inc(reply.usage.prompt_tokens)
+        metrics.LLM_TOKENS.labels(model, "completion", tenant).inc(reply.usage.completion_tokens)
+        metrics.LLM_COST.labels(model, tenant).inc(cost_usd(model, reply.usage, s.prices_per_mtok))
+        if compacted:
+            metrics.SAFEGUARDS.labels("context_compacted").inc()
+            log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})
+        return reply, budget.unsettled
+
+    # --- tools --------------------------------------------------------------------------------
+    def _execute(
+        self, run: Run, d: Delivery, act: Act, calls: list[ToolCall], cached: dict[str, str | None]
+    ) -> tuple[list[Observation], list[tuple[str, dict[str, Any], str]]] | Waiting:
+        """Observations in the order the model asked, and the fresh results of idempotent tools (for
+        the cache); or what the step waits for (sandboxed calls, a person's approval). Results of tools
+        with effects are stored before anything else happens; an idempotent tool's result is recorded
+        with the step."""
+        by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
+        for rejected in act.rejected:
+            metrics.TOOL_CALLS.labels(_tool_label(rejected.tool, self.rt), rejected.outcome).inc()
+        pending = False
+        fresh: list[tuple[str, dict[str, Any], str]] = []
+        awaiting: list[PlannedCall] = []
+        for planned in act.planned:
+            obs = d.stored_results.get(planned.call.id)
+            if obs is None and (gated := approvals.gate(self.rt, run, d.index, planned)) is not None:
+                if gated is Waiting.APPROVAL:
+                    awaiting.append(planned)
+                    continue
+                obs = self.store.save_tool_result(run.id, d.index, gated)
+            if obs is None and planned.sandboxed:
+                obs = self._sandbox_result(run, d.index, planned)
+                pending = pending or obs is None
+            elif obs is None:
+                obs = self._run_inline(planned, cached.get(planned.call.id))
+                if not planned.idempotent:
+                    obs = self.store.save_tool_result(run.id, d.index, obs)
+                elif planned.cached and obs.outcome == "ok":
+                    fresh.append((planned.tool, planned.arguments, obs.content))
+            if obs is not None:
+                by_id[planned.call.id] = obs
+        if awaiting:
+            approvals.request(self.rt, run, d.index, awaiting)
+            return Waiting.APPROVAL
+        if pending:
+            return Waiting.SANDBOX
+        hints = {p.call.id: p.hint for p in act.planned}
+        limits = self.rt.limits
+        ordered = []
+        for call_id in [c.id for c in calls]:
+            obs = by_id[call_id]
+            if len(obs.content) > limits.observation_max_chars:
+                metrics.SAFEGUARDS.labels("observation_truncated").inc()
+            if hints.get(call_id):
+                metrics.SAFEGUARDS.labels("repeat_hint").inc()
+            content = engine.finish_observation(obs.content, hints.get(call_id), limits)
+            ordered.append(obs.model_copy(update={"content": content}))
+        return ordered, fresh
+
+    def _run_inline(self, planned: PlannedCall, cached: str | None) -> Observation:
+        """Run one inline tool call, or take its result from the idempotent-tool cache."""
+        tool = self.rt.tools.get(planned.tool)
+        assert tool is not None
+        t0 = time.monotonic()
+        outcome = "ok"
+        if cached is not None:
+            content, outcome = cached, "cached"
+        else:
+            try:
+                content = tool.run(tool.args_model.model_validate(planned.arguments))
+            except ToolError as exc:
+                content, outcome = f"Error: {exc}", "error"
+                metrics.TOOL_FAILURES.labels(tool.name, metrics.error_type_label(exc.error_type)).inc()
+            except Exception as exc:  # a bug in a tool: the model hears a short reason, the log has it all
+                log.exception("tool %s crashed", tool.name)
+                content, outcome = f"Error: {tool.name} failed ({exc.__class__.__name__})", "error"
+                metrics.TOOL_FAILURES.labels(tool.name, "exception").inc()
+        seconds = time.monotonic() - t0
+        metrics.TOOL_CALLS.labels(tool.name, outcome).inc()
+        metrics.TOOL_DURATION.labels(tool.name).observe(seconds)
+        return Observation(call_id=planned.call.id, tool=tool.name, content=content, outcome=outcome,
+                           duration_ms=int(seconds * 1000))
+
+    def _sandbox_result(self, run: Run, index: int, planned: PlannedCall) -> Observation | None:
+        raw = self.store.get_sandbox_result(run.id, index, planned.call.id)
+        if raw is not None:
+            obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw)
+            metrics.TOOL_CALLS.labels(planned.tool, obs.outcome).inc()
+            if error_type is not None:
+                metrics.TOOL_FAILURES.labels(planned.tool, metrics.error_type_label(error_type)).inc()
+            metrics.TOOL_DURATION.labels(planned.tool).observe(obs.duration_ms / 1000)
+            return self.store.save_tool_result(run.id, index, obs)
+        ttl = self.rt.settings.sandbox_redispatch_after_s
+        if self.store.claim_dispatch(run.id, index, planned.call.id, ttl):
+            self.dispatch.sandbox({
+                "code": planned.arguments.get("code", ""),
+                "tier": run.spec.tier,
+                "tenant": run.spec.tenant,
+                "result_key": keys.sandbox_result(run.id, index, planned.call.id),
+                "continue_task": STEP_TASK,
+                "continue_args": [run.id, index],
+                "continue_queue": STEPS_QUEUE,
+            })
+        return None
+
+    # --- recording ----------------------------------------------------------------------------
+    def _commit(self, snap: Snapshot, d: Delivery, step: Step, outcome: Outcome, *, invalid: bool = False,
+                end: End | None = None, also: list[Command] | None = None,
+                spend: list[Command] | None = None) -> StepOutcome:
+        """Record the step (fenced on its index) and let go of the lease in the same transaction, with
+        the spend of the step's LLM call when it has not been counted yet."""
+        run = snap.run
+        step.finished_at = time.time()
+        limits = self.rt.limits
+
+        def conclude(r: Run) -> End | None:
+            """The run's end once `r` (the stored record, the step's usage added) records the step."""
+            return end or engine.after_step(r, step, step.finished_at, limits)
+
+        steps = d.steps + [step]
+        to_send = self.dispatch.step_commands
+        committed = self.store.commit_step(
+            snap, step, conclude, invalid=invalid, release_lease=d.token, also=(also or []) + (spend or []),
+            trim=lambda: working_keys(self.store, run, steps),
+            send_next=(lambda: to_send(run.id, step.index + 1)) if to_send is not None else None,
+        )
+        if committed is None:
+            self.store.run_commands(spend or [])  # the call was made and paid for, recorded or not
+            return FENCED
+        self.rt.leases.forget(run.id, d.token)
+        metrics.STEPS_TOTAL.labels(outcome.value).inc()
+        log.info("step", extra={"run_id": run.id, "step": step.index, "outcome": outcome.value,
+                                "tools": [c.name for c in step.tool_calls],
+                                "prompt_tokens": step.usage.prompt_tokens,
+                                "completion_tokens": step.usage.completion_tokens,
+                                "llm_ms": step.llm_ms, "tools_ms": step.tools_ms})
+        if not committed.run.status.finished:
+            return StepOutcome(outcome, next_step=step.index + 1, next_sent=committed.next_sent)
+        safeguard = committed.end.safeguard if committed.end is not None else ""
+        if safeguard:
+            metrics.SAFEGUARDS.labels(safeguard).inc()
+        record_finished(committed.run, self.rt, self.dispatch.webhook, steps, trimmed=committed.trimmed,
+                        batch_progress=committed.batch_progress)
+        return StepOutcome(outcome, safeguard=safeguard or None)
+
+    def _record_cancel(self, run_id: str) -> None:
+        """A run cancelled from the CLI or API is counted by the first worker that sees it, once."""
+        if (run := self.store.mark_cancel_recorded(run_id)) is not None:
+            record_finished(run, self.rt, self.dispatch.webhook)
+
+    def _end(self, run: Run, end: End, only_step: int, outcome: Outcome) -> StepOutcome:
+        """End the run without recording a step (a limit before the step, an LLM failure)."""
+        finished = self.store.finish(run.id, end.status, end.reason, only_step=only_step)
+        if finished is None:
+            return FENCED
+        metrics.STEPS_TOTAL.labels(Outcome.ENDED.value).inc()
+        if end.safeguard:
+            metrics.SAFEGUARDS.labels(end.safeguard).inc()
+        record_finished(finished, self.rt, self.dispatch.webhook)
+        return StepOutcome(outcome, safeguard=end.safeguard or None)
+
+
+def record_finished(run: Run, rt: Runtime, send_webhook: SendWebhook, steps: list[Step] | None = None, *,
+                    trimmed: bool = False,
+                    batch_progress: tuple[int, int] | None = None) -> None:
+    """Count a finished run and do what follows its end (`steps`: all of its steps, if at hand;
+    `trimmed`: its working keys went with its last write; `batch_progress`: its batch's, if read)."""
+    metrics.RUNS_TOTAL.labels(run.status.value).inc()
+    metrics.RUN_TURNS.labels(run.status.value).observe(run.current_step)
+    metrics.RUN_DURATION.labels(run.status.value).observe(max(0.0, (run.finished_at or time.time()) - run.created_at))
+    log.info("run finished", extra={"run_id": run.id, "status": run.status.value, "steps": run.current_step})
+    after_finish(rt, run, send_webhook, steps, trimmed=trimmed, batch_progress=batch_progress)
+
+
+def _tool_label(name: str, rt: Runtime) -> str:
+    return name if rt.tools.get(name) is not None else "unknown"

@@ -1,0 +1,31 @@
+"""Turning a stored sandbox result object into the observation the model sees.
+
+The stored JSON crosses a trust boundary (another process wrote it to Redis), so it is validated
+as tools_sandbox's SandboxResult before anything reads it; the words the model sees come from
+tools_sandbox's one renderer, whichever path produced the result.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from tools_sandbox import SandboxResult, render_result
+
+from ..core.models import Observation
+
+UNREADABLE = "Error: the sandbox's result could not be read; the code's output is unknown."
+
+
+def observation_from_sandbox(call_id: str, tool: str, raw: bytes | str) -> tuple[Observation, str | None]:
+    """The observation the model sees, and the failure type for metrics (None when the code ran fine)."""
+    try:
+        result = SandboxResult.model_validate_json(raw)
+    except ValidationError:
+        obs = Observation(call_id=call_id, tool=tool, content=UNREADABLE, outcome="error", duration_ms=0)
+        return obs, "unreadable_result"
+    rendered = render_result(result)
+    return (
+        Observation(call_id=call_id, tool=tool, content=rendered.text, outcome=rendered.outcome,
+                    duration_ms=result.duration_ms),
+        rendered.error_type,
+    )

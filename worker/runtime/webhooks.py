@@ -1,0 +1,355 @@
+"""Webhooks: a callback when a run or batch finishes, instead of polling.
+
+Where they go: a run's own `webhook_url`, else (for a run outside a batch) its tenant's default URL; a
+batch's `webhook_url`, else its tenant's default. A run inside a batch calls only its own line's URL, so a
+10,000-line batch makes one call for the batch, not 10,000.
+
+What is sent: `POST` of the run as `GET /v1/runs/{id}` returns it, or of the batch as `GET
+/v1/batches/{id}` returns it without its `run_ids` page (counts, statuses, usage and `runs_url` to page
+through the runs: a 100,000-run batch is not a multi-MB body). Headers: `X-Reactq-Event` (`run.finished` |
+`batch.finished`), `X-Reactq-Delivery` (the idempotency id: the same on every retry of one delivery),
+`X-Reactq-Timestamp` (unix seconds when this attempt was signed) and `X-Reactq-Signature: v1=<hex>`, the
+HMAC-SHA256 under the tenant's secret of `"{timestamp}.{raw body}"`. Receivers check both with `verify()`
+(stale after 300 s by default, so a captured request cannot be replayed later). A 2xx answer delivers it;
+anything else (redirects included: none is followed) is retried with backoff until `webhook_retry_for_s`
+after it was created. Every attempt is recorded with its status or a typed error (`AttemptError`); a
+failed webhook never touches the run.
+
+SSRF stance: only `http`/`https` URLs without credentials. Before every attempt the host is resolved once;
+the delivery is refused (not retried) if any address is not globally routable (loopback, private,
+link-local — the cloud metadata address 169.254.169.254 among them —, shared, reserved, multicast,
+unspecified; IPv4-mapped IPv6 judged as IPv4), unless the operator sets `REACTQ_WEBHOOK_ALLOW_PRIVATE=1`
+(tests, or a deployment whose receivers are internal). The request then connects to the address that was
+checked (the URL's host is kept in `Host` and as the TLS server name, so certificates are verified
+against it): the name cannot resolve to another address between the check and the connection (DNS
+rebinding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import redis
+from pydantic import BaseModel, Field
+
+from ..errors import InvalidRequest, ReactqError, SignatureInvalid
+from ..store import keys
+from ..store.cas import write_watched
+
+MAX_URL_CHARS = 2000
+MAX_ATTEMPTS_KEPT = 50
+SIGNATURE_HEADER = "X-Reactq-Signature"
+TIMESTAMP_HEADER = "X-Reactq-Timestamp"
+DELIVERY_HEADER = "X-Reactq-Delivery"
+EVENT_HEADER = "X-Reactq-Event"
+SIGNATURE_VERSION = "v1"
+DEFAULT_TOLERANCE_S = 300
+
+
+class Event(StrEnum):
+    RUN_FINISHED = "run.finished"
+    BATCH_FINISHED = "batch.finished"
+
+
+class DeliveryState(StrEnum):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"  # given up: retry window over, or the destination refused by the SSRF guard
+
+
+class AttemptError(StrEnum):
+    """Why an attempt did not deliver (closed set: the delivery log never carries an exception's text)."""
+
+    REFUSED_ADDRESS = "refused_address"  # the host resolves to a non-public address (not retried)
+    UNRESOLVABLE = "unresolvable"  # the host name did not resolve
+    TIMEOUT = "timeout"
+    CONNECTION_FAILED = "connection_failed"  # refused, reset, TLS handshake or certificate failure
+    PROTOCOL_ERROR = "protocol_error"  # the receiver's answer was not valid HTTP
+    HTTP_STATUS = "http_status"  # the receiver answered with a status other than 2xx
+
+
+class SignatureProblem(StrEnum):
+    MISSING = "missing"
+    MALFORMED = "malformed"
+    STALE = "stale"
+    MISMATCH = "mismatch"
+
+
+class Attempt(BaseModel):
+    at: float
+    status_code: int | None = None  # the receiver's HTTP status, if it answered
+    error: str | None = None  # why it did not count, for people: "HTTP 500", "refused: ... non-public address"
+    kind: AttemptError | None = None  # the same, for programs
+    address: str | None = None  # the IP address connected to (or refused)
+    duration_ms: int = 0
+
+
+class Delivery(BaseModel):
+    id: str = Field(default_factory=lambda: "wh-" + uuid.uuid4().hex)
+    tenant: str
+    event: Event
+    subject_id: str  # the run or batch id
+    url: str
+    body: str  # the exact bytes signed and sent (as UTF-8 text)
+    state: DeliveryState = DeliveryState.PENDING
+    created_at: float = Field(default_factory=time.time)
+    attempts: list[Attempt] = Field(default_factory=list)
+
+    def public(self) -> dict[str, Any]:
+        """What `GET /v1/webhooks/deliveries` shows (not the body)."""
+        return self.model_dump(exclude={"body"})
+
+
+def validate_url(url: str) -> str:
+    """The URL if it can be a webhook target; otherwise InvalidRequest saying why."""
+    if len(url) > MAX_URL_CHARS:
+        raise InvalidRequest(f"webhook_url is longer than {MAX_URL_CHARS} characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise InvalidRequest("webhook_url is not a valid URL") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidRequest("webhook_url must be an http or https URL")
+    if not parts.hostname:
+        raise InvalidRequest("webhook_url has no host")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidRequest("webhook_url must not carry credentials")
+    if port == 0:
+        raise InvalidRequest("webhook_url has port 0")
+    return url
+
+
+class Unreachable(ReactqError):
+    """The target could not be reached; `attempt_delivery` records it as the attempt's typed error."""
+
+    def __init__(self, kind: AttemptError, message: str, address: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.address = address
+
+
+def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_global and not (address.is_multicast or address.is_unspecified or address.is_reserved)
+
+
+Resolver = Callable[..., list[Any]]  # socket.getaddrinfo's signature (tests pass a name server of their own)
+
+
+def resolve_target(host: str, port: int, allow_private: bool, resolve: Resolver = socket.getaddrinfo) -> list[str]:
+    """The host's addresses, resolved once, each allowed as a destination; raises (internally) when the
+    name does not resolve, or (unless `allow_private`) when any address is not a public one."""
+    try:
+        infos = resolve(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        raise Unreachable(AttemptError.UNRESOLVABLE, f"{host} does not resolve") from None
+    addresses: list[str] = []
+    for info in infos:
+        text = str(info[4][0]).split("%")[0]
+        address = ipaddress.ip_address(text)
+        if not allow_private and not _public(address):
+            raise Unreachable(AttemptError.REFUSED_ADDRESS, f"refused: {host} resolves to a non-public address "
+                              "(REACTQ_WEBHOOK_ALLOW_PRIVATE)", text)
+        if text not in addresses:
+            addresses.append(text)
+    if not addresses:
+        raise Unreachable(AttemptError.UNRESOLVABLE, f"{host} does not resolve")
+    return addresses
+
+
+def pinned_url(url: str, address: str) -> str:
+    """`url` with its host replaced by `address` (the request's Host header and TLS name keep the host)."""
+    parts = urlsplit(url)
+    literal = f"[{address}]" if ":" in address else address
+    netloc = literal if parts.port is None else f"{literal}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+
+def sign(secret: str, body: bytes, timestamp: int) -> str:
+    """The `X-Reactq-Signature` value: `v1=` and the hex HMAC-SHA256 of `"{timestamp}.{body}"`."""
+    signed = str(timestamp).encode() + b"." + body
+    return f"{SIGNATURE_VERSION}=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, body: bytes, timestamp: str | None, signature: str | None,
+           tolerance_s: float = DEFAULT_TOLERANCE_S, now: float | None = None) -> int:
+    """A receiver's check of one delivery: the raw body, and the `X-Reactq-Timestamp` and
+    `X-Reactq-Signature` headers as received. Returns the timestamp; raises `SignatureInvalid` (its
+    `problem` a `SignatureProblem`) when a header is missing or malformed, the timestamp is more than
+    `tolerance_s` away from now (a replayed or badly delayed request), or no `v1=` signature matches.
+
+        from worker.runtime.webhooks import verify
+        verify(secret, request.body, request.headers.get("X-Reactq-Timestamp"),
+               request.headers.get("X-Reactq-Signature"))
+    """
+    if not timestamp or not signature:
+        raise SignatureInvalid(SignatureProblem.MISSING, "the timestamp or signature header is missing")
+    if not timestamp.isascii() or not timestamp.isdigit() or len(timestamp) > 12:
+        raise SignatureInvalid(SignatureProblem.MALFORMED, "the timestamp is not unix seconds")
+    sent = int(timestamp)
+    offered = [part.strip()[len(SIGNATURE_VERSION) + 1:] for part in signature.split(",")
+               if part.strip().startswith(SIGNATURE_VERSION + "=")]
+    if not offered:
+        raise SignatureInvalid(SignatureProblem.MALFORMED, f"the signature has no {SIGNATURE_VERSION}= value")
+    age = (time.time() if now is None else now) - sent
+    if abs(age) > tolerance_s:
+        raise SignatureInvalid(SignatureProblem.STALE,
+                               f"the timestamp is {age:.0f} s old (tolerance {tolerance_s:g} s)")
+    expected = sign(secret, body, sent)[len(SIGNATURE_VERSION) + 1:]
+    if not any(hmac.compare_digest(expected.encode(), candidate.encode()) for candidate in offered):
+        raise SignatureInvalid(SignatureProblem.MISMATCH, "the signature does not match the body and timestamp")
+    return sent
+
+
+def backoff_s(attempt: int, base_s: float, max_s: float) -> float:
+    """Wait before attempt number `attempt + 1` (attempt counts from 1)."""
+    return float(min(max_s, base_s * 2 ** (attempt - 1)))
+
+
+class WebhookStore:
+    """Tenants' default URL and secret, and the delivery records (Redis)."""
+
+    def __init__(self, client: redis.Redis, keep_s: int) -> None:
+        self.r = client
+        self.keep_s = keep_s
+
+    def set_default(self, tenant: str, url: str | None) -> None:
+        if url is None:
+            self.r.hdel(keys.tenant_webhook(tenant), "url")
+        else:
+            self.r.hset(keys.tenant_webhook(tenant), "url", validate_url(url))
+
+    def default_url(self, tenant: str) -> str | None:
+        raw = self.r.hget(keys.tenant_webhook(tenant), "url")
+        return raw.decode() if raw else None
+
+    def secret(self, tenant: str, rotate: bool = False) -> str:
+        """The tenant's signing secret, created on first use."""
+        key = keys.tenant_webhook(tenant)
+        if rotate:
+            self.r.hset(key, "secret", secrets.token_hex(32))
+        else:
+            self.r.hsetnx(key, "secret", secrets.token_hex(32))
+        raw = self.r.hget(key, "secret")
+        assert raw is not None
+        return raw.decode()
+
+    def create(self, delivery: Delivery) -> Delivery:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(keys.webhook_delivery(delivery.id), delivery.model_dump_json(), ex=self.keep_s)
+        pipe.zadd(keys.tenant_deliveries(delivery.tenant), {delivery.id: delivery.created_at})
+        pipe.zremrangebyscore(keys.tenant_deliveries(delivery.tenant), "-inf", time.time() - self.keep_s)
+        pipe.execute()
+        return delivery
+
+    def load(self, delivery_id: str) -> Delivery | None:
+        raw = self.r.get(keys.webhook_delivery(delivery_id))
+        return Delivery.model_validate_json(raw) if raw else None
+
+    def record(self, delivery_id: str, number: int, attempt: Attempt, state: DeliveryState) -> Delivery | None:
+        """Add attempt `number` (from 1) once: a duplicate of an attempt already recorded changes nothing."""
+        key = keys.webhook_delivery(delivery_id)
+
+        def decide(raw: bytes) -> tuple[Delivery, Callable[[Any], None]] | None:
+            delivery = Delivery.model_validate_json(raw)
+            if delivery.state != DeliveryState.PENDING or len(delivery.attempts) != number - 1:
+                return None
+            delivery.attempts = (delivery.attempts + [attempt])[-MAX_ATTEMPTS_KEPT:]
+            delivery.state = state
+
+            def write(pipe: Any) -> None:
+                pipe.set(key, delivery.model_dump_json(), keepttl=True)
+
+            return delivery, write
+
+        return write_watched(self.r, key, decide)
+
+    def list(self, tenant: str, limit: int = 100, before: float | None = None) -> list[Delivery]:
+        """The tenant's deliveries, newest first."""
+        ids = self.r.zrevrangebyscore(keys.tenant_deliveries(tenant), f"({before}" if before else "+inf", "-inf",
+                                      start=0, num=limit)
+        raws = self.r.mget([keys.webhook_delivery(i.decode()) for i in ids]) if ids else []
+        return [Delivery.model_validate_json(raw) for raw in raws if raw]
+
+
+def queue_delivery(store: WebhookStore, tenant: str, event: Event, subject_id: str, url: str,
+                   payload: dict[str, Any], send: Callable[[str, int, float], None]) -> Delivery:
+    body = json.dumps(payload, ensure_ascii=False, sort_keys=True)
+    delivery = store.create(Delivery(tenant=tenant, event=event, subject_id=subject_id, url=url, body=body))
+    send(delivery.id, 1, 0.0)
+    return delivery
+
+
+def _post(client: httpx.Client, url: str, addresses: list[str], body: bytes, headers: dict[str, str]
+          ) -> tuple[httpx.Response, str]:
+    """POST to the first of the checked addresses that takes the connection."""
+    host = urlsplit(url).hostname or ""
+    failure = Unreachable(AttemptError.CONNECTION_FAILED, "could not connect")
+    for address in addresses:
+        try:
+            response = client.post(pinned_url(url, address), content=body,
+                                   headers={**headers, "Host": urlsplit(url).netloc},
+                                   extensions={"sni_hostname": host})
+            return response, address
+        except httpx.TimeoutException:
+            raise Unreachable(AttemptError.TIMEOUT, "timed out", address) from None
+        except httpx.ConnectError:
+            failure = Unreachable(AttemptError.CONNECTION_FAILED, "could not connect", address)
+        except httpx.HTTPError:
+            raise Unreachable(AttemptError.PROTOCOL_ERROR, "the answer was not valid HTTP", address) from None
+    raise failure
+
+
+def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, client: httpx.Client, *,
+                     allow_private: bool, retry_base_s: float, retry_max_s: float,
+                     retry_for_s: float, resolve: Resolver = socket.getaddrinfo) -> float | None:
+    """Make attempt `number`; returns the countdown to the next attempt, or None when there is none."""
+    delivery = store.load(delivery_id)
+    if delivery is None or delivery.state != DeliveryState.PENDING or len(delivery.attempts) != number - 1:
+        return None  # expired, done, or a duplicate message of an attempt already made
+    started = time.time()
+    parts = urlsplit(delivery.url)
+    attempt = Attempt(at=started)
+    try:
+        addresses = resolve_target(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+                                   allow_private, resolve)
+        body = delivery.body.encode()
+        timestamp = int(time.time())
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "reactq-webhooks/1",
+            EVENT_HEADER: delivery.event.value,
+            DELIVERY_HEADER: delivery.id,
+            TIMESTAMP_HEADER: str(timestamp),
+            SIGNATURE_HEADER: sign(store.secret(delivery.tenant), body, timestamp),
+        }
+        response, attempt.address = _post(client, delivery.url, addresses, body, headers)
+        attempt.status_code = response.status_code
+        if not 200 <= response.status_code < 300:
+            attempt.error, attempt.kind = f"HTTP {response.status_code}", AttemptError.HTTP_STATUS
+    except Unreachable as exc:
+        attempt.error, attempt.kind, attempt.address = str(exc), exc.kind, exc.address
+    attempt.duration_ms = int((time.time() - started) * 1000)
+    wait = backoff_s(number, retry_base_s, retry_max_s)
+    if attempt.kind is None:
+        state = DeliveryState.DELIVERED
+    elif attempt.kind == AttemptError.REFUSED_ADDRESS or time.time() + wait > delivery.created_at + retry_for_s:
+        state = DeliveryState.FAILED
+    else:
+        state = DeliveryState.PENDING
+    recorded = store.record(delivery_id, number, attempt, state)
+    return wait if recorded is not None and state == DeliveryState.PENDING else None

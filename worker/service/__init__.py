@@ -1,0 +1,2 @@
+"""What the CLI and the HTTP API share: submitting runs and batches, reading batch files, replay,
+retention."""

@@ -1,0 +1,183 @@
+"""Reading a batch (or evaluation) file as a stream: one validated line at a time, with memory flat in
+the file's size. Duplicate ids are found by a first pass that keeps 8 bytes per line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from ..config import Settings
+from ..core.models import RunSpec
+from ..errors import InvalidRequest
+from ..evals.scoring import MatchMode, check_expected
+from ..tenancy.plans import known_tiers
+from ..tenancy.tenants import Policy, Tenants
+from .submit import tenant_policy, validate_spec
+
+__all__ = ["BatchLine", "IdSet", "LineError", "ParsedLine", "digest", "finished_ids", "iter_input"]
+
+
+class BatchLine(BaseModel, extra="forbid"):
+    id: str | None = None
+    question: str
+    tenant: str | None = None
+    tier: str | None = None
+    max_steps: int | None = None
+    model: str | None = None
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    deadline_s: float | None = None
+    expected: str | list[str] | None = None  # evaluation sets (`reactq eval`); not used by the engine
+    match: MatchMode | None = None  # how `expected` is compared (default: contains)
+    webhook_url: str | None = None
+
+
+@dataclass(frozen=True)
+class LineError:
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+Expected = tuple[str | list[str], MatchMode]
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    spec: RunSpec  # spec.client_id is the line's id (or line-N)
+    expected: Expected | None = None
+
+
+def digest(text: str) -> int:
+    """64 bits of an id: collisions are negligible for any file that fits on a disk."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class IdSet:
+    """A read-only set of ids in 8 bytes each (a sorted array of digests)."""
+
+    def __init__(self, ids: Iterable[str]) -> None:
+        values = array("Q", (digest(i) for i in ids))
+        self._sorted = array("Q", sorted(values))
+
+    def __contains__(self, item: object) -> bool:
+        if not isinstance(item, str):
+            return False
+        value = digest(item)
+        i = bisect_left(self._sorted, value)
+        return i < len(self._sorted) and self._sorted[i] == value
+
+    def __len__(self) -> int:
+        return len(self._sorted)
+
+
+def _line_id(number: int, text: str) -> str | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    given = value.get("id")
+    return given if isinstance(given, str) and given else f"line-{number}"
+
+
+def _duplicated(path: Path) -> set[int]:
+    """Digests of ids that occur on more than one line (first pass)."""
+    values = array("Q")
+    with path.open(encoding="utf-8") as f:
+        for number, text in enumerate(f, 1):
+            if text.strip() and (line_id := _line_id(number, text)) is not None:
+                values.append(digest(line_id))
+    ordered = sorted(values)
+    return {a for a, b in zip(ordered, ordered[1:], strict=False) if a == b}
+
+
+def finished_ids(out_path: Path) -> IdSet:
+    """Ids already written to the output file (a re-run skips them)."""
+
+    def ids() -> Iterator[str]:
+        if not out_path.exists():
+            return
+        with out_path.open(encoding="utf-8") as f:
+            for text in f:
+                try:
+                    yield str(json.loads(text)["id"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+
+    return IdSet(ids())
+
+
+def iter_input(path: Path, settings: Settings, tenant: str | None, tier: str | None,
+               tenants: Tenants | None = None) -> Iterator[ParsedLine | LineError]:
+    """Every good line as a spec; every bad one as an error naming its line number. An id used again
+    is an error on every line after its first. With `tenants`, each line's tenant must exist and its plan
+    allow the line's tier (default: the plan's default tier)."""
+    context = _Context(settings, known_tiers(settings), tenant, tier, tenants)
+    duplicated = _duplicated(path)
+    seen_duplicates: set[int] = set()
+    with path.open(encoding="utf-8") as f:
+        for number, text in enumerate(f, 1):
+            if text.strip():
+                yield _parse(number, text, context, duplicated, seen_duplicates)
+
+
+@dataclass
+class _Context:
+    """What every line is checked against: settings, the command's defaults, the tenants' policies."""
+
+    settings: Settings
+    tiers: list[str]
+    tenant: str | None
+    tier: str | None
+    tenants: Tenants | None
+    policies: dict[str, Policy] = field(default_factory=dict)
+
+    def policy(self, name: str) -> Policy | None:
+        if self.tenants is None:
+            return None
+        if name not in self.policies:
+            self.policies[name] = tenant_policy(self.tenants, name)
+        return self.policies[name]
+
+
+def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_duplicates: set[int]
+           ) -> ParsedLine | LineError:
+    client_id = _line_id(number, text)
+    if client_id is not None and (value := digest(client_id)) in duplicated:
+        if value in seen_duplicates:
+            return LineError(number, f"duplicate id {client_id!r}")
+        seen_duplicates.add(value)
+    try:
+        line = BatchLine.model_validate_json(text)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"])
+        return LineError(number, f"{where + ': ' if where else ''}{problem['msg']}")
+    owner = line.tenant or c.tenant or "default"
+    try:
+        policy = c.policy(owner)
+        spec = RunSpec(question=line.question, tenant=owner,
+                       tier=line.tier or c.tier or (policy.plan.default_tier if policy else None) or "standard",
+                       max_steps=line.max_steps, model=line.model, max_tokens=line.max_tokens,
+                       max_cost_usd=line.max_cost_usd, deadline_s=line.deadline_s,
+                       client_id=line.id or f"line-{number}", webhook_url=line.webhook_url)
+        validate_spec(spec, c.settings, c.tiers, policy=policy)
+    except InvalidRequest as exc:
+        return LineError(number, str(exc))
+    if line.expected is None:
+        return LineError(number, "`match` without `expected`") if line.match is not None else ParsedLine(spec)
+    mode = line.match or MatchMode.CONTAINS
+    if (unscorable := check_expected(line.expected, mode)) is not None:
+        return LineError(number, unscorable)
+    return ParsedLine(spec, (line.expected, mode))

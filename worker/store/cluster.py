@@ -1,0 +1,125 @@
+"""The cluster's own Redis state, beside the runs' (worker/store/runs.py): worker heartbeats, the reaper's
+lock, queue depths. The reaper and `reactq demo` reach Redis only through here."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+
+import redis
+
+from ..names import QUEUES, queue_lists
+from . import keys
+
+# A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
+_STEP_ARGS = re.compile(rb'"argsrepr": "\[\'([0-9a-f]{32})\', \d+\]"')
+_ETA = re.compile(rb'"eta": "([^"]+)"')
+
+
+class ClusterStore:
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+
+    def heartbeat(self, queues: list[str], member: str, forget_after_s: float = 3600) -> None:
+        """Say that worker `member` consumes `queues` now (and forget members silent for an hour)."""
+        pipe = self.r.pipeline(transaction=False)
+        now = time.time()
+        for queue in queues:
+            pipe.zadd(keys.workers(queue), {member: now})
+            pipe.zremrangebyscore(keys.workers(queue), "-inf", now - forget_after_s)
+        pipe.execute()
+
+    def live_workers(self, queue: str, within_s: float = 45) -> int:
+        return int(self.r.zcount(keys.workers(queue), time.time() - within_s, "+inf"))
+
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting in each reactq queue (the broker's lists: one per priority, worker/tenancy/fairness.py)."""
+        pipe = self.r.pipeline(transaction=False)
+        for queue in QUEUES:
+            for name in queue_lists(queue):
+                pipe.llen(name)
+        counts = iter(pipe.execute())
+        return {queue: sum(next(counts) for _ in queue_lists(queue)) for queue in QUEUES}
+
+    def take_reaper_turn(self, interval_s: float) -> bool:
+        """True for at most one caller in the cluster per interval."""
+        return bool(self.r.set(keys.REAPER_LOCK, "1", nx=True, ex=max(1, int(interval_s))))
+
+    # --- the reaper's scans of active runs ---------------------------------------------------
+    def stale_runs_scored(self, older_than: float, limit: int = 500) -> list[tuple[str, float]]:
+        """Active runs with no progress since `older_than`, with their last progress time."""
+        found = self.r.zrangebyscore(keys.ACTIVE_RUNS, "-inf", older_than, start=0, num=limit, withscores=True)
+        return [(i.decode(), float(score)) for i, score in found]
+
+    def taken_marks(self, run_ids: list[str]) -> list[tuple[int, float] | None]:
+        """For each run, the last step index a worker received and when (None: never)."""
+        marks: list[tuple[int, float] | None] = []
+        for raw in self.r.mget([keys.step_taken(r) for r in run_ids]) if run_ids else []:
+            index, _, at = raw.decode().partition(":") if raw else ("", "", "")
+            marks.append((int(index), float(at)) if at else None)
+        return marks
+
+    def leases_held(self, run_ids: list[str]) -> list[bool]:
+        pipe = self.r.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.exists(keys.lease(run_id))
+        return [bool(n) for n in pipe.execute()]
+
+    def queued_step_runs(self, lists: list[str], scan_limit: int, lost_before: float) -> set[str] | None:
+        """Run ids with a step message waiting in `lists` or held by a worker (kombu's `unacked` hash);
+        None when there are more than `scan_limit` messages to look through.
+
+        A message taken before `lost_before` whose countdown (if any) was also due by then is not held:
+        a step starts as soon as it is taken and due, and a worker whose connection broke while it was
+        taking one (a Redis restart) never gets it; kombu would restore it only after its visibility
+        timeout. The reaper re-kicks such a run instead (a duplicate of a message that did exist costs
+        one fenced task)."""
+        pipe = self.r.pipeline(transaction=False)
+        for name in lists:
+            pipe.llen(name)
+        pipe.hlen(keys.CELERY_UNACKED)
+        if sum(pipe.execute()) > scan_limit:
+            return None
+        found: set[str] = set()
+        for name in lists:
+            for start in range(0, scan_limit, 1000):
+                chunk = self.r.lrange(name, start, start + 999)
+                found.update(m.decode() for m in _STEP_ARGS.findall(b"\n".join(chunk)))
+                if len(chunk) < 1000:
+                    break
+        taken_at = dict(self.r.zrange(keys.CELERY_UNACKED_INDEX, 0, -1, withscores=True))
+        for tag, raw in self.r.hscan_iter(keys.CELERY_UNACKED, count=1000):
+            if _still_held(raw, taken_at.get(tag), lost_before):
+                found.update(m.decode() for m in _STEP_ARGS.findall(raw))
+        return found
+
+    def suspect_again(self, run_id: str, step: int, ttl_s: int) -> bool:
+        """Record that the reaper found no message for this step; True if it had already found none."""
+        return self.r.set(keys.reaper_suspect(run_id), step, ex=ttl_s, get=True) == str(step).encode()
+
+    def touch_active(self, run_id: str) -> None:
+        self.r.zadd(keys.ACTIVE_RUNS, {run_id: time.time()}, xx=True)
+
+    def forget_active(self, run_id: str) -> None:
+        self.r.zrem(keys.ACTIVE_RUNS, run_id)
+
+    def look_again_at(self, run_id: str, when: float) -> None:
+        """Have the reaper look at an active run again at `when` (a run that waits for a person)."""
+        self.r.zadd(keys.ACTIVE_RUNS, {run_id: when}, xx=True)
+
+    def active_count(self) -> int:
+        return int(self.r.zcard(keys.ACTIVE_RUNS))
+
+
+def _still_held(raw: bytes, taken_at: float | None, lost_before: float) -> bool:
+    """Whether an unacked message (taken at `taken_at`) may still be with a worker at `lost_before`."""
+    if taken_at is None or taken_at >= lost_before:
+        return True
+    eta = _ETA.search(raw)
+    if eta is None:
+        return False
+    try:
+        return datetime.fromisoformat(eta.group(1).decode()).timestamp() >= lost_before
+    except ValueError:
+        return True  # an ETA we cannot read: leave the message to the broker

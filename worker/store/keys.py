@@ -1,0 +1,193 @@
+"""Every Redis key reactq uses, in one place."""
+
+PREFIX = "reactq"
+
+
+def run(run_id: str) -> str:
+    return f"{PREFIX}:run:{run_id}"
+
+
+def steps(run_id: str) -> str:
+    return f"{PREFIX}:run:{run_id}:steps"
+
+
+def events(run_id: str) -> str:
+    return f"{PREFIX}:run:{run_id}:events"
+
+
+def events_compacted(run_id: str) -> str:
+    """A finished run's events, compacted into one JSON string: [[entry id, type, data or step index]]."""
+    return f"{PREFIX}:run:{run_id}:history"
+
+
+def reply(run_id: str, step: int) -> str:
+    """The stored LLM reply of one step: a redelivered step reuses it."""
+    return f"{PREFIX}:run:{run_id}:reply:{step}"
+
+
+def tool_results(run_id: str, step: int) -> str:
+    """hash: call id -> the stored result (an Observation) of each tool call of one step."""
+    return f"{PREFIX}:run:{run_id}:obs:{step}"
+
+
+def sandbox_dispatch(run_id: str, step: int, call_id: str) -> str:
+    """Set when a sandboxed call has been sent, so a re-run of the step does not send it again."""
+    return f"{PREFIX}:run:{run_id}:sent:{step}:{call_id}"
+
+
+def lease(run_id: str) -> str:
+    """Held by the worker executing a run's step, so duplicates of that step back off."""
+    return f"{PREFIX}:run:{run_id}:lease"
+
+
+def tool_cache(tool: str, digest: str) -> str:
+    return f"{PREFIX}:cache:{tool}:{digest}"
+
+
+ACTIVE_RUNS = f"{PREFIX}:active"  # zset: run id -> last progress time (the reaper scans it)
+REAPER_LOCK = f"{PREFIX}:reaper:lock"
+
+
+def batch(batch_id: str) -> str:
+    """hash: `created_at`, `tenant`, `size`, `submitting` (while chunks go in), `webhook_url`, usage sums
+    (`prompt_tokens`, `completion_tokens`, `cost_usd`) and, per status, `status:<status>`: how many of its
+    runs ended so (counted in the transaction that records each end). `counts_statuses` marks a batch
+    created since those counters exist."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+BATCH_STATUS_FIELD = "status:"  # + a run status: a field of the batch hash
+BATCH_COUNTS_STATUSES = "counts_statuses"
+
+
+def batch_runs(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}:runs"
+
+
+def batch_done(batch_id: str) -> str:
+    """List of run ids in the order they finished."""
+    return f"{PREFIX}:batch:{batch_id}:done"
+
+
+def tenant_usage(tenant: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:usage"
+
+
+def sandbox_result(run_id: str, step: int, call_id: str) -> str:
+    """Where a sandbox worker stores its result object for one call."""
+    return f"{PREFIX}:run:{run_id}:sandbox:{step}:{call_id}"
+
+
+def workers(queue: str) -> str:
+    """zset of live workers consuming `queue`: member host:pid, score = last heartbeat."""
+    return f"{PREFIX}:workers:{queue}"
+
+
+def batch_ids(batch_id: str) -> str:
+    """hash: the batch input's `id` -> run id."""
+    return f"{PREFIX}:batch:{batch_id}:ids"
+
+
+def batch_file(digest: str) -> str:
+    """The batch last submitted for one output file (so a re-run adopts its runs)."""
+    return f"{PREFIX}:batchfile:{digest}"
+
+
+# --- tenants, keys, budgets, admission (worker/tenancy/: tenants, budgets, admission) ----
+TENANTS = f"{PREFIX}:tenants"  # set of tenant names added with `reactq tenant add`
+API_KEYS = f"{PREFIX}:apikeys"  # set of every API key id (revoked ones included)
+
+
+def tenant(name: str) -> str:
+    """hash: plan, created_at, and per-tenant budget overrides (tokens_per_day, usd_per_month, ...)."""
+    return f"{PREFIX}:tenant:{name}"
+
+
+def tenant_keys(name: str) -> str:
+    """set of the tenant's API key ids."""
+    return f"{PREFIX}:tenant:{name}:keys"
+
+
+def api_key(key_id: str) -> str:
+    """hash: tenant, sha256 (hex digest of the whole key), created_at, revoked_at."""
+    return f"{PREFIX}:apikey:{key_id}"
+
+
+def tenant_runs(name: str) -> str:
+    """zset: the tenant's run ids scored by creation time (`GET /v1/runs`, newest first)."""
+    return f"{PREFIX}:tenant:{name}:runs"
+
+
+def tenant_inflight(name: str) -> str:
+    """set: the tenant's unfinished run ids (admission: runs in flight)."""
+    return f"{PREFIX}:tenant:{name}:inflight"
+
+
+def tenant_spend(name: str, period: str) -> str:
+    """hash {tokens, usd}: spent and reserved in one period, `d:YYYY-MM-DD` or `m:YYYY-MM` (UTC)."""
+    return f"{PREFIX}:tenant:{name}:spend:{period}"
+
+
+def tenant_submissions(name: str, minute: int) -> str:
+    """counter: runs submitted in one minute (admission: submissions per minute)."""
+    return f"{PREFIX}:tenant:{name}:submits:{minute}"
+
+
+def tenant_streams(name: str) -> str:
+    """zset: open event streams, member = stream id, score = when it lapses unless renewed."""
+    return f"{PREFIX}:tenant:{name}:streams"
+
+
+def approval_counted(run_id: str, step: int, call_id: str) -> str:
+    """Set once a worker has counted this call's approval decision in its metrics."""
+    return f"{PREFIX}:run:{run_id}:approval:{step}:{call_id}"
+
+
+def tenant_webhook(tenant: str) -> str:
+    """hash: the tenant's default webhook `url` (optional) and signing `secret`."""
+    return f"{PREFIX}:tenant:{tenant}:webhook"
+
+
+def webhook_delivery(delivery_id: str) -> str:
+    """A webhook delivery record (JSON): target, body, state and every attempt with its status."""
+    return f"{PREFIX}:webhook:{delivery_id}"
+
+
+def tenant_deliveries(tenant: str) -> str:
+    """zset: the tenant's webhook delivery ids, scored by creation time."""
+    return f"{PREFIX}:tenant:{tenant}:deliveries"
+
+
+def batch_webhook_sent(batch_id: str) -> str:
+    """Set once the batch's `finished` webhook has been queued (the last two runs may finish together)."""
+    return f"{PREFIX}:batch:{batch_id}:webhook"
+
+
+def llm_limit(model: str, budget: str) -> str:
+    """string: a provider budget's GCRA theoretical arrival time (µs, Redis clock); budget rpm | tpm."""
+    return f"{PREFIX}:llm:{model}:limit:{budget}"
+
+
+def llm_cooldown(model: str) -> str:
+    """string with a TTL: set after a provider 429; no worker calls the model until it expires."""
+    return f"{PREFIX}:llm:{model}:cooldown"
+
+
+def tenant_submitted(tenant: str, minute: int) -> str:
+    """string counter with a TTL: runs a tenant submitted in one minute, kept for the fairness window
+    (worker/tenancy/fairness.py; admission's per-minute limit has its own shorter-lived counter)."""
+    return f"{PREFIX}:tenant:{tenant}:submitted:{minute}"
+
+
+def step_taken(run_id: str) -> str:
+    """string "INDEX:UNIX_TIME": the last step of the run a worker received (the reaper reads it)."""
+    return f"{PREFIX}:run:{run_id}:taken"
+
+
+def reaper_suspect(run_id: str) -> str:
+    """string with a TTL: the step index the reaper found no message for on its last pass."""
+    return f"{PREFIX}:reaper:suspect:{run_id}"
+
+
+CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken and not yet acked
+CELERY_UNACKED_INDEX = "unacked_index"  # ... and when each was taken (a zset of the same tags)

@@ -1,0 +1,576 @@
+"""The Redis state store: run records, step traces, stored LLM replies and tool results, events,
+batches and per-tenant usage. Every change to a run record goes through one fenced transaction."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pydantic import TypeAdapter
+
+from ..core.engine import End
+from ..core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
+from . import keys
+from .batches import BatchStore, batch_keys
+from .cas import (
+    CAS_SCRIPT,
+    COMMANDS_FUNCTION,
+    COMPACT_SCRIPT,
+    RELEASE_LEASE,
+    Command,
+    QueueWrites,
+    Snapshot,
+    Written,
+    cas_args,
+    run_commands,
+    script_commands,
+    write_watched,
+)
+
+EVENTS_MAXLEN = 2000
+
+_RENEW_LEASE = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+)
+_STEPS = TypeAdapter(list[Step])
+
+
+Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's admission limits for one submission (worker/tenancy/admission.py), checked and counted by the
+    script that records its runs: the check and the runs' entry into the in-flight set are one step."""
+
+    tenant: str
+    runs: int
+    in_flight: int
+    per_minute: int
+
+
+class QuotaExceeded(Exception):
+    """A quota said no (nothing was written); `limit` is "in_flight" or "per_minute"."""
+
+    def __init__(self, quota: Quota, limit: str) -> None:
+        super().__init__(f"{quota.tenant}: {limit}")
+        self.quota, self.limit = quota, limit
+
+
+# KEYS: per quota, the tenant's in-flight set and this minute's submissions counter. ARGV: the number
+# of quotas, then per quota its runs, in-flight limit and per-minute limit, then the commands
+# (store_cas.script_commands). Returns {-2 or -1, i} when quota i is over its in-flight or per-minute
+# limit (nothing written), else {0, each command's reply}.
+_CREATE_RUNS = COMMANDS_FUNCTION + """
+local n = tonumber(ARGV[1])
+for q = 1, n do
+  local adding = tonumber(ARGV[3 * q - 1])
+  if redis.call('SCARD', KEYS[2 * q - 1]) + adding > tonumber(ARGV[3 * q]) then return {-2, q} end
+  if tonumber(redis.call('GET', KEYS[2 * q]) or '0') + adding > tonumber(ARGV[3 * q + 1]) then return {-1, q} end
+end
+for q = 1, n do
+  redis.call('INCRBY', KEYS[2 * q], ARGV[3 * q - 1])
+  redis.call('EXPIRE', KEYS[2 * q], 120)
+end
+return {0, run_commands(3 * n + 2)}
+"""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What one delivery of step `index` reads, in one round trip, as it tries to take the run's lease.
+    Beyond the run record, it is meaningful only with the lease (no holder writes behind it)."""
+
+    acquired: bool
+    snapshot: Snapshot | None  # None: no such run
+    steps: list[Step]
+    reply: LLMReply | None  # the reply stored for this step by an earlier delivery
+    results: dict[str, Observation]  # tool results stored for this step, by call id
+
+    @property
+    def run(self) -> Run | None:
+        return self.snapshot.run if self.snapshot is not None else None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A recorded step: the run record as stored, and how the step ended the run (None: it goes on).
+    When it ended the run: whether the run's working keys went and its events were compacted with it,
+    and, for a run of a batch, the batch's (finished runs, runs) as the step left them."""
+
+    run: Run
+    end: End | None
+    trimmed: bool = False
+    batch_progress: tuple[int, int] | None = None
+    next_sent: bool = False  # the run goes on, and its next step's message went out with the step
+
+
+def start_deadline(run: Run, at: float) -> None:
+    """Start the run's deadline clock at `at` (its first step's start), unless it runs already."""
+    if run.deadline_at is None and run.deadline_s is not None:
+        run.deadline_at = at + run.deadline_s
+
+
+def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool) -> None:
+    """Apply a recorded step to the run record (the record must be at `step.index`)."""
+    start_deadline(run, step.started_at)
+    run.current_step = step.index + 1
+    run.usage = run.usage + step.usage
+    run.cost_usd += step.cost_usd
+    run.waiting_on = None
+    run.status = RunStatus.RUNNING
+    run.invalid_streak = run.invalid_streak + 1 if invalid else 0
+    end = conclude(run)
+    if end is not None:
+        run.status = end.status
+        run.error = end.reason or None
+        run.answer = step.final_answer
+        run.finished_at = step.finished_at
+
+
+class RunStore:
+    def __init__(self, client: redis.Redis, run_ttl_s: int = 7 * 24 * 3600, retention_s: int = 30 * 24 * 3600) -> None:
+        self.r = client
+        self.ttl = run_ttl_s  # every key of an unfinished run; refreshed on each step
+        self.retention = retention_s  # a finished run's record, steps and events
+        self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
+        self.batches = BatchStore(client, self.batch_ttl)
+        self._cas = client.register_script(CAS_SCRIPT)
+        self._compact = client.register_script(COMPACT_SCRIPT)
+        self._create = client.register_script(_CREATE_RUNS)
+
+    # --- run records -------------------------------------------------------------------------
+    def create_runs(self, runs: list[Run], batch_id: str | None = None, count_window_s: int | None = None,
+                    quotas: list[Quota] | None = None) -> dict[str, int]:
+        """Record new runs, in one script. With `quotas`, only if each tenant's quota admits its runs
+        (QuotaExceeded, nothing written, if one does not). With `count_window_s`, count them into their
+        tenants' recent submissions (count_submissions), and return each tenant's count before them."""
+        if not runs:
+            return {}
+        now = time.time()
+        by_tenant: dict[str, list[Run]] = {}
+        for run in runs:
+            by_tenant.setdefault(run.spec.tenant, []).append(run)
+        commands: list[Command] = []
+        for run in runs:
+            commands += [("SET", keys.run(run.id), run.model_dump_json(), "EX", self.ttl),
+                         event_command(run.id, "queued", "{}"), ("EXPIRE", keys.events(run.id), self.ttl)]
+        commands.append(("ZADD", keys.ACTIVE_RUNS, *_scored(runs, lambda r: now)))
+        for tenant, group in by_tenant.items():
+            commands += [("ZADD", keys.tenant_runs(tenant), *_scored(group, lambda r: r.created_at)),
+                         ("SADD", keys.tenant_inflight(tenant), *[r.id for r in group])]
+        if batch_id:
+            commands.append(("RPUSH", keys.batch_runs(batch_id), *[r.id for r in runs]))
+            commands += [("EXPIRE", key, self.batch_ttl) for key in batch_keys(batch_id)]
+        counted = list(by_tenant) if count_window_s is not None else []
+        for tenant in counted:
+            commands += _count_commands(tenant, len(by_tenant[tenant]), count_window_s or 0, now)
+        quotas = quotas or []
+        script_keys = [k for q in quotas for k in (keys.tenant_inflight(q.tenant),
+                                                   keys.tenant_submissions(q.tenant, int(now // 60)))]
+        args: list[Any] = [len(quotas), *[a for q in quotas for a in (q.runs, q.in_flight, q.per_minute)]]
+        code, replies = self._create(keys=script_keys, args=args + script_commands(commands))
+        if code != 0:
+            raise QuotaExceeded(quotas[replies - 1], "in_flight" if code == -2 else "per_minute")
+        tail = len(replies) - COUNT_COMMANDS * len(counted)
+        return {tenant: _counted_before(replies[tail + COUNT_COMMANDS * i:tail + COUNT_COMMANDS * (i + 1)],
+                                        len(by_tenant[tenant])) for i, tenant in enumerate(counted)}
+
+    def forget_expired_in_flight(self, tenant: str) -> None:
+        """Drop a tenant's in-flight entries whose run record has expired (a run that never finished)."""
+        inflight = keys.tenant_inflight(tenant)
+        ids = [i.decode() for i in self.r.smembers(inflight)]
+        pipe = self.r.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.exists(keys.run(run_id))
+        gone = [run_id for run_id, alive in zip(ids, pipe.execute(), strict=True) if not alive]
+        if gone:
+            self.r.srem(inflight, *gone)
+
+    def load_run(self, run_id: str) -> Run | None:
+        raw = self.r.get(keys.run(run_id))
+        return Run.model_validate_json(raw) if raw else None
+
+    def load_runs(self, run_ids: list[str]) -> list[Run | None]:
+        if not run_ids:
+            return []
+        raws = self.r.mget([keys.run(i) for i in run_ids])
+        return [Run.model_validate_json(r) if r else None for r in raws]
+
+    def lease_and_load(self, run_id: str, index: int, token: str, ttl_ms: int) -> Loaded:
+        """Try to take the run's lease and read the run, its steps, and the reply and tool results
+        stored for step `index`, in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.set(keys.lease(run_id), token, nx=True, px=ttl_ms)
+        pipe.get(keys.run(run_id))
+        pipe.lrange(keys.steps(run_id), 0, -1)
+        pipe.get(keys.reply(run_id, index))
+        pipe.hgetall(keys.tool_results(run_id, index))
+        pipe.set(keys.step_taken(run_id), f"{index}:{time.time():.3f}", ex=self.ttl)  # for the reaper
+        acquired, raw_run, raw_steps, raw_reply, raw_results, _ = pipe.execute()
+        snapshot = Snapshot(Run.model_validate_json(raw_run), raw_run) if raw_run else None
+        run = snapshot.run if snapshot else None
+        if not acquired or run is None or run.status.finished or run.current_step != index:
+            return Loaded(bool(acquired), snapshot, [], None, {})
+        return Loaded(
+            True, snapshot,
+            _STEPS.validate_json(b"[" + b",".join(raw_steps) + b"]") if raw_steps else [],
+            LLMReply.model_validate_json(raw_reply) if raw_reply else None,
+            {k.decode(): Observation.model_validate_json(v) for k, v in raw_results.items()},
+        )
+
+    def copy_steps(self, run_id: str, steps: list[Step]) -> None:
+        """Give a new run (a replay, before its first step is sent) the recorded steps it starts from."""
+        if steps:
+            self.r.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
+
+    def drop_and_compact(self, run_id: str, names: list[str]) -> None:
+        """Delete these keys of a finished run, and compact its event stream (store_cas.COMPACT_FUNCTION),
+        in one round trip (one script: a pipeline holding a script would first ask the server whether
+        it knows the script)."""
+        self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id), *names])
+
+    def load_steps(self, run_id: str) -> list[Step]:
+        raws = self.r.lrange(keys.steps(run_id), 0, -1)
+        return _STEPS.validate_json(b"[" + b",".join(raws) + b"]") if raws else []
+
+    def update_run(self, run_id: str, mutate: Callable[[Run], bool]) -> Run | None:
+        """Apply `mutate` to the run record atomically. `mutate` returns False to leave the record alone
+        (the fence said no); then None is returned."""
+        written = self.write_run(run_id, mutate)
+        return written.run if written is not None else None
+
+    def write_run(
+        self,
+        run_id: str,
+        mutate: Callable[[Run], bool],
+        extra: Callable[[Run], list[Command]] | None = None,
+        *,
+        expect: Snapshot | None = None,
+        release_lease: str | None = None,
+    ) -> Snapshot | None:
+        """Apply `mutate` to the run record atomically, with the commands `extra` returns for the new
+        record; release the lease held with `release_lease` in the same transaction. With `expect`
+        (the record as this process last saw it) that is one round trip unless the record changed."""
+        written = self._write(run_id, mutate, extra, expect=expect, release_lease=release_lease)
+        return written.snapshot if written is not None else None
+
+    def _write(
+        self, run_id: str, mutate: Callable[[Run], bool], extra: Callable[[Run], list[Command]] | None = None, *,
+        expect: Snapshot | None = None, release_lease: str | None = None, trim: Trim | None = None,
+    ) -> Written | None:
+        """write_run, with each command's reply. `trim` gives the run's working keys, dropped (and its
+        events compacted) in the same transaction if this write finishes the run."""
+        if expect is not None:
+            run = expect.run.model_copy()  # mutate sets top-level fields only: a shallow copy suffices
+            if not mutate(run):
+                return None  # the record only moves forward: a fence that says no on our copy says no
+            run.updated_at = time.time()
+            raw = run.model_dump_json().encode()
+            commands, compact = self._commands(run, expect.run.status.finished, extra, trim)
+            script_keys = [keys.run(run_id), keys.lease(run_id)]
+            if compact:
+                script_keys += [keys.events(run_id), keys.events_compacted(run_id)]
+            replies = self._cas(keys=script_keys, args=cas_args(expect.raw, raw, release_lease, commands))
+            if replies != 0:
+                return Written(Snapshot(run, raw), commands, replies)
+        return self._write_watched(run_id, mutate, extra, release_lease, trim)
+
+    def _write_watched(
+        self, run_id: str, mutate: Callable[[Run], bool], extra: Callable[[Run], list[Command]] | None,
+        release_lease: str | None, trim: Trim | None,
+    ) -> Written | None:
+        key = keys.run(run_id)
+
+        def decide(stored: bytes) -> tuple[Written, QueueWrites] | None:
+            run = Run.model_validate_json(stored)
+            was_finished = run.status.finished
+            if not mutate(run):
+                return None
+            run.updated_at = time.time()
+            raw = run.model_dump_json().encode()
+            commands, compact = self._commands(run, was_finished, extra, trim)
+            replies: list[Any] = []
+
+            def writes(pipe: Any) -> Callable[[list[Any]], None]:
+                pipe.set(key, raw, keepttl=True)
+                if release_lease:
+                    pipe.eval(RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
+                for command in commands:
+                    pipe.execute_command(*command)
+                if compact:
+                    pipe.eval(COMPACT_SCRIPT, 2, keys.events(run_id), keys.events_compacted(run_id))
+                first = 1 + bool(release_lease)
+                return lambda results: replies.extend(results[first:first + len(commands)])
+
+            return Written(Snapshot(run, raw), commands, replies), writes
+
+        return write_watched(self.r, key, decide)
+
+    def _commands(self, run: Run, was_finished: bool, extra: Callable[[Run], list[Command]] | None,
+                  trim: Trim | None = None) -> tuple[list[Command], bool]:
+        """The writes that go with a new run record: `extra`'s, then the active set and the end of a run,
+        and the expiry of every key the run keeps: refreshed while it moves. (Its batch's keys get theirs
+        as its runs are submitted and as they finish: the batch outlives them.) And whether the run's
+        events are to be compacted after them: a write that finishes the run, given its working keys."""
+        commands = extra(run) if extra is not None else []
+        compact = False
+        if run.status.finished and not was_finished:
+            commands += self._on_finished(run)
+            if trim is not None:
+                commands.append(("DEL", *trim()))
+                compact = True
+        elif not run.status.finished:
+            commands.append(("ZADD", keys.ACTIVE_RUNS, run.updated_at, run.id))
+            commands += [("EXPIRE", key, self.ttl) for key in (keys.run(run.id), keys.steps(run.id),
+                                                                 keys.events(run.id))]
+        return commands, compact
+
+    def _on_finished(self, run: Run) -> list[Command]:
+        finished = json.dumps({"status": run.status.value, "answer": run.answer})
+        commands: list[Command] = [
+            ("ZREM", keys.ACTIVE_RUNS, run.id),
+            ("SREM", keys.tenant_inflight(run.spec.tenant), run.id),
+            event_command(run.id, "finished", finished),
+            ("DEL", keys.step_taken(run.id)),
+        ]
+        commands += [("EXPIRE", key, self.retention)
+                     for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
+        if run.spec.batch_id:  # the RPUSH and LLEN replies are the batch's progress (finished runs, runs)
+            commands += [("RPUSH", keys.batch_done(run.spec.batch_id), run.id),
+                         ("LLEN", keys.batch_runs(run.spec.batch_id)),
+                         ("HINCRBY", keys.batch(run.spec.batch_id), keys.BATCH_STATUS_FIELD + run.status.value, 1)]
+            commands += [("EXPIRE", key, self.batch_ttl) for key in batch_keys(run.spec.batch_id)]
+        return commands
+
+    def commit_step(
+        self, snapshot: Snapshot, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool = False,
+        release_lease: str | None = None, also: list[Command] | None = None, trim: Trim | None = None,
+        send_next: Callable[[], list[Command]] | None = None,
+    ) -> Committed | None:
+        """Record step `step.index` and advance the run, only if the run is still at that step.
+        `conclude` (pure) says whether the advanced record ends the run, and how. The lease held with
+        `release_lease` is let go, and the `also` writes are made, in the same transaction; if the run
+        goes on, so are the `send_next` commands (the next step's message); if the step ends the run,
+        its working keys `trim` are dropped and its events compacted."""
+        run_id = snapshot.run.id
+
+        def mutate(run: Run) -> bool:
+            if run.status.finished or run.current_step != step.index:
+                return False
+            advance(run, step, conclude, invalid=invalid)
+            return True
+
+        def extra(run: Run) -> list[Command]:
+            data = step.model_dump_json()
+            going_on = send_next() if send_next is not None and not run.status.finished else []
+            return [("RPUSH", keys.steps(run_id), data), event_command(run_id, "step", data),
+                    *self._count_usage(run, step.usage, step.cost_usd), *(also or []), *going_on]
+
+        written = self._write(run_id, mutate, extra, expect=snapshot, release_lease=release_lease, trim=trim)
+        if written is None:
+            return None
+        run = written.snapshot.run
+        end = conclude(run)
+        if not run.status.finished:
+            return Committed(run, end, next_sent=send_next is not None)
+        progress = None
+        if run.spec.batch_id is not None:
+            finished = written.reply_to("RPUSH", keys.batch_done(run.spec.batch_id))
+            progress = int(finished), int(written.reply_to("LLEN", keys.batch_runs(run.spec.batch_id)))
+        return Committed(run, end, trimmed=trim is not None, batch_progress=progress)
+
+    def _count_usage(self, run: Run, usage: Usage, cost: float) -> list[Command]:
+        targets = [keys.tenant_usage(run.spec.tenant)]
+        if run.spec.batch_id:
+            targets.append(keys.batch(run.spec.batch_id))
+        commands: list[Command] = []
+        for key in targets:
+            commands += [("HINCRBY", key, "prompt_tokens", usage.prompt_tokens),
+                         ("HINCRBY", key, "completion_tokens", usage.completion_tokens),
+                         ("HINCRBYFLOAT", key, "cost_usd", repr(cost))]
+        return commands
+
+    def finish(self, run_id: str, status: RunStatus, reason: str, *, only_step: int | None = None) -> Run | None:
+        """End a run without recording a step (a limit, an LLM failure, a cancel)."""
+
+        def mutate(run: Run) -> bool:
+            if run.status.finished or (only_step is not None and run.current_step != only_step):
+                return False
+            run.status = status
+            run.error = reason or None
+            run.finished_at = time.time()
+            return True
+
+        return self.update_run(run_id, mutate)
+
+    def mark_cancel_recorded(self, run_id: str) -> Run | None:
+        """Note that a worker has counted this run's cancellation; the run if this call was the first."""
+
+        def mutate(run: Run) -> bool:
+            if run.cancel_recorded:
+                return False
+            run.cancel_recorded = True
+            return True
+
+        return self.update_run(run_id, mutate)
+
+    def mark_running(self, snapshot: Snapshot, step_index: int, waiting_on: str | None = None) -> Snapshot | None:
+        """Running (and, on its first step, its deadline clock started), or waiting on something."""
+
+        def mutate(run: Run) -> bool:
+            if run.status.finished or run.current_step != step_index:
+                return False
+            start_deadline(run, time.time())
+            run.status = RunStatus.RUNNING
+            run.waiting_on = waiting_on
+            return True
+
+        return self.write_run(snapshot.run.id, mutate, expect=snapshot)
+
+    # --- idempotency: stored replies, tool results, dispatch markers, leases ------------------
+    def get_reply(self, run_id: str, step: int) -> LLMReply | None:
+        raw = self.r.get(keys.reply(run_id, step))
+        return LLMReply.model_validate_json(raw) if raw else None
+
+    def save_reply(self, run_id: str, step: int, reply: LLMReply) -> LLMReply:
+        """Store the reply unless one is there already; return the one that counts."""
+        key = keys.reply(run_id, step)
+        if self.r.set(key, reply.model_dump_json(), nx=True, ex=self.ttl):
+            return reply
+        stored = self.get_reply(run_id, step)
+        return stored or reply
+
+    def prepare_act(
+        self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]],
+        also: list[Command] | None = None,
+    ) -> tuple[bool, list[str | None]]:
+        """Before a step acts, in one round trip: store its `reply` unless one is stored already (None:
+        it came from the store), read the idempotent-tool cache for the `cacheable` (tool, arguments)
+        calls, and run the `also` writes. Returns whether our reply is the one that counts, and the
+        cached contents."""
+        pipe = self.r.pipeline(transaction=False)
+        if reply is not None:
+            pipe.set(keys.reply(run_id, step), reply.model_dump_json(), nx=True, ex=self.ttl)
+        for tool, arguments in cacheable:
+            pipe.get(keys.tool_cache(tool, self._digest(arguments)))
+        for command in also or []:
+            pipe.execute_command(*command)
+        results = pipe.execute()[:len(cacheable) + (reply is not None)]
+        stored = bool(results.pop(0)) if reply is not None else True
+        return stored, [r.decode() if r else None for r in results]
+
+    def cache_commands(self, entries: list[tuple[str, dict[str, Any], str]], ttl_s: int) -> list[Command]:
+        """Writes that put (tool, arguments, content) results in the idempotent-tool cache."""
+        if ttl_s <= 0:
+            return []
+        return [("SET", keys.tool_cache(tool, self._digest(arguments)), content, "EX", ttl_s)
+                for tool, arguments, content in entries]
+
+    def save_tool_result(self, run_id: str, step: int, obs: Observation) -> Observation:
+        """Store one call's result unless one is there already; return the one that counts."""
+        key = keys.tool_results(run_id, step)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hsetnx(key, obs.call_id, obs.model_dump_json())
+        pipe.expire(key, self.ttl)
+        if pipe.execute()[0]:
+            return obs
+        stored = self.r.hget(key, obs.call_id)
+        return Observation.model_validate_json(stored) if stored else obs
+
+    def get_sandbox_result(self, run_id: str, step: int, call_id: str) -> bytes | None:
+        """The sandbox worker's raw result object for one call, once it has stored it."""
+        return self.r.get(keys.sandbox_result(run_id, step, call_id))
+
+    def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
+        return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
+
+    def renew_leases(self, held: list[tuple[str, str]], ttl_ms: int) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for run_id, token in held:
+            pipe.eval(_RENEW_LEASE, 1, keys.lease(run_id), token, ttl_ms)
+        pipe.execute()
+
+    def release_lease(self, run_id: str, token: str) -> None:
+        self.r.eval(RELEASE_LEASE, 1, keys.lease(run_id), token)  # only our own lease
+
+    def lease_held(self, run_id: str) -> bool:
+        return bool(self.r.exists(keys.lease(run_id)))
+
+    # --- idempotent-tool cache ------------------------------------------------------------------
+    @staticmethod
+    def _digest(arguments: dict[str, Any]) -> str:
+        return hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:32]
+
+
+
+    def move_to_batch(self, run_id: str, batch_id: str) -> None:
+        """Make a run submitted by an earlier invocation part of `batch_id`: listed in it, and its end
+        pushed to the batch's finished list (at once, if it has ended or its record is gone)."""
+
+        def mutate(run: Run) -> bool:
+            if run.status.finished:
+                return False
+            run.spec.batch_id = batch_id
+            return True
+
+        moved = self.update_run(run_id, mutate)
+        ended = self.load_run(run_id) if moved is None else None
+        pipe = self.r.pipeline(transaction=False)
+        pipe.rpush(keys.batch_runs(batch_id), run_id)
+        if moved is None:
+            pipe.rpush(keys.batch_done(batch_id), run_id)
+            if ended is not None:
+                pipe.hincrby(keys.batch(batch_id), keys.BATCH_STATUS_FIELD + ended.status.value, 1)
+        pipe.execute()
+
+
+    def tenant_usage(self, tenant: str) -> dict[str, float]:
+        return {k.decode(): float(v) for k, v in self.r.hgetall(keys.tenant_usage(tenant)).items()}
+
+
+    def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
+        """Add `count` to the tenant's submissions of this minute; return its total over the last
+        `window_s` before them (one-minute buckets that expire; worker/tenancy/fairness.py). Submissions are
+        counted by create_runs, with the same commands; this one takes `now`, for tests of the window."""
+        return _counted_before(run_commands(self.r, _count_commands(tenant, count, window_s, now)), count)
+
+
+    def run_commands(self, commands: list[Command]) -> None:
+        """Run these writes in one round trip (no transaction)."""
+        run_commands(self.r, commands)
+
+    def first_time(self, key: str, ttl_s: int) -> bool:
+        """True for the first caller only (a marker that something was done once, e.g. counted)."""
+        return bool(self.r.set(key, "1", nx=True, ex=ttl_s))
+
+
+COUNT_COMMANDS = 3  # what _count_commands gives
+
+
+def _count_commands(tenant: str, count: int, window_s: int, now: float | None) -> list[Command]:
+    """Add `count` to the tenant's one-minute submission bucket, and read the window's older buckets."""
+    minute = int((now or time.time()) // 60)
+    buckets = [keys.tenant_submitted(tenant, minute - i) for i in range(max(2, window_s // 60))]
+    return [("INCRBY", buckets[0], count), ("EXPIRE", buckets[0], window_s + 60), ("MGET", *buckets[1:])]
+
+
+def _scored(runs: list[Run], score: Callable[[Run], float]) -> list[Any]:
+    """ZADD's score-member arguments for these runs."""
+    return [a for run in runs for a in (score(run), run.id)]
+
+
+def _counted_before(replies: list[Any], count: int) -> int:
+    """The tenant's submissions in the window before these `count`, from _count_commands' replies."""
+    total_now, _, older = replies
+    return int(total_now) - count + sum(int(v) for v in older if v)
+
+
+def event_command(run_id: str, kind: str, data: str) -> Command:
+    """Append one entry to the run's event stream (as a command of a run-record write)."""
+    return ("XADD", keys.events(run_id), "MAXLEN", "~", EVENTS_MAXLEN, "*", "type", kind, "data", data)

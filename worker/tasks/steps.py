@@ -1,0 +1,114 @@
+"""Celery tasks: thin adapters from a message to the step runner."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from celery import Celery, signals
+
+from ..core.outcome import Outcome
+from ..errors import LLMThrottled
+from ..names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, step_reprs
+from ..runtime.context import get_runtime
+from ..runtime.drain import IN_FLIGHT, start_drain
+from ..runtime.runner import Dispatcher, StepRunner
+from ..store.cas import Command
+from .app import app
+from .broker import TRANSPORT, capturing
+from .webhooks import send_delivery
+
+log = logging.getLogger("reactq.tasks")
+
+
+def send_step(run_id: str, index: int, priority: int | None = None, countdown: float | None = None,
+              producer: Any = None, retry: bool = True) -> None:
+    """Enqueue a step; without a priority it keeps the priority of the step running on this thread.
+
+    `declare=[]`: Celery would declare the queue on every publish (binding copies of the queue and its
+    exchange to the channel, ~30 us of CPU a message). A message to the default exchange goes straight
+    to the queue's Redis list; the workers declare the queue as they start consuming. `retry=False`
+    for a producer's batch, which sends nothing as a message is published (nothing to retry)."""
+    if priority is None:
+        priority = (step.request.delivery_info or {}).get("priority")
+    step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, priority=priority, countdown=countdown,
+                     producer=producer, declare=[], retry=retry, **step_reprs(run_id, index))
+
+
+@contextmanager
+def sending_together(celery: Celery | None = None) -> Iterator[Callable[..., None]]:
+    """A send_step whose messages wait in one pipeline and go out together as the block ends (kombu's
+    Producer.batch): a submission's first steps in one round trip instead of one each, ~110 instead of
+    ~200 us of CPU a message (BENCHMARKS.md). Leaving the block with an exception drops the messages not
+    sent yet; their runs are recorded, and the reaper re-kicks them (`lost_message`)."""
+    with (celery or app).producer_or_acquire() as producer, producer.batch():
+        yield functools.partial(send_step, producer=producer, retry=False)
+
+
+def step_commands(run_id: str, index: int, priority: int | None = None, celery: Celery | None = None) -> list[Command]:
+    """The Redis commands that enqueue step `index` exactly as send_step would (its priority included),
+    for the step's commit to write: the next step goes out in the same transaction that records this
+    one and lets go of the run's lease, one round trip fewer than sending it after."""
+    with capturing() as commands, (celery or app).producer_or_acquire() as producer, producer.batch():
+        send_step(run_id, index, priority, producer=producer, retry=False)
+    if not commands:  # a transport that published instead of handing the message back
+        raise RuntimeError("the broker transport cannot hand a message back (worker.tasks.broker.Transport only)")
+    return commands
+
+
+def send_sandbox(request: dict[str, Any]) -> None:
+    app.send_task(SANDBOX_TASK, args=[request], queue=SANDBOX_QUEUE)
+
+
+# With kombu's own transport (a broker URL that is not redis:// or rediss://) the next step is sent
+# after the commit instead.
+CELERY_DISPATCH = Dispatcher(next_step=send_step, sandbox=send_sandbox, webhook=send_delivery,
+                             step_commands=step_commands if app.conf.broker_transport == TRANSPORT else None)
+
+
+BUSY_RETRIES = 20
+BUSY_RETRY_S = 0.5
+
+
+@app.task(name=STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def step(self: Any, run_id: str, index: int) -> str:
+    """Make progress on step `index` of run `run_id` (idempotent; fenced on the step number).
+
+    When another delivery holds the run's lease (a duplicate, or a sandbox continuation that arrived
+    before the dispatching step let go), try again shortly; past that the reaper has the run.
+    When the shared provider limit has no capacity soon enough, the step goes back to the queue with
+    a countdown and this worker thread serves other runs meanwhile (worker/llm/ratelimit.py)."""
+    try:
+        with IN_FLIGHT.track(run_id, index):
+            result = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+    except LLMThrottled as exc:
+        send_step(run_id, index, countdown=exc.wait_s)
+        return "throttled"
+    if result.outcome == Outcome.BUSY and self.request.retries < BUSY_RETRIES:
+        raise self.retry(countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
+    return result.outcome.value
+
+
+@signals.worker_ready.connect
+def _start_background(sender: Any = None, **_: Any) -> None:
+    from ..runtime.reaper import start_reaper
+
+    queues = os.environ.get("REACTQ_WORKER_QUEUES", STEPS_QUEUE).split(",")
+    start_reaper(get_runtime(), CELERY_DISPATCH, queues)
+    if SANDBOX_QUEUE in queues:  # warm the sandbox pool now rather than on the first python call
+        from tools_sandbox.tasks import get_service
+
+        threading.Thread(target=get_service, name="reactq-sandbox-warmup", daemon=True).start()
+
+
+@signals.worker_shutting_down.connect
+def _drain_on_shutdown(sender: Any = None, sig: str = "", how: str = "", **_: Any) -> None:
+    """SIGTERM (warm shutdown): Celery takes no new message; bound how long the steps in flight may take."""
+    if how == "Warm":
+        rt = get_runtime()
+        start_drain(rt.settings.drain_timeout_s, send_step, rt.leases)

@@ -1,0 +1,306 @@
+"""Budgets, checked before each LLM call with a reservation, so no call can overshoot.
+
+Before a call: the run's own budget (`max_tokens`, `max_cost_usd` of the run, and the global
+`REACTQ_MAX_TOKENS_PER_RUN`) decides the call's `max_tokens` (the prompt's size is estimated
+conservatively); then the tenant's daily and monthly budgets get the call's worst case (prompt
+estimate + `max_tokens`) reserved, atomically, by one Lua script. After the call the reservation is
+settled to what the provider billed. A call whose worst case does not fit is never made: the run ends
+`budget_exceeded` with the figures in its error.
+
+A worker killed between reserving and settling leaves its reservation counted: the tenant is charged
+a worst case it did not spend, never the other way round.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from ..config import ModelSpec
+from ..core.models import Run, Usage
+from ..core.pricing import cost_usd
+from ..errors import ReactqError
+from ..llm.fallback import model_chain
+from ..store import keys
+from ..store.cas import Command, run_commands
+from .plans import Budgets
+
+MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
+MIN_CALL_TOKENS = 256  # no prompt is smaller: a tenant with fewer tokens left cannot make a call
+_CHARS_PER_TOKEN = 2.5  # conservative: JSON and code tokenise densely, so over- rather than under-reserve
+
+
+class BudgetExceeded(ReactqError):
+    """A budget has no room for the next LLM call; the run ends `budget_exceeded`."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+# --- periods ------------------------------------------------------------------------------------
+def periods(now: float) -> tuple[str, str]:
+    t = datetime.fromtimestamp(now, UTC)
+    return f"d:{t:%Y-%m-%d}", f"m:{t:%Y-%m}"
+
+
+def next_day(now: float) -> float:
+    t = datetime.fromtimestamp(now, UTC)
+    return datetime(t.year, t.month, t.day, tzinfo=UTC).timestamp() + 86400
+
+
+def next_month(now: float) -> float:
+    t = datetime.fromtimestamp(now, UTC)
+    days = calendar.monthrange(t.year, t.month)[1]
+    return datetime(t.year, t.month, 1, tzinfo=UTC).timestamp() + days * 86400
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- the run's own budget (pure) -----------------------------------------------------------------
+def estimate_prompt_tokens(messages: list[dict[str, Any]], options: dict[str, Any]) -> int:
+    text = json.dumps(messages, ensure_ascii=False) + json.dumps(options.get("tools") or [], ensure_ascii=False)
+    return int(len(text) / _CHARS_PER_TOKEN) + 8 * len(messages) + 16
+
+
+def call_max_tokens(run: Run, prompt_estimate: int, default_max: int, global_max_tokens: int,
+                    prices: dict[str, tuple[float, float]]) -> int:
+    """The `max_tokens` of the run's next call, or BudgetExceeded if the run's budget has no room."""
+    allowed = default_max
+    spent = run.usage.prompt_tokens + run.usage.completion_tokens
+    for limit, what in ((run.spec.max_tokens, "max_tokens"), (global_max_tokens, "REACTQ_MAX_TOKENS_PER_RUN")):
+        if not limit:
+            continue
+        room = limit - spent - prompt_estimate
+        if room < MIN_COMPLETION_TOKENS:
+            raise BudgetExceeded(
+                f"run token budget ({what}={limit}): {spent} tokens used; the next call needs up to "
+                f"{prompt_estimate + MIN_COMPLETION_TOKENS} (prompt ~{prompt_estimate})")
+        allowed = min(allowed, room)
+    if run.spec.max_cost_usd:
+        price_in, price_out = prices.get(run.model, (0.0, 0.0))
+        prompt_cost = prompt_estimate * price_in / 1e6
+        room_usd = run.spec.max_cost_usd - run.cost_usd - prompt_cost
+        if price_out > 0:
+            room = int(room_usd * 1e6 / price_out)
+            if room < MIN_COMPLETION_TOKENS:
+                raise BudgetExceeded(
+                    f"run cost budget (max_cost_usd={run.spec.max_cost_usd}): ${run.cost_usd:.6f} spent; the "
+                    f"next call may cost up to ${prompt_cost + MIN_COMPLETION_TOKENS * price_out / 1e6:.6f}")
+            allowed = min(allowed, room)
+        elif room_usd < 0:
+            raise BudgetExceeded(f"run cost budget (max_cost_usd={run.spec.max_cost_usd}): "
+                                 f"${run.cost_usd:.6f} spent")
+    return allowed
+
+
+# --- the tenant's budgets (Redis) ----------------------------------------------------------------
+# KEYS: day hash, month hash. ARGV: tokens, usd, day tokens limit, day usd limit, month tokens limit,
+# month usd limit (0 = none), day ttl, month ttl. Returns {"ok"} or {limit name, used, limit}.
+_RESERVE = """
+local checks = {{1, 'tokens', 3, 'tokens_per_day'}, {1, 'usd', 4, 'usd_per_day'},
+                {2, 'tokens', 5, 'tokens_per_month'}, {2, 'usd', 6, 'usd_per_month'}}
+local add = {tokens = tonumber(ARGV[1]), usd = tonumber(ARGV[2])}
+for _, c in ipairs(checks) do
+  local limit = tonumber(ARGV[c[3]])
+  if limit > 0 then
+    local used = tonumber(redis.call('hget', KEYS[c[1]], c[2]) or '0')
+    if used + add[c[2]] > limit then return {c[4], tostring(used), tostring(limit)} end
+  end
+end
+for i = 1, 2 do
+  redis.call('hincrby', KEYS[i], 'tokens', ARGV[1])
+  redis.call('hincrbyfloat', KEYS[i], 'usd', ARGV[2])
+  redis.call('expire', KEYS[i], ARGV[6 + i])
+end
+return {'ok'}
+"""
+_DAY_TTL_S = 3 * 86400
+_MONTH_TTL_S = 63 * 86400
+
+
+@dataclass(frozen=True)
+class Spend:
+    tokens: int
+    usd: float
+
+
+@dataclass(frozen=True)
+class Over:
+    """A tenant budget that is spent: which, and when it resets."""
+
+    budget: str
+    used: float
+    limit: float
+    resets_at: float
+
+    def message(self, tenant: str) -> str:
+        return (f"tenant {tenant!r} has spent its {self.budget.replace('_', ' ')} budget "
+                f"({_fmt(self.used)} of {_fmt(self.limit)}); it resets at {_iso(self.resets_at)}")
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.6f}"
+
+
+def _resets_at(budget: str, now: float) -> float:
+    return next_day(now) if budget.endswith("day") else next_month(now)
+
+
+def _limited(budgets: Budgets) -> bool:
+    """Whether the tenant has any budget at all (0 is no limit)."""
+    return any((budgets.tokens_per_day, budgets.usd_per_day, budgets.tokens_per_month, budgets.usd_per_month))
+
+
+class TenantBudgets:
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+        self._reserve = client.register_script(_RESERVE)
+
+    def spend(self, tenant: str, now: float | None = None) -> tuple[Spend, Spend]:
+        """(today's, this month's) spend, reservations in flight included."""
+        day, month = periods(now or time.time())
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.tenant_spend(tenant, day))
+        pipe.hgetall(keys.tenant_spend(tenant, month))
+        out = []
+        for raw in pipe.execute():
+            out.append(Spend(int(float(raw.get(b"tokens", 0))), float(raw.get(b"usd", 0))))
+        return out[0], out[1]
+
+    def over(self, tenant: str, budgets: Budgets, now: float | None = None) -> Over | None:
+        """The first spent budget (429 on submit), or None. A token budget with less left than the
+        smallest useful call (`MIN_CALL_TOKENS`) counts as spent: a run submitted then could not
+        make its first call."""
+        if not _limited(budgets):
+            return None  # no budget to be over: no need to read the spend
+        now = now or time.time()
+        day, month = self.spend(tenant, now)
+        for budget, used, limit in (("tokens_per_day", day.tokens, budgets.tokens_per_day),
+                                    ("usd_per_day", day.usd, budgets.usd_per_day),
+                                    ("tokens_per_month", month.tokens, budgets.tokens_per_month),
+                                    ("usd_per_month", month.usd, budgets.usd_per_month)):
+            if limit and used + (MIN_CALL_TOKENS if budget.startswith("tokens") else 0) >= limit:
+                return Over(budget, used, limit, _resets_at(budget, now))
+        return None
+
+    def reserve(self, tenant: str, budgets: Budgets, tokens: int, usd: float, now: float) -> Spend:
+        """Reserve a call's worst case (BudgetExceeded if a budget has no room); returns what was
+        reserved: nothing for a tenant without budgets (its spend is still counted when settled)."""
+        if not _limited(budgets):
+            return Spend(0, 0.0)
+        day, month = periods(now)
+        result = self._reserve(
+            keys=[keys.tenant_spend(tenant, day), keys.tenant_spend(tenant, month)],
+            args=[tokens, repr(usd), budgets.tokens_per_day, repr(budgets.usd_per_day), budgets.tokens_per_month,
+                  repr(budgets.usd_per_month), _DAY_TTL_S, _MONTH_TTL_S],
+        )
+        if result[0] != b"ok":
+            name = result[0].decode()
+            over = Over(name, float(result[1]), float(result[2]), _resets_at(name, now))
+            needed = f"${usd:.6f}" if name.startswith("usd") else f"{tokens} tokens"
+            raise BudgetExceeded(f"{over.message(tenant)}; the next call needs up to {needed}",
+                                 int(over.resets_at - now) + 1)
+        return Spend(tokens, usd)
+
+    def settle(self, tenant: str, reserved: Spend, actual: Spend, reserved_at: float) -> None:
+        """Replace a reservation by what the call cost, in the periods it was reserved in (a call
+        straddling midnight is charged to the day it started)."""
+        run_commands(self.r, spend_commands(tenant, Spend(actual.tokens - reserved.tokens,
+                                                          actual.usd - reserved.usd), reserved_at))
+
+
+def spend_commands(tenant: str, spend: Spend, at: float) -> list[Command]:
+    """The writes that add `spend` to the tenant's day and month of `at`."""
+    commands: list[Command] = []
+    for period, ttl in zip(periods(at), (_DAY_TTL_S, _MONTH_TTL_S), strict=True):
+        key = keys.tenant_spend(tenant, period)
+        commands += [("HINCRBY", key, "tokens", spend.tokens), ("HINCRBYFLOAT", key, "usd", repr(spend.usd)),
+                     ("EXPIRE", key, ttl)]
+    return commands
+
+
+@dataclass
+class Reservation:
+    """One LLM call's budget: send `max_tokens`, then report what the call used with `spent()`.
+
+    After the call, `unsettled` holds the writes that count its spend when the tenant has no budgets
+    (nothing was reserved): the step records them with its reply instead of a round trip of its own."""
+
+    max_tokens: int
+    reserved: Spend
+    actual: Spend = field(default_factory=lambda: Spend(0, 0.0))
+    unsettled: list[Command] = field(default_factory=list)
+
+    def spent(self, usage: Usage, cost: float) -> None:
+        self.actual = Spend(usage.prompt_tokens + usage.completion_tokens, cost)
+
+
+def worst_prices(model: str, models: dict[str, ModelSpec], prices: dict[str, tuple[float, float]]
+                 ) -> dict[str, tuple[float, float]]:
+    """`model` priced at the dearest of it and its fallbacks (worker/llm/fallback.py): any of them may
+    answer the call, so a reservation assumes the dearest."""
+    priced = [prices[m] for m in model_chain(models, model) if m in prices]
+    if not priced:
+        return {}
+    return {model: (max(p[0] for p in priced), max(p[1] for p in priced))}
+
+
+@contextmanager
+def reserve_call(rt: Any, run: Run, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[Reservation]:
+    """Reserve the worst case of one LLM call of `run` against its own and its tenant's budgets
+    (BudgetExceeded if either has no room); settle to what it spent on exit, even if the call failed."""
+    s = rt.settings
+    prices = worst_prices(run.model, s.models, s.prices_per_mtok)
+    prompt = estimate_prompt_tokens(messages, options)
+    max_tokens = call_max_tokens(run, prompt, s.llm_max_tokens, s.max_tokens_per_run, prices)
+    worst = Usage(prompt_tokens=prompt, completion_tokens=max_tokens)
+    worst_cost = cost_usd(run.model, worst, prices)
+    policy = rt.tenants.policy(run.spec.tenant)
+    if policy is None:
+        raise BudgetExceeded(f"tenant {run.spec.tenant!r} no longer exists; no budget to spend")
+    now = time.time()
+    reserved = rt.budgets.reserve(run.spec.tenant, policy.budgets, prompt + max_tokens, worst_cost, now)
+    call = Reservation(max_tokens, reserved)
+    try:
+        yield call
+    finally:
+        if reserved.tokens or reserved.usd:
+            rt.budgets.settle(run.spec.tenant, reserved, call.actual, now)
+        elif call.actual.tokens or call.actual.usd:
+            call.unsettled = spend_commands(run.spec.tenant, call.actual, now)
+
+
+def usage_report(client: redis.Redis, policy: Any, now: float | None = None) -> dict[str, Any]:
+    """A tenant's spend against its budgets (`reactq tenant usage`, `GET /v1/usage`)."""
+    now = now or time.time()
+    b = policy.budgets
+    day, month = TenantBudgets(client).spend(policy.tenant, now)
+    total = {k.decode(): float(v) for k, v in client.hgetall(keys.tenant_usage(policy.tenant)).items()}
+
+    def period(spend: Spend, tokens: int, usd: float, resets: float) -> dict[str, Any]:
+        return {"tokens": spend.tokens, "usd": round(spend.usd, 6), "tokens_budget": tokens or None,
+                "usd_budget": usd or None, "resets_at": _iso(resets)}
+
+    limits = policy.plan.limits
+    return {
+        "tenant": policy.tenant,
+        "plan": policy.plan.name,
+        "day": period(day, b.tokens_per_day, b.usd_per_day, next_day(now)),
+        "month": period(month, b.tokens_per_month, b.usd_per_month, next_month(now)),
+        "total": {"prompt_tokens": int(total.get("prompt_tokens", 0)),
+                  "completion_tokens": int(total.get("completion_tokens", 0)),
+                  "cost_usd": round(total.get("cost_usd", 0.0), 6)},
+        "runs_in_flight": int(client.scard(keys.tenant_inflight(policy.tenant))),
+        "limits": limits.model_dump(),
+    }

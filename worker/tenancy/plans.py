@@ -1,0 +1,138 @@
+"""Plans: the sandbox tiers, tools, budgets and admission limits a tenant gets, from a TOML file
+(`worker/plans.toml`, shipped in the package; `REACTQ_PLANS_FILE` points elsewhere). Pure apart from
+reading that file."""
+
+from __future__ import annotations
+
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from ..config import Settings
+from ..errors import ReactqError
+
+DEFAULT_PLANS_FILE = Path(__file__).with_name("plans.toml")
+ALL_TOOLS = "*"
+
+
+class PlanConfigError(ReactqError):
+    """The plans file is missing, unreadable or invalid (an operator's mistake, named precisely)."""
+
+
+class Budgets(BaseModel, extra="forbid"):
+    """Spend a tenant may have per UTC day and per calendar month; 0 means no limit."""
+
+    tokens_per_day: int = Field(0, ge=0)
+    tokens_per_month: int = Field(0, ge=0)
+    usd_per_day: float = Field(0.0, ge=0)
+    usd_per_month: float = Field(0.0, ge=0)
+
+
+BUDGET_FIELDS = tuple(Budgets.model_fields)
+
+
+class Limits(BaseModel, extra="forbid"):
+    """Admission limits."""
+
+    runs_in_flight: int = Field(ge=1)
+    submissions_per_minute: int = Field(ge=1)
+    sse_streams: int = Field(ge=1)
+
+
+class Plan(BaseModel, extra="forbid"):
+    name: str
+    tiers: list[str] = Field(min_length=1)
+    default_tier: str | None = None
+    tools: list[str] = Field(default_factory=lambda: [ALL_TOOLS])
+    approval_required: list[str] = Field(default_factory=list)
+    budgets: Budgets = Field(default_factory=Budgets)
+    limits: Limits
+
+    @model_validator(mode="after")
+    def _default_tier(self) -> Plan:
+        if self.default_tier is None:
+            self.default_tier = self.tiers[-1]
+        elif self.default_tier not in self.tiers:
+            raise ValueError(f"default_tier {self.default_tier!r} is not one of its tiers {self.tiers}")
+        return self
+
+    def allows_tool(self, name: str) -> bool:
+        return ALL_TOOLS in self.tools or name.strip().lower() in {t.lower() for t in self.tools}
+
+
+def parse_plans(text: str, source: str = "<string>") -> dict[str, Plan]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanConfigError(f"{source}: invalid TOML: {exc}") from None
+    raw = data.get("plans")
+    if not isinstance(raw, dict) or not raw:
+        raise PlanConfigError(f"{source}: no [plans.<name>] tables")
+    plans: dict[str, Plan] = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict):
+            raise PlanConfigError(f"{source}: plans.{name} must be a table")
+        try:
+            plans[name] = Plan(name=name, **spec)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise PlanConfigError(f"{source}: plan {name!r} is invalid: {problems}") from None
+    return plans
+
+
+@lru_cache(maxsize=8)
+def _load_cached(path: str, mtime_ns: int) -> dict[str, Plan]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanConfigError(f"cannot read plans file {path}: {exc.strerror}") from None
+    return parse_plans(text, source=path)
+
+
+def load_plans(path: str | Path | None = None) -> dict[str, Plan]:
+    """All plans from `path` (default: the shipped file), re-read when the file changes."""
+    p = Path(path) if path else DEFAULT_PLANS_FILE
+    try:
+        mtime = p.stat().st_mtime_ns
+    except OSError as exc:
+        raise PlanConfigError(f"cannot read plans file {p}: {exc.strerror}") from None
+    return _load_cached(str(p), mtime)
+
+
+class AllowedTools:
+    """A tool registry as one plan sees it: tools the plan does not allow are neither offered to the
+    model nor run; a call to one is refused with a reason (`refusal`)."""
+
+    def __init__(self, registry: Any, plan: Plan) -> None:
+        self.registry = registry
+        self.plan = plan
+
+    def get(self, name: str) -> Any:
+        tool = self.registry.get(name)
+        return tool if tool is not None and self.plan.allows_tool(tool.name) else None
+
+    def names(self) -> list[str]:
+        return [n for n in self.registry.names() if self.plan.allows_tool(n)]
+
+    def all(self) -> list[Any]:
+        return [t for t in self.registry.all() if self.plan.allows_tool(t.name)]
+
+    def refusal(self, name: str) -> str | None:
+        tool = self.registry.get(name)
+        if tool is None or self.plan.allows_tool(tool.name):
+            return None
+        return (f"tool {tool.name!r} is not allowed on this tenant's plan ({self.plan.name!r}); "
+                f"available tools: {', '.join(self.names()) or 'none'}")
+
+
+def known_tiers(settings: Settings) -> list[str]:
+    """The sandbox tiers that exist: tools_sandbox's tiers file, else the settings' list."""
+    try:
+        from tools_sandbox import load_tiers
+
+        return sorted(load_tiers())
+    except Exception:  # tools_sandbox absent or its tiers file unreadable: fall back to settings
+        return list(settings.tiers)

@@ -1,0 +1,192 @@
+"""Tenants and their API keys in Redis, and the policy (plan + overrides) a tenant's work runs under.
+
+Keys are `rq_<key id>_<secret>` with a 256-bit secret. Only the SHA-256 of the whole key is stored,
+and it is compared in constant time. A slow password hash (bcrypt, argon2) protects secrets people
+choose, which are guessable; a 256-bit random secret cannot be guessed, so a fast hash loses nothing
+and keeps each request's check at microseconds. Every request reads the key's record from Redis (no
+in-process cache), so a revocation holds at once on every API process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+
+import redis
+
+from ..config import Settings
+from ..errors import InvalidRequest
+from ..store import keys
+from .plans import BUDGET_FIELDS, Budgets, Plan, load_plans
+
+TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_KEY = re.compile(r"rq_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
+
+
+class KeyStatus(StrEnum):
+    VALID = "valid"
+    UNKNOWN = "unknown"  # malformed, never issued, or the wrong secret: 401
+    REVOKED = "revoked"  # 403
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one tenant may do now: its plan with its own budget overrides applied."""
+
+    tenant: str
+    plan: Plan
+    budgets: Budgets
+
+    def check_tier(self, tier: str) -> str | None:
+        """None if the plan allows `tier`, else the refusal to show the caller."""
+        if tier in self.plan.tiers:
+            return None
+        return f"tier {tier!r} is not allowed on plan {self.plan.name!r}; allowed tiers: {', '.join(self.plan.tiers)}"
+
+
+@dataclass(frozen=True)
+class NewKey:
+    tenant: str
+    key_id: str
+    key: str
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Tenants:
+    """Tenant records and API keys. Tenants named in REACTQ_TENANTS exist without a record and get
+    `settings.tenants_plan`."""
+
+    def __init__(self, client: redis.Redis, settings: Settings, policy_memo_s: float = 0.0) -> None:
+        self.r = client
+        self.settings = settings
+        # A worker asks for a run's policy several times per step; a plan or budget change still
+        # applies within this many seconds. Keys are never memoised.
+        self.policy_memo_s = policy_memo_s
+        self._memo: dict[str, tuple[float, Policy | None]] = {}
+
+    def plans(self) -> dict[str, Plan]:
+        return load_plans(self.settings.plans_file)
+
+    def _plan(self, name: str) -> Plan:
+        plans = self.plans()
+        if name not in plans:
+            raise InvalidRequest(f"unknown plan {name!r}; plans: {', '.join(sorted(plans))}")
+        return plans[name]
+
+    # --- tenants ------------------------------------------------------------------------------
+    def add(self, name: str, plan: str) -> None:
+        if not TENANT_NAME.fullmatch(name):
+            raise InvalidRequest(f"invalid tenant name {name!r}: use lowercase letters, digits, '-' and '_' "
+                                 "(at most 63, starting with a letter or digit)")
+        self._plan(plan)
+        if not self.r.hsetnx(keys.tenant(name), "plan", plan):
+            raise InvalidRequest(f"tenant {name!r} exists already (change it with `reactq tenant set`)")
+        self.r.hset(keys.tenant(name), "created_at", str(time.time()))
+        self.r.sadd(keys.TENANTS, name)
+
+    def set(self, name: str, plan: str | None = None, overrides: dict[str, float | None] | None = None) -> None:
+        """Change the plan and/or budget overrides (a None value drops an override: the plan's applies)."""
+        if not self.r.exists(keys.tenant(name)):
+            raise InvalidRequest(f"no tenant {name!r} (add it with `reactq tenant add`)")
+        if plan is not None:
+            self._plan(plan)
+            self.r.hset(keys.tenant(name), "plan", plan)
+        for field, value in (overrides or {}).items():
+            if field not in BUDGET_FIELDS:
+                raise InvalidRequest(f"unknown budget {field!r}; budgets: {', '.join(BUDGET_FIELDS)}")
+            if value is None:
+                self.r.hdel(keys.tenant(name), field)
+            elif value < 0:
+                raise InvalidRequest(f"{field} must be 0 (no limit) or more, got {value}")
+            else:
+                self.r.hset(keys.tenant(name), field, str(value))
+
+    def names(self) -> list[str]:
+        stored = {n.decode() for n in self.r.smembers(keys.TENANTS)}
+        return sorted(stored | set(self.settings.tenants))
+
+    def exists(self, name: str) -> bool:
+        return name in self.settings.tenants or bool(self.r.exists(keys.tenant(name)))
+
+    def registered_count(self) -> int:
+        """Tenants added with `reactq tenant add`, plus tenants with an API key."""
+        return int(self.r.scard(keys.TENANTS)) + int(self.r.scard(keys.API_KEYS))
+
+    def policy(self, name: str) -> Policy | None:
+        """The tenant's plan and budgets, or None for a tenant that does not exist."""
+        now = time.monotonic()
+        memo = self._memo.get(name)
+        if memo is not None and now - memo[0] < self.policy_memo_s:
+            return memo[1]
+        raw = {k.decode(): v.decode() for k, v in self.r.hgetall(keys.tenant(name)).items()}
+        policy = self.policy_from(name, raw)
+        if self.policy_memo_s:
+            self._memo[name] = (now, policy)
+        return policy
+
+    def policy_from(self, name: str, raw: dict[str, str]) -> Policy | None:
+        if not raw:
+            if name not in self.settings.tenants:
+                return None
+            raw = {"plan": self.settings.tenants_plan}
+        plan = self._plan(raw.get("plan", self.settings.tenants_plan))
+        overrides = {f: float(raw[f]) for f in BUDGET_FIELDS if f in raw}
+        budgets = plan.budgets.model_copy(update={
+            f: (int(v) if f.startswith("tokens") else v) for f, v in overrides.items()})
+        return Policy(name, plan, budgets)
+
+    def overrides(self, name: str) -> dict[str, str]:
+        raw = {k.decode(): v.decode() for k, v in self.r.hgetall(keys.tenant(name)).items()}
+        return {f: raw[f] for f in BUDGET_FIELDS if f in raw}
+
+    # --- API keys -----------------------------------------------------------------------------
+    def create_key(self, tenant: str) -> NewKey:
+        if not self.exists(tenant):
+            raise InvalidRequest(f"no tenant {tenant!r} (add it with `reactq tenant add`)")
+        key_id = secrets.token_hex(8)
+        key = f"rq_{key_id}_{secrets.token_urlsafe(32)}"
+        pipe = self.r.pipeline()
+        pipe.hset(keys.api_key(key_id), mapping={"tenant": tenant, "sha256": _digest(key),
+                                                 "created_at": str(time.time())})
+        pipe.sadd(keys.tenant_keys(tenant), key_id)
+        pipe.sadd(keys.API_KEYS, key_id)
+        pipe.execute()
+        return NewKey(tenant, key_id, key)
+
+    def list_keys(self, tenant: str) -> list[dict[str, str | None]]:
+        ids = sorted(i.decode() for i in self.r.smembers(keys.tenant_keys(tenant)))
+        out = []
+        for key_id in ids:
+            raw = {k.decode(): v.decode() for k, v in self.r.hgetall(keys.api_key(key_id)).items()}
+            out.append({"key_id": key_id, "created_at": raw.get("created_at"), "revoked_at": raw.get("revoked_at")})
+        return out
+
+    def revoke(self, key_id: str) -> str:
+        """Revoke a key; returns its tenant."""
+        tenant = self.r.hget(keys.api_key(key_id), "tenant") if re.fullmatch(r"[0-9a-f]{16}", key_id) else None
+        if tenant is None:
+            raise InvalidRequest(f"no API key {key_id!r}")
+        self.r.hsetnx(keys.api_key(key_id), "revoked_at", str(time.time()))
+        return tenant.decode()
+
+    @staticmethod
+    def parse_key(key: str) -> str | None:
+        """The key id of a well-formed key, else None."""
+        match = _KEY.fullmatch(key)
+        return match[1] if match else None
+
+    @staticmethod
+    def check(key: str, record: dict[str, str]) -> KeyStatus:
+        """Whether `key` matches its stored record (constant-time comparison)."""
+        stored = record.get("sha256", "")
+        if not stored or not hmac.compare_digest(stored.encode(), _digest(key).encode()):
+            return KeyStatus.UNKNOWN
+        return KeyStatus.REVOKED if record.get("revoked_at") else KeyStatus.VALID
