@@ -32,6 +32,7 @@ from ..config import ModelSpec
 from ..core.models import LLMReply
 from ..errors import LLMThrottled
 from ..store import keys
+from ..store.scripts import lua
 from .client import LLMClient
 
 __all__ = ["ACQUIRE", "Acquired", "LimitedLLM", "RateLimiter", "estimate_tokens"]
@@ -39,54 +40,11 @@ __all__ = ["ACQUIRE", "Acquired", "LimitedLLM", "RateLimiter", "estimate_tokens"
 COMPLETION_RESERVE = 256  # tokens reserved for a reply when the call sets no max_tokens
 DEFAULT_COOLDOWN_S = 1.0
 
-# KEYS: rpm cell, tpm cell, cooldown. ARGV: rpm interval µs (0: none), tpm interval µs per token (0: none),
-# tokens, burst µs, max wait µs. Returns {status, wait µs}: status "ok" (reserved; start after the wait),
-# or the binding budget ("cooldown" | "rpm" | "tpm") with nothing reserved.
-ACQUIRE = """
-local cooldown = redis.call('PTTL', KEYS[3])
-if cooldown > 0 then return {'cooldown', cooldown * 1000} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local burst, max_wait = tonumber(ARGV[4]), tonumber(ARGV[5])
-local cells = {{KEYS[1], tonumber(ARGV[1]), 1, 'rpm'}, {KEYS[2], tonumber(ARGV[2]), tonumber(ARGV[3]), 'tpm'}}
-local wait, binding = 0, 'ok'
-for i, c in ipairs(cells) do
-  if c[2] > 0 then
-    local tat = math.max(tonumber(redis.call('GET', c[1]) or '0'), now)
-    c[5] = tat
-    local w = tat - now - burst
-    if w > wait then wait, binding = w, c[4] end
-  end
-end
-if wait > max_wait then return {binding, wait} end
-for i, c in ipairs(cells) do
-  if c[2] > 0 then
-    local tat = c[5] + c[3] * c[2]
-    redis.call('SET', c[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 60000)
-  end
-end
-return {'ok', wait}
-"""
+ACQUIRE = lua(__file__, "acquire.lua")
 
-# KEYS: tpm cell. ARGV: µs per token, token difference (actual - reserved). Never moves the TAT before now.
-SETTLE = """
-local current = redis.call('GET', KEYS[1])
-if not current then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tat = math.max(tonumber(current) + tonumber(ARGV[1]) * tonumber(ARGV[2]), now)
-redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 60000)
-return 1
-"""
+SETTLE = lua(__file__, "settle.lua")
 
-# KEYS: cooldown. ARGV: ms. Only ever lengthens a cool-down.
-COOL_DOWN = """
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
-  return 1
-end
-return 0
-"""
+COOL_DOWN = lua(__file__, "cool_down.lua")
 
 
 @dataclass(frozen=True)

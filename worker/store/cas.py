@@ -16,77 +16,20 @@ from typing import Any, TypeVar
 import redis
 
 from ..core.models import Run
+from .scripts import lua
 
 T = TypeVar("T")
 
 Command = tuple[Any, ...]  # one Redis command and its arguments, e.g. ("RPUSH", key, value)
 
-STREAM_LINGER_MS = 10_000
-# A finished run's event stream compacted into one small JSON string (same entry ids, same TTL) whose
-# `step` events point at the step list instead of repeating each step's text (a stream costs ~4 KB
-# however few its entries). The stream itself expires STREAM_LINGER_MS later instead of going at once:
-# a subscriber blocked reading it is served only if the stream still exists when the script ends, and
-# one that read no compacted string a moment ago reads the stream next.
-COMPACT_FUNCTION = """
-local function compact(stream, compacted)
-  local ttl = redis.call('PTTL', stream)
-  local entries = redis.call('XRANGE', stream, '-', '+')
-  if #entries == 0 then return 0 end
-  local out = {}
-  for _, entry in ipairs(entries) do
-    local fields, kind, data = entry[2], nil, nil
-    for i = 1, #fields, 2 do
-      if fields[i] == 'type' then kind = fields[i + 1] elseif fields[i] == 'data' then data = fields[i + 1] end
-    end
-    if kind == 'step' and data then
-      table.insert(out, {entry[1], kind, cjson.decode(data)['index']})
-    else
-      table.insert(out, {entry[1], kind, data or '{}'})
-    end
-  end
-  redis.call('SET', compacted, cjson.encode(out))
-  if ttl > 0 then redis.call('PEXPIRE', compacted, ttl) end
-  redis.call('PEXPIRE', stream, """ + str(STREAM_LINGER_MS) + """)
-  return #entries
-end
-"""
-
-# KEYS: the events stream, the compacted string, then any keys to delete first.
-COMPACT_SCRIPT = COMPACT_FUNCTION + """
-if #KEYS > 2 then redis.call('DEL', unpack(KEYS, 3)) end
-return compact(KEYS[1], KEYS[2])
-"""
-
-# Runs the commands that script_commands() encoded into ARGV from index `first` on; their replies.
-COMMANDS_FUNCTION = """
-local function run_commands(first)
-  local replies = {}
-  local i = first
-  while i <= #ARGV do
-    local n = tonumber(ARGV[i])
-    replies[#replies + 1] = redis.call(unpack(ARGV, i + 1, i + n))
-    i = i + n + 1
-  end
-  return replies
-end
-"""
-
-# KEYS: run record, lease, and (a write that finishes the run) its events stream and compacted events,
-# compacted after the commands. ARGV: expected bytes, new bytes, lease token ("" = keep the lease), then
-# the commands (script_commands). Returns 0 if the record was not the expected bytes, else each
-# command's reply.
-CAS_SCRIPT = COMPACT_FUNCTION + COMMANDS_FUNCTION + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
-if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
-local replies = run_commands(4)
-if #KEYS == 4 then compact(KEYS[3], KEYS[4]) end
-return replies
-"""
-
-RELEASE_LEASE = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-)
+STREAM_LINGER_MS = 10_000  # a compacted run's event stream lingers this long (compact_function.lua)
+# Each file's header says what it takes (KEYS, ARGV) and returns; the functions are prepended to the
+# scripts that call them.
+COMPACT_FUNCTION = lua(__file__, "compact_function.lua", STREAM_LINGER_MS=STREAM_LINGER_MS)
+COMMANDS_FUNCTION = lua(__file__, "commands_function.lua")
+COMPACT_SCRIPT = COMPACT_FUNCTION + lua(__file__, "compact_events.lua")
+CAS_SCRIPT = COMPACT_FUNCTION + COMMANDS_FUNCTION + lua(__file__, "cas.lua")
+RELEASE_LEASE = lua(__file__, "release_lease.lua")
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,11 @@ from .cas import (
     script_commands,
     write_watched,
 )
+from .scripts import lua
 
 EVENTS_MAXLEN = 2000
 
-_RENEW_LEASE = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
-)
+_RENEW_LEASE = lua(__file__, "renew_lease.lua")
 _STEPS = TypeAdapter(list[Step])
 
 
@@ -62,23 +61,7 @@ class QuotaExceeded(Exception):
         self.quota, self.limit = quota, limit
 
 
-# KEYS: per quota, the tenant's in-flight set and this minute's submissions counter. ARGV: the number
-# of quotas, then per quota its runs, in-flight limit and per-minute limit, then the commands
-# (store_cas.script_commands). Returns {-2 or -1, i} when quota i is over its in-flight or per-minute
-# limit (nothing written), else {0, each command's reply}.
-_CREATE_RUNS = COMMANDS_FUNCTION + """
-local n = tonumber(ARGV[1])
-for q = 1, n do
-  local adding = tonumber(ARGV[3 * q - 1])
-  if redis.call('SCARD', KEYS[2 * q - 1]) + adding > tonumber(ARGV[3 * q]) then return {-2, q} end
-  if tonumber(redis.call('GET', KEYS[2 * q]) or '0') + adding > tonumber(ARGV[3 * q + 1]) then return {-1, q} end
-end
-for q = 1, n do
-  redis.call('INCRBY', KEYS[2 * q], ARGV[3 * q - 1])
-  redis.call('EXPIRE', KEYS[2 * q], 120)
-end
-return {0, run_commands(3 * n + 2)}
-"""
+_CREATE_RUNS = COMMANDS_FUNCTION + lua(__file__, "create_runs.lua")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from redis import asyncio as aioredis
 from ..errors import ReactqError
 from ..store import keys
 from ..store.runs import Quota, QuotaExceeded
+from ..store.scripts import lua
 from .budgets import TenantBudgets
 from .tenants import Policy
 
@@ -65,14 +66,7 @@ def refusal(exceeded: QuotaExceeded, policy: Policy, now: float | None = None) -
 
 
 # --- event streams -------------------------------------------------------------------------------
-# KEYS: the tenant's streams zset. ARGV: now, lease end, limit, stream id. 1 = opened, 0 = at the cap.
-_OPEN_STREAM = """
-redis.call('zremrangebyscore', KEYS[1], '-inf', ARGV[1])
-if redis.call('zcard', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-redis.call('zadd', KEYS[1], ARGV[2], ARGV[4])
-redis.call('expire', KEYS[1], 3600)
-return 1
-"""
+_OPEN_STREAM = lua(__file__, "open_stream.lua")
 
 
 class StreamSlot:

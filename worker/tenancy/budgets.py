@@ -31,6 +31,7 @@ from ..errors import ReactqError
 from ..llm.fallback import model_chain
 from ..store import keys
 from ..store.cas import Command, run_commands
+from ..store.scripts import lua
 from .plans import Budgets
 
 MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
@@ -105,26 +106,7 @@ def call_max_tokens(run: Run, prompt_estimate: int, default_max: int, global_max
 
 
 # --- the tenant's budgets (Redis) ----------------------------------------------------------------
-# KEYS: day hash, month hash. ARGV: tokens, usd, day tokens limit, day usd limit, month tokens limit,
-# month usd limit (0 = none), day ttl, month ttl. Returns {"ok"} or {limit name, used, limit}.
-_RESERVE = """
-local checks = {{1, 'tokens', 3, 'tokens_per_day'}, {1, 'usd', 4, 'usd_per_day'},
-                {2, 'tokens', 5, 'tokens_per_month'}, {2, 'usd', 6, 'usd_per_month'}}
-local add = {tokens = tonumber(ARGV[1]), usd = tonumber(ARGV[2])}
-for _, c in ipairs(checks) do
-  local limit = tonumber(ARGV[c[3]])
-  if limit > 0 then
-    local used = tonumber(redis.call('hget', KEYS[c[1]], c[2]) or '0')
-    if used + add[c[2]] > limit then return {c[4], tostring(used), tostring(limit)} end
-  end
-end
-for i = 1, 2 do
-  redis.call('hincrby', KEYS[i], 'tokens', ARGV[1])
-  redis.call('hincrbyfloat', KEYS[i], 'usd', ARGV[2])
-  redis.call('expire', KEYS[i], ARGV[6 + i])
-end
-return {'ok'}
-"""
+_RESERVE = lua(__file__, "reserve_budget.lua")
 _DAY_TTL_S = 3 * 86400
 _MONTH_TTL_S = 63 * 86400
 
