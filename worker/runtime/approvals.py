@@ -26,7 +26,7 @@ from ..core.models import Approval, ApprovalDecision, Observation, Run, RunStatu
 from ..errors import InvalidRequest
 from ..store import keys
 from ..store.cas import Command
-from ..store.runs import RunStore, event_command, start_deadline
+from ..store.runs import DECLINED, Declined, RunStore, event_command, start_deadline
 from .context import Runtime
 
 __all__ = ["ApprovalConflict", "Waiting", "decide", "expire_or_defer", "gate", "needs_approval", "request"]
@@ -82,22 +82,22 @@ def _event(run_id: str, kind: str, approvals: list[Approval]) -> list[Command]:
 def request(rt: Runtime, run: Run, index: int, calls: list[PlannedCall]) -> Run | None:
     """Record the calls as pending (once each) and put the run in `awaiting_approval`."""
     now = time.time()
-    added: list[Approval] = []
 
-    def mutate(r: Run) -> bool:
+    def mutate(r: Run) -> list[Approval] | Declined:
+        """The approvals added (none for a call already pending)."""
         if r.status.finished or r.current_step != index:
-            return False
-        added[:] = [Approval(step=index, call_id=c.call.id, tool=c.tool, arguments=c.arguments, requested_at=now,
-                             expires_at=now + rt.settings.approval_timeout_s)
-                    for c in calls if _find(r, index, c.call.id) is None]
+            return DECLINED
+        added = [Approval(step=index, call_id=c.call.id, tool=c.tool, arguments=c.arguments, requested_at=now,
+                          expires_at=now + rt.settings.approval_timeout_s)
+                 for c in calls if _find(r, index, c.call.id) is None]
         start_deadline(r, now)  # a first step waiting for a person: its deadline counts from now
         r.approvals = r.approvals + added
         r.status = RunStatus.AWAITING_APPROVAL
         r.waiting_on = "approval"
-        return True
+        return added
 
-    written = rt.store.write_run(run.id, mutate, lambda r: _event(r.id, "approval_requested", added) if added else [])
-    return written.run if written is not None else None
+    return rt.store.update_run(run.id, mutate,
+                               lambda r, added: _event(r.id, "approval_requested", added) if added else []).run
 
 
 def decide(store: RunStore, run_id: str, call_id: str | None, approve: bool, by: str, reason: str | None,
@@ -105,36 +105,31 @@ def decide(store: RunStore, run_id: str, call_id: str | None, approve: bool, by:
     """Decide the run's pending call `call_id` (every pending call when None). Raises ApprovalConflict when
     there is nothing to decide. Re-enqueues the step once none of its calls is pending."""
     now = time.time()
-    problem: list[str] = []
-    decided: list[Approval] = []
 
-    def mutate(r: Run) -> bool:
-        problem.clear()
+    def mutate(r: Run) -> list[Approval] | Declined:
+        """The approvals decided."""
         if r.status != RunStatus.AWAITING_APPROVAL:
-            problem.append(f"run {run_id} is {r.status.value}, not awaiting approval")
-            return False
+            return Declined(f"run {run_id} is {r.status.value}, not awaiting approval")
         pending = [a for a in r.approvals if a.step == r.current_step and a.decision is None]
         chosen = [a for a in pending if call_id is None or a.call_id == call_id]
         if not chosen:
             ids = ", ".join(a.call_id for a in pending) or "none"
-            problem.append(f"run {run_id} has no pending call {call_id!r}; pending: {ids}")
-            return False
+            return Declined(f"run {run_id} has no pending call {call_id!r}; pending: {ids}")
         for a in chosen:
             a.decision = ApprovalDecision.APPROVED if approve else ApprovalDecision.REJECTED
             a.decided_by, a.decided_at, a.reason = by, now, reason
-        decided[:] = chosen
         if len(chosen) == len(pending):
             waited = now - min(a.requested_at for a in chosen)
             if r.deadline_at is not None:
                 r.deadline_at += waited  # a person's thinking time is not the run's
             r.status = RunStatus.RUNNING
             r.waiting_on = None
-        return True
+        return chosen
 
-    written = store.write_run(run_id, mutate, lambda r: _event(r.id, "approval_decided", decided))
-    run = written.run if written is not None else None
+    updated = store.update_run(run_id, mutate, lambda r, decided: _event(r.id, "approval_decided", decided))
+    run = updated.run
     if run is None:
-        raise ApprovalConflict(problem[0] if problem else f"no run {run_id!r}")
+        raise ApprovalConflict(updated.value.reason if isinstance(updated.value, Declined) else f"no run {run_id!r}")
     if run.status == RunStatus.RUNNING:
         send_step(run.id, run.current_step)
     return run
@@ -150,14 +145,14 @@ def expire_or_defer(rt: Runtime, run: Run, now: float) -> Run | None:
     if due > now:
         rt.cluster.look_again_at(run.id, due - rt.settings.stale_after_s)
         return None
-    expired: list[Approval] = []
 
-    def mutate(r: Run) -> bool:
+    def mutate(r: Run) -> list[Approval] | Declined:
+        """The approvals that expired."""
         if r.status != RunStatus.AWAITING_APPROVAL:
-            return False
-        expired[:] = [a for a in r.approvals if a.step == r.current_step and a.decision is None and a.expires_at <= now]
+            return DECLINED
+        expired = [a for a in r.approvals if a.step == r.current_step and a.decision is None and a.expires_at <= now]
         if not expired:
-            return False
+            return DECLINED
         for a in expired:
             a.decision, a.decided_by, a.decided_at = ApprovalDecision.EXPIRED, "reactq", now
         names = ", ".join(f"{a.tool} ({a.call_id})" for a in expired)
@@ -165,10 +160,9 @@ def expire_or_defer(rt: Runtime, run: Run, now: float) -> Run | None:
         r.error = f"approval of {names} not given within {rt.settings.approval_timeout_s:g} s"
         r.finished_at = now
         r.waiting_on = None
-        return True
+        return expired
 
-    written = rt.store.write_run(run.id, mutate, lambda r: _event(r.id, "approval_decided", expired))
-    ended = written.run if written is not None else None
-    if ended is not None:
-        metrics.APPROVALS.labels("expired").inc(len(expired))
-    return ended
+    updated = rt.store.update_run(run.id, mutate, lambda r, expired: _event(r.id, "approval_decided", expired))
+    if updated.run is not None and isinstance(updated.value, list):
+        metrics.APPROVALS.labels("expired").inc(len(updated.value))
+    return updated.run

@@ -10,7 +10,7 @@ from ..config import Settings
 from ..core.models import Run, RunSpec, RunStatus
 from ..errors import InvalidRequest
 from ..runtime.webhooks import validate_url
-from ..store.runs import Quota, QuotaExceeded, RunStore
+from ..store.runs import DECLINED, Declined, Quota, QuotaExceeded, RunStore
 from ..tenancy.admission import quota, refusal
 from ..tenancy.fairness import INTERACTIVE, WINDOW_S, batch_priorities
 from ..tenancy.plans import known_tiers
@@ -157,18 +157,17 @@ def cancel(store: RunStore, run_id: str, wake: Callable[[str, int], None] | None
 
     A run awaiting approval has no next step coming: `wake` (send_step) delivers one, so a worker
     counts the cancellation and sends the run's webhook as for any other finished run."""
-    was: list[RunStatus] = []
-
-    def mutate(run: Run) -> bool:
+    def mutate(run: Run) -> RunStatus | Declined:
+        """The status the run had, once cancelled."""
         if run.status.finished:
-            return False
-        was[:] = [run.status]
+            return DECLINED
+        was = run.status
         run.status = RunStatus.CANCELLED
         run.error = "cancelled by request"
         run.finished_at = time.time()
-        return True
+        return was
 
     cancelled = store.update_run(run_id, mutate)
-    if cancelled is not None and was == [RunStatus.AWAITING_APPROVAL] and wake is not None:
-        wake(cancelled.id, cancelled.current_step)
-    return cancelled or store.load_run(run_id)
+    if cancelled.run is not None and cancelled.value == RunStatus.AWAITING_APPROVAL and wake is not None:
+        wake(cancelled.run.id, cancelled.run.current_step)
+    return cancelled.run or store.load_run(run_id)

@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 from pydantic import TypeAdapter
@@ -33,6 +33,7 @@ from .cas import (
 )
 from .scripts import lua
 
+T = TypeVar("T")
 EVENTS_MAXLEN = 2000
 
 _RENEW_LEASE = lua(__file__, "renew_lease.lua")
@@ -62,6 +63,25 @@ class QuotaExceeded(Exception):
 
 
 _CREATE_RUNS = COMMANDS_FUNCTION + lua(__file__, "create_runs.lua")
+
+
+@dataclass(frozen=True)
+class Declined:
+    """What a mutator of `RunStore.update_run` returns to leave the record alone, and why."""
+
+    reason: str = ""
+
+
+DECLINED = Declined()
+
+
+@dataclass(frozen=True)
+class Updated(Generic[T]):
+    """What `RunStore.update_run` did: the record as written (None: not written, or no such run) and
+    what the mutator returned (None: no such run)."""
+
+    run: Run | None
+    value: T | Declined | None
 
 
 @dataclass(frozen=True)
@@ -222,11 +242,23 @@ class RunStore:
         raws = self.r.lrange(keys.steps(run_id), 0, -1)
         return _STEPS.validate_json(b"[" + b",".join(raws) + b"]") if raws else []
 
-    def update_run(self, run_id: str, mutate: Callable[[Run], bool]) -> Run | None:
-        """Apply `mutate` to the run record atomically. `mutate` returns False to leave the record alone
-        (the fence said no); then None is returned."""
-        written = self.write_run(run_id, mutate)
-        return written.run if written is not None else None
+    def update_run(self, run_id: str, mutate: Callable[[Run], T | Declined],
+                   extra: Callable[[Run, T], list[Command]] | None = None) -> Updated[T]:
+        """Apply `mutate` to the run record atomically, with the commands `extra` returns for the new
+        record and `mutate`'s value. `mutate` returns a `Declined` to leave the record alone (the fence
+        said no); whatever it returns comes back as `Updated.value`."""
+        value: T | Declined | None = None
+
+        def apply(run: Run) -> bool:
+            nonlocal value  # the watched path may call it again: the last call's value is the one written
+            value = mutate(run)
+            return not isinstance(value, Declined)
+
+        def commands(run: Run) -> list[Command]:
+            return extra(run, value) if extra is not None and not isinstance(value, Declined | None) else []
+
+        written = self.write_run(run_id, apply, commands if extra is not None else None)
+        return Updated(written.run if written is not None else None, value)
 
     def write_run(
         self,
@@ -382,26 +414,26 @@ class RunStore:
     def finish(self, run_id: str, status: RunStatus, reason: str, *, only_step: int | None = None) -> Run | None:
         """End a run without recording a step (a limit, an LLM failure, a cancel)."""
 
-        def mutate(run: Run) -> bool:
+        def mutate(run: Run) -> bool | Declined:
             if run.status.finished or (only_step is not None and run.current_step != only_step):
-                return False
+                return DECLINED
             run.status = status
             run.error = reason or None
             run.finished_at = time.time()
             return True
 
-        return self.update_run(run_id, mutate)
+        return self.update_run(run_id, mutate).run
 
     def mark_cancel_recorded(self, run_id: str) -> Run | None:
         """Note that a worker has counted this run's cancellation; the run if this call was the first."""
 
-        def mutate(run: Run) -> bool:
+        def mutate(run: Run) -> bool | Declined:
             if run.cancel_recorded:
-                return False
+                return DECLINED
             run.cancel_recorded = True
             return True
 
-        return self.update_run(run_id, mutate)
+        return self.update_run(run_id, mutate).run
 
     def mark_running(self, snapshot: Snapshot, step_index: int, waiting_on: str | None = None) -> Snapshot | None:
         """Running (and, on its first step, its deadline clock started), or waiting on something."""
@@ -496,13 +528,13 @@ class RunStore:
         """Make a run submitted by an earlier invocation part of `batch_id`: listed in it, and its end
         pushed to the batch's finished list (at once, if it has ended or its record is gone)."""
 
-        def mutate(run: Run) -> bool:
+        def mutate(run: Run) -> bool | Declined:
             if run.status.finished:
-                return False
+                return DECLINED
             run.spec.batch_id = batch_id
             return True
 
-        moved = self.update_run(run_id, mutate)
+        moved = self.update_run(run_id, mutate).run
         ended = self.load_run(run_id) if moved is None else None
         pipe = self.r.pipeline(transaction=False)
         pipe.rpush(keys.batch_runs(batch_id), run_id)
