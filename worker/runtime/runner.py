@@ -25,6 +25,7 @@ from ..names import STEP_TASK, STEPS_QUEUE
 from ..store import keys
 from ..store.cas import Command, Snapshot
 from ..store.run_keys import working_keys
+from ..tenancy import ledger
 from ..tenancy.budgets import BudgetExceeded, reserve_call
 from . import approvals
 from .approvals import Waiting
@@ -196,10 +197,10 @@ class StepRunner:
             options["tools"] = [t.openai_schema() for t in tools]
         else:
             options["stop"] = TEXT_STOP_SEQUENCES[:4]
-        with reserve_call(self.rt, run, messages, options) as budget:
+        with reserve_call(s, self.rt.tenants, self.rt.budgets, run, messages, options) as budget:
             reply = self.rt.llm.chat(messages, **options, max_tokens=budget.max_tokens)
             model = reply.routed_model or run.model  # a fallback's tokens are priced at its own price
-            budget.spent(reply.usage, cost_usd(model, reply.usage, s.prices_per_mtok))
+            spend = budget.settle(reply.usage, cost_usd(model, reply.usage, s.prices_per_mtok))
         tenant = metrics.tenant_label(run.spec.tenant, s.tenants)
         metrics.LLM_TOKENS.labels(model, "prompt", tenant).inc(reply.usage.prompt_tokens)
         metrics.LLM_TOKENS.labels(model, "completion", tenant).inc(reply.usage.completion_tokens)
@@ -207,7 +208,7 @@ class StepRunner:
         if compacted:
             metrics.SAFEGUARDS.labels("context_compacted").inc()
             log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})
-        return reply, budget.unsettled
+        return reply, spend
 
     # --- tools --------------------------------------------------------------------------------
     def _execute(
@@ -322,7 +323,8 @@ class StepRunner:
         steps = d.steps + [step]
         to_send = self.dispatch.step_commands
         committed = self.store.commit_step(
-            snap, step, conclude, invalid=invalid, release_lease=d.token, also=(also or []) + (spend or []),
+            snap, step, conclude, invalid=invalid, release_lease=d.token,
+            also=(also or []) + (spend or []) + ledger.usage_commands(run, step.usage, step.cost_usd),
             trim=lambda: working_keys(self.store, run, steps),
             send_next=(lambda: to_send(run.id, step.index + 1)) if to_send is not None else None,
         )

@@ -14,7 +14,7 @@ import redis
 from pydantic import TypeAdapter
 
 from ..core.engine import End
-from ..core.models import LLMReply, Observation, Run, RunStatus, Step, Usage
+from ..core.models import LLMReply, Observation, Run, RunStatus, Step
 from . import keys
 from .batches import BatchStore, batch_keys
 from .cas import (
@@ -385,7 +385,7 @@ class RunStore:
             data = step.model_dump_json()
             going_on = send_next() if send_next is not None and not run.status.finished else []
             return [("RPUSH", keys.steps(run_id), data), event_command(run_id, "step", data),
-                    *self._count_usage(run, step.usage, step.cost_usd), *(also or []), *going_on]
+                    *(also or []), *going_on]
 
         written = self._write(run_id, mutate, extra, expect=snapshot, release_lease=release_lease, trim=trim)
         if written is None:
@@ -399,17 +399,6 @@ class RunStore:
             finished = written.reply_to("RPUSH", keys.batch_done(run.spec.batch_id))
             progress = int(finished), int(written.reply_to("LLEN", keys.batch_runs(run.spec.batch_id)))
         return Committed(run, end, trimmed=trim is not None, batch_progress=progress)
-
-    def _count_usage(self, run: Run, usage: Usage, cost: float) -> list[Command]:
-        targets = [keys.tenant_usage(run.spec.tenant)]
-        if run.spec.batch_id:
-            targets.append(keys.batch(run.spec.batch_id))
-        commands: list[Command] = []
-        for key in targets:
-            commands += [("HINCRBY", key, "prompt_tokens", usage.prompt_tokens),
-                         ("HINCRBY", key, "completion_tokens", usage.completion_tokens),
-                         ("HINCRBYFLOAT", key, "cost_usd", repr(cost))]
-        return commands
 
     def finish(self, run_id: str, status: RunStatus, reason: str, *, only_step: int | None = None) -> Run | None:
         """End a run without recording a step (a limit, an LLM failure, a cancel)."""

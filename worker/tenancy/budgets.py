@@ -13,18 +13,17 @@ a worst case it did not spend, never the other way round.
 
 from __future__ import annotations
 
-import calendar
 import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
 
-from ..config import ModelSpec
+from ..config import ModelSpec, Settings
 from ..core.models import Run, Usage
 from ..core.pricing import cost_usd
 from ..errors import ReactqError
@@ -32,7 +31,9 @@ from ..llm.fallback import model_chain
 from ..store import keys
 from ..store.cas import Command, run_commands
 from ..store.scripts import lua
+from .ledger import DAY_TTL_S, MONTH_TTL_S, Spend, next_day, next_month, periods, spend_commands
 from .plans import Budgets
+from .tenants import Policy, Tenants
 
 MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
 MIN_CALL_TOKENS = 256  # no prompt is smaller: a tenant with fewer tokens left cannot make a call
@@ -45,23 +46,6 @@ class BudgetExceeded(ReactqError):
     def __init__(self, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-# --- periods ------------------------------------------------------------------------------------
-def periods(now: float) -> tuple[str, str]:
-    t = datetime.fromtimestamp(now, UTC)
-    return f"d:{t:%Y-%m-%d}", f"m:{t:%Y-%m}"
-
-
-def next_day(now: float) -> float:
-    t = datetime.fromtimestamp(now, UTC)
-    return datetime(t.year, t.month, t.day, tzinfo=UTC).timestamp() + 86400
-
-
-def next_month(now: float) -> float:
-    t = datetime.fromtimestamp(now, UTC)
-    days = calendar.monthrange(t.year, t.month)[1]
-    return datetime(t.year, t.month, 1, tzinfo=UTC).timestamp() + days * 86400
 
 
 def _iso(ts: float) -> str:
@@ -107,16 +91,6 @@ def call_max_tokens(run: Run, prompt_estimate: int, default_max: int, global_max
 
 # --- the tenant's budgets (Redis) ----------------------------------------------------------------
 _RESERVE = lua(__file__, "reserve_budget.lua")
-_DAY_TTL_S = 3 * 86400
-_MONTH_TTL_S = 63 * 86400
-
-
-@dataclass(frozen=True)
-class Spend:
-    tokens: int
-    usd: float
-
-
 @dataclass(frozen=True)
 class Over:
     """A tenant budget that is spent: which, and when it resets."""
@@ -185,7 +159,7 @@ class TenantBudgets:
         result = self._reserve(
             keys=[keys.tenant_spend(tenant, day), keys.tenant_spend(tenant, month)],
             args=[tokens, repr(usd), budgets.tokens_per_day, repr(budgets.usd_per_day), budgets.tokens_per_month,
-                  repr(budgets.usd_per_month), _DAY_TTL_S, _MONTH_TTL_S],
+                  repr(budgets.usd_per_month), DAY_TTL_S, MONTH_TTL_S],
         )
         if result[0] != b"ok":
             name = result[0].decode()
@@ -202,30 +176,23 @@ class TenantBudgets:
                                                           actual.usd - reserved.usd), reserved_at))
 
 
-def spend_commands(tenant: str, spend: Spend, at: float) -> list[Command]:
-    """The writes that add `spend` to the tenant's day and month of `at`."""
-    commands: list[Command] = []
-    for period, ttl in zip(periods(at), (_DAY_TTL_S, _MONTH_TTL_S), strict=True):
-        key = keys.tenant_spend(tenant, period)
-        commands += [("HINCRBY", key, "tokens", spend.tokens), ("HINCRBYFLOAT", key, "usd", repr(spend.usd)),
-                     ("EXPIRE", key, ttl)]
-    return commands
-
-
-@dataclass
 class Reservation:
-    """One LLM call's budget: send `max_tokens`, then report what the call used with `spent()`.
+    """One LLM call's budget: send `max_tokens`, then `settle` it to what the call used."""
 
-    After the call, `unsettled` holds the writes that count its spend when the tenant has no budgets
-    (nothing was reserved): the step records them with its reply instead of a round trip of its own."""
+    def __init__(self, budgets: TenantBudgets, tenant: str, max_tokens: int, reserved: Spend, at: float) -> None:
+        self.budgets, self.tenant, self.max_tokens, self.reserved, self.at = budgets, tenant, max_tokens, reserved, at
+        self.settled = False
 
-    max_tokens: int
-    reserved: Spend
-    actual: Spend = field(default_factory=lambda: Spend(0, 0.0))
-    unsettled: list[Command] = field(default_factory=list)
-
-    def spent(self, usage: Usage, cost: float) -> None:
-        self.actual = Spend(usage.prompt_tokens + usage.completion_tokens, cost)
+    def settle(self, usage: Usage, cost: float) -> list[Command]:
+        """Charge what the call cost. A reservation is replaced by it now; a tenant without budgets
+        reserved nothing, and gets back the writes that count the spend, for the step to record with
+        its reply instead of a round trip of its own."""
+        self.settled = True
+        actual = Spend(usage.prompt_tokens + usage.completion_tokens, cost)
+        if self.reserved.tokens or self.reserved.usd:
+            self.budgets.settle(self.tenant, self.reserved, actual, self.at)
+            return []
+        return spend_commands(self.tenant, actual, self.at) if actual.tokens or actual.usd else []
 
 
 def worst_prices(model: str, models: dict[str, ModelSpec], prices: dict[str, tuple[float, float]]
@@ -239,31 +206,30 @@ def worst_prices(model: str, models: dict[str, ModelSpec], prices: dict[str, tup
 
 
 @contextmanager
-def reserve_call(rt: Any, run: Run, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[Reservation]:
+def reserve_call(s: Settings, tenants: Tenants, budgets: TenantBudgets, run: Run, messages: list[dict[str, Any]],
+                 options: dict[str, Any]) -> Iterator[Reservation]:
     """Reserve the worst case of one LLM call of `run` against its own and its tenant's budgets
-    (BudgetExceeded if either has no room); settle to what it spent on exit, even if the call failed."""
-    s = rt.settings
+    (BudgetExceeded if either has no room); what was not settled by the caller is settled on exit (a
+    failed call spent nothing)."""
     prices = worst_prices(run.model, s.models, s.prices_per_mtok)
     prompt = estimate_prompt_tokens(messages, options)
     max_tokens = call_max_tokens(run, prompt, s.llm_max_tokens, s.max_tokens_per_run, prices)
     worst = Usage(prompt_tokens=prompt, completion_tokens=max_tokens)
     worst_cost = cost_usd(run.model, worst, prices)
-    policy = rt.tenants.policy(run.spec.tenant)
+    policy = tenants.policy(run.spec.tenant)
     if policy is None:
         raise BudgetExceeded(f"tenant {run.spec.tenant!r} no longer exists; no budget to spend")
     now = time.time()
-    reserved = rt.budgets.reserve(run.spec.tenant, policy.budgets, prompt + max_tokens, worst_cost, now)
-    call = Reservation(max_tokens, reserved)
+    reserved = budgets.reserve(run.spec.tenant, policy.budgets, prompt + max_tokens, worst_cost, now)
+    call = Reservation(budgets, run.spec.tenant, max_tokens, reserved, now)
     try:
         yield call
     finally:
-        if reserved.tokens or reserved.usd:
-            rt.budgets.settle(run.spec.tenant, reserved, call.actual, now)
-        elif call.actual.tokens or call.actual.usd:
-            call.unsettled = spend_commands(run.spec.tenant, call.actual, now)
+        if not call.settled:  # the call failed: nothing was spent, and a reservation is given back
+            call.settle(Usage(), 0.0)
 
 
-def usage_report(client: redis.Redis, policy: Any, now: float | None = None) -> dict[str, Any]:
+def usage_report(client: redis.Redis, policy: Policy, now: float | None = None) -> dict[str, Any]:
     """A tenant's spend against its budgets (`reactq tenant usage`, `GET /v1/usage`)."""
     now = now or time.time()
     b = policy.budgets
