@@ -36,7 +36,7 @@ def test_a_tenants_backlog_does_not_lower_another_tenants_priority(redis_url: st
     store = RunStore(client)
 
     def priorities(tenant: str, count: int, now: float) -> list[int]:
-        return batch_priorities(store.count_submissions(tenant, count, WINDOW_S, now), count)
+        return batch_priorities(store.submissions.count_submissions(tenant, count, WINDOW_S, now), count)
 
     backlog = priorities("acme", 2_000, now=1_000_000)
     assert backlog[0] == BATCH_FIRST and backlog[-1] == LOWEST
@@ -56,10 +56,11 @@ def test_recording_runs_counts_them_per_tenant_in_the_same_round_trip(redis_url:
     def runs(*tenants: str) -> list:
         return [new_run(RunSpec(question="q", tenant=t), settings) for t in tenants]
 
-    assert store.create_runs(runs("acme", "acme", "other"), count_window_s=WINDOW_S) == {"acme": 0, "other": 0}
-    assert store.create_runs(runs("acme"), count_window_s=WINDOW_S) == {"acme": 2}
-    assert store.create_runs(runs("acme")) == {}  # interactive: not counted
-    assert store.create_runs(runs("other", "acme"), count_window_s=WINDOW_S) == {"other": 1, "acme": 3}
+    create = store.submissions.create_runs
+    assert create(runs("acme", "acme", "other"), count_window_s=WINDOW_S) == {"acme": 0, "other": 0}
+    assert create(runs("acme"), count_window_s=WINDOW_S) == {"acme": 2}
+    assert create(runs("acme")) == {}  # interactive: not counted
+    assert create(runs("other", "acme"), count_window_s=WINDOW_S) == {"other": 1, "acme": 3}
 
 
 def wait_until_value(probe: Callable[[], dict[bytes, int]], what: str, timeout: float) -> dict[bytes, int]:

@@ -44,7 +44,7 @@ def broker(redis_url: str) -> Iterator[Celery]:
 
 def submit(rt: Runtime, count: int = 1) -> list[Run]:
     runs = [new_run(RunSpec(question=f"q{i}"), rt.settings) for i in range(count)]
-    rt.store.create_runs(runs)
+    rt.store.submissions.create_runs(runs)
     return runs
 
 

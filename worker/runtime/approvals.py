@@ -26,7 +26,8 @@ from ..core.models import Approval, ApprovalDecision, Observation, Run, RunStatu
 from ..errors import InvalidRequest
 from ..store import keys
 from ..store.cas import Command
-from ..store.runs import DECLINED, Declined, RunStore, event_command, start_deadline
+from ..store.events import event_command
+from ..store.runs import DECLINED, Declined, RunStore, start_deadline
 from .context import Runtime
 
 __all__ = ["ApprovalConflict", "Waiting", "decide", "expire_or_defer", "gate", "needs_approval", "request"]

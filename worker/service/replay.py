@@ -39,6 +39,6 @@ def replay(store: RunStore, settings: Settings, source_id: str, from_step: int, 
     if run.current_step >= run.max_steps:
         run.max_steps = run.current_step + 1  # room for at least the step being replayed
     store.copy_steps(run.id, kept)  # before the run exists: nothing reads steps of a run not yet created
-    store.create_runs([run])
+    store.submissions.create_runs([run])
     send_step(run.id, run.current_step)
     return run

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.models import Run
-from ..store import keys
 from ..store.run_keys import run_keys
 from ..store.runs import RunStore
 from .submit import cancel
@@ -39,15 +38,7 @@ def delete_run(store: RunStore, run: Run) -> None:
     """Every key of the run, now. An unfinished run is cancelled first, so a step in flight stops."""
     if not run.status.finished:
         cancel(store, run.id)
-    pipe = store.r.pipeline(transaction=False)
-    pipe.delete(*run_keys(store, run))
-    pipe.zrem(keys.ACTIVE_RUNS, run.id)
-    pipe.execute()
-
-
-def _chunks(items: list[str], size: int = 500) -> Iterator[list[str]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+    store.sweep.delete_keys(run.id, run_keys(store, run))
 
 
 def delete_batch(store: RunStore, batch_id: str) -> int:
@@ -81,16 +72,11 @@ class PurgeReport:
     batches: int
 
 
-_RUN_RECORD = re.compile(rf"^{keys.PREFIX}:run:([^:]+)$")
-_RUN_ANY = re.compile(rf"^{keys.PREFIX}:run:([^:]+)(?::.*)?$")
-_BATCH_RECORD = re.compile(rf"^{keys.PREFIX}:batch:([^:]+)$")
-
-
-def purge(store: RunStore, older_than_s: float, now: float | None = None, scan_count: int = 1000) -> PurgeReport:
+def purge(store: RunStore, older_than_s: float, now: float | None = None) -> PurgeReport:
     """Remove finished runs that finished more than `older_than_s` ago (every key of theirs), and batches
-    created before then whose runs are all finished or gone. Unfinished runs are never touched."""
+    created before then whose runs are all finished or gone. Unfinished runs are never touched. Holds
+    only the ids it removes: the keyspace is scanned (store.sweep) once to find them, once to delete."""
     cutoff = (now or time.time()) - older_than_s
-    r = store.r
     old: set[str] = set()
     batch: list[str] = []
 
@@ -100,35 +86,19 @@ def purge(store: RunStore, older_than_s: float, now: float | None = None, scan_c
                 old.add(run_id)
         batch.clear()
 
-    for key in r.scan_iter(match=f"{keys.PREFIX}:run:*", count=scan_count):
-        if (m := _RUN_RECORD.match(key.decode())) is not None:
-            batch.append(m[1])
-            if len(batch) >= 500:
-                judge()
+    for run_id in store.sweep.run_ids():
+        batch.append(run_id)
+        if len(batch) >= 500:
+            judge()
     judge()
-    removed_keys = 0
-    doomed: list[bytes] = []
-    for key in r.scan_iter(match=f"{keys.PREFIX}:run:*", count=scan_count):
-        if (m := _RUN_ANY.match(key.decode())) is not None and m[1] in old:
-            doomed.append(key)
-            if len(doomed) >= 500:
-                removed_keys += int(r.delete(*doomed))
-                doomed.clear()
-    if doomed:
-        removed_keys += int(r.delete(*doomed))
-    if old:
-        for chunk in _chunks(sorted(old)):
-            r.zrem(keys.ACTIVE_RUNS, *chunk)
+    removed_keys = store.sweep.delete_runs(old) if old else 0
     batches = 0
-    for key in r.scan_iter(match=f"{keys.PREFIX}:batch:*", count=scan_count):
-        m = _BATCH_RECORD.match(key.decode())
-        if m is None:
-            continue
-        info = store.batches.info(m[1])
+    for batch_id in store.sweep.batch_ids():
+        info = store.batches.info(batch_id)
         if float(info.get("created_at", "inf")) >= cutoff:
             continue
-        chunks = store.batches.iter_run_ids(m[1])
+        chunks = store.batches.iter_run_ids(batch_id)
         if all(run is None or run.status.finished for chunk in chunks for run in store.load_runs(chunk)):
-            delete_batch(store, m[1])
+            delete_batch(store, batch_id)
             batches += 1
     return PurgeReport(runs=len(old), keys=removed_keys, batches=batches)

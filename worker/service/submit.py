@@ -10,7 +10,8 @@ from ..config import Settings
 from ..core.models import Run, RunSpec, RunStatus
 from ..errors import InvalidRequest
 from ..runtime.webhooks import validate_url
-from ..store.runs import DECLINED, Declined, Quota, QuotaExceeded, RunStore
+from ..store.runs import DECLINED, Declined, RunStore
+from ..store.submissions import Quota, QuotaExceeded
 from ..tenancy.admission import quota, refusal
 from ..tenancy.fairness import INTERACTIVE, WINDOW_S, batch_priorities
 from ..tenancy.plans import known_tiers
@@ -137,13 +138,13 @@ def _record(store: RunStore, runs: list[Run], batch_id: str | None, count_window
     expired without finishing still hold in-flight slots: on a refusal for runs in flight those are
     dropped and the runs tried once more."""
     try:
-        return store.create_runs(runs, batch_id, count_window_s, quotas)
+        return store.submissions.create_runs(runs, batch_id, count_window_s, quotas)
     except QuotaExceeded as exc:
         if exc.limit != "in_flight":
             raise refusal(exc, policies[exc.quota.tenant]) from None
-        store.forget_expired_in_flight(exc.quota.tenant)
+        store.submissions.forget_expired_in_flight(exc.quota.tenant)
     try:
-        return store.create_runs(runs, batch_id, count_window_s, quotas)
+        return store.submissions.create_runs(runs, batch_id, count_window_s, quotas)
     except QuotaExceeded as exc:
         raise refusal(exc, policies[exc.quota.tenant]) from None
 

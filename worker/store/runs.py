@@ -19,7 +19,6 @@ from . import keys
 from .batches import BatchStore, batch_keys
 from .cas import (
     CAS_SCRIPT,
-    COMMANDS_FUNCTION,
     COMPACT_SCRIPT,
     RELEASE_LEASE,
     Command,
@@ -28,41 +27,20 @@ from .cas import (
     Written,
     cas_args,
     run_commands,
-    script_commands,
     write_watched,
 )
+from .events import event_command
 from .scripts import lua
+from .submissions import SubmissionStore
+from .sweep import Sweep
 
 T = TypeVar("T")
-EVENTS_MAXLEN = 2000
 
 _RENEW_LEASE = lua(__file__, "renew_lease.lua")
 _STEPS = TypeAdapter(list[Step])
 
 
 Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
-
-
-@dataclass(frozen=True)
-class Quota:
-    """A tenant's admission limits for one submission (worker/tenancy/admission.py), checked and counted by the
-    script that records its runs: the check and the runs' entry into the in-flight set are one step."""
-
-    tenant: str
-    runs: int
-    in_flight: int
-    per_minute: int
-
-
-class QuotaExceeded(Exception):
-    """A quota said no (nothing was written); `limit` is "in_flight" or "per_minute"."""
-
-    def __init__(self, quota: Quota, limit: str) -> None:
-        super().__init__(f"{quota.tenant}: {limit}")
-        self.quota, self.limit = quota, limit
-
-
-_CREATE_RUNS = COMMANDS_FUNCTION + lua(__file__, "create_runs.lua")
 
 
 @dataclass(frozen=True)
@@ -145,55 +123,10 @@ class RunStore:
         self.batches = BatchStore(client, self.batch_ttl)
         self._cas = client.register_script(CAS_SCRIPT)
         self._compact = client.register_script(COMPACT_SCRIPT)
-        self._create = client.register_script(_CREATE_RUNS)
+        self.submissions = SubmissionStore(client, run_ttl_s, self.batch_ttl)
+        self.sweep = Sweep(client)
 
     # --- run records -------------------------------------------------------------------------
-    def create_runs(self, runs: list[Run], batch_id: str | None = None, count_window_s: int | None = None,
-                    quotas: list[Quota] | None = None) -> dict[str, int]:
-        """Record new runs, in one script. With `quotas`, only if each tenant's quota admits its runs
-        (QuotaExceeded, nothing written, if one does not). With `count_window_s`, count them into their
-        tenants' recent submissions (count_submissions), and return each tenant's count before them."""
-        if not runs:
-            return {}
-        now = time.time()
-        by_tenant: dict[str, list[Run]] = {}
-        for run in runs:
-            by_tenant.setdefault(run.spec.tenant, []).append(run)
-        commands: list[Command] = []
-        for run in runs:
-            commands += [("SET", keys.run(run.id), run.model_dump_json(), "EX", self.ttl),
-                         event_command(run.id, "queued", "{}"), ("EXPIRE", keys.events(run.id), self.ttl)]
-        commands.append(("ZADD", keys.ACTIVE_RUNS, *_scored(runs, lambda r: now)))
-        for tenant, group in by_tenant.items():
-            commands += [("ZADD", keys.tenant_runs(tenant), *_scored(group, lambda r: r.created_at)),
-                         ("SADD", keys.tenant_inflight(tenant), *[r.id for r in group])]
-        if batch_id:
-            commands.append(("RPUSH", keys.batch_runs(batch_id), *[r.id for r in runs]))
-            commands += [("EXPIRE", key, self.batch_ttl) for key in batch_keys(batch_id)]
-        counted = list(by_tenant) if count_window_s is not None else []
-        for tenant in counted:
-            commands += _count_commands(tenant, len(by_tenant[tenant]), count_window_s or 0, now)
-        quotas = quotas or []
-        script_keys = [k for q in quotas for k in (keys.tenant_inflight(q.tenant),
-                                                   keys.tenant_submissions(q.tenant, int(now // 60)))]
-        args: list[Any] = [len(quotas), *[a for q in quotas for a in (q.runs, q.in_flight, q.per_minute)]]
-        code, replies = self._create(keys=script_keys, args=args + script_commands(commands))
-        if code != 0:
-            raise QuotaExceeded(quotas[replies - 1], "in_flight" if code == -2 else "per_minute")
-        tail = len(replies) - COUNT_COMMANDS * len(counted)
-        return {tenant: _counted_before(replies[tail + COUNT_COMMANDS * i:tail + COUNT_COMMANDS * (i + 1)],
-                                        len(by_tenant[tenant])) for i, tenant in enumerate(counted)}
-
-    def forget_expired_in_flight(self, tenant: str) -> None:
-        """Drop a tenant's in-flight entries whose run record has expired (a run that never finished)."""
-        inflight = keys.tenant_inflight(tenant)
-        ids = [i.decode() for i in self.r.smembers(inflight)]
-        pipe = self.r.pipeline(transaction=False)
-        for run_id in ids:
-            pipe.exists(keys.run(run_id))
-        gone = [run_id for run_id, alive in zip(ids, pipe.execute(), strict=True) if not alive]
-        if gone:
-            self.r.srem(inflight, *gone)
 
     def load_run(self, run_id: str) -> Run | None:
         raw = self.r.get(keys.run(run_id))
@@ -512,7 +445,6 @@ class RunStore:
         return hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:32]
 
 
-
     def move_to_batch(self, run_id: str, batch_id: str) -> None:
         """Make a run submitted by an earlier invocation part of `batch_id`: listed in it, and its end
         pushed to the batch's finished list (at once, if it has ended or its record is gone)."""
@@ -538,13 +470,6 @@ class RunStore:
         return {k.decode(): float(v) for k, v in self.r.hgetall(keys.tenant_usage(tenant)).items()}
 
 
-    def count_submissions(self, tenant: str, count: int, window_s: int, now: float | None = None) -> int:
-        """Add `count` to the tenant's submissions of this minute; return its total over the last
-        `window_s` before them (one-minute buckets that expire; worker/tenancy/fairness.py). Submissions are
-        counted by create_runs, with the same commands; this one takes `now`, for tests of the window."""
-        return _counted_before(run_commands(self.r, _count_commands(tenant, count, window_s, now)), count)
-
-
     def run_commands(self, commands: list[Command]) -> None:
         """Run these writes in one round trip (no transaction)."""
         run_commands(self.r, commands)
@@ -554,27 +479,3 @@ class RunStore:
         return bool(self.r.set(key, "1", nx=True, ex=ttl_s))
 
 
-COUNT_COMMANDS = 3  # what _count_commands gives
-
-
-def _count_commands(tenant: str, count: int, window_s: int, now: float | None) -> list[Command]:
-    """Add `count` to the tenant's one-minute submission bucket, and read the window's older buckets."""
-    minute = int((now or time.time()) // 60)
-    buckets = [keys.tenant_submitted(tenant, minute - i) for i in range(max(2, window_s // 60))]
-    return [("INCRBY", buckets[0], count), ("EXPIRE", buckets[0], window_s + 60), ("MGET", *buckets[1:])]
-
-
-def _scored(runs: list[Run], score: Callable[[Run], float]) -> list[Any]:
-    """ZADD's score-member arguments for these runs."""
-    return [a for run in runs for a in (score(run), run.id)]
-
-
-def _counted_before(replies: list[Any], count: int) -> int:
-    """The tenant's submissions in the window before these `count`, from _count_commands' replies."""
-    total_now, _, older = replies
-    return int(total_now) - count + sum(int(v) for v in older if v)
-
-
-def event_command(run_id: str, kind: str, data: str) -> Command:
-    """Append one entry to the run's event stream (as a command of a run-record write)."""
-    return ("XADD", keys.events(run_id), "MAXLEN", "~", EVENTS_MAXLEN, "*", "type", kind, "data", data)

@@ -15,8 +15,8 @@ from redis import asyncio as aioredis
 
 from ..errors import ReactqError
 from ..store import keys
-from ..store.runs import Quota, QuotaExceeded
 from ..store.scripts import lua
+from ..store.submissions import Quota, QuotaExceeded
 from .budgets import TenantBudgets
 from .tenants import Policy
 
@@ -39,7 +39,7 @@ class TooLarge(ReactqError):
 def quota(client: redis.Redis, policy: Policy, count: int, now: float | None = None) -> Quota:
     """Raise AdmissionRefused (a budget spent) or TooLarge now, or give the tenant's quota for `count`
     new runs: its runs in flight and submissions per minute are checked, and counted, by the script
-    that records the runs (RunStore.create_runs), so that two submitters cannot both take the last slot."""
+    that records the runs (SubmissionStore.create_runs), so that two submitters cannot both take the last slot."""
     now = now or time.time()
     tenant, limits = policy.tenant, policy.plan.limits
     over = TenantBudgets(client).over(tenant, policy.budgets, now)
