@@ -12,10 +12,10 @@ import pytest
 from tests.fixtures_api import SHIPPED_PLANS, TINY_PLAN
 from tests.harness import Harness
 from worker.core.models import Run, RunSpec
+from worker.errors import AdmissionRefused, QuotaExceeded
 from worker.service.submit import new_run, submit
 from worker.store import keys
-from worker.store.submissions import Quota, QuotaExceeded
-from worker.tenancy.admission import AdmissionRefused
+from worker.store.submissions import Quota
 
 
 @pytest.fixture

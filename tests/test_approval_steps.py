@@ -45,7 +45,7 @@ def test_a_tool_the_plan_names_waits_for_approval(make_harness: Callable[..., Ha
     [pending] = waiting.approvals
     assert pending.tool == "calculator" and pending.decision is None
 
-    approvals.decide(h.store, run_id, pending.call_id, True, "test", None, h.dispatch.next_step)
+    approvals.record_decision(h.store, run_id, pending.call_id, True, "test", None, h.dispatch.next_step)
     assert h.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
     assert h.run(run_id).status == RunStatus.SUCCEEDED
     assert h.steps(run_id)[0].observations[0].content == "42"

@@ -27,7 +27,7 @@ def test_only_the_task_module_and_the_worker_command_import_the_celery_app() -> 
     }
     # the task modules define tasks on the app; `reactq worker` starts it; worker/celery_app.py is the alias
     # `celery -A worker.celery_app` finds. Everyone else uses worker.names.
-    assert importers == {"worker/tasks/steps.py", "worker/tasks/webhooks.py", "worker/cli/main.py",
+    assert importers == {"worker/tasks/steps.py", "worker/tasks/webhooks.py", "worker/cli/serve.py",
                          "worker/celery_app.py"}
 
 

@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 import pytest
 
 from worker.core.models import Run, RunSpec, Usage
-from worker.tenancy.budgets import BudgetExceeded, call_max_tokens
+from worker.errors import BudgetExceeded, PlanConfigError
+from worker.tenancy.budgets import call_max_tokens
 from worker.tenancy.ledger import next_day, next_month, periods
-from worker.tenancy.plans import AllowedTools, PlanConfigError, load_plans, parse_plans
+from worker.tenancy.plans import AllowedTools, load_plans, parse_plans
 from worker.tenancy.tenants import KeyStatus, Tenants, _digest
 from worker.tools import REGISTRY
 

@@ -21,14 +21,13 @@ import pytest
 import redis
 
 from tests.fixtures_receiver import Receiver
-from worker.errors import SignatureInvalid
+from worker.errors import SignatureInvalid, WebhookUnreachable
 from worker.runtime.webhooks import (
     AttemptError,
     Delivery,
     DeliveryState,
     Event,
     SignatureProblem,
-    Unreachable,
     WebhookStore,
     attempt_delivery,
     pinned_url,
@@ -98,14 +97,14 @@ def answers(*addresses: str) -> Callable[..., list[Any]]:
     "::ffff:169.254.169.254",
 ])
 def test_non_public_addresses_are_refused(address: str) -> None:
-    with pytest.raises(Unreachable) as caught:
+    with pytest.raises(WebhookUnreachable) as caught:
         resolve_target("hooks.example.com", 443, False, answers(address))
     assert caught.value.kind == AttemptError.REFUSED_ADDRESS and caught.value.address == address
     assert resolve_target("hooks.example.com", 443, True, answers(address)) == [address]
 
 
 def test_one_non_public_address_among_public_ones_refuses_the_host() -> None:
-    with pytest.raises(Unreachable):
+    with pytest.raises(WebhookUnreachable):
         resolve_target("hooks.example.com", 443, False, answers("93.184.216.34", "127.0.0.1"))
     assert resolve_target("hooks.example.com", 443, False, answers("93.184.216.34", "2606:2800:220:1::1")) == [
         "93.184.216.34", "2606:2800:220:1::1"]
@@ -115,7 +114,7 @@ def test_a_name_that_does_not_resolve_is_a_typed_error() -> None:
     def fails(*_: Any, **__: Any) -> list[Any]:
         raise socket.gaierror(-2, "Name or service not known")
 
-    with pytest.raises(Unreachable) as caught:
+    with pytest.raises(WebhookUnreachable) as caught:
         resolve_target("nowhere.invalid", 80, False, fails)
     assert caught.value.kind == AttemptError.UNRESOLVABLE and "Name or service" not in str(caught.value)
 

@@ -1,17 +1,27 @@
-"""reactq's exceptions, by whose fault they are. Each carries data; none logs.
+"""reactq's exceptions, by whose fault they are. Each carries data; none logs. Every one is here.
 
     ReactqError
-    ├── InvalidRequest      a submission that cannot run (the user's input; says what and where)
-    ├── StoreUnavailable    Redis cannot be reached (names the URL)
-    ├── LLMError            the LLM endpoint gave no reply after retries (the run ends `failed`)
-    ├── LLMThrottled        the shared provider limit has no capacity soon enough (the step is re-queued)
-    ├── ServiceError        `reactq demo` could not start or reach a service it needs
-    ├── SignatureInvalid    a webhook's signature or timestamp did not verify (a receiver's check; says why)
-    └── ToolError           a tool failed; the model hears it as an `Error: ...` observation
-        └── InvalidArguments   the model's arguments did not validate (a model mistake)
+    ├── InvalidRequest       a submission that cannot run (the user's input; says what and where)
+    │   ├── TierNotAllowed   the tenant's plan does not allow the tier asked for (HTTP 403)
+    │   └── ApprovalConflict no pending call matches an approval decision
+    ├── AdmissionRefused     the tenant's plan does not admit it now (HTTP 429; `retry_after_s`)
+    ├── TooLarge             a submission no plan limit will ever admit as it is (HTTP 422)
+    ├── QuotaExceeded        the script recording runs found a quota full (becomes AdmissionRefused)
+    ├── BudgetExceeded       a budget has no room for the next LLM call (the run ends `budget_exceeded`)
+    ├── PlanConfigError      the plans file is missing or invalid (the operator's; named precisely)
+    ├── StoreUnavailable     Redis cannot be reached (names the URL, never its password)
+    ├── LLMError             the LLM endpoint gave no reply after retries (the run ends `failed`)
+    ├── LLMThrottled         the shared provider limit has no capacity soon enough (the step is re-queued)
+    ├── ServiceError         `reactq demo` could not start or reach a service it needs
+    ├── SignatureInvalid     a webhook's signature or timestamp did not verify (a receiver's check; says why)
+    ├── WebhookUnreachable   a webhook's target could not be reached (a typed attempt error, no exception text)
+    └── ToolError            a tool failed; the model hears it as an `Error: ...` observation
+        └── InvalidArguments the model's arguments did not validate (a model mistake)
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class ReactqError(Exception):
@@ -20,6 +30,47 @@ class ReactqError(Exception):
 
 class InvalidRequest(ReactqError, ValueError):
     """A submission that cannot run; the message says what was wrong and where."""
+
+
+class TierNotAllowed(InvalidRequest):
+    """The tenant's plan does not allow the tier asked for (the HTTP API answers 403)."""
+
+
+class ApprovalConflict(InvalidRequest):
+    """The run has no pending call that matches the decision (not waiting, or an unknown call id)."""
+
+
+class AdmissionRefused(ReactqError):
+    """A submission or stream the tenant's plan does not admit now; `retry_after_s` says when to retry."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, retry_after_s)
+
+
+class TooLarge(ReactqError):
+    """A submission that can never be admitted as it is (more runs than the plan has in flight)."""
+
+
+class QuotaExceeded(ReactqError):
+    """A quota said no (nothing was written); `limit` is "in_flight" or "per_minute". `quota` is the
+    store's `Quota` that was checked."""
+
+    def __init__(self, quota: Any, limit: str) -> None:
+        super().__init__(f"{quota.tenant}: {limit}")
+        self.quota, self.limit = quota, limit
+
+
+class BudgetExceeded(ReactqError):
+    """A budget has no room for the next LLM call; the run ends `budget_exceeded`."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PlanConfigError(ReactqError):
+    """The plans file is missing, unreadable or invalid (an operator's mistake, named precisely)."""
 
 
 class StoreUnavailable(ReactqError):
@@ -68,6 +119,16 @@ class SignatureInvalid(ReactqError):
     def __init__(self, problem: str, message: str) -> None:
         super().__init__(message)
         self.problem = problem
+
+
+class WebhookUnreachable(ReactqError):
+    """A webhook's target could not be reached; `attempt_delivery` records `kind` (an `AttemptError`
+    value) as the attempt's typed error."""
+
+    def __init__(self, kind: str, message: str, address: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.address = address
 
 
 class ToolError(ReactqError):

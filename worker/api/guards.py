@@ -9,7 +9,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.models import Run
-from ..runtime.context import get_runtime
+from ..store.runs import RunStore
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -22,17 +22,17 @@ def check_id(value: str, what: str = "run") -> str:
     return value
 
 
-def owned_run(run_id: str, tenant: str) -> Run:
+def owned_run(store: RunStore, run_id: str, tenant: str) -> Run:
     """The caller's run, or 404, exactly as for an unknown id (400 for a malformed id)."""
-    run = get_runtime().store.load_run(check_id(run_id))
+    run = store.load_run(check_id(run_id))
     if run is None or run.spec.tenant != tenant:
         raise HTTPException(404, f"no run {run_id!r}")
     return run
 
 
-def owned_batch(batch_id: str, tenant: str) -> None:
+def owned_batch(store: RunStore, batch_id: str, tenant: str) -> None:
     """404 unless the batch exists and is the caller's (400 for a malformed id)."""
-    info = get_runtime().store.batches.info(check_id(batch_id, "batch"))
+    info = store.batches.info(check_id(batch_id, "batch"))
     if not info or info.get("tenant") != tenant:
         raise HTTPException(404, f"no batch {batch_id!r}")
 

@@ -8,16 +8,18 @@ import sys
 
 import click
 
-from .base import _load, _runtime, _send_step, cli, console, out
+from ..errors import ApprovalConflict
+from .base import _load, _runtime, _send_step, console, out
 
 
 def _decide(run_id: str, call_id: str | None, approve: bool, reason: str | None, as_json: bool) -> None:
     from ..core.views import run_json
-    from ..runtime.approvals import ApprovalConflict, decide
+    from ..runtime.approvals import record_decision
 
     _load(run_id)
     try:
-        run = decide(_runtime().store, run_id, call_id, approve, f"cli:{getpass.getuser()}", reason, _send_step())
+        run = record_decision(_runtime().store, run_id, call_id, approve, f"cli:{getpass.getuser()}", reason,
+                              _send_step())
     except ApprovalConflict as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
@@ -28,7 +30,7 @@ def _decide(run_id: str, call_id: str | None, approve: bool, reason: str | None,
         out.print(f"{run_id}: {verb} {call_id or 'every pending call'}; run is {run.status.value}")
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id")
 @click.argument("call_id", required=False)
 @click.option("--json", "as_json", is_flag=True)
@@ -37,7 +39,7 @@ def approve(run_id: str, call_id: str | None, as_json: bool) -> None:
     _decide(run_id, call_id, True, None, as_json)
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id")
 @click.argument("call_id", required=False)
 @click.option("--reason", required=True, help="told to the model as the refusal's reason")
@@ -45,3 +47,8 @@ def approve(run_id: str, call_id: str | None, as_json: bool) -> None:
 def reject(run_id: str, call_id: str | None, reason: str, as_json: bool) -> None:
     """Refuse a tool call awaiting approval; the model hears it was refused, and why."""
     _decide(run_id, call_id, False, reason, as_json)
+
+
+def register(group: click.Group) -> None:
+    for command in (approve, reject):
+        group.add_command(command)

@@ -1,13 +1,13 @@
-"""What every `reactq` verb module shares: the command group, the consoles and the runtime getter.
+"""What every `reactq` verb module shares: the consoles and the runtime getter.
 
-Its own module so that `cli.py` and the add-on verb modules (`cli_*.py`) import it, never each other.
+Its own module so that every verb module imports it, never `main.py`, which owns the command group and
+calls each verb module's `register(group)`.
 """
 
 from __future__ import annotations
 
 import sys
 
-import click
 from rich.console import Console
 
 console = Console(stderr=True)
@@ -37,11 +37,6 @@ def _send_step():
     from ..tasks.steps import send_step
 
     return send_step
-
-
-@click.group()
-def cli() -> None:
-    """reactq: ReAct agents as durable background jobs on Celery + Redis."""
 
 
 def _load(run_id: str):

@@ -12,14 +12,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..core.models import Run
-from ..errors import InvalidRequest
+from ..errors import AdmissionRefused, InvalidRequest, TooLarge
 from ..runtime.context import Runtime
 from ..runtime.finish_hooks import batch_may_be_finished
 from ..service.batch import BatchRunner, Follower
 from ..service.batch import Progress as BatchProgress
 from ..service.batch_input import LineError, ParsedLine, iter_input
 from ..tasks.webhooks import send_delivery
-from ..tenancy.admission import AdmissionRefused, TooLarge
 
 
 def run_batch_file(

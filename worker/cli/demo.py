@@ -5,20 +5,31 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import click
 from rich.console import Console
 from rich.table import Table
 
 from ..evals.summary import tokens_of
 from ..names import SANDBOX_QUEUE, STEPS_QUEUE
-from .local_stack import Started, http_ok, redis_reachable, start_redis, start_stub, start_worker
+from . import base
 
 if TYPE_CHECKING:
     from .evaluation import EvalRun
+    from .local_stack import Started
+
+
+@click.command()
+@click.option("--out", "outfile", default="reactq-demo-results.jsonl", show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path))
+def demo(outfile: Path) -> None:
+    """Run the bundled evaluation set on the embedded default, starting whatever is missing."""
+    sys.exit(run_demo(outfile, base.console, base.out))
 
 
 def run_demo(outfile: Path, console: Console, out: Console) -> int:
@@ -26,6 +37,7 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
     from ..runtime.context import get_runtime
     from ..tasks.steps import send_step
     from .evaluation import bundled_set_path, run_eval
+    from .local_stack import http_ok, redis_reachable, start_redis, start_stub, start_worker  # not at `reactq --help`
 
     rt = get_runtime()
     s = rt.settings
@@ -75,3 +87,7 @@ def _summary(out: Console, result: EvalRun, elapsed: float, outfile: Path) -> No
     s = result.summary
     out.print(f"[bold]{s.correct}/{result.questions} correct[/bold] · {s.questions} runs in {elapsed:.1f}s · "
               f"{s.total_tokens} tokens · ${s.total_usd:.5f} · results in {outfile}")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(demo)

@@ -13,12 +13,12 @@ from rich.table import Table
 
 from ..evals.compare import Change, Comparison, compare_pairs
 from ..evals.summary import Summary
-from .base import _runtime, _send_step, cli, console, out
+from .base import _runtime, _send_step, console, out
 
 CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
 
 
-@cli.command("eval")
+@click.command("eval")
 @click.argument("dataset", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", "outfile", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="results JSONL (default: DATASET's name + .results.jsonl in the current directory); "
@@ -123,3 +123,7 @@ def print_comparison(target: Console, c: Comparison) -> None:
                          f"{r.base_tokens} → {r.new_tokens}")
         target.print(rows)
     target.print(f"[bold]{c.regression_count} regression(s)[/bold], {c.improvement_count} improvement(s)")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(eval_command)

@@ -9,10 +9,10 @@ import click
 from rich.table import Table
 
 from ..core.models import Mode
-from .base import _load, _runtime, _send_step, cli, console, out
+from .base import _load, _runtime, _send_step, console, out
 
 
-@cli.command()
+@click.command()
 @click.argument("run_id")
 @click.option("--from-step", "from_step", type=int, required=True,
               help="the first step to run again (as `reactq trace` numbers them, from 1)")
@@ -57,3 +57,7 @@ def print_diff(run_a: str, run_b: str, *, as_json: bool) -> None:
     out.print(f"status: {diff.statuses[0]} vs {diff.statuses[1]} · answer: {diff.answers[0]!r} vs {diff.answers[1]!r}")
     out.print("the traces are the same" if diff.diverges_at is None
               else f"[bold]diverge at step {diff.diverges_at}[/bold]")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(replay)

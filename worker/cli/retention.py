@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import click
 
-from .base import _runtime, cli, console, out
+from .base import _runtime, console, out
 
 
 def cancel_batch_command(batch_id: str, as_json: bool) -> None:
@@ -26,7 +26,7 @@ def cancel_batch_command(batch_id: str, as_json: bool) -> None:
         out.print(f"{batch_id}: {counts['cancelled']} run(s) cancelled, {counts['already_finished']} already finished")
 
 
-@cli.command()
+@click.command()
 @click.option("--older-than", "older_than", required=True, help="an age: 30d, 12h, 90m, 45s, 2w")
 @click.option("--json", "as_json", is_flag=True)
 def purge(older_than: str, as_json: bool) -> None:
@@ -44,3 +44,7 @@ def purge(older_than: str, as_json: bool) -> None:
     else:
         out.print(f"purged {report.runs} run(s) ({report.keys} keys) and {report.batches} batch(es) "
                   f"finished more than {older_than} ago")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(purge)

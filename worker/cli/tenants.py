@@ -162,6 +162,6 @@ def key_revoke(key_id: str) -> None:
     click.echo(f"key {key_id} of tenant {tenant_name} revoked")
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(tenant)
-    cli.add_command(key)
+def register(group: click.Group) -> None:
+    for command in (tenant, key):
+        group.add_command(command)

@@ -8,10 +8,10 @@ import sys
 import click
 from rich.table import Table
 
-from .base import _runtime, cli, console, out
+from .base import _runtime, console, out
 
 
-@cli.group()
+@click.group()
 def webhook() -> None:
     """Tenants' default webhook URL and signing secret; delivery log."""
 
@@ -71,3 +71,7 @@ def deliveries(tenant: str, limit: int, as_json: bool) -> None:
         table.add_row(d.id, d.event.value, d.subject_id, d.url, d.state.value, str(len(d.attempts)),
                       "" if last is None else (last.error or str(last.status_code)))
     out.print(table)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(webhook)

@@ -23,14 +23,14 @@ from typing import Literal
 from .. import metrics
 from ..core.engine import PlannedCall
 from ..core.models import Approval, ApprovalDecision, Observation, Run, RunStatus
-from ..errors import InvalidRequest
+from ..errors import ApprovalConflict
 from ..store import keys
 from ..store.cas import Command
 from ..store.events import event_command
 from ..store.runs import DECLINED, Declined, RunStore, start_deadline
 from .context import Runtime
 
-__all__ = ["ApprovalConflict", "Waiting", "decide", "expire_or_defer", "gate", "needs_approval", "request"]
+__all__ = ["Waiting", "expire_or_defer", "gate", "needs_approval", "record_decision", "request"]
 
 
 class Waiting(StrEnum):
@@ -38,10 +38,6 @@ class Waiting(StrEnum):
 
     SANDBOX = "sandbox"
     APPROVAL = "approval"
-
-
-class ApprovalConflict(InvalidRequest):
-    """The run has no pending call that matches the decision (not waiting, or an unknown call id)."""
 
 
 def needs_approval(rt: Runtime, tenant: str, tool: str) -> bool:
@@ -101,7 +97,7 @@ def request(rt: Runtime, run: Run, index: int, calls: list[PlannedCall]) -> Run 
                                lambda r, added: _event(r.id, "approval_requested", added) if added else []).run
 
 
-def decide(store: RunStore, run_id: str, call_id: str | None, approve: bool, by: str, reason: str | None,
+def record_decision(store: RunStore, run_id: str, call_id: str | None, approve: bool, by: str, reason: str | None,
            send_step: Callable[[str, int], None]) -> Run:
     """Decide the run's pending call `call_id` (every pending call when None). Raises ApprovalConflict when
     there is nothing to decide. Re-enqueues the step once none of its calls is pending."""

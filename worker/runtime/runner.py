@@ -20,13 +20,13 @@ from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, Too
 from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
-from ..errors import LLMError, ToolError
+from ..errors import BudgetExceeded, LLMError, ToolError
 from ..names import STEP_TASK, STEPS_QUEUE
 from ..store import keys
 from ..store.cas import Command, Snapshot
 from ..store.run_keys import working_keys
 from ..tenancy import ledger
-from ..tenancy.budgets import BudgetExceeded, reserve_call
+from ..tenancy.budgets import reserve_call
 from . import approvals
 from .approvals import Waiting
 from .context import Runtime

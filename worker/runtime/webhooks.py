@@ -44,7 +44,7 @@ import httpx
 import redis
 from pydantic import BaseModel, Field
 
-from ..errors import InvalidRequest, ReactqError, SignatureInvalid
+from ..errors import InvalidRequest, SignatureInvalid, WebhookUnreachable
 from ..store import keys
 from ..store.cas import write_watched
 
@@ -132,15 +132,6 @@ def validate_url(url: str) -> str:
     return url
 
 
-class Unreachable(ReactqError):
-    """The target could not be reached; `attempt_delivery` records it as the attempt's typed error."""
-
-    def __init__(self, kind: AttemptError, message: str, address: str | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.address = address
-
-
 def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
@@ -156,18 +147,18 @@ def resolve_target(host: str, port: int, allow_private: bool, resolve: Resolver 
     try:
         infos = resolve(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
-        raise Unreachable(AttemptError.UNRESOLVABLE, f"{host} does not resolve") from None
+        raise WebhookUnreachable(AttemptError.UNRESOLVABLE, f"{host} does not resolve") from None
     addresses: list[str] = []
     for info in infos:
         text = str(info[4][0]).split("%")[0]
         address = ipaddress.ip_address(text)
         if not allow_private and not _public(address):
-            raise Unreachable(AttemptError.REFUSED_ADDRESS, f"refused: {host} resolves to a non-public address "
+            raise WebhookUnreachable(AttemptError.REFUSED_ADDRESS, f"refused: {host} resolves to a non-public address "
                               "(REACTQ_WEBHOOK_ALLOW_PRIVATE)", text)
         if text not in addresses:
             addresses.append(text)
     if not addresses:
-        raise Unreachable(AttemptError.UNRESOLVABLE, f"{host} does not resolve")
+        raise WebhookUnreachable(AttemptError.UNRESOLVABLE, f"{host} does not resolve")
     return addresses
 
 
@@ -298,7 +289,7 @@ def _post(client: httpx.Client, url: str, addresses: list[str], body: bytes, hea
           ) -> tuple[httpx.Response, str]:
     """POST to the first of the checked addresses that takes the connection."""
     host = urlsplit(url).hostname or ""
-    failure = Unreachable(AttemptError.CONNECTION_FAILED, "could not connect")
+    failure = WebhookUnreachable(AttemptError.CONNECTION_FAILED, "could not connect")
     for address in addresses:
         try:
             response = client.post(pinned_url(url, address), content=body,
@@ -306,11 +297,11 @@ def _post(client: httpx.Client, url: str, addresses: list[str], body: bytes, hea
                                    extensions={"sni_hostname": host})
             return response, address
         except httpx.TimeoutException:
-            raise Unreachable(AttemptError.TIMEOUT, "timed out", address) from None
+            raise WebhookUnreachable(AttemptError.TIMEOUT, "timed out", address) from None
         except httpx.ConnectError:
-            failure = Unreachable(AttemptError.CONNECTION_FAILED, "could not connect", address)
+            failure = WebhookUnreachable(AttemptError.CONNECTION_FAILED, "could not connect", address)
         except httpx.HTTPError:
-            raise Unreachable(AttemptError.PROTOCOL_ERROR, "the answer was not valid HTTP", address) from None
+            raise WebhookUnreachable(AttemptError.PROTOCOL_ERROR, "the answer was not valid HTTP", address) from None
     raise failure
 
 
@@ -341,8 +332,8 @@ def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, client:
         attempt.status_code = response.status_code
         if not 200 <= response.status_code < 300:
             attempt.error, attempt.kind = f"HTTP {response.status_code}", AttemptError.HTTP_STATUS
-    except Unreachable as exc:
-        attempt.error, attempt.kind, attempt.address = str(exc), exc.kind, exc.address
+    except WebhookUnreachable as exc:
+        attempt.error, attempt.kind, attempt.address = str(exc), AttemptError(exc.kind), exc.address
     attempt.duration_ms = int((time.time() - started) * 1000)
     wait = backoff_s(number, retry_base_s, retry_max_s)
     if attempt.kind is None:

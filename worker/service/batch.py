@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..config import Settings
 from ..core.models import Run, RunSpec
+from ..errors import AdmissionRefused
 from ..store.runs import RunStore
-from ..tenancy.admission import AdmissionRefused
 from ..tenancy.tenants import Tenants
 from .batch_input import LineError, ParsedLine, digest, finished_ids
 from .submit import new_batch_id, submit

@@ -8,19 +8,14 @@ from collections.abc import Callable, Sequence
 
 from ..config import Settings
 from ..core.models import Run, RunSpec, RunStatus
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, QuotaExceeded, TierNotAllowed
 from ..runtime.webhooks import validate_url
 from ..store.runs import DECLINED, Declined, RunStore
-from ..store.submissions import Quota, QuotaExceeded
+from ..store.submissions import Quota
 from ..tenancy.admission import quota, refusal
 from ..tenancy.fairness import INTERACTIVE, WINDOW_S, batch_priorities
 from ..tenancy.plans import known_tiers
 from ..tenancy.tenants import Policy, Tenants
-
-
-class TierNotAllowed(InvalidRequest):
-    """The tenant's plan does not allow the tier asked for (the HTTP API answers 403)."""
-
 
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 

@@ -12,7 +12,7 @@ from typing import Any
 import redis
 
 from ..core.models import Run
-from ..errors import ReactqError
+from ..errors import QuotaExceeded
 from . import keys
 from .batches import batch_keys
 from .cas import COMMANDS_FUNCTION, Command, run_commands, script_commands
@@ -29,14 +29,6 @@ class Quota:
     runs: int
     in_flight: int
     per_minute: int
-
-
-class QuotaExceeded(ReactqError):
-    """A quota said no (nothing was written); `limit` is "in_flight" or "per_minute"."""
-
-    def __init__(self, quota: Quota, limit: str) -> None:
-        super().__init__(f"{quota.tenant}: {limit}")
-        self.quota, self.limit = quota, limit
 
 
 _CREATE_RUNS = COMMANDS_FUNCTION + lua(__file__, "create_runs.lua")

@@ -13,27 +13,15 @@ import uuid
 import redis
 from redis import asyncio as aioredis
 
-from ..errors import ReactqError
+from ..errors import AdmissionRefused, QuotaExceeded, TooLarge
 from ..store import keys
 from ..store.scripts import lua
-from ..store.submissions import Quota, QuotaExceeded
+from ..store.submissions import Quota
 from .budgets import TenantBudgets
 from .tenants import Policy
 
 INFLIGHT_RETRY_S = 5  # no clock says when a run will finish: ask again soon
 STREAM_LEASE_S = 60  # an open stream renews its slot on every keep-alive (15 s); a dead API process's lapse
-
-
-class AdmissionRefused(ReactqError):
-    """A submission or stream the tenant's plan does not admit now; `retry_after_s` says when to retry."""
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = max(1, retry_after_s)
-
-
-class TooLarge(ReactqError):
-    """A submission that can never be admitted as it is (more runs than the plan has in flight)."""
 
 
 def quota(client: redis.Redis, policy: Policy, count: int, now: float | None = None) -> Quota:

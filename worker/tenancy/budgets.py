@@ -26,7 +26,7 @@ import redis
 from ..config import ModelSpec, Settings
 from ..core.models import Run, Usage
 from ..core.pricing import cost_usd
-from ..errors import ReactqError
+from ..errors import BudgetExceeded
 from ..llm.fallback import model_chain
 from ..store import keys
 from ..store.cas import Command, run_commands
@@ -38,14 +38,6 @@ from .tenants import Policy, Tenants
 MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
 MIN_CALL_TOKENS = 256  # no prompt is smaller: a tenant with fewer tokens left cannot make a call
 _CHARS_PER_TOKEN = 2.5  # conservative: JSON and code tokenise densely, so over- rather than under-reserve
-
-
-class BudgetExceeded(ReactqError):
-    """A budget has no room for the next LLM call; the run ends `budget_exceeded`."""
-
-    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 def _iso(ts: float) -> str:

@@ -12,14 +12,10 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from ..config import Settings
-from ..errors import ReactqError
+from ..errors import PlanConfigError
 
 DEFAULT_PLANS_FILE = Path(__file__).with_name("plans.toml")
 ALL_TOOLS = "*"
-
-
-class PlanConfigError(ReactqError):
-    """The plans file is missing, unreadable or invalid (an operator's mistake, named precisely)."""
 
 
 class Budgets(BaseModel, extra="forbid"):
@@ -34,7 +30,7 @@ class Budgets(BaseModel, extra="forbid"):
 BUDGET_FIELDS = tuple(Budgets.model_fields)
 
 
-class Limits(BaseModel, extra="forbid"):
+class PlanLimits(BaseModel, extra="forbid"):
     """Admission limits."""
 
     runs_in_flight: int = Field(ge=1)
@@ -49,7 +45,7 @@ class Plan(BaseModel, extra="forbid"):
     tools: list[str] = Field(default_factory=lambda: [ALL_TOOLS])
     approval_required: list[str] = Field(default_factory=list)
     budgets: Budgets = Field(default_factory=Budgets)
-    limits: Limits
+    limits: PlanLimits
 
     @model_validator(mode="after")
     def _default_tier(self) -> Plan:

@@ -1,0 +1,80 @@
+"""HTTP routes of a batch: submit it, read it (a page of its run ids at a time), cancel it, delete it.
+Every route acts for the caller's tenant only; another tenant's batch is a 404, like an unknown one."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query
+from pydantic import BaseModel, Field
+
+from ..runtime.finish_hooks import batch_may_be_finished
+from ..runtime.webhooks import validate_url
+from ..service.retention import cancel_batch, delete_batch
+from ..service.submit import new_batch_id, submit
+from ..store.batch_view import batch_view
+from ..tasks.steps import send_step, sending_together
+from ..tasks.webhooks import send_delivery
+from .app_state import RuntimeDep
+from .auth import CallerPolicy, CallerTenant, caller_tenant
+from .guards import owned_batch
+from .routes_runs import RunRequest, run_spec
+
+router = APIRouter()
+
+
+class BatchRequest(BaseModel, extra="forbid"):
+    runs: list[RunRequest] = Field(min_length=1, max_length=10_000)
+    tenant: str | None = None
+    tier: str | None = None
+    webhook_url: str | None = None  # called once when the whole batch has finished
+
+
+@router.post("/v1/batches", status_code=201)
+def create_batch(body: BatchRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
+    """Every item is checked before anything is written (422 naming each bad item's index)."""
+    if body.tenant is not None and body.tenant != policy.tenant:
+        raise HTTPException(403, f"the tenant comes from your API key; this key acts for {policy.tenant!r}")
+    batch_id = new_batch_id()
+    specs = [run_spec(r, policy, f"runs[{i}]: ", body.tier) for i, r in enumerate(body.runs)]
+    meta = {"size": str(len(specs)), "tenant": policy.tenant}
+    if body.webhook_url is not None:
+        meta["webhook_url"] = validate_url(body.webhook_url)
+    rt.store.batches.create(batch_id, {**meta, "submitting": "1"})  # first: a run may end before submit returns
+    try:
+        with sending_together() as send:
+            runs = submit(rt.store, specs, rt.settings, send, batch_id=batch_id)
+    except Exception:
+        rt.store.batches.drop_record(batch_id)
+        raise
+    rt.store.batches.mark_submitted(batch_id, len(runs))
+    batch_may_be_finished(rt, batch_id, send_delivery, policy.tenant)
+    return {"batch_id": batch_id, "run_ids": [r.id for r in runs]}
+
+
+@router.get("/v1/batches/{batch_id}")
+def get_batch(batch_id: str, tenant: CallerTenant, rt: RuntimeDep, offset: Annotated[int, Query(ge=0)] = 0,
+              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> dict:
+    """The batch's figures and a page of its run ids (`next_offset` is the next page's, null at the end)."""
+    store = rt.store
+    owned_batch(store, batch_id, tenant)
+    view = batch_view(store, batch_id)
+    if view is None:
+        raise HTTPException(404, f"no batch {batch_id!r}")
+    run_ids = store.batches.run_ids_page(batch_id, offset, limit)
+    more = offset + len(run_ids) < view["size"]
+    return {**view, "run_ids": run_ids, "next_offset": offset + len(run_ids) if more else None}
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+def cancel_batch_route(batch_id: str, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
+    """Cancel every unfinished run of the batch (each stops at its next step)."""
+    owned_batch(rt.store, batch_id, tenant)
+    return {"batch_id": batch_id, **cancel_batch(rt.store, batch_id, send_step)}
+
+
+@router.delete("/v1/batches/{batch_id}")
+def delete_batch_route(batch_id: str, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
+    """Remove the batch and all its runs, now."""
+    owned_batch(rt.store, batch_id, tenant)
+    return {"deleted": batch_id, "runs": delete_batch(rt.store, batch_id)}

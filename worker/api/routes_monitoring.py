@@ -1,0 +1,32 @@
+"""The two routes that need no API key: `GET /healthz` (is Redis reachable) and `GET /metrics` (Prometheus)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .. import metrics
+from .app_state import RuntimeDep, async_redis_of
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> dict:
+    try:
+        await (await async_redis_of(request)).ping()
+    except Exception:  # the URL and the driver's message may name hosts and credentials: say no more
+        raise HTTPException(503, "Redis is unreachable") from None
+    return {"status": "ok"}
+
+
+@router.get("/metrics")
+def metrics_endpoint(rt: RuntimeDep) -> Response:
+    try:
+        for queue, depth in rt.cluster.queue_depths().items():
+            metrics.QUEUE_DEPTH.labels(queue).set(depth)
+        metrics.RUNS_IN_PROGRESS.set(rt.cluster.active_count())
+    except Exception:  # Redis down: still serve the counters this process has
+        pass
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,164 @@
+"""HTTP routes of one run: submit it, read it, follow its events, cancel it, decide its approvals, replay
+it, delete it. Every route acts for the caller's tenant only; another tenant's run is a 404, like an
+unknown one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from ..core.models import Mode, Run, RunSpec
+from ..core.views import run_json
+from ..errors import ApprovalConflict, InvalidRequest
+from ..runtime.approvals import record_decision
+from ..service.replay import replay
+from ..service.retention import delete_run
+from ..service.submit import cancel, submit
+from ..store import keys
+from ..tasks.steps import send_step
+from ..tenancy.admission import StreamSlot
+from ..tenancy.tenants import Policy
+from .app_state import AsyncRedis, RuntimeDep
+from .auth import CallerPolicy, CallerTenant, caller_tenant
+from .guards import check_id, owned_run
+
+router = APIRouter()
+
+
+class RunRequest(BaseModel, extra="forbid"):
+    question: str
+    tenant: str | None = None  # accepted only when it is the caller's own (the key decides)
+    tier: str | None = None  # default: the plan's default tier
+    max_steps: int | None = None
+    mode: Mode | None = None
+    model: str | None = None
+    id: str | None = None
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    deadline_s: float | None = None
+    webhook_url: str | None = None
+
+
+def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) -> RunSpec:
+    """The spec of one requested run, for the caller's tenant (a body naming another is refused)."""
+    if r.tenant is not None and r.tenant != policy.tenant:
+        raise HTTPException(403, f"{where}the tenant comes from your API key; this key acts for {policy.tenant!r}")
+    return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
+                   max_steps=r.max_steps, mode=r.mode, model=r.model, client_id=r.id, max_tokens=r.max_tokens,
+                   max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url)
+
+
+@router.post("/v1/runs", status_code=201)
+def create_run(body: RunRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
+    [run] = submit(rt.store, [run_spec(body, policy, "")], rt.settings, send_step, interactive=True)
+    return run_json(run)
+
+
+@router.get("/v1/runs/{run_id}")
+def get_run(run_id: str, tenant: CallerTenant, rt: RuntimeDep, trace: bool = False) -> dict:
+    run = owned_run(rt.store, run_id, tenant)
+    return run_json(run, rt.store.load_steps(run_id) if trace else None)
+
+
+@router.post("/v1/runs/{run_id}/cancel")
+def cancel_run(run_id: str, tenant: CallerTenant, rt: RuntimeDep) -> dict:
+    owned_run(rt.store, run_id, tenant)
+    run = cancel(rt.store, run_id, send_step)
+    assert run is not None
+    return run_json(run)
+
+
+@router.get("/v1/runs/{run_id}/events")
+async def run_events(run_id: str, request: Request, policy: CallerPolicy, client: AsyncRedis) -> StreamingResponse:
+    """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`.
+    A tenant may hold its plan's number of streams open at once (429 past that)."""
+    raw = await client.get(keys.run(check_id(run_id)))
+    if raw is None or Run.model_validate_json(raw).spec.tenant != policy.tenant:
+        raise HTTPException(404, f"no run {run_id!r}")
+    slot = StreamSlot(client, policy)
+    await slot.open()
+
+    async def stream() -> AsyncIterator[str]:
+        last = request.headers.get("last-event-id", "0")
+        try:
+            while True:
+                compacted = await client.get(keys.events_compacted(run_id))
+                if compacted is not None:  # the run has finished and its stream was compacted
+                    for entry_id, kind, data in json.loads(compacted):
+                        if _stream_id(entry_id) > _stream_id(last):
+                            if kind == "step" and isinstance(data, int):
+                                data = ((await client.lindex(keys.steps(run_id), data)) or b"{}").decode()
+                            yield f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
+                    return
+                result = await client.xread({keys.events(run_id): last}, count=100, block=15_000)
+                for _stream, entries in result or []:
+                    for entry_id, fields in entries:
+                        last = entry_id.decode()
+                        kind, data = fields[b"type"].decode(), fields[b"data"].decode()
+                        yield f"id: {last}\nevent: {kind}\ndata: {data}\n\n"
+                        if kind == "finished":
+                            return
+                await slot.renew()
+                yield ": keep-alive\n\n"
+        finally:
+            await asyncio.shield(slot.close())
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def _stream_id(text: str) -> tuple[int, int]:
+    """A Redis stream entry id (`ms-seq`, or a bare `ms`) as a comparable pair; garbage sorts first."""
+    ms, _, seq = text.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
+
+
+class ApprovalRequest(BaseModel, extra="forbid"):
+    decision: Literal["approve", "reject"]
+    call_id: str | None = Field(None, max_length=200, description="the pending call; all of them when absent")
+    reason: str | None = Field(None, max_length=2000, description="told to the model when rejecting")
+
+
+@router.post("/v1/runs/{run_id}/approvals")
+def decide_approval(run_id: str, body: ApprovalRequest, rt: RuntimeDep,
+                    tenant: str = Depends(caller_tenant)) -> dict:
+    """Approve or reject the run's call awaiting approval (409 when there is none to decide)."""
+    owned_run(rt.store, run_id, tenant)
+    try:
+        run = record_decision(rt.store, run_id, body.call_id, body.decision == "approve", f"api:{tenant}",
+                     body.reason, send_step)
+    except ApprovalConflict as exc:
+        raise HTTPException(409, str(exc)) from None
+    return run_json(run)
+
+
+class ReplayRequest(BaseModel, extra="forbid"):
+    from_step: int = Field(ge=1, description="the first step to run again, from 1 (as the trace numbers them)")
+    model: str | None = Field(None, max_length=200)
+    mode: Mode | None = None
+
+
+@router.post("/v1/runs/{run_id}/replay", status_code=201)
+def replay_run(run_id: str, body: ReplayRequest, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
+    """A new run reusing this run's steps before `from_step` and continuing from there."""
+    owned_run(rt.store, run_id, tenant)
+    try:
+        run = replay(rt.store, rt.settings, run_id, body.from_step, send_step, model=body.model, mode=body.mode)
+    except InvalidRequest as exc:
+        raise HTTPException(422, str(exc)) from None
+    return run_json(run)
+
+
+@router.delete("/v1/runs/{run_id}")
+def delete_run_route(run_id: str, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
+    """Remove the run and everything stored for it, now (an unfinished run is cancelled first)."""
+    delete_run(rt.store, owned_run(rt.store, run_id, tenant))
+    return {"deleted": run_id}

@@ -1,0 +1,137 @@
+"""`reactq ask`, `reactq batch`, `reactq status`, `reactq trace` and `reactq cancel`: submit runs, inspect
+them, stop them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import AdmissionRefused, TooLarge
+from .base import _load, _runtime, _send_step, console, out
+from .replay import print_diff
+from .retention import cancel_batch_command
+
+
+@click.command()
+@click.argument("question")
+@click.option("--wait", is_flag=True, help="wait for the answer")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--tier", default=None, help="default: the tenant's plan's default tier")
+@click.option("--max-steps", type=int, default=None)
+@click.option("--model", default=None, help="default: REACTQ_MODEL; others from REACTQ_MODELS")
+@click.option("--timeout", type=float, default=600, show_default=True, help="seconds to --wait")
+@click.option("--webhook-url", default=None, help="called with the run when it finishes")
+def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None, max_steps: int | None,
+        model: str | None, timeout: float, webhook_url: str | None) -> None:
+    """Submit one run."""
+    from ..core.models import RunSpec
+    from ..core.views import run_json
+    from ..errors import InvalidRequest
+    from ..service.batch import BatchRunner
+    from ..service.submit import submit, tenant_policy
+
+    rt = _runtime()
+    try:
+        tier = tier or tenant_policy(rt.tenants, tenant).plan.default_tier or "standard"
+        [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
+                                          model=model, webhook_url=webhook_url)], rt.settings, _send_step(),
+                       interactive=True)
+    except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    if wait:
+        BatchRunner(rt.store, rt.settings, _send_step()).follow([run.id], lambda r: None, lambda p: None,
+                                                                 timeout_s=timeout)
+        run = rt.store.load_run(run.id) or run
+    if as_json:
+        out.print_json(json.dumps(run_json(run)))
+    elif wait:
+        out.print(run.answer if run.answer is not None else f"[{run.status.value}] {run.error or ''}")
+    else:
+        out.print(run.id)
+    if wait and run.status.value != "succeeded":
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("infile", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", "outfile", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--tenant", default=None, help="default tenant for lines without one")
+@click.option("--tier", default=None, help="default tier for lines without one")
+def batch(infile: Path, outfile: Path, tenant: str | None, tier: str | None) -> None:
+    """Run many questions from JSONL; results are written to --out as they finish."""
+    from ..tasks.steps import sending_together
+    from .batch_progress import run_batch_file
+
+    rt = _runtime()
+    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, _send_step(), console, send_together=sending_together))
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+def status(run_id: str, as_json: bool) -> None:
+    """Show a run's state."""
+    from ..core.views import run_json
+    from .display import print_status
+
+    run = _load(run_id)
+    if as_json:
+        out.print_json(json.dumps(run_json(run)))
+    else:
+        print_status(out, run)
+
+
+@click.command()
+@click.argument("run_id", required=False)
+@click.option("--diff", nargs=2, default=None, metavar="RUN_A RUN_B", help="where two runs diverge, step by step")
+@click.option("--json", "as_json", is_flag=True)
+def trace(run_id: str | None, diff: tuple[str, str] | None, as_json: bool) -> None:
+    """Show each step: thought, action, arguments, observation, tokens, timings."""
+    from ..core.views import run_json
+    from .display import print_trace
+
+    if diff:
+        print_diff(*diff, as_json=as_json)
+        return
+    if run_id is None:
+        raise click.UsageError("give RUN_ID, or --diff RUN_A RUN_B")
+    run = _load(run_id)
+    steps = _runtime().store.load_steps(run_id)
+    if as_json:
+        out.print_json(json.dumps(run_json(run, steps)))
+    else:
+        print_trace(out, run, steps)
+
+
+@click.command()
+@click.argument("run_id", required=False)
+@click.option("--batch", "batch_id", default=None, help="cancel every unfinished run of this batch")
+@click.option("--json", "as_json", is_flag=True)
+def cancel(run_id: str | None, batch_id: str | None, as_json: bool) -> None:
+    """Cancel a run (or with --batch, a batch); it stops at its next step."""
+    from ..core.views import run_json
+    from ..service.submit import cancel as cancel_run
+
+    if batch_id is not None:
+        cancel_batch_command(batch_id, as_json)
+        return
+    if run_id is None:
+        raise click.UsageError("give RUN_ID, or --batch BATCH_ID")
+
+    _load(run_id)
+    run = cancel_run(_runtime().store, run_id, _send_step())
+    assert run is not None
+    if as_json:
+        out.print_json(json.dumps(run_json(run)))
+    else:
+        out.print(f"{run_id}: {run.status.value}")
+
+
+def register(group: click.Group) -> None:
+    for command in (ask, batch, status, trace, cancel):
+        group.add_command(command)

@@ -1,0 +1,112 @@
+"""`reactq worker`, `reactq stub` and `reactq api`: the long-running services this machine can serve."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from ..config import get_settings
+from ..names import SANDBOX_QUEUE, STEPS_QUEUE
+from .base import _runtime, console
+
+
+@click.command()
+@click.option("--queues", default="steps,sandbox", show_default=True, help="steps, sandbox, or both")
+@click.option("--concurrency", "-c", type=int, default=None, help="threads (default: 200 for steps, cores for sandbox)")
+@click.option("--metrics-port", type=int, default=None, help="port of /metrics (0: none; default REACTQ_METRICS_PORT)")
+@click.option("--processes", "-p", type=int, default=1, show_default=True,
+              help="worker processes to run (one Python process is GIL-bound: use about 2 per core for steps); "
+                   "process i serves /metrics on metrics-port + i")
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(queues: str, concurrency: int | None, metrics_port: int | None, processes: int, loglevel: str) -> None:
+    """A Celery worker for the reactq queues (a threads pool: LLM calls and sandbox runs are waits)."""
+    if processes > 1:
+        from .local_stack import supervise_workers
+
+        port = get_settings().metrics_port if metrics_port is None else metrics_port
+        sys.exit(supervise_workers(processes, queues, concurrency, port, loglevel))
+    from .. import logs
+    from ..names import WEBHOOKS_QUEUE
+    from ..runtime.metrics_server import start_metrics_server
+
+    names = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE, "webhooks": WEBHOOKS_QUEUE}
+    try:
+        selected = [names[q.strip()] for q in queues.split(",") if q.strip()]
+    except KeyError as exc:
+        message = f"unknown queue {exc.args[0]!r}; use steps, sandbox, webhooks (comma-separated)"
+        raise click.BadParameter(message, param_hint="--queues") from None
+    if STEPS_QUEUE in selected and WEBHOOKS_QUEUE not in selected:  # step workers deliver webhooks by default
+        selected.append(WEBHOOKS_QUEUE)
+    if concurrency is None:
+        concurrency = 200 if STEPS_QUEUE in selected else (os.cpu_count() or 2)
+    os.environ["REACTQ_WORKER_QUEUES"] = ",".join(selected)
+    logs.setup(loglevel)
+    rt = _runtime(patient=True)
+    port = rt.settings.metrics_port if metrics_port is None else metrics_port
+    if port:
+        start_metrics_server(port, rt)
+    from ..tasks.app import app
+
+    app.worker_main([
+        "worker", "-Q", ",".join(selected), "-P", "threads", "-c", str(concurrency),
+        "--loglevel", loglevel, "-n", f"reactq-{'-'.join(q.split('.')[-1] for q in selected)}-{os.getpid()}@%h",
+        "--without-gossip", "--without-mingle",
+    ])
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8900, show_default=True)
+@click.option("--faults", "faults_json", default="{}", help='fault injection as JSON, e.g. {"latency_ms": 200}')
+@click.option("--latency-ms", type=float, default=None)
+@click.option("--error-rate-429", type=float, default=None)
+@click.option("--error-rate-500", type=float, default=None)
+@click.option("--error-rate-503", type=float, default=None)
+@click.option("--malformed-rate", type=float, default=None)
+@click.option("--hallucinate-rate", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--rpm-limit", type=int, default=None, help="server-side requests per minute (429 + Retry-After over it)")
+@click.option("--tpm-limit", type=int, default=None, help="server-side tokens per minute (429 + Retry-After over it)")
+def stub(host: str, port: int, faults_json: str, **options: float | None) -> None:
+    """The api_stub OpenAI-compatible server (deterministic ReAct model, fault injection)."""
+    from api_stub.server import FaultConfig, serve
+
+    fields = json.loads(faults_json)
+    fields.update({k: v for k, v in options.items() if v is not None})
+    serve(host, port, FaultConfig(**fields))
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--insecure-no-auth", is_flag=True,
+              help="no API keys: every caller acts as the first tenant of REACTQ_TENANTS (binds 127.0.0.1 only)")
+def api(host: str, port: int, insecure_no_auth: bool) -> None:
+    """The HTTP API (FastAPI): runs, batches, events, /metrics. Needs a tenant with an API key."""
+    import uvicorn
+
+    from .. import logs
+    from ..api.app import create_app
+
+    logs.setup()
+    rt = _runtime()
+    no_auth_tenant = None
+    if insecure_no_auth:
+        no_auth_tenant = rt.settings.tenants[0]
+        host = "127.0.0.1"
+        console.print("[yellow]warning:[/yellow] --insecure-no-auth: no API keys are checked; serving on 127.0.0.1")
+    elif rt.tenants.registered_count() == 0:
+        console.print("[red]error:[/red] no tenant has been set up, so no request could be authorised. Add one:\n"
+                      "  reactq tenant add NAME --plan standard && reactq key create NAME\n"
+                      "(or run `reactq api --insecure-no-auth` for a local, loopback-only API without keys)")
+        sys.exit(2)
+    app = create_app(rt, no_auth_tenant=no_auth_tenant)
+    uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
+
+
+def register(group: click.Group) -> None:
+    for command in (worker, stub, api):
+        group.add_command(command)
