@@ -1,6 +1,6 @@
 -- KEYS: per quota, the tenant's in-flight set and this minute's submissions counter. ARGV: the number
 -- of quotas, then per quota its runs, in-flight limit and per-minute limit, then the commands
--- (store_cas.script_commands). Returns {-2 or -1, i} when quota i is over its in-flight or per-minute
+-- (cas.script_commands). Returns {-2 or -1, i} when quota i is over its in-flight or per-minute
 -- limit (nothing written), else {0, each command's reply}.
 local n = tonumber(ARGV[1])
 for q = 1, n do

@@ -166,7 +166,7 @@ class RunStore:
             self.r.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
 
     def drop_and_compact(self, run_id: str, names: list[str]) -> None:
-        """Delete these keys of a finished run, and compact its event stream (store_cas.COMPACT_FUNCTION),
+        """Delete these keys of a finished run, and compact its event stream (cas.COMPACT_FUNCTION),
         in one round trip (one script: a pipeline holding a script would first ask the server whether
         it knows the script)."""
         self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id), *names])
