@@ -48,6 +48,8 @@ def main() -> int:
     from worker.service.submit import new_batch_id, submit
     from worker.store.connection import connect
     from worker.store.runs import RunStore
+    from worker.tenancy.budgets import TenantBudgets
+    from worker.tenancy.tenants import Tenants
 
     bench = Bench(args, Path(tempfile.mkdtemp(prefix="reactq-fairness-")))
     rng = random.Random(7)
@@ -65,6 +67,7 @@ def main() -> int:
         bench.wait_ready(names, redis_url)
         settings = Settings(redis_url=redis_url, tenants=["a", "b"])
         store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
+        tenants, budgets = Tenants(store.r, settings), TenantBudgets(store.r)
         client = Celery("bench_fairness_client", broker=redis_url)
         client.conf.broker_transport_options = {"priority_steps": list(range(10))}
         conn = client.connection_for_write()
@@ -79,7 +82,8 @@ def main() -> int:
 
         def one(tenant: str, interactive: bool) -> str:
             [run] = submit(store, [RunSpec(question=question(), tenant=tenant)], settings, send_step,
-                           batch_id=None if interactive else new_batch_id(), interactive=interactive)
+                           batch_id=None if interactive else new_batch_id(), interactive=interactive,
+                           tenants=tenants, budgets=budgets)
             return run.id
 
         def wait_all(run_ids: list[str], timeout: float = 900) -> list[float]:
@@ -105,7 +109,8 @@ def main() -> int:
         for mode in ("fair", "fifo"):
             fifo["on"] = mode == "fifo"
             specs = [RunSpec(question=question(), tenant="a") for _ in range(args.backlog)]
-            backlog = submit(store, specs, settings, send_step, batch_id=new_batch_id())
+            backlog = submit(store, specs, settings, send_step, batch_id=new_batch_id(), tenants=tenants,
+                             budgets=budgets)
             time.sleep(2)
             b_id, i_id = one("b", False), one("b", True)
             waiting_then = queued()

@@ -105,7 +105,7 @@ def main() -> int:
             a, b, c = rng.randint(100, 99999), rng.randint(100, 99999), rng.randint(1, 9999)
             trips, cpu, redis_cpu = round_trips["n"], time.process_time(), process_cpu(redis_pid)
             submit(h.store, [RunSpec(question=f"What is {a} * {b} + {c}?")], settings, h.dispatch.next_step,
-                   batch_id=batch_id, tenants=h.rt.tenants)
+                   batch_id=batch_id, tenants=h.rt.tenants, budgets=h.rt.budgets)
             spent["submit"] += time.process_time() - cpu
             spent["submit_trips"] += round_trips["n"] - trips
             trips, cpu, wall = round_trips["n"], time.process_time(), time.perf_counter()

@@ -306,6 +306,7 @@ class Bench:
             from worker.store.runs import RunStore
             from worker.tasks.broker import transport_for
             from worker.tasks.steps import sending_together
+            from worker.tenancy.budgets import TenantBudgets
             from worker.tenancy.tenants import Tenants
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
@@ -334,7 +335,8 @@ class Bench:
                 if need > 0:
                     specs = [RunSpec(question=question()) for _ in range(need)]
                     with sending_together(client) as send:  # as `reactq batch` sends a part's first steps
-                        submit(store, specs, settings, send, batch_id=batch_id, tenants=tenants)
+                        submit(store, specs, settings, send, batch_id=batch_id, tenants=tenants,
+                               budgets=TenantBudgets(store.r))
                     state["submitted"] += need
 
             top_up()

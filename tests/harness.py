@@ -140,7 +140,7 @@ class Harness:
 
     def submit(self, question: str, **spec: Any) -> str:
         [run] = submit(self.store, [RunSpec(question=question, **spec)], self.rt.settings, self.dispatch.next_step,
-                       tenants=self.rt.tenants)
+                       tenants=self.rt.tenants, budgets=self.rt.budgets)
         return run.id
 
     def deliver(self, run_id: str, index: int) -> StepOutcome:

@@ -30,7 +30,7 @@ def small(make_harness: Any, tmp_path: Path) -> Harness:
 
 def submit_one(harness: Harness, question: str = "What is 2 + 2?") -> str:
     [run] = submit(harness.store, [RunSpec(question=question, tenant="small")], harness.rt.settings,
-                   harness.dispatch.next_step)
+                   harness.dispatch.next_step, tenants=harness.rt.fresh_tenants(), budgets=harness.rt.budgets)
     return run.id
 
 

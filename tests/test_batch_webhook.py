@@ -33,7 +33,7 @@ def make_batch(rt: Runtime, n: int, url: str | None = "http://hooks.example.com/
     meta = {"tenant": "default", "submitting": "1", **({"webhook_url": url} if url else {})}
     rt.store.batches.create(batch_id, meta)
     runs = submit(rt.store, [RunSpec(question=f"q{i}") for i in range(n)], rt.settings, lambda *a, **k: None,
-                  batch_id=batch_id)
+                  batch_id=batch_id, tenants=rt.tenants, budgets=rt.budgets)
     rt.store.batches.mark_submitted(batch_id, n)
     return batch_id, [r.id for r in runs]
 

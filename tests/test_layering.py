@@ -142,6 +142,18 @@ def test_modules_are_classified_by_their_folder() -> None:
     assert _target_package("worker.tasks.steps.send_step") == "worker.tasks"
 
 
+def test_nothing_outside_the_store_reaches_into_its_redis_client() -> None:
+    """`something.r` (a store's client) is read only inside worker/store; `self.r` is a class's own."""
+    for module in WORKER_MODULES:
+        if package_of(module) == "worker.store":
+            continue
+        for node in ast.walk(ast.parse(module_path(module).read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "r":
+                owner = node.value
+                assert isinstance(owner, ast.Name) and owner.id == "self", (
+                    f"{module}:{node.lineno} reads {ast.unparse(node)}: ask the store for what it needs")
+
+
 @pytest.mark.parametrize("path", sorted(CORE.rglob("*.py")), ids=lambda p: p.name)
 def test_core_imports_only_core_errors_stdlib_and_pydantic(path: Path) -> None:
     for name in imported_modules(path):

@@ -10,8 +10,8 @@ from typing import Any
 
 import redis
 
-from tests.fixtures_cluster import wait_until
 from tests.harness import HARNESS_SETTINGS, Harness, call, calls, final
+from tests.waiting import wait_for
 from tools_sandbox.models import SandboxResult
 from tools_sandbox.tasks import ExecuteRequest
 from worker.config import Settings
@@ -349,7 +349,8 @@ def test_the_last_step_of_a_batch_run_ends_it_in_one_write(redis_url: str) -> No
         lookup = call("search", {"query": "x"}, call_id="s1")
         harness.llm.script(lookup, lookup, final("42"))
         first, _ = submit(harness.store, [RunSpec(question="What is 6 * 7?"), RunSpec(question="And 6 * 8?")],
-                          harness.rt.settings, harness.dispatch.next_step, batch_id="b-one-write")
+                          harness.rt.settings, harness.dispatch.next_step, batch_id="b-one-write",
+                          tenants=harness.rt.tenants, budgets=harness.rt.budgets)
         assert [harness.step().outcome for _ in range(2)] == [Outcome.TOOL_CALLS, Outcome.TOOL_CALLS]
         sent.clear()
         assert harness.step().outcome == Outcome.FINAL_ANSWER
@@ -374,8 +375,9 @@ def test_a_subscriber_waiting_on_the_event_stream_gets_the_last_events_when_the_
     reader = threading.Thread(target=lambda: heard.extend(subscriber.xread({keys.events(run_id): latest},
                                                                            block=30_000)))
     reader.start()
-    wait_until(lambda: any(c.get("name") == "subscriber" and c.get("cmd") == "xread"
-                           for c in harness.store.r.client_list()), "the subscriber to wait on the stream", 30)
+    wait_for("the subscriber to wait on the stream",
+             lambda: any(c.get("name") == "subscriber" and c.get("cmd") == "xread"
+                         for c in harness.store.r.client_list()), 30)
     assert harness.step().outcome == Outcome.FINAL_ANSWER
     reader.join()
     [(_, entries)] = heard

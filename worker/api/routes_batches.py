@@ -43,7 +43,8 @@ def create_batch(body: BatchRequest, policy: CallerPolicy, rt: RuntimeDep) -> di
     rt.store.batches.create(batch_id, {**meta, "submitting": "1"})  # first: a run may end before submit returns
     try:
         with sending_together() as send:
-            runs = submit(rt.store, specs, rt.settings, send, batch_id=batch_id)
+            runs = submit(rt.store, specs, rt.settings, send, batch_id=batch_id, tenants=rt.fresh_tenants(),
+                          budgets=rt.budgets)
     except Exception:
         rt.store.batches.drop_record(batch_id)
         raise

@@ -56,7 +56,8 @@ def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None)
 
 @router.post("/v1/runs", status_code=201)
 def create_run(body: RunRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
-    [run] = submit(rt.store, [run_spec(body, policy, "")], rt.settings, send_step, interactive=True)
+    [run] = submit(rt.store, [run_spec(body, policy, "")], rt.settings, send_step, interactive=True,
+                   tenants=rt.fresh_tenants(), budgets=rt.budgets)
     return run_json(run)
 
 

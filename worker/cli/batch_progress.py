@@ -44,7 +44,7 @@ def run_batch_file(
     def waiting(refused: AdmissionRefused) -> None:
         console.print(f"[yellow]waiting {refused.retry_after_s}s:[/yellow] {refused}; the batch goes on after that")
 
-    runner = BatchRunner(rt.store, rt.settings, send_step, on_wait=waiting, tenants=rt.tenants,
+    runner = BatchRunner(rt.store, rt.settings, send_step, rt.tenants, rt.budgets, on_wait=waiting,
                          send_together=send_together)
     outfile.parent.mkdir(parents=True, exist_ok=True)
     columns = (

@@ -39,13 +39,13 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
         tier = tier or tenant_policy(rt.tenants, tenant).plan.default_tier or "standard"
         [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
                                           model=model, webhook_url=webhook_url)], rt.settings, _send_step(),
-                       interactive=True)
+                       interactive=True, tenants=rt.tenants, budgets=rt.budgets)
     except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
     if wait:
-        BatchRunner(rt.store, rt.settings, _send_step()).follow([run.id], lambda r: None, lambda p: None,
-                                                                 timeout_s=timeout)
+        runner = BatchRunner(rt.store, rt.settings, _send_step(), rt.tenants, rt.budgets)
+        runner.follow([run.id], lambda r: None, lambda p: None, timeout_s=timeout)
         run = rt.store.load_run(run.id) or run
     if as_json:
         out.print_json(json.dumps(run_json(run)))

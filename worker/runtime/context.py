@@ -42,6 +42,11 @@ class Runtime:
     def tenants(self) -> Tenants:
         return Tenants(self.redis, self.settings, policy_memo_s=1.0)
 
+    def fresh_tenants(self) -> Tenants:
+        """Tenants whose policies are read afresh on each call (an API submission sees a budget lowered a
+        moment ago); `tenants` memoises them for a second, for the step path."""
+        return Tenants(self.redis, self.settings)
+
     @cached_property
     def budgets(self) -> TenantBudgets:
         return TenantBudgets(self.redis)

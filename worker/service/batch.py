@@ -16,6 +16,7 @@ from ..config import Settings
 from ..core.models import Run, RunSpec
 from ..errors import AdmissionRefused
 from ..store.runs import RunStore
+from ..tenancy.budgets import TenantBudgets
 from ..tenancy.tenants import Tenants
 from .batch_input import LineError, ParsedLine, digest, finished_ids
 from .submit import new_batch_id, submit
@@ -50,14 +51,15 @@ class BatchRunner:
     """Submits a batch and follows it to the end, handing over each run as it finishes."""
 
     def __init__(self, store: RunStore, settings: Settings, send_step: Callable[..., None],
-                 on_wait: Callable[[AdmissionRefused], None] | None = None, tenants: Tenants | None = None,
+                 tenants: Tenants, budgets: TenantBudgets, on_wait: Callable[[AdmissionRefused], None] | None = None,
                  send_together: Callable[[], AbstractContextManager[Callable[..., None]]] | None = None) -> None:
         self.store = store
         self.settings = settings
         self.send_step = send_step
         self.send_together = send_together  # with it, each chunk's first steps go out in one round trip
         self.on_wait = on_wait  # told before waiting out an admission refusal (runs in flight, per minute)
-        self.tenants = tenants  # with it, chunks are no larger than a tenant's plan admits at once
+        self.tenants = tenants  # chunks are no larger than a tenant's plan admits at once
+        self.budgets = budgets
         self._chunk_limits: dict[str, int] = {}
 
     def start(self, lines: Iterable[ParsedLine | LineError], out_path: Path, on_error: Callable[[LineError], None],
@@ -96,7 +98,7 @@ class BatchRunner:
     def _chunk_limit(self, tenant: str) -> int:
         """A chunk no plan involved refuses for its size alone (runs in flight, submissions per minute)."""
         if tenant not in self._chunk_limits:
-            policy = self.tenants.policy(tenant) if self.tenants is not None else None
+            policy = self.tenants.policy(tenant)
             limits = policy.plan.limits if policy is not None else None
             self._chunk_limits[tenant] = (SUBMIT_CHUNK if limits is None else
                                           max(1, min(SUBMIT_CHUNK, limits.runs_in_flight,
@@ -108,7 +110,8 @@ class BatchRunner:
         while True:
             try:
                 with self.send_together() if self.send_together else nullcontext(self.send_step) as send:
-                    return submit(self.store, chunk, self.settings, send, batch_id=batch_id, tenants=self.tenants)
+                    return submit(self.store, chunk, self.settings, send, batch_id=batch_id, tenants=self.tenants,
+                                  budgets=self.budgets)
             except AdmissionRefused as exc:
                 if self.on_wait is not None:
                     self.on_wait(exc)

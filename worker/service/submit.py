@@ -13,6 +13,7 @@ from ..runtime.webhooks import validate_url
 from ..store.runs import DECLINED, Declined, RunStore
 from ..store.submissions import Quota
 from ..tenancy.admission import quota, refusal
+from ..tenancy.budgets import TenantBudgets
 from ..tenancy.fairness import INTERACTIVE, WINDOW_S, batch_priorities
 from ..tenancy.plans import known_tiers
 from ..tenancy.tenants import Policy, Tenants
@@ -83,18 +84,18 @@ def new_run(spec: RunSpec, settings: Settings) -> Run:
 
 def submit(
     store: RunStore, specs: Sequence[RunSpec], settings: Settings, send_step: Callable[..., None],
-    batch_id: str | None = None, *, admit_runs: bool = True, interactive: bool = False,
-    tenants: Tenants | None = None,
+    batch_id: str | None = None, *, tenants: Tenants, budgets: TenantBudgets, admit_runs: bool = True,
+    interactive: bool = False,
 ) -> list[Run]:
     """Validate every spec first (nothing is submitted if one is bad), check admission for each tenant
-    (AdmissionRefused), then record and enqueue them. `tenants`: where policies are read. By default
-    each call reads them afresh (an API submission sees a budget lowered a moment ago); a process that
-    submits chunk after chunk passes its memoising one (Runtime.tenants: a change applies within 1 s).
+    (AdmissionRefused), then record and enqueue them. `tenants`: where policies are read: the API passes
+    one that reads them afresh (a submission sees a budget lowered a moment ago); a process that submits
+    chunk after chunk passes its memoising one (Runtime.tenants: a change applies within 1 s). `budgets`:
+    where a tenant's spend is read (a tenant over budget is refused).
 
     Each run's first step goes out with its priority (worker/tenancy/fairness.py): interactive runs first, then
     each tenant's runs by how many it submitted lately; every later step of the run keeps it."""
     tiers = known_tiers(settings)
-    tenants = tenants or Tenants(store.r, settings)
     policies: dict[str, Policy] = {}
     errors = []
     for i, spec in enumerate(specs):
@@ -113,7 +114,7 @@ def submit(
         raise InvalidRequest("; ".join(errors))
     quotas = None
     if admit_runs:
-        quotas = [quota(store.r, policy, sum(1 for s in specs if s.tenant == tenant))
+        quotas = [quota(budgets, policy, sum(1 for s in specs if s.tenant == tenant))
                   for tenant, policy in policies.items()]
     runs = [new_run(spec.model_copy(update={"batch_id": batch_id}), settings) for spec in specs]
     recent = _record(store, runs, batch_id, None if interactive else WINDOW_S, quotas, policies)

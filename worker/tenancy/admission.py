@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 import uuid
 
-import redis
 from redis import asyncio as aioredis
 
 from ..errors import AdmissionRefused, QuotaExceeded, TooLarge
@@ -24,13 +23,13 @@ INFLIGHT_RETRY_S = 5  # no clock says when a run will finish: ask again soon
 STREAM_LEASE_S = 60  # an open stream renews its slot on every keep-alive (15 s); a dead API process's lapse
 
 
-def quota(client: redis.Redis, policy: Policy, count: int, now: float | None = None) -> Quota:
+def quota(budgets: TenantBudgets, policy: Policy, count: int, now: float | None = None) -> Quota:
     """Raise AdmissionRefused (a budget spent) or TooLarge now, or give the tenant's quota for `count`
     new runs: its runs in flight and submissions per minute are checked, and counted, by the script
     that records the runs (SubmissionStore.create_runs), so that two submitters cannot both take the last slot."""
     now = now or time.time()
     tenant, limits = policy.tenant, policy.plan.limits
-    over = TenantBudgets(client).over(tenant, policy.budgets, now)
+    over = budgets.over(tenant, policy.budgets, now)
     if over is not None:
         raise AdmissionRefused(over.message(tenant), int(over.resets_at - now) + 1)
     if count > limits.runs_in_flight:
