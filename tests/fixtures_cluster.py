@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from tests.fixtures_services import free_port
+from tests.waiting import WaitTimeout, wait_for
 from worker.config import Settings
 from worker.core.models import Run
 from worker.core.views import run_json
@@ -49,22 +50,26 @@ class Cluster:
         self.procs.append(proc)
         if {**self.env, **extra_env}.get("REACTQ_SANDBOX_BACKEND") == "docker":
             self.graceful.add(proc.pid)
-        self.wait_for_workers(queues)
-        return proc
-
-    def wait_for_workers(self, queues: str, timeout: float = 120) -> None:
-        """Workers heartbeat into Redis once Celery is consuming."""
         client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
         wanted = [keys.workers(f"reactq.{q.strip()}") for q in queues.split(",")]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(client.zcount(k, time.time() - 30, "+inf") for k in wanted):
-                return
-            for proc in self.procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"worker exited with {proc.returncode}; logs in {self.logdir}")
-            time.sleep(0.1)
-        raise TimeoutError(f"no worker for {queues} after {timeout}s; logs in {self.logdir}")
+
+        def heartbeats() -> list[int]:
+            """Workers heartbeat into Redis once Celery is consuming; while none does, a worker that exited
+            fails the wait at once."""
+            beats = [client.zcount(k, time.time() - 30, "+inf") for k in wanted]
+            if not all(beats):
+                for started in self.procs:
+                    if started.poll() is not None:
+                        raise RuntimeError(f"worker exited with {started.returncode}; logs in {self.logdir}")
+            return beats
+
+        wait_for(f"a worker consuming {queues} (logs in {self.logdir})", heartbeats, until=all)
+        client.close()
+        return proc
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        """What one of this cluster's workers has logged so far."""
+        return (self.logdir / f"worker-{self.procs.index(proc)}.log").read_text(errors="replace")
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         self.stopped.add(proc.pid)
@@ -93,20 +98,21 @@ class Cluster:
         reader = threading.Thread(target=lambda: errors.append(batch.stderr.read() if batch.stderr else ""),
                                   daemon=True)  # drained all along, so a full pipe never blocks the batch
         reader.start()
-        deadline = time.monotonic() + timeout
-        while batch.poll() is None:
+
+        def exit_code() -> int | None:
             for i, proc in enumerate(self.procs):
                 if proc.poll() is not None and proc.pid not in self.stopped:
-                    batch.kill()
-                    batch.wait(10)
-                    log = (self.logdir / f"worker-{i}.log").read_text(errors="replace")
                     raise RuntimeError(f"worker-{i} exited with {proc.returncode} while the batch ran; "
-                                       f"its log ends:\n{log[-3000:]}")
-            if time.monotonic() > deadline:
-                batch.kill()
-                batch.wait(10)
-                raise TimeoutError(f"the batch did not finish within {timeout}s; logs in {self.logdir}")
-            time.sleep(0.2)
+                                       f"its log ends:\n{self.log(proc)[-3000:]}")
+            return batch.poll()
+
+        try:
+            wait_for(f"the batch to finish (logs in {self.logdir})", exit_code, timeout, 0.2,
+                     until=lambda code: code is not None)
+        except (RuntimeError, WaitTimeout):
+            batch.kill()
+            batch.wait(10)
+            raise
         reader.join(10)
         return "".join(errors)
 
@@ -114,11 +120,8 @@ class Cluster:
     def wait_for_results(out: Path, count: int, timeout: float = 120) -> None:
         """Until `count` result lines are in `out`; raises naming the file and what it held."""
 
-        def lines() -> int:
-            return len(out.read_text().splitlines()) if out.exists() else 0
-
-        wait_until(lambda: lines() >= count, f"{count} result lines in {out}", timeout,
-                   lambda: f"it has {lines()}")
+        wait_for(f"{count} result lines in {out}", lambda: len(out.read_text().splitlines()) if out.exists() else 0,
+                 timeout, until=lambda lines: lines >= count)
 
     def settings(self) -> Settings:
         """The settings this cluster's processes read from their environment, for in-process use."""
@@ -150,13 +153,7 @@ class Cluster:
         """Poll the run's record until `wanted(status)` holds, then return what `reactq status --json` prints
         (built in-process by the same function; a CLI process costs about half a CPU second, and the CLI's
         own output is checked where it is under test); raises naming `what` on timeout."""
-        last: list[str | None] = [None]
-
-        def reached() -> bool:
-            last[0] = self.run_status(run_id)
-            return wanted(last[0])
-
-        wait_until(reached, f"run {run_id} {what}", timeout, lambda: f"last status {last[0]}")
+        wait_for(f"run {run_id} {what}", lambda: self.run_status(run_id), timeout, until=wanted)
         run = self.load_run(run_id)
         assert run is not None, f"run {run_id} vanished"
         return json.loads(json.dumps(run_json(run)))
@@ -215,12 +212,6 @@ def metrics_port() -> int:
     return free_port()
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float,
-               describe: Callable[[], str] = lambda: "", interval: float = 0.1) -> None:
-    """Poll `condition` until it holds; on timeout raise TimeoutError naming `what` never came."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            detail = describe()
-            raise TimeoutError(f"waited {timeout}s for {what}" + (f"; {detail}" if detail else ""))
-        time.sleep(interval)
+def wait_until(condition: Callable[[], bool], what: str, timeout: float, interval: float = 0.1) -> None:
+    """The older spelling of tests.waiting.wait_for, still imported by tests/test_tenancy.py."""
+    wait_for(what, condition, timeout, interval)

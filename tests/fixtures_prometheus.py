@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_services import free_port, wait_for_port
+from tests.waiting import wait_for
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -107,14 +107,8 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else None
 
     def wait_for(self, expr: str, predicate: Callable[[float | None], bool], timeout: float = 120) -> float | None:
-        deadline = time.monotonic() + timeout
-        last: float | None = None
-        while time.monotonic() < deadline:
-            last = self.value(expr)
-            if predicate(last):
-                return last
-            time.sleep(0.5)
-        raise TimeoutError(f"{expr} = {last} after {timeout}s; Prometheus log in {self.logfile}")
+        return wait_for(f"the value of {expr} the test wants (Prometheus log in {self.logfile})",
+                        lambda: self.value(expr), timeout, 0.5, until=predicate)
 
 
 class PromQLError(Exception):
@@ -143,11 +137,9 @@ def start_prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, list[str]]]
         server = Prometheus(f"http://127.0.0.1:{port}", proc, logfile)
         started.append(server)
         wait_for_port(port, timeout=30)
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{server.url}/-/ready", timeout=5).status_code != 200:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Prometheus not ready; log in {logfile}")
-            time.sleep(0.2)
+        wait_for(f"Prometheus to be ready (log in {logfile})",
+                 lambda: httpx.get(f"{server.url}/-/ready", timeout=5).status_code, 30, 0.2,
+                 until=lambda status: status == 200)
         return server
 
     yield start

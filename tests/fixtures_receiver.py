@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.fixtures_cluster import wait_until
+from tests.waiting import wait_for
 
 
 @dataclass
@@ -69,9 +69,9 @@ class Receiver:
             self.server.server_close()
 
     def wait_for(self, what: str, ok: Callable[[list[Received]], bool], timeout: float = 120) -> list[Received]:
-        wait_until(lambda: ok(self.calls), f"the receiver to get {what}", timeout,
-                   lambda: f"it got {[c.answered for c in self.calls]}")
-        return list(self.calls)
+        """The calls received so far, once `ok` of them holds; a timeout shows how each call was answered."""
+        return wait_for(f"the receiver to get {what}", lambda: list(self.calls), timeout, until=ok,
+                        show=lambda calls: [c.answered for c in calls])
 
 
 @pytest.fixture

@@ -113,3 +113,27 @@ def labelled_containers(client: object, *, mine: bool = False) -> list[dict]:
 
     label = f"{LABEL_OWNER}={owner_id()}" if mine else "reactq.sandbox=1"
     return client.api.containers(all=True, filters={"label": label})  # type: ignore[attr-defined]
+
+
+def worker_containers(client: object, pid: int, *, running: bool = False) -> list[dict]:
+    """The sandbox containers that the worker process `pid` started (owner label host/pid/start-time), or
+    (`running`) only those still running. The low-level listing: the SDK's containers.list() inspects each
+    container, and on the shared engine one can vanish in between (a 404)."""
+    from tools_sandbox.docker_backend import LABEL, LABEL_OWNER
+
+    filters = {"label": f"{LABEL}=1", **({"status": "running"} if running else {})}
+    listed = client.api.containers(all=True, filters=filters)  # type: ignore[attr-defined]
+    return [c for c in listed if (c.get("Labels") or {}).get(LABEL_OWNER, "").split("/")[1:2] == [str(pid)]]
+
+
+def executing_containers(client: object, pid: int) -> list[str]:
+    """The ids of the worker process `pid`'s containers that are running a program (a warm container
+    runs only tini and the waiting agent; anything more is a program)."""
+
+    def busy(container_id: str) -> bool:
+        try:
+            return len(client.api.top(container_id)["Processes"]) > 2  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - gone between the listing and the look
+            return False
+
+    return [c["Id"] for c in worker_containers(client, pid, running=True) if busy(c["Id"])]

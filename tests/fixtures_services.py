@@ -5,12 +5,13 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+
+from tests.waiting import wait_for
 
 
 def free_port() -> int:
@@ -19,14 +20,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_for_port(port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+    wait_for(f"something to listen on 127.0.0.1:{port}", lambda: listening(port), timeout, 0.05)
 
 
 class RedisServer:
@@ -56,15 +56,8 @@ class RedisServer:
         )
         wait_for_port(self.port)
         client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.BusyLoadingError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        wait_for(f"redis-server on port {self.port} to load its data and answer PING", client.ping, 60, 0.05,
+                 ignoring=(redis.exceptions.BusyLoadingError,))
         client.close()
 
     def stop(self) -> None:

@@ -11,9 +11,10 @@ import httpx
 import pytest
 import redis
 
-from tests.fixtures_cluster import Cluster, wait_until
+from tests.fixtures_cluster import Cluster
 from tests.fixtures_prometheus import scrape, total
 from tests.fixtures_services import free_port
+from tests.waiting import wait_for
 from worker.store import keys
 
 pytestmark = pytest.mark.integration
@@ -90,8 +91,9 @@ def test_rejected_over_the_api_becomes_an_observation_and_is_counted(
     assert observation["outcome"] == "refused" and "no arithmetic on Sundays" in observation["content"]
     [approval] = done["approvals"]
     assert approval["decision"] == "rejected" and approval["decided_by"] == "api:default"
-    wait_until(lambda: total(scrape(f"http://127.0.0.1:{port}/metrics"), "reactq_approvals_total",
-                             outcome="rejected") == 1, "reactq_approvals_total{outcome=rejected} == 1", 20)
+    wait_for("reactq_approvals_total{outcome=rejected} == 1",
+             lambda: total(scrape(f"http://127.0.0.1:{port}/metrics"), "reactq_approvals_total", outcome="rejected"),
+             20, until=lambda rejected: rejected == 1)
 
 
 def test_an_unanswered_call_expires_and_ends_the_run(cluster: Cluster) -> None:

@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import yaml
 
 from tests.fixtures_cluster import ROOT
 from tests.fixtures_services import free_port
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
@@ -60,20 +60,9 @@ class Stack:
         return self.compose("ps", "-q", service).split()
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` if it never does."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (httpx.HTTPError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise AssertionError(f"{what} never came within {timeout:.0f}s (last seen: {last!r})")
+def wait_until(what: str, check: Callable[[], Any], timeout: float, every: float = 1.0, **options: Any) -> Any:
+    """tests.waiting.wait_for, once a second, through the moments a service of the stack does not answer."""
+    return wait_for(what, check, timeout, every, ignoring=(httpx.HTTPError, OSError), **options)
 
 
 def _docker(*args: str) -> str:
@@ -186,19 +175,19 @@ def test_batch_survives_scale_out_and_a_killed_step_worker(stack: Stack) -> None
     assert len(run_ids) == BATCH_SIZE
     assert len(stack.containers("step-worker")) == 2  # deploy.replicas of the production file
 
-    wait_until("30 finished runs", lambda: _batch(stack, batch_id)["finished"] >= 30, 300)
+    wait_until("30 finished runs", lambda: _batch(stack, batch_id)["finished"], 300, until=lambda done: done >= 30)
     stack.compose("up", "-d", "--no-build", "--no-recreate", "--scale", "step-worker=4", "step-worker")
     workers = stack.containers("step-worker")
     assert len(workers) == 4
 
-    wait_until("90 finished runs", lambda: _batch(stack, batch_id)["finished"] >= 90, 300)
+    wait_until("90 finished runs", lambda: _batch(stack, batch_id)["finished"], 300, until=lambda done: done >= 90)
     victim = workers[-1]
     _docker("kill", "--signal", "KILL", victim)
     at_kill = _batch(stack, batch_id)
     assert at_kill["finished"] < BATCH_SIZE, "the batch finished before a step worker could be killed mid-way"
 
-    done = wait_until("all 200 runs finished", lambda: (b := _batch(stack, batch_id))["finished"] >= BATCH_SIZE
-                      and b, 420, every=2)
+    done = wait_until("all 200 runs finished", lambda: _batch(stack, batch_id), 420, every=2,
+                      until=lambda batch: batch["finished"] >= BATCH_SIZE)
     assert done["statuses"] == {"succeeded": BATCH_SIZE}, done["statuses"]
     wrong = []
     for q, run_id in zip(questions, run_ids, strict=True):

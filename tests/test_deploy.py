@@ -4,15 +4,12 @@ proven on a real redis-server running a real run (API, step worker, sandbox work
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 import yaml
@@ -20,6 +17,7 @@ import yaml
 from tests.fixtures_api import make_key, start_api
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_services import free_port, wait_for_port
+from tests.waiting import wait_for
 
 K8S = ROOT / "deploy" / "k8s"
 COMPOSE = ROOT / "docker-compose.yml"
@@ -162,7 +160,9 @@ def test_each_role_works_with_its_own_redis_user(cluster_env: dict[str, str], tm
             client = api.client(key)
             question = "What is the sum of the first 10 primes?"
             run_id = client.post("/v1/runs", json={"question": question}).json()["run_id"]
-            run = _wait(client, run_id)
+            run = wait_for(f"run {run_id} to finish",
+                           lambda: client.get(f"/v1/runs/{run_id}", params={"trace": True}).json(), 90, 0.3,
+                           until=lambda polled: polled["status"] not in ("queued", "running"))
             assert run["status"] == "succeeded" and run["answer"] == "129", run
             assert run["trace"][0]["tool_calls"][0]["name"] == "python"
         finally:
@@ -182,14 +182,3 @@ def test_each_role_works_with_its_own_redis_user(cluster_env: dict[str, str], tm
             redis.Redis(port=int(acl_redis["port"])).get("x")
     finally:
         c.stop()
-
-
-def _wait(client: httpx.Client, run_id: str, timeout: float = 90) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        run = client.get(f"/v1/runs/{run_id}", params={"trace": True}).json()
-        if run["status"] not in ("queued", "running"):
-            return run
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"run {run_id} still {run['status']} after {timeout}s: {json.dumps(run)[:500]}")
-        time.sleep(0.3)

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.fixtures_cluster import Cluster, wait_until
+from tests.fixtures_cluster import Cluster
 from tests.fixtures_stub import StubControl
 from tests.test_recovery import load_run
+from tests.waiting import wait_for
 from worker.config import Settings
 from worker.core.models import RunSpec
 from worker.names import PRIORITY_SEP
@@ -63,15 +62,6 @@ def test_recording_runs_counts_them_per_tenant_in_the_same_round_trip(redis_url:
     assert create(runs("other", "acme"), count_window_s=WINDOW_S) == {"other": 1, "acme": 3}
 
 
-def wait_until_value(probe: Callable[[], dict[bytes, int]], what: str, timeout: float) -> dict[bytes, int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := probe():
-            return value
-        time.sleep(0.05)
-    raise TimeoutError(f"waited {timeout}s for {what}")
-
-
 @pytest.mark.integration
 def test_interactive_and_small_tenants_runs_overtake_a_backlog(
     cluster: Cluster, stub_control: StubControl, tmp_path: Path, redis_url: str
@@ -87,7 +77,7 @@ def test_interactive_and_small_tenants_runs_overtake_a_backlog(
     small_out = tmp_path / "small-out.jsonl"
     small = cluster.start_batch(small_in, small_out)
     client = redis.Redis.from_url(redis_url)
-    wait_until(lambda: client.zcard(keys.ACTIVE_RUNS) >= 61, "61 runs submitted", 60)
+    wait_for("61 runs submitted", lambda: client.zcard(keys.ACTIVE_RUNS), 60, until=lambda runs: runs >= 61)
     asked = cluster.reactq("ask", "What is 2 to the power of 10?", "--json")
     interactive_id = json.loads(asked.stdout)["run_id"]
 
@@ -104,7 +94,7 @@ def test_interactive_and_small_tenants_runs_overtake_a_backlog(
         return found
 
     # A run's later steps keep its priority (they would all land in the base list otherwise).
-    wait_until_value(later_steps_by_list, "a later step queued with its run's priority", 120)
+    wait_for("a later step queued with its run's priority", later_steps_by_list, 120, 0.05)
     assert big.wait(300) == 0 and small.wait(300) == 0
     finished = {}
     for line in map(json.loads, out.read_text().splitlines()):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.fixtures_cluster import ROOT, Cluster, wait_until
+from tests.fixtures_cluster import ROOT, Cluster
+from tests.fixtures_sandbox import executing_containers, worker_containers
+from tests.waiting import wait_for
 from worker.names import STEPS_QUEUE
 from worker.store import keys
 
@@ -94,7 +95,8 @@ def test_worker_processes_flag_runs_and_stops_several_processes(cluster: Cluster
                              "--processes", "2"], env=cluster.env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
-    wait_until(lambda: client.zcard(keys.workers(STEPS_QUEUE)) >= 2, "two step worker processes", 60)
+    wait_for("two step worker processes", lambda: client.zcard(keys.workers(STEPS_QUEUE)), 60,
+             until=lambda workers: workers >= 2)
     assert client.zcard(keys.workers(STEPS_QUEUE)) == 2
     assert json.loads(cluster.reactq("ask", "What is 5 * 5?", "--wait", "--json").stdout)["answer"] == "25"
     proc.terminate()
@@ -114,23 +116,18 @@ def test_sandbox_worker_killed_mid_execution_leaves_no_container_and_the_run_res
     victim = cluster.start_worker(queues="sandbox", concurrency=2, **sandbox_env)
     run_id = cluster.reactq("ask", "Wait 4 seconds and then print resumed").stdout.strip()
     client = redis.Redis.from_url(redis_url)
-    wait_until(lambda: bool(client.keys(keys.sandbox_dispatch(run_id, 0, "*"))),
-               f"run {run_id} to dispatch its python call", 30)
-    time.sleep(1.5)  # the call is now executing in one of the victim's containers
-    cluster.kill(victim)
+    wait_for(f"run {run_id} to dispatch its python call",
+             lambda: client.keys(keys.sandbox_dispatch(run_id, 0, "*")), 30)
     engine = docker.from_env()
-
-    def victims_containers() -> list:
-        # the low-level listing: the SDK's containers.list() inspects each container it lists, and the engine
-        # is shared (other workers' and tests' containers come and go), so one could vanish in between (404)
-        return [c for c in engine.api.containers(all=True, filters={"label": "reactq.sandbox=1"})
-                if (c.get("Labels") or {}).get("reactq.sandbox.owner", "").split("/")[1:2] == [str(victim.pid)]]
-
-    assert victims_containers(), "the killed worker's containers should be there until someone reaps them"
+    wait_for(f"run {run_id}'s python call to be executing in one of the victim's containers",
+             lambda: executing_containers(engine, victim.pid), 30)
+    cluster.kill(victim)
+    assert worker_containers(engine, victim.pid), (
+        "the killed worker's containers should be there until someone reaps them")
     cluster.start_worker(queues="sandbox", concurrency=2, **sandbox_env)  # reaps orphans at start-up
     run = cluster.wait_for_run(run_id, timeout=90)
     assert run["status"] == "succeeded" and run["answer"] == "resumed", run
-    assert victims_containers() == []
+    assert worker_containers(engine, victim.pid) == []
 
 
 def test_a_reflection_answered_in_prose_is_a_thought_and_the_run_goes_on(cluster: Cluster) -> None:

@@ -20,9 +20,10 @@ import pytest
 import redis
 
 from api_stub import StubServer
-from tests.fixtures_cluster import Cluster, cluster_environment, wait_until
+from tests.fixtures_cluster import Cluster, cluster_environment
 from tests.fixtures_prometheus import Samples, scrape, series, total
 from tests.fixtures_services import RedisServer, free_port
+from tests.waiting import wait_for
 from tools_sandbox import keys as sandbox_keys
 from worker import logs, metrics
 
@@ -57,16 +58,9 @@ def run_batch(cluster: Cluster, tmp_path: Path, lines: list[dict]) -> list[dict]
 
 def wait_for_sample(url: str, name: str, value: float, timeout: float = 60, **labels: str) -> Samples:
     """Scrape until `name{labels}` sums to `value`; raise naming the series and its last value."""
-    samples: Samples = {}
-
-    def reached() -> bool:
-        nonlocal samples
-        samples = scrape(url)
-        return total(samples, name, **labels) == value
-
-    wait_until(reached, f"{name}{labels or ''} == {value} at {url}", timeout,
-               lambda: f"last value {total(samples, name, **labels)}", interval=0.2)
-    return samples
+    return wait_for(f"{name}{labels or ''} == {value} at {url}", lambda: scrape(url), timeout, 0.2,
+                    until=lambda samples: total(samples, name, **labels) == value,
+                    show=lambda samples: total(samples, name, **labels))
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from prometheus_client import REGISTRY
 
 from tests.fixtures_api import make_key
 from tests.fixtures_cluster import ROOT, Cluster
-from tests.fixtures_prometheus import PROMETHEUS_DIR, Prometheus, PromQLError, promtool_binary
+from tests.fixtures_prometheus import PROMETHEUS_DIR, PromQLError, promtool_binary
 from tests.fixtures_services import free_port
 from tests.test_metrics import BATCH, exhaust_quota, run_batch
+from tests.waiting import wait_for
 
 GRAFANA_DIR = ROOT / "deploy" / "grafana"
 DASHBOARDS = sorted((GRAFANA_DIR / "dashboards").glob("*.json"))
@@ -121,11 +122,6 @@ def test_queries_use_only_exported_metrics_and_the_provisioned_datasource() -> N
                 assert panel["datasource"] == {"type": "prometheus", "uid": uid}, (path.name, panel["title"])
 
 
-def wait_until_up(prom: Prometheus, jobs: list[str], timeout: float = 90) -> None:
-    for job in jobs:
-        prom.wait_for(f'up{{job="{job}"}}', lambda v: v == 1, timeout=timeout)
-
-
 @pytest.mark.integration
 def test_every_promql_expression_evaluates(cluster: Cluster, tmp_path: Path, redis_url: str, stub_server: Any,
                                            start_prometheus: Any, start_api: Any) -> None:
@@ -141,7 +137,8 @@ def test_every_promql_expression_evaluates(cluster: Cluster, tmp_path: Path, red
         "reactq-stub": [stub_server.url.removeprefix("http://")],
     }
     prom = start_prometheus(targets)
-    wait_until_up(prom, list(targets))
+    for job in targets:
+        prom.wait_for(f'up{{job="{job}"}}', lambda v: v == 1, timeout=90)
 
     # Workload: a batch with inline tools, a sandbox run, a failing calculator call and a quota
     # rejection, plus one run submitted through the HTTP API.
@@ -150,11 +147,10 @@ def test_every_promql_expression_evaluates(cluster: Cluster, tmp_path: Path, red
                          headers=auth)
     assert created.status_code == 201, created.text
     results = run_batch(cluster, tmp_path, BATCH)
-    deadline = time.monotonic() + 60
-    while httpx.get(f"{api_url}/v1/runs/{created.json()['run_id']}", timeout=10, headers=auth).json()["status"] in (
-            "queued", "running"):
-        assert time.monotonic() < deadline, "the API run did not finish"
-        time.sleep(0.2)
+    api_run = created.json()["run_id"]
+    wait_for(f"the API run {api_run} to finish",
+             lambda: httpx.get(f"{api_url}/v1/runs/{api_run}", timeout=10, headers=auth).json()["status"], 60, 0.2,
+             until=lambda status: status not in ("queued", "running"))
 
     finished = len(results) + 1
     prom.wait_for("sum(reactq_runs_total)", lambda v: v == finished)

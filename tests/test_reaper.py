@@ -10,7 +10,7 @@ import pytest
 import redis
 from celery import Celery
 
-from tests.fixtures_cluster import wait_until
+from tests.waiting import wait_for
 from worker import metrics
 from worker.config import Settings
 from worker.core.models import Run, RunSpec
@@ -82,7 +82,7 @@ def test_a_dead_workers_step_is_re_enqueued_once_its_lease_lapses(rt: Runtime, b
     # Two workers received their steps; one keeps renewing its lease, the other died (lease lapses).
     assert rt.store.lease_and_load(dead.id, 0, "dead-token", 200).acquired
     assert rt.store.lease_and_load(alive.id, 0, "alive-token", 60_000).acquired
-    wait_until(lambda: not rt.store.lease_held(dead.id), "the dead worker's lease to lapse", 10)
+    wait_for("the dead worker's lease to lapse", lambda: not rt.store.lease_held(dead.id), 10)
     before = count(ReaperAction.DEAD_WORKER)
     assert reap(rt, time.time() + LEASE_S) == {}  # a lease only just lapsed may be a slow renewal
     assert reap(rt, time.time() + 2 * LEASE_S + 1) == {dead.id: 0}  # well before STALE_S

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.fixtures_cluster import Cluster, wait_until
+from tests.fixtures_cluster import Cluster
 from tests.fixtures_stub import StubControl
 from tests.test_integration import SAMPLE, assert_all_answered, read_results
+from tests.waiting import wait_for
 from worker.core.models import Run, Step
 from worker.store import keys
 
@@ -181,8 +182,7 @@ def test_a_run_lost_from_redis_is_reported_and_resubmitted_on_rerun(
     batch = cluster.start_batch(infile, out)
     client = redis.Redis.from_url(redis_url)
     ids_pattern = keys.batch_ids("*")
-    wait_until(lambda: bool(client.keys(ids_pattern)), "the batch to record its ids", 30)
-    [ids_key] = client.keys(ids_pattern)
+    [ids_key] = wait_for("the batch to record its ids", lambda: client.keys(ids_pattern), 30)
     client.delete(keys.run(client.hget(ids_key, "q2").decode()))
     _, stderr = batch.communicate(timeout=120)
     assert batch.returncode == 1 and "1 run(s) vanished from Redis" in " ".join(stderr.split())

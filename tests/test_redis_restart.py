@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,8 +13,17 @@ from tests.fixtures_services import RedisServer
 from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
 from tests.test_recovery import inline_questions
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
+BROKER_LOST = "Connection to broker lost"  # what Celery's consumer logs when Redis goes away under it
+
+
+def wait_until_lost(cluster: Cluster, worker: subprocess.Popen[bytes]) -> None:
+    """Until the worker has found Redis gone (and started reconnecting), so that Redis comes back to a
+    worker that must recover, not between two of its reads."""
+    wait_for("the worker to lose its Redis connection", lambda: cluster.log(worker), 30,
+             until=lambda log: BROKER_LOST in log, show=lambda log: log.splitlines()[-1:])
 
 
 @pytest.fixture
@@ -30,13 +39,13 @@ def test_redis_restart_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_
                                  tmp_path: Path) -> None:
     cluster.env["REACTQ_REDIS_URL"] = own_redis.url
     stub_control.set_faults(latency_ms=300)
-    cluster.start_worker(queues="steps", concurrency=16)
+    worker = cluster.start_worker(queues="steps", concurrency=16)
     infile, expected = inline_questions(tmp_path, repeat=2)
     out = tmp_path / "out.jsonl"
     batch = cluster.start_batch(infile, out)
     cluster.wait_for_results(out, 3)
     own_redis.stop()  # SIGTERM: Redis writes its AOF and exits
-    time.sleep(2)
+    wait_until_lost(cluster, worker)
     own_redis.start()  # same port, same data directory
     stderr = cluster.finish_batch(batch)
     assert batch.returncode == 0, stderr[-3000:]
@@ -49,7 +58,7 @@ def test_redis_killed_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_c
     answered — in this invocation, or (if its record was lost) by re-running the same command."""
     cluster.env["REACTQ_REDIS_URL"] = own_redis.url
     stub_control.set_faults(latency_ms=300)
-    cluster.start_worker(queues="steps", concurrency=16)
+    worker = cluster.start_worker(queues="steps", concurrency=16)
     infile, expected = inline_questions(tmp_path, repeat=2)
     out = tmp_path / "out.jsonl"
     batch = cluster.start_batch(infile, out)
@@ -57,7 +66,7 @@ def test_redis_killed_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_c
     assert own_redis.proc is not None
     own_redis.proc.kill()
     own_redis.proc.wait(10)
-    time.sleep(1)
+    wait_until_lost(cluster, worker)
     own_redis.start()
     stderr = cluster.finish_batch(batch)
     assert batch.returncode in (0, 1), stderr[-3000:]

@@ -9,7 +9,8 @@ import httpx
 import pytest
 import redis
 
-from tests.fixtures_cluster import Cluster, wait_until
+from tests.fixtures_cluster import Cluster
+from tests.waiting import wait_for
 from worker.service.retention import parse_age
 
 
@@ -56,9 +57,8 @@ def test_delete_a_run_and_a_batch_removes_every_key(cluster: Cluster, api_client
     cluster.env["REACTQ_APPROVAL_TOOLS"] = '["calculator"]'  # the run stops half-way, its working keys all there
     cluster.start_worker(queues="steps,sandbox")
     run_id = cluster.reactq("ask", "What is 17 * 23 + 4 and what is the 30th Fibonacci number?").stdout.strip()
-    wait_until(lambda: any(":obs:" in k for k in run_keys(url, run_id)), f"run {run_id}'s python result", 60,
-               lambda: f"its keys: {run_keys(url, run_id)}")
-    stored = run_keys(url, run_id)
+    stored = wait_for(f"run {run_id}'s python result", lambda: run_keys(url, run_id), 60,
+                      until=lambda found: any(":obs:" in k for k in found))
     assert any(":reply:" in k for k in stored) and any(":sandbox:" in k for k in stored)
     assert api_client.get(f"/v1/runs/{run_id}").json()["status"] == "awaiting_approval"
     assert api_client.delete(f"/v1/runs/{run_id}").json() == {"deleted": run_id}
@@ -109,8 +109,8 @@ def test_a_finished_run_keeps_three_keys_and_its_events_still_replay_in_full(
     run = json.loads(cluster.reactq("ask", "What is 6 * 7 and what is the 30th Fibonacci number?", "--wait",
                                     "--json").stdout)
     wanted = {f"reactq:run:{run['run_id']}", f"reactq:run:{run['run_id']}:steps", f"reactq:run:{run['run_id']}:history"}
-    wait_until(lambda: set(run_keys(url, run["run_id"])) == wanted, "the finished run's keys trimmed to three", 30,
-               lambda: f"its keys: {run_keys(url, run['run_id'])}")
+    wait_for("the finished run's keys trimmed to three", lambda: set(run_keys(url, run["run_id"])), 30,
+             until=lambda found: found == wanted)
     with api_client.stream("GET", f"/v1/runs/{run['run_id']}/events") as response:
         lines = list(response.iter_lines())
     kinds = [line.split(": ", 1)[1] for line in lines if line.startswith("event: ")]

@@ -9,12 +9,13 @@ observation is the one protocol-violation sentence, the sandbox worker counts a
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.fixtures_cluster import Cluster, metrics_port
 from tests.fixtures_prometheus import scrape, total
+from tests.fixtures_sandbox import executing_containers
+from tests.waiting import wait_for
 from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT
 
 FORGED = """import os, struct
@@ -52,22 +53,6 @@ def test_a_forged_report_reaches_the_model_as_one_sentence(cluster: Cluster, san
     assert total(samples, "reactq_sandbox_cpu_seconds_total") > 0
 
     engine = docker.from_env()
-
-    def executing() -> list[str]:
-        # The worker's idle warm containers are running by design; the executed ones must be gone.
-        mine = engine.api.containers(filters={"label": "reactq.sandbox=1", "status": "running"})
-        return [c["Id"] for c in mine if c["Labels"].get("reactq.sandbox.owner", "").split("/")[1:2]
-                == [str(sandbox.pid)] and _busy(engine, c["Id"])]
-
-    deadline = time.monotonic() + 20
-    while executing() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert executing() == []
-
-
-def _busy(engine, cid: str) -> bool:
-    """A warm container runs only tini and the waiting agent; anything more is a program."""
-    try:
-        return len(engine.api.top(cid)["Processes"]) > 2
-    except Exception:  # noqa: BLE001 - gone between the listing and the look
-        return False
+    # The worker's idle warm containers are running by design; the executed ones must be gone.
+    wait_for("no container of the sandbox worker to be executing a program",
+             lambda: executing_containers(engine, sandbox.pid), 20, 0.2, until=lambda busy: busy == [])

@@ -12,13 +12,13 @@ import json
 import os
 import shutil
 import struct
-import time
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
 from tests.fixtures_sandbox import TEST_TIERS
+from tests.waiting import wait_for
 from tools_sandbox import ErrorKind, SandboxResult, SandboxService, SandboxSettings, load_tiers, render_result
 from tools_sandbox.protocol import FrameParser, parse_exit_record
 from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT
@@ -165,10 +165,9 @@ def _my_running_containers(engine) -> list[dict]:
 
 def _assert_none_running_within(engine, seconds: float) -> None:
     """The host killed the sandbox before returning; the engine's own bookkeeping may lag a moment."""
-    deadline = time.monotonic() + seconds
-    while (running := _my_running_containers(engine)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert running == [], f"still running {seconds}s after the call: {[c['Id'][:12] for c in running]}"
+    wait_for("none of this test's sandbox containers to be running after the call",
+             lambda: [c["Id"][:12] for c in _my_running_containers(engine)], seconds, 0.05,
+             until=lambda running: running == [])
 
 
 def _assert_discarded(result: SandboxResult) -> None:
@@ -240,10 +239,9 @@ def test_tampering_through_the_warm_pool(authority_tiers: Path, sandbox_image: s
             sandbox = svc.pool.acquire(svc.tiers["tiny"])
             result = svc.pool.backend.run(sandbox, TAMPERING[case])
             _assert_discarded(result)
-            deadline = time.monotonic() + svc.tiers["tiny"].wall_time_s + GRACE_S
-            while _running(docker_engine, sandbox.container_id) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not _running(docker_engine, sandbox.container_id), case
+            wait_for(f"the sandbox of {case} to stop",
+                     lambda cid=sandbox.container_id: not _running(docker_engine, cid),
+                     svc.tiers["tiny"].wall_time_s + GRACE_S, 0.05)
         # The pool still serves honest code afterwards.
         assert svc.execute("print(6*7)", tier="tiny", tenant="acme").stdout == "42\n"
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import resource
-import time
 
 import pytest
 
 from tests.fixtures_sandbox import labelled_containers
+from tests.waiting import wait_for
 from tools_sandbox import SandboxService
 
 pytestmark = [pytest.mark.docker]
@@ -174,14 +174,10 @@ def test_background_process_does_not_outlive_its_call(service, docker_engine) ->
         procs = eval(seen.stdout.splitlines()[0])  # noqa: S307 - our own probe's repr of a list
         assert len(procs) <= 3, procs  # init, the agent, the program
     # The container that ran the background process is destroyed shortly after the call.
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if not any("sleep 300" in " ".join(p) for c in labelled_containers(docker_engine)
-                   for p in _processes(docker_engine, c["Id"])):
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the background process outlived its call")
+    wait_for("the background process to go with its call's container",
+             lambda: [c["Id"][:12] for c in labelled_containers(docker_engine)
+                      if any("sleep 300" in " ".join(p) for p in _processes(docker_engine, c["Id"]))],
+             15, 0.2, until=lambda still_there: still_there == [])
 
 
 def _processes(client, container_id: str) -> list[list[str]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import uuid
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.fixtures_sandbox import TEST_TIERS
+from tests.waiting import wait_for
 from tools_sandbox import SandboxService, SandboxSettings
 from tools_sandbox.sweeper import UNKNOWN_TIER_CAP_S, ReapReason, SweepPolicy
 from tools_sandbox.tiers import parse_tiers
@@ -117,11 +117,14 @@ def test_leaked_containers_are_swept_and_counted(sandbox_image: str, docker_engi
             sandbox_image, sleeper, detach=True, network_disabled=True, user="65534:65534",
             labels={**labels, "reactq.sandbox.tier": "tiny", "reactq.sandbox.owner": dead_owner})
         ids = {leaked.id, never_started.id, orphan.id}
-        deadline = time.monotonic() + 60
         reaped: dict[str, ReapReason] = {}
-        while set(reaped) != ids and time.monotonic() < deadline:
+
+        def sweep() -> dict[str, ReapReason]:
             reaped.update((cid, reason) for cid, reason in svc.sweeper.run_once() if cid in ids)
-            time.sleep(0.5)
+            return reaped
+
+        wait_for("the three planted containers to be swept", sweep, 60, 0.5, until=lambda swept: set(swept) == ids,
+                 show=lambda swept: f"never swept: {ids - set(swept)}")
         assert reaped == {leaked.id: ReapReason.EXPIRED, never_started.id: ReapReason.LEFTOVER,
                           orphan.id: ReapReason.ORPHAN}, f"never swept: {ids - set(reaped)}"
         left = docker_engine.api.containers(all=True, filters={"label": f"test.mark={mark}"})

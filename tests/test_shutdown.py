@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures_cluster import Cluster, wait_until
+from tests.fixtures_cluster import Cluster
 from tests.fixtures_prometheus import scrape, total
 from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
 from tests.test_recovery import inline_questions, load_run
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ def test_sigterm_finishes_the_steps_in_flight_takes_no_new_ones_and_loses_nothin
     infile, expected = inline_questions(tmp_path)
     out = tmp_path / "out.jsonl"
     batch = cluster.start_batch(infile, out)
-    wait_until(lambda: stub_in_flight(stub_control) >= 6, "6 LLM calls in flight", 60)
+    wait_for("6 LLM calls in flight", lambda: stub_in_flight(stub_control), 60, until=lambda calls: calls >= 6)
     sigterm(stopping)
     stopping.wait(60)  # warm shutdown: the calls in flight finish (1.5 s), then the process ends
     assert stopping.returncode == 0
@@ -68,7 +69,7 @@ def test_steps_still_running_at_the_drain_timeout_go_back_to_the_queue(
     infile.write_text("".join(json.dumps({"id": f"d{i}", "question": q}) + "\n" for i, q in enumerate(questions)))
     out = tmp_path / "out.jsonl"
     batch = cluster.start_batch(infile, out)
-    wait_until(lambda: stub_in_flight(stub_control) >= 4, "4 LLM calls in flight", 60)
+    wait_for("4 LLM calls in flight", lambda: stub_in_flight(stub_control), 60, until=lambda calls: calls >= 4)
     sigterm(stopping)
     stopping.wait(30)
     assert stopping.returncode == 0

@@ -12,8 +12,9 @@ import httpx
 import pytest
 import redis
 
-from tests.fixtures_cluster import Cluster, wait_until
+from tests.fixtures_cluster import Cluster
 from tests.fixtures_receiver import Receiver
+from tests.waiting import wait_for
 from worker.errors import InvalidRequest
 from worker.runtime.webhooks import WebhookStore, backoff_s, validate_url, verify
 
@@ -53,15 +54,9 @@ def wait_delivery(cluster: Cluster, state: str, count: int = 1, timeout: float =
     """The tenant's deliveries once `count` of them are in `state`."""
     client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
     store = WebhookStore(client, keep_s=0)  # read only; polled in-process (a CLI call per poll costs a CPU second)
-    polled: list[dict] = []
-
-    def reached() -> bool:
-        nonlocal polled
-        polled = [d.public() for d in store.list("default", 20)]
-        return sum(d["state"] == state for d in polled) >= count
-
     try:
-        wait_until(reached, f"{count} delivery in state {state!r}", timeout, lambda: f"deliveries: {polled}")
+        wait_for(f"{count} delivery in state {state!r}", lambda: [d.public() for d in store.list("default", 20)],
+                 timeout, until=lambda polled: sum(d["state"] == state for d in polled) >= count)
     finally:
         client.close()
     shown = cluster.reactq("webhook", "deliveries", "--json")
