@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import redis
@@ -34,6 +36,26 @@ def inline_questions(tmp_path: Path, repeat: int = 1) -> tuple[Path, dict[str, s
     return path, expected
 
 
+class UnderWay(NamedTuple):
+    worker: subprocess.Popen[bytes]
+    batch: subprocess.Popen[str]
+    infile: Path
+    out: Path
+    expected: dict[str, str]
+
+
+def batch_under_way(cluster: Cluster, stub_control: StubControl, tmp_path: Path, latency_ms: int,
+                    concurrency: int) -> UnderWay:
+    """A step worker, and `reactq batch` of the inline questions (twice each) with 3 results written."""
+    stub_control.set_faults(latency_ms=latency_ms)
+    worker = cluster.start_worker(queues="steps", concurrency=concurrency)
+    infile, expected = inline_questions(tmp_path, repeat=2)
+    out = tmp_path / "out.jsonl"
+    batch = cluster.start_batch(infile, out)
+    cluster.wait_for_results(out, 3)
+    return UnderWay(worker, batch, infile, out, expected)
+
+
 def load_run(redis_url: str, run_id: str) -> tuple[Run, list[Step]]:
     client = redis.Redis.from_url(redis_url)
     run = Run.model_validate_json(client.get(keys.run(run_id)))
@@ -44,13 +66,7 @@ def load_run(redis_url: str, run_id: str) -> tuple[Run, list[Step]]:
 def test_worker_killed_mid_batch_every_run_finishes_and_no_reply_is_asked_twice(
     cluster: Cluster, stub_control: StubControl, tmp_path: Path, redis_url: str
 ) -> None:
-    stub_control.set_faults(latency_ms=400)
-    victim = cluster.start_worker(queues="steps", concurrency=8)
-    infile, expected = inline_questions(tmp_path, repeat=2)
-    out = tmp_path / "out.jsonl"
-    batch = cluster.start_batch(infile, out)
-    cluster.wait_for_results(out, 3)
-    assert out.exists(), "no run finished before the kill"
+    victim, batch, _, out, expected = batch_under_way(cluster, stub_control, tmp_path, 400, 8)
     cluster.kill(victim)  # SIGKILL: its reserved and in-flight steps are stranded
     cluster.start_worker(queues="steps", concurrency=16)
     assert batch.wait(180) == 0

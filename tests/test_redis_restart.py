@@ -12,7 +12,7 @@ from tests.fixtures_cluster import Cluster
 from tests.fixtures_services import RedisServer
 from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
-from tests.test_recovery import inline_questions
+from tests.test_recovery import batch_under_way
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -38,12 +38,7 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 def test_redis_restart_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_control: StubControl,
                                  tmp_path: Path) -> None:
     cluster.env["REACTQ_REDIS_URL"] = own_redis.url
-    stub_control.set_faults(latency_ms=300)
-    worker = cluster.start_worker(queues="steps", concurrency=16)
-    infile, expected = inline_questions(tmp_path, repeat=2)
-    out = tmp_path / "out.jsonl"
-    batch = cluster.start_batch(infile, out)
-    cluster.wait_for_results(out, 3)
+    worker, batch, _, out, expected = batch_under_way(cluster, stub_control, tmp_path, 300, 16)
     own_redis.stop()  # SIGTERM: Redis writes its AOF and exits
     wait_until_lost(cluster, worker)
     own_redis.start()  # same port, same data directory
@@ -57,12 +52,7 @@ def test_redis_killed_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_c
     """SIGKILL, not a clean shutdown: up to a second of AOF writes may be lost. Every run still ends up
     answered — in this invocation, or (if its record was lost) by re-running the same command."""
     cluster.env["REACTQ_REDIS_URL"] = own_redis.url
-    stub_control.set_faults(latency_ms=300)
-    worker = cluster.start_worker(queues="steps", concurrency=16)
-    infile, expected = inline_questions(tmp_path, repeat=2)
-    out = tmp_path / "out.jsonl"
-    batch = cluster.start_batch(infile, out)
-    cluster.wait_for_results(out, 3)
+    worker, batch, infile, out, expected = batch_under_way(cluster, stub_control, tmp_path, 300, 16)
     assert own_redis.proc is not None
     own_redis.proc.kill()
     own_redis.proc.wait(10)
