@@ -48,6 +48,8 @@ def main() -> int:
     from worker.service.submit import new_batch_id, submit
     from worker.store.connection import connect
     from worker.store.runs import RunStore
+    from worker.store.spend import SpendStore
+    from worker.store.tenant_records import TenantStore
     from worker.tenancy.budgets import TenantBudgets
     from worker.tenancy.tenants import Tenants
 
@@ -67,7 +69,7 @@ def main() -> int:
         bench.wait_ready(names, redis_url)
         settings = Settings(redis_url=redis_url, tenants=["a", "b"])
         store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
-        tenants, budgets = Tenants(store.r, settings), TenantBudgets(store.r)
+        tenants, budgets = Tenants(TenantStore(store.r), settings), TenantBudgets(SpendStore(store.r))
         client = Celery("bench_fairness_client", broker=redis_url)
         client.conf.broker_transport_options = {"priority_steps": list(range(10))}
         conn = client.connection_for_write()

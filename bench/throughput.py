@@ -304,6 +304,8 @@ class Bench:
             from worker.service.submit import new_batch_id, submit
             from worker.store.connection import connect
             from worker.store.runs import RunStore
+            from worker.store.spend import SpendStore
+            from worker.store.tenant_records import TenantStore
             from worker.tasks.broker import transport_for
             from worker.tasks.steps import sending_together
             from worker.tenancy.budgets import TenantBudgets
@@ -311,7 +313,7 @@ class Bench:
 
             settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
             store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
-            tenants = Tenants(store.r, settings, policy_memo_s=1.0)  # as `reactq batch` (Runtime.tenants)
+            tenants = Tenants(TenantStore(store.r), settings, policy_memo_s=1.0)  # as `reactq batch` (Runtime.tenants)
             client = Celery("bench_reactq_client", broker=redis_url)
             client.conf.broker_pool_limit = 8
             client.conf.broker_transport = transport_for(redis_url)  # sends as reactq's own app does
@@ -336,7 +338,7 @@ class Bench:
                     specs = [RunSpec(question=question()) for _ in range(need)]
                     with sending_together(client) as send:  # as `reactq batch` sends a part's first steps
                         submit(store, specs, settings, send, batch_id=batch_id, tenants=tenants,
-                               budgets=TenantBudgets(store.r))
+                               budgets=TenantBudgets(SpendStore(store.r)))
                     state["submitted"] += need
 
             top_up()

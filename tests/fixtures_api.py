@@ -17,6 +17,7 @@ import redis
 
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_services import free_port, wait_for_port
+from worker.store.tenant_records import TenantStore
 from worker.tenancy.tenants import Tenants
 
 SHIPPED_PLANS = (ROOT / "worker" / "tenancy" / "plans.toml").read_text()
@@ -45,7 +46,7 @@ def make_key(cluster: Cluster, tenant: str, plan: str | None = None, via_cli: bo
         return json.loads(created.stdout.strip().splitlines()[-1])["key"]
     client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
     try:
-        tenants = Tenants(client, cluster.settings())
+        tenants = Tenants(TenantStore(client), cluster.settings())
         if plan is not None:
             tenants.add(tenant, plan)
         return tenants.create_key(tenant).key

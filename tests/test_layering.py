@@ -134,6 +134,19 @@ def test_each_framework_is_imported_by_one_package(framework: str) -> None:
     assert importers <= {FRAMEWORKS[framework]}, f"{framework} is imported outside {FRAMEWORKS[framework]}: {importers}"
 
 
+# Redis is the store's: reactq's state is read and written only in worker/store. The one other client is
+# the Celery broker transport (worker/tasks/broker.py), which carries Celery's messages, not reactq state.
+REDIS_CLIENTS = {"worker.store", "worker.tasks.broker"}
+
+
+def test_only_the_store_and_the_broker_transport_use_redis() -> None:
+    for module in WORKER_MODULES:
+        if package_of(module) in REDIS_CLIENTS or module in REDIS_CLIENTS:
+            continue
+        names = {name.split(".")[0] for name in imported_modules(module_path(module)) if not name.startswith(".")}
+        assert "redis" not in names, f"{module} imports redis: its reads and writes belong in worker/store"
+
+
 def test_modules_are_classified_by_their_folder() -> None:
     assert rank_of("worker.runtime") < rank_of("worker.tasks")
     assert package_of("worker.runtime.runner") == "worker.runtime"

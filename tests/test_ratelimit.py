@@ -22,6 +22,7 @@ from worker.core.models import LLMReply, Usage
 from worker.errors import LLMThrottled
 from worker.llm.ratelimit import LimitedLLM, RateLimiter, estimate_tokens
 from worker.store import keys
+from worker.store.provider_limits import ProviderLimits
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def reserved_until(client: redis.Redis, model: str, budget: str) -> int:
 # slack: a loaded machine cannot fail them.
 
 def test_reservations_are_spaced_one_interval_apart_and_a_long_wait_reserves_nothing(client: redis.Redis) -> None:
-    limiter = RateLimiter(client, {"m": ModelSpec(rpm=30)}, burst_s=0, max_wait_s=11)  # 2 s apart
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=30)}, burst_s=0, max_wait_s=11)  # 2 s apart
     waits, tats = [], []
     for _ in range(6):
         waits.append(limiter.try_acquire("m", 10).wait_s)
@@ -58,7 +59,7 @@ def test_reservations_are_spaced_one_interval_apart_and_a_long_wait_reserves_not
 
 
 def test_burst_tolerance_lets_that_many_seconds_go_at_once(client: redis.Redis) -> None:
-    limiter = RateLimiter(client, {"m": ModelSpec(rpm=60)}, burst_s=3, max_wait_s=0)
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=60)}, burst_s=3, max_wait_s=0)
     immediate = 0
     try:
         while True:
@@ -71,7 +72,7 @@ def test_burst_tolerance_lets_that_many_seconds_go_at_once(client: redis.Redis) 
 
 
 def test_tokens_are_reserved_from_the_estimate_and_settled_from_the_usage(client: redis.Redis) -> None:
-    limiter = RateLimiter(client, {"m": ModelSpec(tpm=60_000)}, burst_s=0, max_wait_s=5)  # 1 ms per token
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(tpm=60_000)}, burst_s=0, max_wait_s=5)  # 1 ms/token
     limiter.try_acquire("m", 1000)
     first = reserved_until(client, "m", "tpm")
     second = limiter.try_acquire("m", 1000).wait_s
@@ -86,7 +87,7 @@ def test_tokens_are_reserved_from_the_estimate_and_settled_from_the_usage(client
 
 def test_a_provider_429_cools_the_model_down_for_every_worker(client: redis.Redis) -> None:
     spec = {"m": ModelSpec(rpm=6000)}
-    one, other = RateLimiter(client, spec), RateLimiter(client, spec)  # two workers
+    one, other = RateLimiter(ProviderLimits(client), spec), RateLimiter(ProviderLimits(client), spec)  # two workers
     one.cool_down("m", 30.0)
     with pytest.raises(LLMThrottled) as caught:
         other.try_acquire("m", 1)
@@ -96,7 +97,7 @@ def test_a_provider_429_cools_the_model_down_for_every_worker(client: redis.Redi
 
 
 def test_models_without_limits_never_touch_redis(client: redis.Redis) -> None:
-    limiter = RateLimiter(client, {"free": ModelSpec(fallbacks=["x"])})
+    limiter = RateLimiter(ProviderLimits(client), {"free": ModelSpec(fallbacks=["x"])})
 
     class Echo:
         def chat(self, messages: list, **options: object) -> LLMReply:
@@ -107,7 +108,7 @@ def test_models_without_limits_never_touch_redis(client: redis.Redis) -> None:
 
 
 def test_limited_llm_sleeps_its_reserved_wait_then_settles(client: redis.Redis) -> None:
-    limiter = RateLimiter(client, {"m": ModelSpec(rpm=6, tpm=600_000)}, burst_s=0, max_wait_s=15)
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=6, tpm=600_000)}, burst_s=0, max_wait_s=15)
     slept: list[float] = []
 
     class Echo:

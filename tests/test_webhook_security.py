@@ -28,13 +28,13 @@ from worker.runtime.webhooks import (
     DeliveryState,
     Event,
     SignatureProblem,
-    WebhookStore,
     attempt_delivery,
     pinned_url,
     resolve_target,
     sign,
     verify,
 )
+from worker.store.webhooks import WebhookStore
 
 SECRET = "s3cret"
 

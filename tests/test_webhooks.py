@@ -16,7 +16,8 @@ from tests.fixtures_cluster import Cluster
 from tests.fixtures_receiver import Receiver
 from tests.waiting import wait_for
 from worker.errors import InvalidRequest
-from worker.runtime.webhooks import WebhookStore, backoff_s, validate_url, verify
+from worker.runtime.webhooks import backoff_s, validate_url, verify
+from worker.store.webhooks import WebhookStore
 
 # --- pure --------------------------------------------------------------------------------------
 

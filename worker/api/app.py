@@ -16,12 +16,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import AdmissionRefused, InvalidRequest, TierNotAllowed, TooLarge
 from ..runtime.context import Runtime
 from ..runtime.metrics_server import initialise
+from ..store.connection import RedisError
 from . import routes_batches, routes_monitoring, routes_runs, routes_tenancy
 from .app_state import attach
 from .guards import BodyLimit

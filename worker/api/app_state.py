@@ -1,14 +1,14 @@
 """What a route reaches through its app (`create_app` puts it on `app.state`), as FastAPI dependencies:
-the process runtime (`runtime_of`) and the API's asyncio Redis client (`async_redis_of`)."""
+the process runtime (`runtime_of`) and the API's asyncio reads (`async_reads_of`)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
-from redis import asyncio as aioredis
 
 from ..runtime.context import Runtime
+from ..store.async_reads import AsyncReads, connect_async
 
 
 def attach(app: FastAPI, runtime: Runtime, no_auth_tenant: str | None) -> None:
@@ -16,7 +16,7 @@ def attach(app: FastAPI, runtime: Runtime, no_auth_tenant: str | None) -> None:
     that tenant."""
     app.state.runtime = runtime
     app.state.no_auth_tenant = no_auth_tenant
-    app.state.async_redis = None  # made on first use, on the serving event loop
+    app.state.async_reads = None  # made on first use, on the serving event loop
 
 
 async def runtime_of(request: Request) -> Runtime:
@@ -25,17 +25,14 @@ async def runtime_of(request: Request) -> Runtime:
     return runtime
 
 
-async def async_redis_of(request: Request) -> aioredis.Redis:
-    """The app's asyncio Redis client (auth checks, event streams, /healthz): its pool waits for a free
-    connection instead of raising when all are busy."""
+async def async_reads_of(request: Request) -> AsyncReads:
+    """The app's asyncio reads (auth checks, event streams, /healthz), on one client made on first use."""
     state = request.app.state
-    if state.async_redis is None:
+    if state.async_reads is None:
         s = state.runtime.settings
-        pool = aioredis.BlockingConnectionPool.from_url(s.redis_url, max_connections=s.redis_max_connections,
-                                                        timeout=30)
-        state.async_redis = aioredis.Redis(connection_pool=pool)
-    client: aioredis.Redis = state.async_redis
-    return client
+        state.async_reads = AsyncReads(connect_async(s.redis_url, s.redis_max_connections))
+    reads: AsyncReads = state.async_reads
+    return reads
 
 
 def no_auth_tenant_of(request: Request) -> str | None:
@@ -45,4 +42,4 @@ def no_auth_tenant_of(request: Request) -> str | None:
 
 
 RuntimeDep = Annotated[Runtime, Depends(runtime_of)]
-AsyncRedis = Annotated[aioredis.Redis, Depends(async_redis_of)]
+Reads = Annotated[AsyncReads, Depends(async_reads_of)]

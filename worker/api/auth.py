@@ -13,9 +13,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from ..store import keys
 from ..tenancy.tenants import KeyStatus, Policy, Tenants
-from .app_state import AsyncRedis, RuntimeDep, no_auth_tenant_of
+from .app_state import Reads, RuntimeDep, no_auth_tenant_of
 
 __all__ = ["CallerPolicy", "CallerTenant", "caller_policy", "caller_tenant"]
 
@@ -24,7 +23,7 @@ def _unauthorized(message: str) -> HTTPException:
     return HTTPException(401, message, headers={"WWW-Authenticate": "Bearer"})
 
 
-async def caller_tenant(request: Request, client: AsyncRedis) -> str:
+async def caller_tenant(request: Request, reads: Reads) -> str:
     """The tenant whose API key authorised this request (never a field of the body)."""
     cached = getattr(request.state, "tenant", None)
     if cached is not None:
@@ -40,8 +39,7 @@ async def caller_tenant(request: Request, client: AsyncRedis) -> str:
     key_id = Tenants.parse_key(key)
     if key_id is None:
         raise _unauthorized("unknown API key")
-    raw = await client.hgetall(keys.api_key(key_id))
-    record = {k.decode(): v.decode() for k, v in raw.items()}
+    record = await reads.api_key(key_id)
     status = Tenants.check(key, record)
     if status == KeyStatus.UNKNOWN:
         raise _unauthorized("unknown API key")
@@ -54,10 +52,9 @@ async def caller_tenant(request: Request, client: AsyncRedis) -> str:
 CallerTenant = Annotated[str, Depends(caller_tenant)]
 
 
-async def caller_policy(tenant: CallerTenant, client: AsyncRedis, rt: RuntimeDep) -> Policy:
+async def caller_policy(tenant: CallerTenant, reads: Reads, rt: RuntimeDep) -> Policy:
     """The caller's plan and budgets, read now (a plan change applies to the next request)."""
-    raw = await client.hgetall(keys.tenant(tenant))
-    policy = rt.tenants.policy_from(tenant, {k.decode(): v.decode() for k, v in raw.items()})
+    policy = rt.tenants.policy_from(tenant, await reads.tenant(tenant))
     if policy is None:  # a key whose tenant record is gone
         raise HTTPException(403, "this API key's tenant no longer exists")
     return policy

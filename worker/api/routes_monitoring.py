@@ -7,7 +7,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import metrics
-from .app_state import RuntimeDep, async_redis_of
+from .app_state import RuntimeDep, async_reads_of
 
 router = APIRouter()
 
@@ -15,7 +15,7 @@ router = APIRouter()
 @router.get("/healthz")
 async def healthz(request: Request) -> dict:
     try:
-        await (await async_redis_of(request)).ping()
+        await (await async_reads_of(request)).ping()
     except Exception:  # the URL and the driver's message may name hosts and credentials: say no more
         raise HTTPException(503, "Redis is unreachable") from None
     return {"status": "ok"}

@@ -20,11 +20,11 @@ from ..runtime.approvals import record_decision
 from ..service.replay import replay
 from ..service.retention import delete_run
 from ..service.submit import cancel, submit
-from ..store import keys
+from ..store.streams import StreamSlots
 from ..tasks.steps import send_step
 from ..tenancy.admission import StreamSlot
 from ..tenancy.tenants import Policy
-from .app_state import AsyncRedis, RuntimeDep
+from .app_state import Reads, RuntimeDep
 from .auth import CallerPolicy, CallerTenant, caller_tenant
 from .guards import check_id, owned_run
 
@@ -76,35 +76,32 @@ def cancel_run(run_id: str, tenant: CallerTenant, rt: RuntimeDep) -> dict:
 
 
 @router.get("/v1/runs/{run_id}/events")
-async def run_events(run_id: str, request: Request, policy: CallerPolicy, client: AsyncRedis) -> StreamingResponse:
+async def run_events(run_id: str, request: Request, policy: CallerPolicy, reads: Reads) -> StreamingResponse:
     """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`.
     A tenant may hold its plan's number of streams open at once (429 past that)."""
-    raw = await client.get(keys.run(check_id(run_id)))
+    raw = await reads.run(check_id(run_id))
     if raw is None or Run.model_validate_json(raw).spec.tenant != policy.tenant:
         raise HTTPException(404, f"no run {run_id!r}")
-    slot = StreamSlot(client, policy)
+    slot = StreamSlot(StreamSlots(reads.client), policy)
     await slot.open()
 
     async def stream() -> AsyncIterator[str]:
         last = request.headers.get("last-event-id", "0")
         try:
             while True:
-                compacted = await client.get(keys.events_compacted(run_id))
+                compacted = await reads.compacted_events(run_id)
                 if compacted is not None:  # the run has finished and its stream was compacted
                     for entry_id, kind, data in json.loads(compacted):
                         if _stream_id(entry_id) > _stream_id(last):
                             if kind == "step" and isinstance(data, int):
-                                data = ((await client.lindex(keys.steps(run_id), data)) or b"{}").decode()
+                                data = ((await reads.step(run_id, data)) or b"{}").decode()
                             yield f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
                     return
-                result = await client.xread({keys.events(run_id): last}, count=100, block=15_000)
-                for _stream, entries in result or []:
-                    for entry_id, fields in entries:
-                        last = entry_id.decode()
-                        kind, data = fields[b"type"].decode(), fields[b"data"].decode()
-                        yield f"id: {last}\nevent: {kind}\ndata: {data}\n\n"
-                        if kind == "finished":
-                            return
+                for entry_id, kind, data in await reads.events_after(run_id, last, count=100, block_ms=15_000):
+                    last = entry_id
+                    yield f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
+                    if kind == "finished":
+                        return
                 await slot.renew()
                 yield ": keep-alive\n\n"
         finally:

@@ -34,7 +34,7 @@ def list_runs(tenant: CallerTenant, rt: RuntimeDep, status: str | None = None, b
 @router.get("/v1/usage")
 def usage(policy: CallerPolicy, rt: RuntimeDep) -> dict[str, Any]:
     """The caller's spend against its budgets, today and this month (reservations in flight included)."""
-    return usage_report(rt.redis, policy)
+    return usage_report(rt.budgets, policy)
 
 
 @router.get("/v1/webhooks/deliveries")

@@ -17,9 +17,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
-import redis
 
-from ..errors import ServiceError
+from ..errors import ServiceError, StoreUnavailable
+from ..store.connection import ping_quickly
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -57,11 +57,9 @@ def _wait(check: Callable[[], bool], what: str, proc: subprocess.Popen[bytes], l
 
 def redis_reachable(url: str) -> bool:
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
-        client.ping()
-        client.close()
+        ping_quickly(url, timeout_s=1.0)
         return True
-    except redis.exceptions.RedisError:
+    except StoreUnavailable:
         return False
 
 

@@ -95,7 +95,7 @@ def tenant_usage(name: str, as_json: bool) -> None:
     policy = rt.tenants.policy(name)
     if policy is None:
         _fail(f"no tenant {name!r}")
-    report = usage_report(rt.redis, policy)
+    report = usage_report(rt.budgets, policy)
     if as_json:
         click.echo(json.dumps(report))
         return

@@ -31,12 +31,13 @@ def _tenant(name: str) -> str:
 def set_default(tenant: str, url: str | None, clear: bool) -> None:
     """Call URL when any of TENANT's runs (outside a batch) or batches finishes, unless it names its own."""
     from ..errors import InvalidRequest
+    from ..runtime.webhooks import set_default_url
 
     store = _runtime().webhooks
     if clear == (url is not None):
         raise click.UsageError("give a URL, or --clear")
     try:
-        store.set_default(_tenant(tenant), None if clear else url)
+        set_default_url(store, _tenant(tenant), None if clear else url)
     except InvalidRequest as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)

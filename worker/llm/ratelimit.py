@@ -1,11 +1,11 @@
 """Provider limits shared by every worker: per-model requests and tokens per minute, held in Redis.
 
-Each budget (rpm, tpm) of a model in REACTQ_MODELS is a GCRA cell in Redis: the theoretical arrival time
-(TAT) of the next unit, on Redis's own clock so that every worker host agrees. One Lua script checks the
-model's cool-down and both cells and, when the wait is short, *reserves* the slot: the caller sleeps
-until its reserved time and calls. Reservations are spaced one emission interval apart (60 s / limit),
-so calls are paced evenly across all workers instead of spending a minute's budget in a burst; the
-burst tolerance (`REACTQ_LLM_LIMIT_BURST_S`) bounds how many may go at once.
+Each budget (rpm, tpm) of a model in REACTQ_MODELS is a GCRA cell in Redis (`worker/store/provider_limits.py`
+runs them): the theoretical arrival time (TAT) of the next unit, on Redis's own clock so that every worker
+host agrees. One Lua script checks the model's cool-down and both cells and, when the wait is short,
+*reserves* the slot: the caller sleeps until its reserved time and calls. Reservations are spaced one
+emission interval apart (60 s / limit), so calls are paced evenly across all workers instead of spending a
+minute's budget in a burst; the burst tolerance (`REACTQ_LLM_LIMIT_BURST_S`) bounds how many may go at once.
 
 Giving the slot back: a wait longer than `REACTQ_LLM_LIMIT_MAX_WAIT_S` reserves nothing and raises
 `LLMThrottled` with the wait; the step task re-queues itself with that countdown, so the worker thread
@@ -25,26 +25,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from .. import metrics
 from ..config import ModelSpec
 from ..core.models import LLMReply
 from ..errors import LLMThrottled
-from ..store import keys
-from ..store.scripts import lua
+from ..store.provider_limits import ProviderLimits
 from .client import LLMClient
 
-__all__ = ["ACQUIRE", "Acquired", "LimitedLLM", "RateLimiter", "estimate_tokens"]
+__all__ = ["Acquired", "LimitedLLM", "RateLimiter", "estimate_tokens"]
 
 COMPLETION_RESERVE = 256  # tokens reserved for a reply when the call sets no max_tokens
 DEFAULT_COOLDOWN_S = 1.0
-
-ACQUIRE = lua(__file__, "acquire.lua")
-
-SETTLE = lua(__file__, "settle.lua")
-
-COOL_DOWN = lua(__file__, "cool_down.lua")
 
 
 @dataclass(frozen=True)
@@ -65,15 +56,12 @@ def estimate_tokens(messages: list[dict[str, Any]], options: dict[str, Any]) -> 
 class RateLimiter:
     """The shared limiter of every model in REACTQ_MODELS with an rpm or tpm (others are never checked)."""
 
-    def __init__(self, client: redis.Redis, models: dict[str, ModelSpec], *, burst_s: float = 0.5,
+    def __init__(self, cells: ProviderLimits, models: dict[str, ModelSpec], *, burst_s: float = 0.5,
                  max_wait_s: float = 2.0) -> None:
-        self.redis = client
+        self.cells = cells
         self.models = {name: spec for name, spec in models.items() if spec.rpm or spec.tpm}
         self.burst_us = int(burst_s * 1e6)
         self.max_wait_us = int(max_wait_s * 1e6)
-        self._acquire = client.register_script(ACQUIRE)
-        self._settle = client.register_script(SETTLE)
-        self._cool_down = client.register_script(COOL_DOWN)
 
     def limited(self, model: str) -> bool:
         return model in self.models
@@ -85,11 +73,7 @@ class RateLimiter:
             return Acquired(0.0, None)
         rpm_us = 60e6 / spec.rpm if spec.rpm else 0
         tpm_us = 60e6 / spec.tpm if spec.tpm else 0
-        status, wait_us = self._acquire(
-            keys=[keys.llm_limit(model, "rpm"), keys.llm_limit(model, "tpm"), keys.llm_cooldown(model)],
-            args=[f"{rpm_us:.3f}", f"{tpm_us:.3f}", tokens, self.burst_us, self.max_wait_us],
-        )
-        status = status.decode() if isinstance(status, bytes) else str(status)
+        status, wait_us = self.cells.acquire(model, rpm_us, tpm_us, tokens, self.burst_us, self.max_wait_us)
         wait_s = max(0.0, float(wait_us) / 1e6)
         if status != "ok":
             metrics.LLM_THROTTLED.labels(model, status).inc()
@@ -104,14 +88,14 @@ class RateLimiter:
         spec = self.models.get(model)
         if spec is None or not spec.tpm or used == reserved:
             return
-        self._settle(keys=[keys.llm_limit(model, "tpm")], args=[f"{60e6 / spec.tpm:.3f}", used - reserved])
+        self.cells.settle(model, 60e6 / spec.tpm, used - reserved)
 
     def cool_down(self, model: str, seconds: float | None) -> None:
         """A provider 429: nobody calls `model` for `seconds` (its Retry-After) or the default."""
         metrics.LLM_THROTTLED.labels(model, "provider_429").inc()
         if model in self.models:
             ms = max(1, int((seconds if seconds is not None else DEFAULT_COOLDOWN_S) * 1000))
-            self._cool_down(keys=[keys.llm_cooldown(model)], args=[ms])
+            self.cells.cool_down(model, ms)
 
 
 class LimitedLLM:

@@ -6,8 +6,6 @@ import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import redis
-
 from .. import metrics
 from ..config import Settings, get_settings
 from ..core.engine import Limits
@@ -15,14 +13,17 @@ from ..llm.client import LLMClient, OpenAIChat
 from ..llm.fallback import RoutedLLM
 from ..llm.ratelimit import LimitedLLM, RateLimiter
 from ..store.cluster import ClusterStore
-from ..store.connection import connect
+from ..store.connection import Client, connect
+from ..store.provider_limits import ProviderLimits
 from ..store.runs import RunStore
+from ..store.spend import SpendStore
+from ..store.tenant_records import TenantStore
+from ..store.webhooks import WebhookStore
 from ..tenancy.budgets import TenantBudgets
 from ..tenancy.plans import AllowedTools
 from ..tenancy.tenants import Tenants
 from ..tools import REGISTRY, ToolRegistry
 from .leases import LeaseKeeper
-from .webhooks import WebhookStore
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Runtime:
     llm_client: LLMClient | None = field(default=None, repr=False)  # a scripted model (tests, benchmarks)
 
     @cached_property
-    def redis(self) -> redis.Redis:
+    def redis(self) -> Client:
         return connect(self.settings.redis_url, self.settings.redis_max_connections)
 
     @cached_property
@@ -40,16 +41,16 @@ class Runtime:
 
     @cached_property
     def tenants(self) -> Tenants:
-        return Tenants(self.redis, self.settings, policy_memo_s=1.0)
+        return Tenants(TenantStore(self.redis), self.settings, policy_memo_s=1.0)
 
     def fresh_tenants(self) -> Tenants:
         """Tenants whose policies are read afresh on each call (an API submission sees a budget lowered a
         moment ago); `tenants` memoises them for a second, for the step path."""
-        return Tenants(self.redis, self.settings)
+        return Tenants(TenantStore(self.redis), self.settings)
 
     @cached_property
     def budgets(self) -> TenantBudgets:
-        return TenantBudgets(self.redis)
+        return TenantBudgets(SpendStore(self.redis))
 
     @cached_property
     def webhooks(self) -> WebhookStore:
@@ -66,7 +67,8 @@ class Runtime:
     @cached_property
     def limiter(self) -> RateLimiter:
         s = self.settings
-        return RateLimiter(self.redis, s.models, burst_s=s.llm_limit_burst_s, max_wait_s=s.llm_limit_max_wait_s)
+        return RateLimiter(ProviderLimits(self.redis), s.models, burst_s=s.llm_limit_burst_s,
+                           max_wait_s=s.llm_limit_max_wait_s)
 
     @cached_property
     def llm(self) -> LLMClient:

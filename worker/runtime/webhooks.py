@@ -31,25 +31,20 @@ import hashlib
 import hmac
 import ipaddress
 import json
-import secrets
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-import redis
-from pydantic import BaseModel, Field
 
+from ..core.deliveries import Attempt, AttemptError, Delivery, DeliveryState, Event
 from ..errors import InvalidRequest, SignatureInvalid, WebhookUnreachable
-from ..store import keys
-from ..store.cas import write_watched
+from ..store.webhooks import WebhookStore
 
 MAX_URL_CHARS = 2000
-MAX_ATTEMPTS_KEPT = 50
 SIGNATURE_HEADER = "X-Reactq-Signature"
 TIMESTAMP_HEADER = "X-Reactq-Timestamp"
 DELIVERY_HEADER = "X-Reactq-Delivery"
@@ -58,58 +53,11 @@ SIGNATURE_VERSION = "v1"
 DEFAULT_TOLERANCE_S = 300
 
 
-class Event(StrEnum):
-    RUN_FINISHED = "run.finished"
-    BATCH_FINISHED = "batch.finished"
-
-
-class DeliveryState(StrEnum):
-    PENDING = "pending"
-    DELIVERED = "delivered"
-    FAILED = "failed"  # given up: retry window over, or the destination refused by the SSRF guard
-
-
-class AttemptError(StrEnum):
-    """Why an attempt did not deliver (closed set: the delivery log never carries an exception's text)."""
-
-    REFUSED_ADDRESS = "refused_address"  # the host resolves to a non-public address (not retried)
-    UNRESOLVABLE = "unresolvable"  # the host name did not resolve
-    TIMEOUT = "timeout"
-    CONNECTION_FAILED = "connection_failed"  # refused, reset, TLS handshake or certificate failure
-    PROTOCOL_ERROR = "protocol_error"  # the receiver's answer was not valid HTTP
-    HTTP_STATUS = "http_status"  # the receiver answered with a status other than 2xx
-
-
 class SignatureProblem(StrEnum):
     MISSING = "missing"
     MALFORMED = "malformed"
     STALE = "stale"
     MISMATCH = "mismatch"
-
-
-class Attempt(BaseModel):
-    at: float
-    status_code: int | None = None  # the receiver's HTTP status, if it answered
-    error: str | None = None  # why it did not count, for people: "HTTP 500", "refused: ... non-public address"
-    kind: AttemptError | None = None  # the same, for programs
-    address: str | None = None  # the IP address connected to (or refused)
-    duration_ms: int = 0
-
-
-class Delivery(BaseModel):
-    id: str = Field(default_factory=lambda: "wh-" + uuid.uuid4().hex)
-    tenant: str
-    event: Event
-    subject_id: str  # the run or batch id
-    url: str
-    body: str  # the exact bytes signed and sent (as UTF-8 text)
-    state: DeliveryState = DeliveryState.PENDING
-    created_at: float = Field(default_factory=time.time)
-    attempts: list[Attempt] = Field(default_factory=list)
-
-    def public(self) -> dict[str, Any]:
-        """What `GET /v1/webhooks/deliveries` shows (not the body)."""
-        return self.model_dump(exclude={"body"})
 
 
 def validate_url(url: str) -> str:
@@ -211,70 +159,9 @@ def backoff_s(attempt: int, base_s: float, max_s: float) -> float:
     return float(min(max_s, base_s * 2 ** (attempt - 1)))
 
 
-class WebhookStore:
-    """Tenants' default URL and secret, and the delivery records (Redis)."""
-
-    def __init__(self, client: redis.Redis, keep_s: int) -> None:
-        self.r = client
-        self.keep_s = keep_s
-
-    def set_default(self, tenant: str, url: str | None) -> None:
-        if url is None:
-            self.r.hdel(keys.tenant_webhook(tenant), "url")
-        else:
-            self.r.hset(keys.tenant_webhook(tenant), "url", validate_url(url))
-
-    def default_url(self, tenant: str) -> str | None:
-        raw = self.r.hget(keys.tenant_webhook(tenant), "url")
-        return raw.decode() if raw else None
-
-    def secret(self, tenant: str, rotate: bool = False) -> str:
-        """The tenant's signing secret, created on first use."""
-        key = keys.tenant_webhook(tenant)
-        if rotate:
-            self.r.hset(key, "secret", secrets.token_hex(32))
-        else:
-            self.r.hsetnx(key, "secret", secrets.token_hex(32))
-        raw = self.r.hget(key, "secret")
-        assert raw is not None
-        return raw.decode()
-
-    def create(self, delivery: Delivery) -> Delivery:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(keys.webhook_delivery(delivery.id), delivery.model_dump_json(), ex=self.keep_s)
-        pipe.zadd(keys.tenant_deliveries(delivery.tenant), {delivery.id: delivery.created_at})
-        pipe.zremrangebyscore(keys.tenant_deliveries(delivery.tenant), "-inf", time.time() - self.keep_s)
-        pipe.execute()
-        return delivery
-
-    def load(self, delivery_id: str) -> Delivery | None:
-        raw = self.r.get(keys.webhook_delivery(delivery_id))
-        return Delivery.model_validate_json(raw) if raw else None
-
-    def record(self, delivery_id: str, number: int, attempt: Attempt, state: DeliveryState) -> Delivery | None:
-        """Add attempt `number` (from 1) once: a duplicate of an attempt already recorded changes nothing."""
-        key = keys.webhook_delivery(delivery_id)
-
-        def decide(raw: bytes) -> tuple[Delivery, Callable[[Any], None]] | None:
-            delivery = Delivery.model_validate_json(raw)
-            if delivery.state != DeliveryState.PENDING or len(delivery.attempts) != number - 1:
-                return None
-            delivery.attempts = (delivery.attempts + [attempt])[-MAX_ATTEMPTS_KEPT:]
-            delivery.state = state
-
-            def write(pipe: Any) -> None:
-                pipe.set(key, delivery.model_dump_json(), keepttl=True)
-
-            return delivery, write
-
-        return write_watched(self.r, key, decide)
-
-    def list(self, tenant: str, limit: int = 100, before: float | None = None) -> list[Delivery]:
-        """The tenant's deliveries, newest first."""
-        ids = self.r.zrevrangebyscore(keys.tenant_deliveries(tenant), f"({before}" if before else "+inf", "-inf",
-                                      start=0, num=limit)
-        raws = self.r.mget([keys.webhook_delivery(i.decode()) for i in ids]) if ids else []
-        return [Delivery.model_validate_json(raw) for raw in raws if raw]
+def set_default_url(store: WebhookStore, tenant: str, url: str | None) -> None:
+    """Set the tenant's default URL (validated first: InvalidRequest) or, with None, clear it."""
+    store.set_default(tenant, None if url is None else validate_url(url))
 
 
 def queue_delivery(store: WebhookStore, tenant: str, event: Event, subject_id: str, url: str,
@@ -310,7 +197,7 @@ def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, client:
                      retry_for_s: float, resolve: Resolver = socket.getaddrinfo) -> float | None:
     """Make attempt `number`; returns the countdown to the next attempt, or None when there is none."""
     delivery = store.load(delivery_id)
-    if delivery is None or delivery.state != DeliveryState.PENDING or len(delivery.attempts) != number - 1:
+    if delivery is None or not delivery.awaits(number):
         return None  # expired, done, or a duplicate message of an attempt already made
     started = time.time()
     parts = urlsplit(delivery.url)

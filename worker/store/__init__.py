@@ -1,2 +1,5 @@
-"""Every Redis read and write of run state: keys, the connection, the compare-and-set scripts, run
-records, batches, cluster scans and the run index. No Celery, no HTTP, no threads."""
+"""Every Redis read and write of reactq's state: keys, the connection, the compare-and-set scripts (`.lua`
+beside their loaders), run records, new runs and admission windows, batches, events, the reaper's scans,
+the run index, the purge's scans, tenant and key records, tenant spend, event-stream slots, the provider
+limiter's cells, webhook deliveries, and the API's asyncio reads. No Celery, no HTTP, no threads; it
+imports nothing above itself, so it takes and gives plain values."""

@@ -8,6 +8,9 @@ from redis.retry import Retry
 
 from ..errors import StoreUnavailable
 
+RedisError = redis.exceptions.RedisError  # what any store call raises when Redis fails (the API maps it to 503)
+Client = redis.Redis  # the synchronous client the store classes are built on
+
 
 def connect(url: str, max_connections: int = 64) -> redis.Redis:
     """A client whose pool holds `max_connections` (blocking, not raising, when all are busy) and which
@@ -47,3 +50,8 @@ def ping_quickly(url: str, timeout_s: float = QUICK_TIMEOUT_S) -> None:
         raise StoreUnavailable(url, exc) from None
     finally:
         client.close()
+
+
+def text_fields(raw: dict[bytes, bytes]) -> dict[str, str]:
+    """A hash as Redis returns it (bytes), as text."""
+    return {k.decode(): v.decode() for k, v in raw.items()}

@@ -93,7 +93,7 @@ def batch_file(digest: str) -> str:
     return f"{PREFIX}:batchfile:{digest}"
 
 
-# --- tenants, keys, budgets, admission (worker/tenancy/: tenants, budgets, admission) ----
+# --- tenants, keys, budgets, admission (store: tenant_records, spend, submissions, streams) ----
 TENANTS = f"{PREFIX}:tenants"  # set of tenant names added with `reactq tenant add`
 API_KEYS = f"{PREFIX}:apikeys"  # set of every API key id (revoked ones included)
 

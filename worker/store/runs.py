@@ -465,11 +465,6 @@ class RunStore:
                 pipe.hincrby(keys.batch(batch_id), keys.BATCH_STATUS_FIELD + ended.status.value, 1)
         pipe.execute()
 
-
-    def tenant_usage(self, tenant: str) -> dict[str, float]:
-        return {k.decode(): float(v) for k, v in self.r.hgetall(keys.tenant_usage(tenant)).items()}
-
-
     def run_commands(self, commands: list[Command]) -> None:
         """Run these writes in one round trip (no transaction)."""
         run_commands(self.r, commands)

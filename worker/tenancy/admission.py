@@ -10,11 +10,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from redis import asyncio as aioredis
-
 from ..errors import AdmissionRefused, QuotaExceeded, TooLarge
-from ..store import keys
-from ..store.scripts import lua
+from ..store.streams import StreamSlots
 from ..store.submissions import Quota
 from .budgets import TenantBudgets
 from .tenants import Policy
@@ -53,27 +50,24 @@ def refusal(exceeded: QuotaExceeded, policy: Policy, now: float | None = None) -
 
 
 # --- event streams -------------------------------------------------------------------------------
-_OPEN_STREAM = lua(__file__, "open_stream.lua")
-
-
 class StreamSlot:
-    """One open event stream of a tenant, counted in Redis across every API process."""
+    """One open event stream of a tenant, counted across every API process (worker/store/streams.py)."""
 
-    def __init__(self, client: aioredis.Redis, policy: Policy) -> None:
-        self.client = client
-        self.key = keys.tenant_streams(policy.tenant)
+    def __init__(self, slots: StreamSlots, policy: Policy) -> None:
+        self.slots = slots
+        self.tenant = policy.tenant
         self.policy = policy
         self.id = uuid.uuid4().hex
 
     async def open(self) -> None:
         now = time.time()
         limit = self.policy.plan.limits.sse_streams
-        if not await self.client.eval(_OPEN_STREAM, 1, self.key, now, now + STREAM_LEASE_S, limit, self.id):
+        if not await self.slots.open(self.tenant, self.id, now, now + STREAM_LEASE_S, limit):
             raise AdmissionRefused(f"tenant {self.policy.tenant!r} has {limit} event streams open, the limit of "
                                    f"plan {self.policy.plan.name!r}; close one first", 5)
 
     async def renew(self) -> None:
-        await self.client.zadd(self.key, {self.id: time.time() + STREAM_LEASE_S}, xx=True)
+        await self.slots.renew(self.tenant, self.id, time.time() + STREAM_LEASE_S)
 
     async def close(self) -> None:
-        await self.client.zrem(self.key, self.id)
+        await self.slots.close(self.tenant, self.id)

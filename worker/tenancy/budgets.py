@@ -21,16 +21,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
-
 from ..config import ModelSpec, Settings
 from ..core.models import Run, Usage
 from ..core.pricing import cost_usd
 from ..errors import BudgetExceeded
 from ..llm.fallback import model_chain
-from ..store import keys
-from ..store.cas import Command, run_commands
-from ..store.scripts import lua
+from ..store.cas import Command
+from ..store.spend import SpendStore
 from .ledger import DAY_TTL_S, MONTH_TTL_S, Spend, next_day, next_month, periods, spend_commands
 from .plans import Budgets
 from .tenants import Policy, Tenants
@@ -81,8 +78,7 @@ def call_max_tokens(run: Run, prompt_estimate: int, default_max: int, global_max
     return allowed
 
 
-# --- the tenant's budgets (Redis) ----------------------------------------------------------------
-_RESERVE = lua(__file__, "reserve_budget.lua")
+# --- the tenant's budgets (their spend is worker/store/spend.py's) --------------------------------
 @dataclass(frozen=True)
 class Over:
     """A tenant budget that is spent: which, and when it resets."""
@@ -111,20 +107,13 @@ def _limited(budgets: Budgets) -> bool:
 
 
 class TenantBudgets:
-    def __init__(self, client: redis.Redis) -> None:
-        self.r = client
-        self._reserve = client.register_script(_RESERVE)
+    def __init__(self, spend: SpendStore) -> None:
+        self.store = spend
 
     def spend(self, tenant: str, now: float | None = None) -> tuple[Spend, Spend]:
         """(today's, this month's) spend, reservations in flight included."""
-        day, month = periods(now or time.time())
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hgetall(keys.tenant_spend(tenant, day))
-        pipe.hgetall(keys.tenant_spend(tenant, month))
-        out = []
-        for raw in pipe.execute():
-            out.append(Spend(int(float(raw.get(b"tokens", 0))), float(raw.get(b"usd", 0))))
-        return out[0], out[1]
+        day, month = self.store.spend(tenant, periods(now or time.time()))
+        return Spend(*day), Spend(*month)
 
     def over(self, tenant: str, budgets: Budgets, now: float | None = None) -> Over | None:
         """The first spent budget (429 on submit), or None. A token budget with less left than the
@@ -147,15 +136,12 @@ class TenantBudgets:
         reserved: nothing for a tenant without budgets (its spend is still counted when settled)."""
         if not _limited(budgets):
             return Spend(0, 0.0)
-        day, month = periods(now)
-        result = self._reserve(
-            keys=[keys.tenant_spend(tenant, day), keys.tenant_spend(tenant, month)],
-            args=[tokens, repr(usd), budgets.tokens_per_day, repr(budgets.usd_per_day), budgets.tokens_per_month,
-                  repr(budgets.usd_per_month), DAY_TTL_S, MONTH_TTL_S],
-        )
-        if result[0] != b"ok":
-            name = result[0].decode()
-            over = Over(name, float(result[1]), float(result[2]), _resets_at(name, now))
+        refused = self.store.reserve(tenant, periods(now), (DAY_TTL_S, MONTH_TTL_S), tokens, usd,
+                                     (budgets.tokens_per_day, budgets.usd_per_day, budgets.tokens_per_month,
+                                      budgets.usd_per_month))
+        if refused is not None:
+            name, used, limit = refused
+            over = Over(name, used, limit, _resets_at(name, now))
             needed = f"${usd:.6f}" if name.startswith("usd") else f"{tokens} tokens"
             raise BudgetExceeded(f"{over.message(tenant)}; the next call needs up to {needed}",
                                  int(over.resets_at - now) + 1)
@@ -164,8 +150,8 @@ class TenantBudgets:
     def settle(self, tenant: str, reserved: Spend, actual: Spend, reserved_at: float) -> None:
         """Replace a reservation by what the call cost, in the periods it was reserved in (a call
         straddling midnight is charged to the day it started)."""
-        run_commands(self.r, spend_commands(tenant, Spend(actual.tokens - reserved.tokens,
-                                                          actual.usd - reserved.usd), reserved_at))
+        self.store.run(spend_commands(tenant, Spend(actual.tokens - reserved.tokens, actual.usd - reserved.usd),
+                                      reserved_at))
 
 
 class Reservation:
@@ -221,12 +207,12 @@ def reserve_call(s: Settings, tenants: Tenants, budgets: TenantBudgets, run: Run
             call.settle(Usage(), 0.0)
 
 
-def usage_report(client: redis.Redis, policy: Policy, now: float | None = None) -> dict[str, Any]:
+def usage_report(budgets: TenantBudgets, policy: Policy, now: float | None = None) -> dict[str, Any]:
     """A tenant's spend against its budgets (`reactq tenant usage`, `GET /v1/usage`)."""
     now = now or time.time()
     b = policy.budgets
-    day, month = TenantBudgets(client).spend(policy.tenant, now)
-    total = {k.decode(): float(v) for k, v in client.hgetall(keys.tenant_usage(policy.tenant)).items()}
+    day, month = budgets.spend(policy.tenant, now)
+    total = budgets.store.usage(policy.tenant)
 
     def period(spend: Spend, tokens: int, usd: float, resets: float) -> dict[str, Any]:
         return {"tokens": spend.tokens, "usd": round(spend.usd, 6), "tokens_budget": tokens or None,
@@ -241,6 +227,6 @@ def usage_report(client: redis.Redis, policy: Policy, now: float | None = None) 
         "total": {"prompt_tokens": int(total.get("prompt_tokens", 0)),
                   "completion_tokens": int(total.get("completion_tokens", 0)),
                   "cost_usd": round(total.get("cost_usd", 0.0), 6)},
-        "runs_in_flight": int(client.scard(keys.tenant_inflight(policy.tenant))),
+        "runs_in_flight": budgets.store.in_flight(policy.tenant),
         "limits": limits.model_dump(),
     }

@@ -1,4 +1,5 @@
-"""Tenants and their API keys in Redis, and the policy (plan + overrides) a tenant's work runs under.
+"""Tenants and their API keys (stored by worker/store/tenant_records.py), and the policy (plan +
+overrides) a tenant's work runs under.
 
 Keys are `rq_<key id>_<secret>` with a 256-bit secret. Only the SHA-256 of the whole key is stored,
 and it is compared in constant time. A slow password hash (bcrypt, argon2) protects secrets people
@@ -17,11 +18,9 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 
-import redis
-
 from ..config import Settings
 from ..errors import InvalidRequest
-from ..store import keys
+from ..store.tenant_records import TenantStore
 from .plans import BUDGET_FIELDS, Budgets, Plan, load_plans
 
 TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
@@ -64,8 +63,8 @@ class Tenants:
     """Tenant records and API keys. Tenants named in REACTQ_TENANTS exist without a record and get
     `settings.tenants_plan`."""
 
-    def __init__(self, client: redis.Redis, settings: Settings, policy_memo_s: float = 0.0) -> None:
-        self.r = client
+    def __init__(self, records: TenantStore, settings: Settings, policy_memo_s: float = 0.0) -> None:
+        self.records = records
         self.settings = settings
         # A worker asks for a run's policy several times per step; a plan or budget change still
         # applies within this many seconds. Keys are never memoised.
@@ -87,38 +86,35 @@ class Tenants:
             raise InvalidRequest(f"invalid tenant name {name!r}: use lowercase letters, digits, '-' and '_' "
                                  "(at most 63, starting with a letter or digit)")
         self._plan(plan)
-        if not self.r.hsetnx(keys.tenant(name), "plan", plan):
+        if not self.records.add(name, plan, time.time()):
             raise InvalidRequest(f"tenant {name!r} exists already (change it with `reactq tenant set`)")
-        self.r.hset(keys.tenant(name), "created_at", str(time.time()))
-        self.r.sadd(keys.TENANTS, name)
 
     def set(self, name: str, plan: str | None = None, overrides: dict[str, float | None] | None = None) -> None:
         """Change the plan and/or budget overrides (a None value drops an override: the plan's applies)."""
-        if not self.r.exists(keys.tenant(name)):
+        if not self.records.exists(name):
             raise InvalidRequest(f"no tenant {name!r} (add it with `reactq tenant add`)")
         if plan is not None:
             self._plan(plan)
-            self.r.hset(keys.tenant(name), "plan", plan)
+            self.records.set_field(name, "plan", plan)
         for field, value in (overrides or {}).items():
             if field not in BUDGET_FIELDS:
                 raise InvalidRequest(f"unknown budget {field!r}; budgets: {', '.join(BUDGET_FIELDS)}")
             if value is None:
-                self.r.hdel(keys.tenant(name), field)
+                self.records.drop_field(name, field)
             elif value < 0:
                 raise InvalidRequest(f"{field} must be 0 (no limit) or more, got {value}")
             else:
-                self.r.hset(keys.tenant(name), field, str(value))
+                self.records.set_field(name, field, str(value))
 
     def names(self) -> list[str]:
-        stored = {n.decode() for n in self.r.smembers(keys.TENANTS)}
-        return sorted(stored | set(self.settings.tenants))
+        return sorted(self.records.names() | set(self.settings.tenants))
 
     def exists(self, name: str) -> bool:
-        return name in self.settings.tenants or bool(self.r.exists(keys.tenant(name)))
+        return name in self.settings.tenants or self.records.exists(name)
 
     def registered_count(self) -> int:
         """Tenants added with `reactq tenant add`, plus tenants with an API key."""
-        return int(self.r.scard(keys.TENANTS)) + int(self.r.scard(keys.API_KEYS))
+        return self.records.registered_count()
 
     def policy(self, name: str) -> Policy | None:
         """The tenant's plan and budgets, or None for a tenant that does not exist."""
@@ -126,8 +122,7 @@ class Tenants:
         memo = self._memo.get(name)
         if memo is not None and now - memo[0] < self.policy_memo_s:
             return memo[1]
-        raw = {k.decode(): v.decode() for k, v in self.r.hgetall(keys.tenant(name)).items()}
-        policy = self.policy_from(name, raw)
+        policy = self.policy_from(name, self.records.record(name))
         if self.policy_memo_s:
             self._memo[name] = (now, policy)
         return policy
@@ -144,7 +139,7 @@ class Tenants:
         return Policy(name, plan, budgets)
 
     def overrides(self, name: str) -> dict[str, str]:
-        raw = {k.decode(): v.decode() for k, v in self.r.hgetall(keys.tenant(name)).items()}
+        raw = self.records.record(name)
         return {f: raw[f] for f in BUDGET_FIELDS if f in raw}
 
     # --- API keys -----------------------------------------------------------------------------
@@ -153,29 +148,23 @@ class Tenants:
             raise InvalidRequest(f"no tenant {tenant!r} (add it with `reactq tenant add`)")
         key_id = secrets.token_hex(8)
         key = f"rq_{key_id}_{secrets.token_urlsafe(32)}"
-        pipe = self.r.pipeline()
-        pipe.hset(keys.api_key(key_id), mapping={"tenant": tenant, "sha256": _digest(key),
-                                                 "created_at": str(time.time())})
-        pipe.sadd(keys.tenant_keys(tenant), key_id)
-        pipe.sadd(keys.API_KEYS, key_id)
-        pipe.execute()
+        self.records.add_key(tenant, key_id, _digest(key), time.time())
         return NewKey(tenant, key_id, key)
 
     def list_keys(self, tenant: str) -> list[dict[str, str | None]]:
-        ids = sorted(i.decode() for i in self.r.smembers(keys.tenant_keys(tenant)))
         out = []
-        for key_id in ids:
-            raw = {k.decode(): v.decode() for k, v in self.r.hgetall(keys.api_key(key_id)).items()}
+        for key_id in sorted(self.records.key_ids(tenant)):
+            raw = self.records.key(key_id)
             out.append({"key_id": key_id, "created_at": raw.get("created_at"), "revoked_at": raw.get("revoked_at")})
         return out
 
     def revoke(self, key_id: str) -> str:
         """Revoke a key; returns its tenant."""
-        tenant = self.r.hget(keys.api_key(key_id), "tenant") if re.fullmatch(r"[0-9a-f]{16}", key_id) else None
+        tenant = self.records.key_tenant(key_id) if re.fullmatch(r"[0-9a-f]{16}", key_id) else None
         if tenant is None:
             raise InvalidRequest(f"no API key {key_id!r}")
-        self.r.hsetnx(keys.api_key(key_id), "revoked_at", str(time.time()))
-        return tenant.decode()
+        self.records.revoke_key(key_id, time.time())
+        return tenant
 
     @staticmethod
     def parse_key(key: str) -> str | None:
