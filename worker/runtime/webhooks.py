@@ -101,8 +101,9 @@ def resolve_target(host: str, port: int, allow_private: bool, resolve: Resolver 
         text = str(info[4][0]).split("%")[0]
         address = ipaddress.ip_address(text)
         if not allow_private and not _public(address):
-            raise WebhookUnreachable(AttemptError.REFUSED_ADDRESS, f"refused: {host} resolves to a non-public address "
-                              "(REACTQ_WEBHOOK_ALLOW_PRIVATE)", text)
+            raise WebhookUnreachable(AttemptError.REFUSED_ADDRESS,
+                                     f"refused: {host} resolves to a non-public address (REACTQ_WEBHOOK_ALLOW_PRIVATE)",
+                                     text)
         if text not in addresses:
             addresses.append(text)
     if not addresses:

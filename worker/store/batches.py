@@ -35,9 +35,6 @@ class BatchStore:
         """Forget a batch whose submission failed before any run of it was written."""
         self.r.delete(keys.batch(batch_id))
 
-    def run_ids(self, batch_id: str) -> list[str]:
-        return [i.decode() for i in self.r.lrange(keys.batch_runs(batch_id), 0, -1)]
-
     def iter_run_ids(self, batch_id: str, chunk: int = 500) -> Iterator[list[str]]:
         """The batch's run ids, `chunk` at a time (memory flat in the batch's size)."""
         start = 0

@@ -1,5 +1,6 @@
 """The cluster's own Redis state, beside the runs' (worker/store/runs.py): worker heartbeats, the reaper's
-lock, queue depths. The reaper and `reactq demo` reach Redis only through here."""
+lock, queue depths, and the reaper's scans of active runs and of the broker's queued and unacked step
+messages. The reaper and `reactq demo` reach Redis only through here."""
 
 from __future__ import annotations
 

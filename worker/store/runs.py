@@ -1,5 +1,6 @@
-"""The Redis state store: run records, step traces, stored LLM replies and tool results, events,
-batches and per-tenant usage. Every change to a run record goes through one fenced transaction."""
+"""Run records, step traces, stored LLM replies and tool results, and leases. Every change to a run
+record goes through one fenced transaction. A run's batch (`.batches`), the recording of new runs
+(`.submissions`) and the purge's scans (`.sweep`) are the store's too, each in its own module."""
 
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ T = TypeVar("T")
 
 _RENEW_LEASE = lua(__file__, "renew_lease.lua")
 _STEPS = TypeAdapter(list[Step])
-
 
 Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
 
@@ -127,7 +127,6 @@ class RunStore:
         self.sweep = Sweep(client)
 
     # --- run records -------------------------------------------------------------------------
-
     def load_run(self, run_id: str) -> Run | None:
         raw = self.r.get(keys.run(run_id))
         return Run.model_validate_json(raw) if raw else None
@@ -445,6 +444,7 @@ class RunStore:
         return hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:32]
 
 
+    # --- a run's batch, and one-off writes ------------------------------------------------------
     def move_to_batch(self, run_id: str, batch_id: str) -> None:
         """Make a run submitted by an earlier invocation part of `batch_id`: listed in it, and its end
         pushed to the batch's finished list (at once, if it has ended or its record is gone)."""
