@@ -1,20 +1,33 @@
-"""The in-sandbox agent: receives one program, runs it, streams its output back, exits.
+"""The in-sandbox supervisor: runs one program per request, each from a clean state, for one tenant.
 
 This file is not imported by the host: its *source* is the container's (or bwrap's)
 command (`python3 -c <source>`), so the image stays a plain Debian + python3 and
-the agent always matches the host's version. Each agent serves exactly one
-execution; the sandbox is destroyed afterwards, so nothing can leak to the next.
+the supervisor always matches the host's version.
+
+In a Docker sandbox the supervisor is the container's root with only SETUID, SETGID and
+KILL. For each request it forks a child that drops to the unprivileged execution uid
+(no capabilities left, no_new_privs from the container) in a fresh empty working
+directory and runs the code there. The code cannot signal, ptrace or write to the
+supervisor: another uid, no capabilities, and none of its file descriptors. After the
+program ends, a cleaner forked as that uid kills every process of the uid (kill(-1)
+reaches them all, whatever their group or session) and removes everything the uid
+wrote in /tmp and /dev/mqueue, the only writable places; the supervisor then checks
+that no process, file or SysV IPC object of the uid is left and says whether it is
+clean. The host retires a container that is not. The first request binds the
+supervisor to its tenant; a request for another tenant ends it (the host never sends
+one: this is the second lock). Without root (the process backend) there is no uid to
+drop to: the supervisor serves one request and says it is not reusable.
 
 Why an agent instead of `docker exec`: an exec costs a runc setup (~60-90 ms); the
-agent is already running, and forking the warm interpreter costs ~1 ms.
+supervisor is already running, and forking the warm interpreter costs ~1 ms.
 
-Wire format (stdin -> agent): ASCII decimal length + newline + ASCII JSON request
-    {"code", "cpu_time_s", "output_bytes", "as_bytes" (optional), "nproc" (optional)}
-(agent -> stdout): frames of 1 byte kind + 4-byte big-endian length + payload;
-kind b"1" = program stdout, b"2" = program stderr, b"X" = JSON exit record.
-The request is pure printable ASCII so it can never contain Docker's detach key
-sequence (ctrl-p ctrl-q) on the attached stdin. The program may forge frames (it
-can reach the agent); that only lies about its own result. Limits, timeouts and kills are enforced outside the sandbox.
+Wire format (stdin -> supervisor): ASCII decimal length + newline + ASCII JSON request
+    {"code", "cpu_time_s", "output_bytes", "tenant", "as_bytes" (optional), "nproc" (optional)}
+(supervisor -> stdout): frames of 1 byte kind + 4-byte big-endian length + payload;
+kind b"1" = program stdout, b"2" = program stderr, b"X" = JSON exit record, then
+b"R" = JSON ready record {"clean": bool, "problem": str or null}. The request is pure
+printable ASCII so it can never contain Docker's detach key sequence (ctrl-p ctrl-q)
+on the attached stdin. Limits, timeouts and kills are enforced outside the sandbox.
 """
 
 import json
@@ -24,13 +37,20 @@ import select
 import signal
 import struct
 import sys
+import time
+
+EXEC_UID = 65534
+WRITABLE = ("/tmp", "/dev/mqueue")
+SETTLE_S = 1.0
 
 
 def _read_request():
     digits = b""
     while not digits.endswith(b"\n"):
         c = os.read(0, 1)
-        if not c or len(digits) > 12:
+        if not c:
+            return None
+        if len(digits) > 12:
             os._exit(3)
         digits += c
     return json.loads(_read_exact(0, int(digits)))
@@ -66,7 +86,13 @@ def _oom_kills():
     return -1
 
 
-def _child(code, req, w_out, w_err, w_stat):
+def _become_exec_uid():
+    os.setgroups([])
+    os.setresgid(EXEC_UID, EXEC_UID, EXEC_UID)
+    os.setresuid(EXEC_UID, EXEC_UID, EXEC_UID)
+
+
+def _child(code, req, w_out, w_err, w_stat, privileged, serial):
     signal.set_wakeup_fd(-1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -84,6 +110,12 @@ def _child(code, req, w_out, w_err, w_stat):
         resource.setrlimit(resource.RLIMIT_AS, (req["as_bytes"], req["as_bytes"]))
     if req.get("nproc"):
         resource.setrlimit(resource.RLIMIT_NPROC, (req["nproc"], req["nproc"]))
+    if privileged:
+        _become_exec_uid()
+        workdir = f"/tmp/run-{serial}"
+        os.mkdir(workdir, 0o700)
+        os.chdir(workdir)
+        os.environ["HOME"] = workdir
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
@@ -131,21 +163,17 @@ def _child(code, req, w_out, w_err, w_stat):
     os._exit(rc)
 
 
-def main():
-    req = _read_request()
+def _execute(req, privileged, serial):
+    """Run one program; stream its output and send its exit record."""
     code = req["code"]
     cap = int(req["output_bytes"])
     oom_before = _oom_kills()
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
     r_stat, w_stat = os.pipe()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.set_wakeup_fd(wake_w)
     pid = os.fork()
     if pid == 0:
-        _child(code, req, w_out, w_err, w_stat)
+        _child(code, req, w_out, w_err, w_stat, privileged, serial)
     os.close(w_out)
     os.close(w_err)
     os.close(w_stat)
@@ -157,12 +185,12 @@ def main():
     usage = None
     while kinds and status is None:
         try:
-            ready, _, _ = select.select(list(kinds) + [wake_r], [], [])
+            ready, _, _ = select.select(list(kinds) + [_WAKE_R], [], [])
         except InterruptedError:
             ready = []
         for fd in ready:
-            if fd == wake_r:
-                os.read(wake_r, 512)
+            if fd == _WAKE_R:
+                os.read(_WAKE_R, 512)
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -203,6 +231,8 @@ def main():
         memory_error = os.read(r_stat, 1) == b"M"
     except BlockingIOError:
         memory_error = False
+    for fd in (r_out, r_err, r_stat):
+        os.close(fd)
     record = {
         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
@@ -212,12 +242,145 @@ def main():
         "memory_error": memory_error,
     }
     _send(b"X", json.dumps(record).encode())
-    # Stay until the host ends the sandbox (it closes stdin, then kills): exiting here would stop the
-    # container and take its cgroup, the host's only CPU figure, with it before the host has read it.
+
+
+def _clean():
+    """As the execution uid: kill every process of the uid, then remove everything it wrote."""
+    _become_exec_uid()
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        try:
+            os.kill(-1, signal.SIGKILL)  # every process this uid may signal, this one excepted
+        except ProcessLookupError:
+            break
+        except OSError:
+            pass
+        if not _exec_uid_processes(alive_only=True):
+            break
+        time.sleep(0.001)
+    for top in WRITABLE:
+        try:
+            names = os.listdir(top)
+        except OSError:
+            continue
+        for name in names:
+            _remove(os.path.join(top, name))
+    os._exit(0)
+
+
+def _remove(path):
     try:
-        os.read(0, 1)
+        st = os.lstat(path)
     except OSError:
-        pass
+        return
+    if st.st_uid != EXEC_UID:
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        try:
+            os.chmod(path, 0o700)  # the program may have locked its own directory
+            names = os.listdir(path)
+        except OSError:
+            names = []
+        for name in names:
+            _remove(os.path.join(path, name))
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
+def _exec_uid_processes(alive_only):
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        uid = state = None
+        for line in status.splitlines():
+            if line.startswith("Uid:"):
+                uid = int(line.split()[1])
+            elif line.startswith("State:"):
+                state = line.split()[1]
+        if uid == EXEC_UID and int(entry) != os.getpid() and not (alive_only and state == "Z"):
+            found.append(int(entry))
+    return found
+
+
+def _leftovers():
+    """What of the execution uid survived the cleaner: None when nothing did."""
+    deadline = time.monotonic() + SETTLE_S
+    while _exec_uid_processes(alive_only=False):  # killed ones linger until init reaps them
+        if time.monotonic() >= deadline:
+            return "a process of the code survived the cleanup"
+        time.sleep(0.001)
+    for top in WRITABLE:
+        try:
+            if os.listdir(top):
+                return f"files the cleanup could not remove are left in {top}"
+        except OSError:
+            continue
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                if len(f.read().splitlines()) > 1:
+                    return f"a SysV IPC object ({kind}) is left"
+        except OSError:
+            continue
+    return None
+
+
+def _make_clean():
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _clean()
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return "the cleanup failed"
+    return _leftovers()
+
+
+def main():
+    global _WAKE_R
+    privileged = os.geteuid() == 0
+    _WAKE_R, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    tenant = None
+    serial = 0
+    while True:
+        req = _read_request()
+        if req is None:
+            return
+        if tenant is None:
+            tenant = req.get("tenant")
+        elif req.get("tenant") != tenant:
+            os._exit(4)  # a container never serves two tenants
+        serial += 1
+        _execute(req, privileged, serial)
+        problem = _make_clean() if privileged else "no privilege to separate executions"
+        _send(b"R", json.dumps({"clean": problem is None, "problem": problem}).encode())
+        if not privileged:
+            # Stay until the host ends the sandbox: exiting here would take the process tree the host
+            # measures with it before the host has read it.
+            try:
+                os.read(0, 1)
+            except OSError:
+                pass
+            return
+
+
+_WAKE_R = -1
 main()

@@ -24,8 +24,8 @@ class SandboxBackend(Protocol):
         """Which isolation produced a result ("docker", "process", "process-unshare")."""
         ...
 
-    def execute(self, code: str, tier: Tier) -> SandboxResult:
-        """Run `code` under `tier`'s limits; SandboxUnavailable when the infrastructure cannot."""
+    def execute(self, code: str, tier: Tier, tenant: str) -> SandboxResult:
+        """Run `code` for `tenant` under `tier`'s limits; SandboxUnavailable when the infrastructure cannot."""
         ...
 
     def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
@@ -37,7 +37,8 @@ class SandboxBackend(Protocol):
 
 
 class PooledDocker:
-    """The Docker backend behind a warm pool: executions take a started container when one is ready."""
+    """The Docker backend behind a warm pool: an execution takes its tenant's warm container, or binds a
+    started one, and gives it back when it may serve the tenant again."""
 
     def __init__(self, docker: DockerBackend, pool: WarmPool) -> None:
         self.docker = docker
@@ -47,9 +48,17 @@ class PooledDocker:
     def name(self) -> str:
         return self.docker.name
 
-    def execute(self, code: str, tier: Tier) -> SandboxResult:
+    def execute(self, code: str, tier: Tier, tenant: str) -> SandboxResult:
         started = time.monotonic()
-        return self.docker.run(self.pool.acquire(tier), code, started=started)
+        sandbox = self.pool.acquire(tier, tenant)
+        try:
+            executed = self.docker.run(sandbox, code, tenant=tenant, started=started)
+        except BaseException:
+            self.docker.destroy(sandbox)
+            self.pool.release(sandbox, reusable=False, retired_because="error")
+            raise
+        self.pool.release(sandbox, executed.reusable, executed.retired_because)
+        return executed.result
 
     def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
         self.pool.retire_idle()

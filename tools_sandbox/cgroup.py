@@ -75,6 +75,42 @@ class CgroupFiles:
 
     def __init__(self, cpu: Path, memory: Path, procs: Path, v2: bool) -> None:
         self._cpu, self._memory, self._procs, self._v2 = cpu, memory, procs, v2
+        self._peak_fd: int | None = None  # v2: the memory.peak file a reset applies to
+
+    def reset_peak(self) -> None:
+        """Count peak memory afresh from now (one container serves many executions): v1 resets the
+        cgroup's figure; v2 (kernel 6.12+) resets it for reads through one open file. Where neither
+        works, the figure stays the container's peak so far, an upper bound."""
+        if not self._v2:
+            try:
+                (self._memory / "memory.max_usage_in_bytes").write_text("0", encoding="ascii")
+            except OSError:
+                pass
+            return
+        self._close_peak()
+        try:
+            fd = os.open(self._memory / "memory.peak", os.O_RDWR)
+        except OSError:
+            return
+        try:
+            os.write(fd, b"reset\n")
+        except OSError:
+            os.close(fd)
+            return
+        self._peak_fd = fd
+
+    def _close_peak(self) -> None:
+        if self._peak_fd is not None:
+            os.close(self._peak_fd)
+            self._peak_fd = None
+
+    def _v2_peak(self) -> str | None:
+        if self._peak_fd is not None:
+            try:
+                return os.pread(self._peak_fd, 64, 0).decode("ascii")
+            except OSError:
+                return None
+        return _read(self._memory / "memory.peak")
 
     def usage(self) -> Usage | None:
         """The cgroup's totals so far; None once it is gone."""
@@ -82,7 +118,7 @@ class CgroupFiles:
             usec = _keyed(_read(self._cpu / "cpu.stat"), "usage_usec")
             if usec is None:
                 return None
-            peak = _read(self._memory / "memory.peak")
+            peak = self._v2_peak()
             return Usage(usec / 1e6, int(peak) if peak and peak.strip().isdigit() else None,
                          _keyed(_read(self._memory / "memory.events"), "oom_kill") or 0)
         nanos = _read(self._cpu / "cpuacct.usage")
@@ -241,6 +277,7 @@ class CgroupMeter(CgroupFiles):
         return True
 
     def close(self) -> None:
+        self._close_peak()
         try:
             os.close(self.pidfd)
         except OSError:

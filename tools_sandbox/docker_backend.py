@@ -1,20 +1,23 @@
-"""The production backend: one locked-down Docker container per execution.
+"""The production backend: locked-down Docker containers, each serving one tenant on one tier.
 
-Each sandbox is a container running the agent (see _agent.py) under an init, with
-every hardening applied whatever the tier (tini from the image as init): no network, read-only root, a capped
-tmpfs at /tmp as the only writable place, uid 65534, all capabilities dropped,
-no-new-privileges, pids/memory(+no swap)/CPU limits, fsize/nofile ulimits, no
-/dev/shm, no logging driver (an output flood must not fill the host's disk), an
-explicit minimal environment and no mounts at all. A container serves exactly one
-execution and is then destroyed, so nothing (files, processes, env) can leak to the
-next caller or tenant. The wall-clock deadline is enforced here, outside the sandbox,
-by killing the container.
+Each sandbox is a container running the supervisor (see _agent.py) under tini, with every
+hardening applied whatever the tier: no network, read-only root, a capped tmpfs at /tmp as
+the only writable place, all capabilities dropped but the supervisor's SETUID, SETGID and
+KILL, no-new-privileges, pids/memory(+no swap)/CPU limits, fsize/nofile ulimits, no
+/dev/shm, no logging driver (an output flood must not fill the host's disk), an explicit
+minimal environment and no mounts at all. The code itself runs as an unprivileged uid with
+no capabilities. A container may serve many executions of one tenant (the pool binds it at
+its first use), each from a clean state the supervisor vouches for, and never two tenants.
 
-Every execution ends the same way, whatever happened (try/finally): the host reads the
-container's CPU time, peak memory and OOM kills from its cgroup, kills it synchronously
-(the kill has completed before the result is returned), then queues its removal; a
-removal that fails is retried, and anything still left is the sweeper's (sweeper.py).
-A tier whose OCI runtime the engine lacks is unavailable: it never runs on runc instead.
+The host keeps its authority over every execution: the wall-clock deadline is enforced here
+by killing the container; CPU time, peak memory and OOM kills come from the container's
+cgroup, as the delta over the execution (executions in one container are serial); the exit
+record is read from the supervisor, never from the code. Any anomaly — a timeout, an OOM
+kill, a protocol violation, a cleanup the supervisor could not finish or did not report in
+time, an engine that cannot be measured — retires the container: it is killed synchronously
+(the kill has completed before the result is returned) and queued for removal; a removal
+that fails is retried, and anything still left is the sweeper's (sweeper.py). A tier whose
+OCI runtime the engine lacks is unavailable: it never runs on runc instead.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import secrets
 import socket
 import struct
 import threading
@@ -64,7 +68,12 @@ SANDBOX_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
     "PYTHONUNBUFFERED": "1",
 }
-SANDBOX_USER = "65534:65534"
+# The supervisor is the container's root with only what it needs to start each execution as another
+# uid and to end every process of that uid; the code gets none of it (see _agent.py).
+SUPERVISOR_USER = "0:0"
+SUPERVISOR_CAPS = ["SETUID", "SETGID", "KILL"]
+# How long the supervisor may take to clean up after the program before the container is retired.
+CLEANUP_TIMEOUT_S = 3.0
 _AGENT_STDERR_CAP = 4096
 _REMOVE_ATTEMPTS = 4
 
@@ -94,14 +103,27 @@ def owner_alive(owner: str) -> bool:
 
 @dataclass
 class DockerSandbox:
-    """A started container with the agent waiting on its attached stdin."""
+    """A started container with the supervisor waiting on its attached stdin."""
 
     container_id: str
     tier: Tier
     sock: object
     raw: socket.socket
     meter: CgroupMeter | None = None
+    hostname: str = ""
     created_at: float = field(default_factory=time.monotonic)
+    tenant: str | None = None  # bound at its first execution, never changed
+    executions: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Executed:
+    """One execution's result, and whether its container may serve the same tenant again."""
+
+    result: SandboxResult
+    reusable: bool
+    retired_because: str | None = None
 
 
 def _stats_usage(stats: dict) -> Usage | None:
@@ -188,8 +210,12 @@ class DockerBackend:
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,noexec,size={tier.tmpfs_mb}m,mode=1777"},
             cap_drop=["ALL"],
+            cap_add=SUPERVISOR_CAPS,
             security_opt=["no-new-privileges"],
-            pids_limit=tier.pids,
+            # gVisor's sentry serves every process of the sandbox from its own threads: a pids cgroup
+            # limit stops the sandbox from starting at all (runsc 20221219), so there RLIMIT_NPROC,
+            # set by the supervisor for the execution uid, bounds the processes instead.
+            pids_limit=None if tier.runtime == "runsc" else tier.pids,
             mem_limit=mem,
             memswap_limit=mem,
             nano_cpus=int(tier.cpus * 1e9),
@@ -208,6 +234,8 @@ class DockerBackend:
         """Create, attach and start one container; SandboxUnavailable on engine errors or a missing runtime."""
         host_config = self.host_config(tier)
         cid = None
+        # A name of its own, so a program (and a test) can tell which container served it.
+        hostname = f"sandbox-{secrets.token_hex(6)}"
         try:
             created = self.api.create_container(
                 self.image,
@@ -215,10 +243,10 @@ class DockerBackend:
                 # that bind-mounts the host's docker-init binary, and no host path enters a sandbox.
                 entrypoint=["/usr/bin/tini", "--"],
                 command=["python3", "-c", agent_source()],
-                user=SANDBOX_USER,
+                user=SUPERVISOR_USER,
                 environment=SANDBOX_ENV,
                 working_dir="/tmp",
-                hostname="sandbox",
+                hostname=hostname,
                 network_disabled=True,
                 stdin_open=True,
                 tty=False,
@@ -235,60 +263,87 @@ class DockerBackend:
             if cid is not None:
                 self.destroy_id(cid)
             raise SandboxUnavailable(f"cannot start a sandbox container: {exc}") from exc
-        return DockerSandbox(container_id=cid, tier=tier, sock=sock, raw=raw, meter=CgroupMeter.open(pid, cid))
+        return DockerSandbox(container_id=cid, tier=tier, sock=sock, raw=raw, meter=CgroupMeter.open(pid, cid),
+                             hostname=hostname)
 
-    def run(self, sandbox: DockerSandbox, code: str, *, started: float | None = None) -> SandboxResult:
-        """Send `code` to the sandbox's agent and collect the result; the sandbox is dead and queued for
-        removal when this returns, whatever happened."""
+    def run(self, sandbox: DockerSandbox, code: str, *, tenant: str = "",
+            started: float | None = None) -> Executed:
+        """Send `code` to the sandbox's supervisor and collect the result. The container stays up only
+        when it may serve again (measured, clean, nothing went wrong); otherwise it is dead and queued
+        for removal when this returns, whatever happened."""
         started = started if started is not None else time.monotonic()
         tier = sandbox.tier
-        # The wall time is the program's: it starts when the code is sent, not while a container started.
-        deadline = time.monotonic() + tier.wall_time_s
+        if sandbox.tenant is None:
+            sandbox.tenant = tenant
+        elif sandbox.tenant != tenant:
+            raise SandboxUnavailable("a sandbox bound to one tenant was offered another's code")
+        sandbox.executions += 1
         parser = FrameParser(cap=tier.output_bytes)
         demux = _Demux(parser)
-        timed_out = False
-        infra_error: str | None = None
-        usage: Usage | None = None
         with self._lock:
             self._executing[sandbox.container_id] = time.time()
         base = sandbox.meter.usage() if sandbox.meter is not None else None
-        try:
-            sandbox.raw.sendall(encode_request(code, tier))
-            while parser.exit is None and parser.protocol_error is None and not parser.truncated:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    timed_out = True
-                    break
-                sandbox.raw.settimeout(remaining)
-                try:
-                    data = sandbox.raw.recv(65536)
-                except TimeoutError:
-                    timed_out = True
-                    break
-                if not data:
-                    break
-                demux.feed(data)
-        except OSError as exc:
-            infra_error = f"lost the sandbox connection: {exc}"
-        finally:
-            usage = self.stop(sandbox)
-        cpu = None
+        if sandbox.meter is not None:
+            sandbox.meter.reset_peak()
+        timed_out, infra_error = self._exchange(sandbox, encode_request(code, tier, tenant=tenant, nproc=tier.pids),
+                                                demux)
+        usage = sandbox.meter.usage() if sandbox.meter is not None else None
+        retired_because = _anomaly(parser, timed_out, infra_error, usage, base)
+        if retired_because is not None:
+            usage = self.stop(sandbox) or usage
+        with self._lock:
+            self._executing.pop(sandbox.container_id, None)
+        sandbox.last_used = time.monotonic()
+        cpu = oom = None
         if usage is not None:
             cpu = max(0.0, usage.cpu_seconds - (base.cpu_seconds if base is not None else 0.0))
-        oom = usage.oom_kills > 0 if usage is not None and sandbox.meter is not None else False
+            oom = usage.oom_kills > (base.oom_kills if base is not None else 0)
         if sandbox.meter is None and (parser.exit is None or parser.exit.signal == 9):
             oom = self._oom_killed(sandbox)
         facts = HostFacts(started=started, timed_out=timed_out, cpu_seconds=cpu,
                           memory_peak_bytes=usage.memory_peak_bytes if usage is not None else None,
-                          oom_killed=oom, infra_error=infra_error, agent_said=bytes(demux.agent_err))
-        self.destroy_id(sandbox.container_id)
-        return finish(tier, self.name, parser, facts)
+                          oom_killed=bool(oom), infra_error=infra_error, agent_said=bytes(demux.agent_err))
+        if retired_because is not None:
+            self.destroy_id(sandbox.container_id)
+        return Executed(finish(tier, self.name, parser, facts), reusable=retired_because is None,
+                        retired_because=retired_because)
 
-    def execute(self, code: str, tier: Tier) -> SandboxResult:
+    @staticmethod
+    def _exchange(sandbox: DockerSandbox, request: bytes, demux: _Demux) -> tuple[bool, str | None]:
+        """Send the request; read frames until the ready record, the program's wall-clock deadline (it
+        starts when the code is sent, not while a container started), the cleanup's, or the output cap.
+        Whether the program timed out, and our own side's failure if any."""
+        parser = demux.parser
+        deadline = time.monotonic() + sandbox.tier.wall_time_s
+        cleanup_by: float | None = None
+        try:
+            sandbox.raw.sendall(request)
+            while parser.ready is None and parser.protocol_error is None and not parser.truncated:
+                if parser.exit is not None:  # the program is done; the supervisor is cleaning up
+                    cleanup_by = cleanup_by or time.monotonic() + CLEANUP_TIMEOUT_S
+                remaining = (deadline if cleanup_by is None else cleanup_by) - time.monotonic()
+                if remaining <= 0:
+                    return cleanup_by is None, None
+                sandbox.raw.settimeout(remaining)
+                try:
+                    data = sandbox.raw.recv(65536)
+                except TimeoutError:
+                    return cleanup_by is None, None
+                if not data:
+                    break
+                demux.feed(data)
+        except OSError as exc:
+            return False, f"lost the sandbox connection: {exc}"
+        return False, None
+
+    def execute(self, code: str, tier: Tier, tenant: str = "") -> SandboxResult:
         """One-shot: a fresh container for this execution only (no pool)."""
         started = time.monotonic()
         sandbox = self.create_sandbox(tier)
-        return self.run(sandbox, code, started=started)
+        executed = self.run(sandbox, code, tenant=tenant, started=started)
+        if executed.reusable:
+            self.destroy(sandbox)
+        return executed.result
 
     def stop(self, sandbox: DockerSandbox) -> Usage | None:
         """Measure the container, then kill it synchronously; its usage (None when unmeasurable)."""
@@ -423,6 +478,27 @@ class DockerBackend:
 
     def list_sandboxes(self) -> list[dict]:
         return self.api.containers(all=True, filters={"label": f"{LABEL}=1"})
+
+
+def _anomaly(parser: FrameParser, timed_out: bool, infra_error: str | None, usage: Usage | None,
+             base: Usage | None) -> str | None:
+    """Why a container must not serve again after this execution; None when it may."""
+    if timed_out:
+        return "timeout"
+    if infra_error is not None:
+        return "connection"
+    if parser.protocol_error is not None or parser.truncated or parser.exit is None:
+        return "protocol"
+    if usage is None or base is None:
+        return "unmeasured"  # no cgroup view (a remote engine): one execution per container, as before
+    if usage.oom_kills > base.oom_kills:
+        return "oom"
+    if parser.ready is None:
+        return "no_ready"
+    if not parser.ready.clean:
+        log.warning("sandbox retired after its cleanup: %s", parser.ready.problem)
+        return "unclean"
+    return None
 
 
 class _Demux:

@@ -107,4 +107,8 @@ class Tier(BaseModel):
     pool_size: int | None = Field(default=None, ge=0)
     # How long a warm container may wait unused before the pool replaces it; None = the service default.
     max_idle_s: float | None = Field(default=None, gt=0)
+    # A container serving one tenant is retired after this many executions or this age (seconds since
+    # it started); None = the service defaults.
+    max_executions: int | None = Field(default=None, ge=1)
+    max_age_s: float | None = Field(default=None, gt=0)
     quota: TenantQuota

@@ -1,20 +1,23 @@
-"""A warm pool of ready Docker sandboxes per tier, refilled in the background.
+"""The warm pool: started sandboxes per tier, and sandboxes bound to one (tenant, tier) that serve again.
 
-A trivial snippet should not pay a container start (~150-350 ms): each tier keeps N
-started containers whose agent waits on its stdin. An execution takes one, uses it
-once and it is destroyed; background builders start replacements. Sandboxes are never
-reused, so nothing leaks between executions or tenants. When a tier's pool is empty the
-caller gets a freshly started container instead of waiting.
+A trivial snippet should not pay a container start (~150-350 ms). Each tier keeps a few
+started, *unbound* containers, refilled in the background by several builder threads (the
+engine overlaps their create/start work); the target grows with the observed rate of
+first uses, up to `max_size`, and shrinks back when traffic stops.
 
-Sustained rate: every execution costs one container build, so the pool is refilled by
-several builder threads at once (the engine overlaps their create/start work), and a
-tier's target size grows with its observed take rate — enough ready containers to cover
-the build time at the current rate — up to `max_size`, and shrinks back when traffic
-stops. A warm container unused for its tier's max idle age is replaced, so none waits
-long enough for the sweeper's age cap (see sweeper.py).
+A tenant's execution takes, in this order: an idle container already bound to it on that
+tier (the most recently used: its pages are warm); else an unbound one, which it binds
+for the container's whole life; else the next one a builder finishes; else one started
+now. It never takes a container bound to another tenant. After a clean execution the
+container goes back to the tenant's idle set, unless it reached its tier's
+`max_executions` or `max_age_s`; after any anomaly the backend has already retired it.
 
-Start-up first reaps orphans: labelled containers whose owning worker process on
-this host is gone (a worker that died mid-execution).
+Bounds: a tenant keeps as many idle containers as it recently had executions at once (its
+observed concurrency over the last `RATE_WINDOW_S` x 3), and a worker keeps at most
+`max_bound` idle bound containers in all, evicting the least recently used. Idle
+containers unused for their tier's max idle age are retired, so none waits long enough for
+the sweeper's age cap (see sweeper.py). Start-up first reaps orphans: labelled containers
+whose owning worker process on this host is gone (a worker that died mid-execution).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import logging
 import math
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 from .docker_backend import DockerBackend, DockerSandbox
 from .errors import SandboxUnavailable
@@ -32,20 +36,34 @@ from .models import Tier
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 10.0
+Key = tuple[str, str]  # (tenant, tier)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a bound container retires, and how many the pool keeps."""
+
+    max_size: int = 16  # unbound warm containers per tier, at most
+    max_idle_s: float = 600.0
+    max_age_s: float = 600.0
+    max_executions: int = 200
+    max_bound: int = 32  # idle bound containers per worker, at most
 
 
 class WarmPool:
-    """Per-tier deques of ready sandboxes; start() fills them, close() destroys them."""
+    """Unbound and bound warm sandboxes; start() fills them, close() destroys them."""
 
     def __init__(self, backend: DockerBackend, tiers: dict[str, Tier], sizes: dict[str, int], *,
-                 builders: int = 3, max_size: int = 16, max_idle_s: float = 600.0) -> None:
+                 builders: int = 3, limits: Limits | None = None) -> None:
         self.backend = backend
         self.tiers = tiers
         self.sizes = {name: n for name, n in sizes.items() if n > 0 and name in tiers}
         self.builders = max(1, builders)
-        self.max_size = max_size
-        self.max_idle_s = max_idle_s
+        self.limits = limits or Limits()
         self._ready: dict[str, deque[DockerSandbox]] = {name: deque() for name in tiers}
+        self._idle: OrderedDict[str, DockerSandbox] = OrderedDict()  # bound, by container id, LRU first
+        self._busy: dict[Key, int] = {}
+        self._concurrency: dict[Key, deque[tuple[float, int]]] = {}
         self._building: dict[str, int] = dict.fromkeys(tiers, 0)
         self._takes: dict[str, deque[float]] = {name: deque() for name in tiers}
         self._waiting: dict[str, int] = dict.fromkeys(tiers, 0)
@@ -57,8 +75,8 @@ class WarmPool:
         self._threads: list[threading.Thread] = []
         self.reaped: list[str] = []
         self.cold_starts = 0
-        self.retired = 0
-        self.last_error: str | None = None
+        self.reuses = 0
+        self.retired: dict[str, int] = {}
 
     def start(self) -> None:
         """Reap orphans, then start the builder threads (they fill asynchronously)."""
@@ -89,8 +107,13 @@ class WarmPool:
         with self._lock:
             return len(self._ready[tier])
 
+    def bindings(self) -> dict[str, Key]:
+        """Container id -> (tenant, tier) of every idle bound container."""
+        with self._lock:
+            return {cid: (sb.tenant or "", sb.tier.name) for cid, sb in self._idle.items()}
+
     def target(self, tier: str, now: float | None = None) -> int:
-        """Ready containers wanted for `tier` now: the configured size, or more under load."""
+        """Unbound containers wanted for `tier` now: the configured size, or more under load."""
         base = self.sizes.get(tier, 0)
         if base == 0:
             return 0
@@ -99,23 +122,32 @@ class WarmPool:
         while takes and takes[0] < now - RATE_WINDOW_S:
             takes.popleft()
         rate = len(takes) / RATE_WINDOW_S
-        return min(self.max_size, max(base, math.ceil(rate * self._build_s * 1.5)))
+        return min(self.limits.max_size, max(base, math.ceil(rate * self._build_s * 1.5)))
 
-    def acquire(self, tier: Tier, wait_s: float = 30.0) -> DockerSandbox:
-        """A ready sandbox of `tier`: warm if one is ready; for a pooled tier whose builders are busy,
-        the next one they finish (a queue of callers each starting a container at once only slows
-        the engine down); else one started now."""
+    # -- taking and giving back ----------------------------------------------------
+    def acquire(self, tier: Tier, tenant: str, wait_s: float = 30.0) -> DockerSandbox:
+        """A ready sandbox for `tenant` on `tier`: its own idle one, else an unbound one it binds; for a
+        pooled tier whose builders are busy, the next one they finish (a queue of callers each starting
+        a container at once only slows the engine down); else one started now."""
+        key = (tenant, tier.name)
         deadline = time.monotonic() + wait_s
+        counted = False
         with self._lock:
-            if tier.name in self._takes:
-                self._takes[tier.name].append(time.monotonic())
-            self._wake.notify()
+            self._note_busy(key, +1)
             while True:
                 if self._closing:
+                    self._note_busy(key, -1)
                     raise SandboxUnavailable("the sandbox pool is closed")
+                own = self._take_idle(key)
+                if own is not None:
+                    self.reuses += 1
+                    return own
+                if not counted:
+                    self._note_take(tier.name)
+                    counted = True
                 ready = self._ready.get(tier.name)
                 if ready:
-                    return ready.popleft()
+                    return self._bind(ready.popleft(), tenant)
                 if tier.name not in self.sizes or self._building[tier.name] == 0 or time.monotonic() >= deadline:
                     break
                 self._waiting[tier.name] += 1
@@ -125,27 +157,63 @@ class WarmPool:
                 finally:
                     self._waiting[tier.name] -= 1
         self.cold_starts += 1
-        return self.backend.create_sandbox(tier)
+        try:
+            return self._bind(self.backend.create_sandbox(tier), tenant)
+        except BaseException:
+            with self._lock:
+                self._note_busy(key, -1)
+            raise
+
+    def release(self, sandbox: DockerSandbox, reusable: bool, retired_because: str | None = None) -> None:
+        """Give a sandbox back after its execution: kept for its tenant, or retired."""
+        tier, key = sandbox.tier, (sandbox.tenant or "", sandbox.tier.name)
+        why = retired_because
+        if why is None and not reusable:
+            why = "anomaly"
+        if why is None and sandbox.executions >= self._limit(tier.max_executions, self.limits.max_executions):
+            why = "executions"
+        if why is None and time.monotonic() - sandbox.created_at >= self._limit(tier.max_age_s,
+                                                                                self.limits.max_age_s):
+            why = "age"
+        evicted: list[DockerSandbox] = []
+        with self._lock:
+            self._note_busy(key, -1)
+            if why is None and self._closing:
+                why = "closing"
+            if why is None and self._idle_of(key) >= self._wanted_idle(key):
+                why = "surplus"
+            if why is None:
+                self._idle[sandbox.container_id] = sandbox
+                while len(self._idle) > self.limits.max_bound:
+                    evicted.append(self._idle.popitem(last=False)[1])
+                self._arrived.notify_all()
+            self._count(why, len(evicted))
+        if why is not None and reusable:
+            self.backend.destroy(sandbox)  # still up: the backend retired only the unreusable ones
+        for old in evicted:
+            self.backend.destroy(old)
 
     def retire_idle(self, now: float | None = None) -> int:
-        """Destroy warm sandboxes that waited longer than their tier's max idle age (replaced by builders)."""
+        """Destroy warm sandboxes that waited longer than their tier's max idle age, and bound ones past
+        their max age (builders replace the unbound ones)."""
         now = time.monotonic() if now is None else now
         stale: list[DockerSandbox] = []
         with self._lock:
             for name, ready in self._ready.items():
-                limit = self._max_idle(name)
+                limit = self._limit(self.tiers[name].max_idle_s, self.limits.max_idle_s)
                 while ready and now - ready[0].created_at > limit:
                     stale.append(ready.popleft())
+            for cid, sb in list(self._idle.items()):
+                idle = now - sb.last_used > self._limit(sb.tier.max_idle_s, self.limits.max_idle_s)
+                old = now - sb.created_at > self._limit(sb.tier.max_age_s, self.limits.max_age_s)
+                if idle or old:
+                    stale.append(self._idle.pop(cid))
+            self._count("idle", len(stale))
             if stale:
                 self._wake.notify_all()
         for sandbox in stale:
             self.backend.destroy(sandbox)
-        self.retired += len(stale)
         return len(stale)
-
-    def _max_idle(self, name: str) -> float:
-        tier = self.tiers[name]
-        return tier.max_idle_s if tier.max_idle_s is not None else self.max_idle_s
 
     def close(self) -> None:
         """Stop refilling and destroy every idle sandbox (removal finishes in backend.close())."""
@@ -157,11 +225,62 @@ class WarmPool:
             thread.join(timeout=30)
         self._threads = []
         with self._lock:
-            idle = [sb for q in self._ready.values() for sb in q]
+            idle = [sb for q in self._ready.values() for sb in q] + list(self._idle.values())
             for q in self._ready.values():
                 q.clear()
+            self._idle.clear()
         for sandbox in idle:
             self.backend.destroy(sandbox)
+
+    # -- bookkeeping (under the lock) ----------------------------------------------
+    @staticmethod
+    def _limit(tier_value: float | None, default: float) -> float:
+        return tier_value if tier_value is not None else default
+
+    @staticmethod
+    def _bind(sandbox: DockerSandbox, tenant: str) -> DockerSandbox:
+        sandbox.tenant = tenant
+        return sandbox
+
+    def _take_idle(self, key: Key) -> DockerSandbox | None:
+        for cid in reversed(self._idle):
+            sb = self._idle[cid]
+            if (sb.tenant, sb.tier.name) == key:
+                return self._idle.pop(cid)
+        return None
+
+    def _idle_of(self, key: Key) -> int:
+        return sum(1 for sb in self._idle.values() if (sb.tenant, sb.tier.name) == key)
+
+    def _note_take(self, tier: str) -> None:
+        if tier in self._takes:
+            self._takes[tier].append(time.monotonic())
+        self._wake.notify()
+
+    def _note_busy(self, key: Key, delta: int) -> None:
+        busy = self._busy.get(key, 0) + delta
+        if busy > 0:
+            self._busy[key] = busy
+        else:
+            self._busy.pop(key, None)
+        samples = self._concurrency.setdefault(key, deque())
+        now = time.monotonic()
+        samples.append((now, max(busy, 0) + (1 if delta < 0 else 0)))
+        while samples and samples[0][0] < now - 3 * RATE_WINDOW_S:
+            samples.popleft()
+        if not samples:
+            del self._concurrency[key]
+
+    def _wanted_idle(self, key: Key) -> int:
+        """Idle containers worth keeping for `key`: as many as it recently ran at once, minus those busy."""
+        recent = max((n for _, n in self._concurrency.get(key, ())), default=1)
+        return max(1, recent - self._busy.get(key, 0))
+
+    def _count(self, why: str | None, evicted: int) -> None:
+        if why is not None:
+            self.retired[why] = self.retired.get(why, 0) + 1
+        if evicted:
+            self.retired["evicted"] = self.retired.get("evicted", 0) + evicted
 
     def _deficit(self) -> str | None:
         now = time.monotonic()
@@ -187,7 +306,6 @@ class WarmPool:
             except SandboxUnavailable as exc:
                 # Engine trouble (or a tier whose runtime is missing): back off; callers fall back
                 # to cold starts and see the error.
-                self.last_error = str(exc)
                 failures += 1
                 log.warning("sandbox pool refill failed (%s); retrying", exc)
                 with self._lock:
@@ -201,7 +319,7 @@ class WarmPool:
                 closing = self._closing
                 if not closing:
                     self._ready[name].append(sandbox)
-                    self._arrived.notify()
+                    self._arrived.notify_all()
             if closing:
                 self.backend.destroy(sandbox)
                 return

@@ -206,7 +206,7 @@ class ProcessBackend:
         if self._libc is not None:
             self._libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
-    def execute(self, code: str, tier: Tier) -> SandboxResult:
+    def execute(self, code: str, tier: Tier, tenant: str = "") -> SandboxResult:
         if tier.runtime is not None:
             raise SandboxUnavailable(
                 f"tier {tier.name} requires the OCI runtime {tier.runtime!r}, which the process backend cannot "

@@ -4,10 +4,12 @@ The parser is incremental and bounded: it never holds more than the tier's outpu
 cap per stream, whatever the sandbox sends (a hostile program can write raw bytes
 to the agent's stdout), so the worker's memory stays flat under an output flood.
 
-The exit record is the program's claim about its own end, nothing more: it is parsed
-only when it is a small flat JSON object (checked on the bytes, before any parser can
-recurse), validated strictly by `ExitRecord`, and anything else — any exception at all —
-is a protocol violation. CPU time, memory and kills come from the host, never from it.
+The exit record is the supervisor's account of the program's end, and the ready record
+that follows it says whether the supervisor left the sandbox clean for the next execution.
+Both are parsed only when they are small flat JSON objects (checked on the bytes, before
+any parser can recurse) and validated strictly; anything else — any exception at all, a
+frame after the ready record — is a protocol violation. CPU time, memory and kills come
+from the host, never from the sandbox.
 """
 
 from __future__ import annotations
@@ -39,17 +41,36 @@ class ExitRecord(BaseModel):
     memory_error: bool
 
 
-def parse_exit_record(raw: bytes) -> ExitRecord | None:
-    """The record, or None for anything that is not exactly a valid one (never raises)."""
+class ReadyRecord(BaseModel):
+    """The supervisor's word after its cleanup: clean (reusable), or what was left behind."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    clean: bool
+    problem: str | None = Field(max_length=200)
+
+
+def _flat_record(raw: bytes, model: type[BaseModel]) -> BaseModel | None:
     # A valid record is one flat object whose strings are its own keys: one "{", no "[".
     # Refusing anything else before json.loads means no input can make the parser recurse.
     if len(raw) > _MAX_EXIT_RECORD or raw.count(b"{") != 1 or b"[" in raw:
         return None
     try:
         data = json.loads(raw)
-        return ExitRecord.model_validate(data) if isinstance(data, dict) else None
-    except Exception:  # noqa: BLE001 - whatever the bytes do to the parser, it is the program's fault
+        return model.model_validate(data) if isinstance(data, dict) else None
+    except Exception:  # noqa: BLE001 - whatever the bytes do to the parser, it is the sandbox's fault
         return None
+
+
+def parse_exit_record(raw: bytes) -> ExitRecord | None:
+    """The record, or None for anything that is not exactly a valid one (never raises)."""
+    record = _flat_record(raw, ExitRecord)
+    return record if isinstance(record, ExitRecord) else None
+
+
+def parse_ready_record(raw: bytes) -> ReadyRecord | None:
+    record = _flat_record(raw, ReadyRecord)
+    return record if isinstance(record, ReadyRecord) else None
 
 
 @lru_cache(maxsize=1)
@@ -58,11 +79,13 @@ def agent_source() -> str:
     return (Path(__file__).with_name("_agent.py")).read_text(encoding="utf-8")
 
 
-def encode_request(code: str, tier: Tier, *, as_bytes: int | None = None, nproc: int | None = None) -> bytes:
+def encode_request(code: str, tier: Tier, *, tenant: str = "", as_bytes: int | None = None,
+                   nproc: int | None = None) -> bytes:
     body: dict[str, object] = {
         "code": code,
         "cpu_time_s": tier.cpu_time_s,
         "output_bytes": tier.output_bytes,
+        "tenant": tenant,
     }
     if as_bytes:
         body["as_bytes"] = as_bytes
@@ -75,18 +98,22 @@ def encode_request(code: str, tier: Tier, *, as_bytes: int | None = None, nproc:
 
 @dataclass
 class FrameParser:
-    """Feeds on the agent's stdout bytes; keeps at most `cap` bytes per stream."""
+    """Feeds on the supervisor's stdout bytes for one execution; keeps at most `cap` bytes per stream.
+
+    Output frames, then one exit record, then one ready record; nothing may follow.
+    """
 
     cap: int
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     exit: ExitRecord | None = None
+    ready: ReadyRecord | None = None
     truncated: bool = False
     protocol_error: str | None = None
     _head: bytearray = field(default_factory=bytearray)
     _kind: bytes = b""
     _left: int = 0
-    _exit_buf: bytearray = field(default_factory=bytearray)
+    _record_buf: bytearray = field(default_factory=bytearray)
 
     @property
     def over_cap(self) -> bool:
@@ -98,9 +125,15 @@ class FrameParser:
         except Exception:  # noqa: BLE001 - a parser bug must not become the program's lever
             self.protocol_error = "unparseable frame stream"
 
+    def _expected(self) -> tuple[bytes, ...]:
+        return (b"1", b"2", b"X") if self.exit is None else (b"R",)
+
     def _feed(self, data: bytes) -> None:
         view = memoryview(data)
-        while view and self.protocol_error is None and self.exit is None:
+        while view and self.protocol_error is None:
+            if self.ready is not None:
+                self.protocol_error = "bytes after the ready record"
+                return
             if self._left == 0:
                 need = 5 - len(self._head)
                 self._head += view[:need]
@@ -110,25 +143,20 @@ class FrameParser:
                 self._kind = bytes(self._head[:1])
                 self._left = struct.unpack(">I", self._head[1:5])[0]
                 self._head.clear()
-                if self._kind not in (b"1", b"2", b"X"):
+                if self._kind not in self._expected():
                     self.protocol_error = f"unexpected frame kind {self._kind!r} from the agent"
                     return
-                if self._kind == b"X" and self._left > _MAX_EXIT_RECORD:
-                    self.protocol_error = "oversized exit record from the agent"
-                    return
-                if self._left == 0 and self._kind == b"X":
-                    self.protocol_error = "empty exit record from the agent"
+                if self._kind in (b"X", b"R") and not 0 < self._left <= _MAX_EXIT_RECORD:
+                    self.protocol_error = "a record of the wrong size from the agent"
                     return
                 continue
             take = view[: self._left]
             view = view[len(take):]
             self._left -= len(take)
-            if self._kind == b"X":
-                self._exit_buf += take
+            if self._kind in (b"X", b"R"):
+                self._record_buf += take
                 if self._left == 0:
-                    self.exit = parse_exit_record(bytes(self._exit_buf))
-                    if self.exit is None:
-                        self.protocol_error = "malformed exit record"
+                    self._end_record()
             else:
                 buf = self.stdout if self._kind == b"1" else self.stderr
                 room = self.cap - len(buf)
@@ -136,6 +164,18 @@ class FrameParser:
                     self.truncated = True
                     take = take[: max(room, 0)]
                 buf += take
+
+    def _end_record(self) -> None:
+        raw = bytes(self._record_buf)
+        self._record_buf.clear()
+        if self._kind == b"X":
+            self.exit = parse_exit_record(raw)
+            if self.exit is None:
+                self.protocol_error = "malformed exit record"
+        else:
+            self.ready = parse_ready_record(raw)
+            if self.ready is None:
+                self.protocol_error = "malformed ready record"
 
 
 def decode(data: bytes | bytearray) -> str:

@@ -7,10 +7,11 @@ Rules, per labelled container (its tier from its label; a tier this worker does 
 `UNKNOWN_TIER_CAP_S`):
 - `overran`:  executing on this worker for longer than the tier's wall time + grace.
 - `orphan`:   its owner label names a process on this host that is gone.
-- `expired`:  older (since creation) than the tier's max idle age + wall time + grace. A warm
-  container waits unused for at most its max idle age (the pool replaces it then), and then
-  executes for at most its wall time, so a container of any live, healthy worker — this one or
-  another sharing the engine — never reaches this age. Idle warm containers are therefore not
+- `expired`:  older (since creation) than the larger of the tier's max idle age and max age, plus
+  its wall time and the grace. An unbound warm container waits unused for at most its max idle
+  age, and a bound one starts no execution past its max age (the pool retires it then); an
+  execution lasts at most the wall time, so a container of any live, healthy worker — this one
+  or another sharing the engine — never reaches this age. Warm containers are therefore not
   swept for being old: age is counted from creation only past the point no execution can reach.
 - `leftover`: stopped for longer than the grace (a removal that failed), or created and never
   started for longer than the tier's wall time + grace (an abandoned creation). Counted from the
@@ -49,9 +50,13 @@ class SweepPolicy:
     tiers: dict[str, Tier]
     grace_s: float
     default_max_idle_s: float
+    default_max_age_s: float = 0.0
 
-    def max_idle(self, tier: Tier) -> float:
-        return tier.max_idle_s if tier.max_idle_s is not None else self.default_max_idle_s
+    def max_life(self, tier: Tier) -> float:
+        """The longest a healthy container of `tier` waits or serves before its pool retires it."""
+        idle = tier.max_idle_s if tier.max_idle_s is not None else self.default_max_idle_s
+        age = tier.max_age_s if tier.max_age_s is not None else self.default_max_age_s
+        return max(idle, age)
 
     def verdict(self, container: dict, *, now: float, executing_since: float | None,
                 owner_alive: bool, stopped_at: float | None = None) -> ReapReason | None:
@@ -68,7 +73,7 @@ class SweepPolicy:
             return ReapReason.OVERRAN
         if not owner_alive:
             return ReapReason.ORPHAN
-        cap = UNKNOWN_TIER_CAP_S if tier is None else self.max_idle(tier) + wall + self.grace_s
+        cap = UNKNOWN_TIER_CAP_S if tier is None else self.max_life(tier) + wall + self.grace_s
         return ReapReason.EXPIRED if age > cap else None
 
 
