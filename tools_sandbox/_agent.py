@@ -44,16 +44,17 @@ WRITABLE = ("/tmp", "/dev/mqueue")
 SETTLE_S = 1.0
 
 
-def _read_request():
+def _read_frame(fd):
+    """One length-prefixed request (bytes), or None at end of input."""
     digits = b""
     while not digits.endswith(b"\n"):
-        c = os.read(0, 1)
+        c = os.read(fd, 1)
         if not c:
             return None
         if len(digits) > 12:
             os._exit(3)
         digits += c
-    return json.loads(_read_exact(0, int(digits)))
+    return _read_exact(fd, int(digits))
 
 
 def _read_exact(fd, n):
@@ -92,17 +93,27 @@ def _become_exec_uid():
     os.setresuid(EXEC_UID, EXEC_UID, EXEC_UID)
 
 
-def _child(code, req, w_out, w_err, w_stat, privileged, serial):
+def _child(r_req, w_out, w_err, w_stat, privileged, serial):
+    """The execution process, from its fork on: ready ahead of its request, then the program."""
     signal.set_wakeup_fd(-1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(w_out, 1)
     os.dup2(w_err, 2)
     os.dup2(w_stat, 3)
-    os.closerange(4, 4096)
+    os.dup2(r_req, 4)
+    os.closerange(5, 4096)
     os.setsid()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    if privileged:
+        _become_exec_uid()  # before the request: dropping privileges costs milliseconds in a container
+    raw = _read_frame(4)
+    if raw is None:
+        os._exit(0)
+    os.close(4)
+    req = json.loads(raw)
+    code = req["code"]
     cpu = int(req["cpu_time_s"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -111,7 +122,6 @@ def _child(code, req, w_out, w_err, w_stat, privileged, serial):
     if req.get("nproc"):
         resource.setrlimit(resource.RLIMIT_NPROC, (req["nproc"], req["nproc"]))
     if privileged:
-        _become_exec_uid()
         workdir = f"/tmp/run-{serial}"
         os.mkdir(workdir, 0o700)
         os.chdir(workdir)
@@ -163,20 +173,55 @@ def _child(code, req, w_out, w_err, w_stat, privileged, serial):
     os._exit(rc)
 
 
-def _execute(req, privileged, serial):
-    """Run one program; stream its output and send its exit record."""
-    code = req["code"]
-    cap = int(req["output_bytes"])
-    oom_before = _oom_kills()
-    r_out, w_out = os.pipe()
-    r_err, w_err = os.pipe()
-    r_stat, w_stat = os.pipe()
+class _Prepared:
+    """A child forked, and already the execution uid, ahead of its request (forking and dropping
+    privileges are the dearest steps: milliseconds in a container): it waits for the request on a pipe."""
+
+    def __init__(self, privileged, serial):
+        r_req, self.w_req = os.pipe()
+        self.r_out, w_out = os.pipe()
+        self.r_err, w_err = os.pipe()
+        self.r_stat, w_stat = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            _child(r_req, w_out, w_err, w_stat, privileged, serial)
+        os.close(r_req)
+        os.close(w_out)
+        os.close(w_err)
+        os.close(w_stat)
+
+
+def _fork_cleaner():
+    """The cleaner, forked while the program runs: it stays the supervisor's (root, out of the
+    program's reach) until told to go, then becomes the execution uid and cleans up."""
+    r_go, w_go = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _child(code, req, w_out, w_err, w_stat, privileged, serial)
-    os.close(w_out)
-    os.close(w_err)
-    os.close(w_stat)
+        os.dup2(r_go, 0)
+        os.closerange(1, 4096)
+        try:
+            if os.read(0, 1) == b"g":
+                _clean()
+        finally:
+            os._exit(1)
+    os.close(r_go)
+    return pid, w_go
+
+
+def _execute(raw, prepared):
+    """Hand one program to the prepared child; stream its output and send its exit record."""
+    req = json.loads(raw)
+    cap = int(req["output_bytes"])
+    oom_before = _oom_kills()
+    pid, r_out, r_err, r_stat = prepared.pid, prepared.r_out, prepared.r_err, prepared.r_stat
+    view = memoryview(str(len(raw)).encode() + b"\n" + raw)
+    try:
+        while view:
+            view = view[os.write(prepared.w_req, view):]
+    except OSError:
+        pass  # the child is gone: its exit status says how
+    os.close(prepared.w_req)
+    cleaner = _fork_cleaner() if os.geteuid() == 0 else None
     os.set_blocking(r_stat, False)
     kinds = {r_out: b"1", r_err: b"2"}
     sent = {r_out: 0, r_err: 0}
@@ -242,6 +287,7 @@ def _execute(req, privileged, serial):
         "memory_error": memory_error,
     }
     _send(b"X", json.dumps(record).encode())
+    return cleaner
 
 
 def _clean():
@@ -318,10 +364,12 @@ def _exec_uid_processes(alive_only):
 def _leftovers():
     """What of the execution uid survived the cleaner: None when nothing did."""
     deadline = time.monotonic() + SETTLE_S
-    while _exec_uid_processes(alive_only=False):  # killed ones linger until init reaps them
+    _reap_orphans()
+    while _exec_uid_processes(alive_only=False):  # killed ones linger until they are reaped
         if time.monotonic() >= deadline:
             return "a process of the code survived the cleanup"
         time.sleep(0.001)
+        _reap_orphans()
     for top in WRITABLE:
         try:
             if os.listdir(top):
@@ -338,17 +386,34 @@ def _leftovers():
     return None
 
 
-def _make_clean():
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _clean()
-        finally:
-            os._exit(1)
+def _make_clean(cleaner):
+    pid, w_go = cleaner
+    os.write(w_go, b"g")
+    os.close(w_go)
     _, status = os.waitpid(pid, 0)
     if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
         return "the cleanup failed"
     return _leftovers()
+
+
+def _become_subreaper():
+    """Orphans of the program come to the supervisor, which reaps them at once (not to tini)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_orphans():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def main():
@@ -358,19 +423,22 @@ def main():
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
+    if privileged:
+        _become_subreaper()
     tenant = None
-    serial = 0
+    serial = 1
+    prepared = _Prepared(privileged, serial)
     while True:
-        req = _read_request()
-        if req is None:
+        raw = _read_frame(0)
+        if raw is None:
             return
+        bound = json.loads(raw).get("tenant")
         if tenant is None:
-            tenant = req.get("tenant")
-        elif req.get("tenant") != tenant:
+            tenant = bound
+        elif bound != tenant:
             os._exit(4)  # a container never serves two tenants
-        serial += 1
-        _execute(req, privileged, serial)
-        problem = _make_clean() if privileged else "no privilege to separate executions"
+        cleaner = _execute(raw, prepared)
+        problem = _make_clean(cleaner) if cleaner is not None else "no privilege to separate executions"
         _send(b"R", json.dumps({"clean": problem is None, "problem": problem}).encode())
         if not privileged:
             # Stay until the host ends the sandbox: exiting here would take the process tree the host
@@ -380,6 +448,8 @@ def main():
             except OSError:
                 pass
             return
+        serial += 1
+        prepared = _Prepared(privileged, serial)
 
 
 _WAKE_R = -1
