@@ -2,7 +2,8 @@
 # Start a Docker engine for the sandbox tests and workers, idempotently.
 #
 # - installs docker.io from Debian (apt-get update first) when dockerd is missing;
-# - does nothing when an engine already answers (`docker info` or the socket);
+# - registers gVisor's runsc (when installed) in /etc/docker/daemon.json, reloading a running engine;
+# - does nothing else when an engine already answers (`docker info` or the socket);
 # - otherwise starts dockerd in the background, trying the overlay2 storage driver
 #   first and falling back to vfs (works on any filesystem, e.g. nested in CI);
 # - waits until the engine answers and prints where its log is.
@@ -22,7 +23,30 @@ engine_answers() {
         && curl -fsS --unix-socket /var/run/docker.sock http://localhost/_ping >/dev/null 2>&1
 }
 
+# gVisor: register Debian's runsc with the engine (`--network=none`: runsc refuses to run with the
+# network enabled in the root network namespace). A running engine rereads daemon.json on SIGHUP.
+register_runsc() {
+    command -v runsc >/dev/null 2>&1 || return 0
+    [ "$(id -u)" = 0 ] || return 0
+    mkdir -p /etc/docker
+    python3 - "$(command -v runsc)" <<'PY'
+import json, pathlib, sys
+path = pathlib.Path("/etc/docker/daemon.json")
+config = json.loads(path.read_text() or "{}") if path.exists() else {}
+wanted = {"path": sys.argv[1], "runtimeArgs": ["--network=none"]}
+if config.get("runtimes", {}).get("runsc") != wanted:
+    config.setdefault("runtimes", {})["runsc"] = wanted
+    path.write_text(json.dumps(config, indent=2) + "\n")
+PY
+}
+
+register_runsc
 if engine_answers; then
+    if command -v runsc >/dev/null 2>&1 && ! docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q runsc \
+            && [ -f /var/run/docker.pid ]; then
+        kill -HUP "$(cat /var/run/docker.pid)" && sleep 1
+        echo "registered runsc with the running engine"
+    fi
     echo "docker engine already answers (log: ${LOG} if started by this script)"
     exit 0
 fi

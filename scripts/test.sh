@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine (as root) and run the whole test suite — the README's test command.
 #
-# Installs what the tests need (Debian: redis-server, docker.io, debootstrap, bubblewrap, prometheus, chromium,
+# Installs what the tests need (Debian: redis-server, docker.io, debootstrap, bubblewrap, prometheus, chromium, runsc,
 # docker-compose to render the compose file;
 # pip: this project with its test extras), starts a Docker engine if none answers, builds the sandbox
 # image offline when it is missing, runs ruff, mypy on worker/, api_stub/ and tools_sandbox/, and pytest, then stops the
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 need=()
 for pair in redis-server:redis-server dockerd:docker.io debootstrap:debootstrap bwrap:bubblewrap \
             prometheus:prometheus promtool:prometheus iptables:iptables docker-compose:docker-compose \
-            chromium:chromium; do
+            chromium:chromium runsc:runsc; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -25,9 +25,9 @@ python3 -m pip install -q --disable-pip-version-check -e ".[test]"
 
 started_dockerd=0
 if ! docker info >/dev/null 2>&1; then
-    bash scripts/start-dockerd.sh
     started_dockerd=1
 fi
+bash scripts/start-dockerd.sh  # also registers runsc (gVisor) with the engine
 stop_dockerd() {
     if [ "$started_dockerd" = 1 ] && [ -f /var/run/docker.pid ]; then
         kill "$(cat /var/run/docker.pid)" 2>/dev/null || true

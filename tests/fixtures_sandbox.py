@@ -47,6 +47,28 @@ cpu_seconds_per_day = 5
 """
 
 
+RUNTIMES = ("runc", "runsc")
+
+
+def tiers_on(runtime: str, text: str = TEST_TIERS) -> str:
+    """The tiers file `text` with every tier requiring `runtime` (runc is the engine's default)."""
+    if runtime == "runc":
+        return text
+    return "\n".join(line + (f'\nruntime = "{runtime}"' if line.startswith("[tiers.") and "quota" not in line else "")
+                     for line in text.splitlines())
+
+
+def require_runtime(engine: object, runtime: str) -> None:
+    """Skip on a laptop, fail under REACTQ_REQUIRE_DOCKER=1, when the engine lacks `runtime`
+    (scripts/start-dockerd.sh registers Debian's runsc)."""
+    have = set((engine.info().get("Runtimes") or {}).keys())  # type: ignore[attr-defined]
+    if runtime not in have:
+        msg = f"the Docker engine has no {runtime} runtime (it has {sorted(have)}); run scripts/start-dockerd.sh"
+        if _require_docker():
+            pytest.fail(f"REACTQ_REQUIRE_DOCKER=1 but {msg}")
+        pytest.skip(msg)
+
+
 def _require_docker() -> bool:
     return os.environ.get("REACTQ_REQUIRE_DOCKER", "") == "1"
 
@@ -128,11 +150,12 @@ def worker_containers(client: object, pid: int, *, running: bool = False) -> lis
 
 def executing_containers(client: object, pid: int) -> list[str]:
     """The ids of the worker process `pid`'s containers that are running a program (a warm container
-    runs only tini and the waiting agent; anything more is a program)."""
+    runs only tini, the supervisor and the execution child waiting for its request; anything more is
+    a program or its cleaner)."""
 
     def busy(container_id: str) -> bool:
         try:
-            return len(client.api.top(container_id)["Processes"]) > 2  # type: ignore[attr-defined]
+            return len(client.api.top(container_id)["Processes"]) > 3  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - gone between the listing and the look
             return False
 

@@ -37,12 +37,13 @@ BATCH = [
 ]
 
 
-def exhaust_quota(redis_url: str, tier: str, tenant: str, minutes: int = 15) -> None:
-    """Fill the executions-per-minute windows of the next minutes, so the tenant's next sandbox call is refused."""
+def exhaust_quota(redis_url: str, tier: str, tenant: str) -> None:
+    """Use up the tenant's CPU-seconds of today and tomorrow, so its next sandbox call is refused (the only
+    quota that refuses: over concurrency or the per-minute rate a call waits in line instead)."""
     client = redis.Redis.from_url(redis_url)
-    now_minute = int(time.time() // 60)
-    for minute in range(now_minute - 1, now_minute + minutes):
-        client.set(sandbox_keys.quota_minute(tier, tenant, minute), 1_000_000, ex=minutes * 60 + 120)
+    today = int(time.time() // 86400)
+    for day in (today, today + 1):
+        client.set(sandbox_keys.quota_cpu_day(tier, tenant, day), 1_000_000, ex=3 * 86400)
     client.close()
 
 
@@ -119,7 +120,7 @@ def metered(stub_server: StubServer, tmp_path_factory: pytest.TempPathFactory) -
 def test_every_dashboard_series_exists_from_the_first_scrape(metered: MeteredBatch) -> None:
     assert total(metered.before, "reactq_llm_tokens_total") == 0
     assert {"status": "succeeded"} in series(metered.before, "reactq_runs_total")
-    assert {"tier": "free", "quota": "executions_per_minute"} in series(metered.before,
+    assert {"tier": "free", "quota": "cpu_seconds_per_day"} in series(metered.before,
                                                                          "reactq_quota_rejections_total")
     assert {"tier": "standard", "outcome": "ok"} in series(metered.before, "reactq_sandbox_executions_total")
     assert {s["queue"] for s in series(metered.after, "reactq_queue_depth")} == {"reactq.steps", "reactq.sandbox"}
@@ -185,7 +186,7 @@ def test_tool_calls_and_an_inline_failure_are_labelled(metered: MeteredBatch) ->
 def test_a_quota_rejection_is_counted_by_both_workers(metered: MeteredBatch) -> None:
     """The sandbox side counts the refusal; the step side counts a python tool failure."""
     samples = metered.after
-    assert total(samples, "reactq_quota_rejections_total", tier="free", quota="executions_per_minute") == 1
+    assert total(samples, "reactq_quota_rejections_total", tier="free", quota="cpu_seconds_per_day") == 1
     assert total(samples, "reactq_quota_rejections_total") == 1
     assert total(samples, "reactq_sandbox_executions_total", tier="free", outcome="quota_exceeded") == 1
     assert total(samples, "reactq_tool_failures_total", tool="python", error_type="quota_exceeded") == 1

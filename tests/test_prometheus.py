@@ -194,7 +194,7 @@ def test_every_promql_expression_evaluates(cluster: Cluster, tmp_path: Path, red
     tokens = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in results)
     assert prom.value("sum(reactq_llm_tokens_total)") > tokens  # plus the API-submitted run
     assert prom.value('sum(reactq_tool_failures_total{tool="calculator", error_type="division_by_zero"})') == 1
-    assert prom.value('sum(reactq_quota_rejections_total{tier="free", quota="executions_per_minute"})') == 1
+    assert prom.value('sum(reactq_quota_rejections_total{tier="free", quota="cpu_seconds_per_day"})') == 1
     assert prom.query('reactq_sandbox_executions_total{job="reactq-sandbox-worker", tier="standard", outcome="ok"}')
 
     # The worker-down alert's condition holds once a worker stops answering.

@@ -13,7 +13,7 @@ from celery import Celery
 from tests.waiting import wait_for
 from worker import metrics
 from worker.config import Settings
-from worker.core.models import Run, RunSpec
+from worker.core.models import Run, RunSpec, RunStatus
 from worker.names import PRIORITY_STEPS
 from worker.runtime.context import Runtime
 from worker.runtime.reaper import ReaperAction, reap_once
@@ -98,6 +98,44 @@ def test_a_run_waiting_on_a_sandbox_task_that_vanished_is_re_kicked(rt: Runtime)
     assert reap(rt, time.time() + SANDBOX_S - 5) == {}  # the sandbox may still be working on it
     assert reap(rt, time.time() + SANDBOX_S + 1) == {run.id: 0}
     assert count(ReaperAction.SANDBOX_LOST) == before + 1
+
+
+def wait_on_sandbox(rt: Runtime) -> Run:
+    """A run whose step dispatched its python call and let go of the run, waiting for the result."""
+    [run] = submit(rt)
+    snapshot = rt.store.lease_and_load(run.id, 0, "token", 10_000).snapshot
+    assert snapshot is not None and rt.store.mark_running(snapshot, 0, waiting_on="sandbox") is not None
+    rt.store.release_lease(run.id, "token")
+    waiting = rt.store.load_run(run.id)
+    assert waiting is not None and waiting.deadline_at is not None
+    return waiting
+
+
+def test_a_call_still_waiting_in_line_is_not_re_sent(rt: Runtime) -> None:
+    run = wait_on_sandbox(rt)
+    rt.redis.set(keys.sandbox_pending(run.id, 0), "1", ex=60)  # its sandbox task polls for a slot
+    before = count(ReaperAction.SANDBOX_LOST)
+    assert reap(rt, time.time() + SANDBOX_S + 1) == {}
+    assert reap(rt, time.time() + 10 * SANDBOX_S) == {}  # however long it waits
+    assert count(ReaperAction.SANDBOX_LOST) == before
+    rt.redis.delete(keys.sandbox_pending(run.id, 0))  # the task vanished: its marker expired
+    assert reap(rt, time.time() + SANDBOX_S + 1) == {run.id: 0}
+    assert count(ReaperAction.SANDBOX_LOST) == before + 1
+
+
+def test_a_lost_sandbox_call_past_the_runs_deadline_ends_the_run(rt: Runtime) -> None:
+    run = wait_on_sandbox(rt)
+    assert run.deadline_at is not None
+    rt.redis.set(keys.sandbox_pending(run.id, 0), "1", ex=60)
+    before = count(ReaperAction.SANDBOX_DEADLINE)
+    assert reap(rt, run.deadline_at + 1) == {}  # the waiting task itself will store the deadline's result
+    assert rt.store.load_run(run.id).status == RunStatus.RUNNING  # type: ignore[union-attr]
+    rt.redis.delete(keys.sandbox_pending(run.id, 0))
+    assert reap(rt, run.deadline_at + 1) == {}  # not re-sent: ended
+    ended = rt.store.load_run(run.id)
+    assert ended is not None and ended.status == RunStatus.TIMEOUT
+    assert ended.error == "run deadline passed while waiting for a sandbox result (no sandbox task was answering)"
+    assert count(ReaperAction.SANDBOX_DEADLINE) == before + 1
 
 
 def take_unacked(client: redis.Redis, tag: str, taken_at: float) -> None:

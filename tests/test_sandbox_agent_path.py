@@ -1,9 +1,10 @@
 """A hostile program through the normal agent path: the model calls `python`, the code forges the report.
 
 Real step worker and sandbox worker (Docker backend) processes, the api_stub model (which sends a
-"Run this python code: ```...```" block verbatim), real Redis: the run finishes, the model's
-observation is the one protocol-violation sentence, the sandbox worker counts a
-`protocol_violation` and no `unavailable`, and none of the worker's containers is left running.
+"Run this python code: ```...```" block verbatim), real Redis: the run finishes; the forgery cannot
+reach the supervisor (another uid), so the model's observation is the program's own PermissionError,
+honestly reported; the sandbox worker counts two `error` outcomes and no `protocol_violation` or
+`unavailable`; and none of the worker's containers is left executing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from tests.fixtures_cluster import Cluster, metrics_port
 from tests.fixtures_prometheus import scrape, total
 from tests.fixtures_sandbox import executing_containers
 from tests.waiting import wait_for
-from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT
 
 FORGED = """import os, struct
 payload = b'{"signal": 9, "cpu_s": "a", "oom_kills": "x"}'
@@ -31,7 +31,7 @@ os.write(fd, b"X" + struct.pack(">I", len(payload)) + payload)
 
 
 @pytest.mark.docker
-def test_a_forged_report_reaches_the_model_as_one_sentence(cluster: Cluster, sandbox_image: str) -> None:
+def test_a_forged_report_is_refused_and_the_model_sees_the_honest_result(cluster: Cluster, sandbox_image: str) -> None:
     import docker
 
     port = metrics_port()
@@ -45,10 +45,10 @@ def test_a_forged_report_reaches_the_model_as_one_sentence(cluster: Cluster, san
         trace = json.loads(cluster.reactq("trace", run["run_id"], "--json").stdout)["trace"]
         assert trace[0]["tool_calls"][0]["name"] == "python"
         observation = trace[0]["observations"][0]
-        assert observation["content"] == PROTOCOL_VIOLATION_TEXT, observation
-        assert observation["outcome"] == "error"
+        assert "PermissionError" in observation["content"] and observation["outcome"] == "error", observation
     samples = scrape(f"http://127.0.0.1:{port}/metrics")
-    assert total(samples, "reactq_sandbox_executions_total", outcome="protocol_violation") == 2
+    assert total(samples, "reactq_sandbox_executions_total", outcome="error") == 2
+    assert total(samples, "reactq_sandbox_executions_total", outcome="protocol_violation") == 0
     assert total(samples, "reactq_sandbox_executions_total", outcome="unavailable") == 0
     assert total(samples, "reactq_sandbox_cpu_seconds_total") > 0
 

@@ -1,9 +1,12 @@
-"""The host is the only authority: forged reports, tampering with the agent, orphaned CPU burners.
+"""The host is the only authority: forged reports, tampering with the supervisor, orphaned CPU burners.
 
 Against the real Docker engine (one-shot containers and the warm pool) and the process backend
-(bubblewrap). For every tampering case: the call returns, the model sees exactly the one
-protocol-violation sentence, the container is dead when the call returns, and the
-`unavailable` outcome (the infrastructure's) is not counted.
+(bubblewrap). In a Docker sandbox the program runs as another uid than the supervisor, without
+capabilities, and holds none of its file descriptors: every tampering attempt is refused by the
+kernel (an ordinary PermissionError in the program), and the supervisor's honest report is the
+result. Where a program does reach its agent (bubblewrap, killing it), the model sees exactly
+the one protocol-violation sentence. Either way no sandbox is left running past its call that
+should not be, and the `unavailable` outcome (the infrastructure's) is not counted.
 """
 
 from __future__ import annotations
@@ -203,29 +206,37 @@ def test_the_frame_parser_turns_a_hostile_record_into_a_protocol_error() -> None
 
 # -- real sandboxes ------------------------------------------------------------------------
 
+def _assert_refused(result: SandboxResult) -> None:
+    """The attack failed inside the sandbox: an ordinary error of the program, honestly reported."""
+    assert "PermissionError" in result.stderr, result
+    assert result.exit_code == 1 and result.error_kind is None and result.error is None, result
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize("case", sorted(TAMPERING))
-def test_tampering_with_the_report_is_a_protocol_violation(one_shot: SandboxService, docker_engine,
-                                                            case: str) -> None:
+def test_tampering_with_the_report_is_refused_or_discarded(one_shot: SandboxService, docker_engine,
+                                                           case: str) -> None:
     before = _unavailable("tiny")
     result = one_shot.execute(TAMPERING[case], tier="tiny", tenant="acme")
-    if one_shot.backend_name == "process" and "PermissionError" in result.stderr and case != "agent_killed":
-        # bubblewrap's agent is not open to its program: the attack fails inside, an ordinary error.
-        assert result.exit_code == 1 and result.error_kind is None and result.error is None, result
+    if one_shot.backend_name == "process" and case == "agent_killed":
+        _assert_discarded(result)  # bubblewrap's agent shares its program's uid: it can be killed
     else:
-        _assert_discarded(result)
+        _assert_refused(result)
     assert _unavailable("tiny") == before
     _assert_none_running_within(docker_engine, one_shot.tiers["tiny"].wall_time_s + GRACE_S)
     assert result.cpu_seconds is not None  # the host measured it, whatever the program claimed
 
 
 @pytest.mark.docker
-def test_an_agent_stopped_by_ptrace_is_ended_by_the_host_at_the_time_limit(one_shot: SandboxService,
-                                                                           docker_engine) -> None:
+def test_a_ptrace_of_the_agent_is_refused_or_ended_by_the_host_at_the_time_limit(one_shot: SandboxService,
+                                                                                 docker_engine) -> None:
     before = _unavailable("tiny")
-    result = one_shot.execute(PTRACE_STOP, tier="tiny", tenant="acme")
-    assert result.error_kind is ErrorKind.TIMEOUT and result.timed_out and result.exit_code is None, result
-    assert render_result(result).text.startswith("Error: the code was stopped at the time limit of its tier")
+    result = one_shot.execute(PTRACE_STOP + "print(ctypes.get_errno())", tier="tiny", tenant="acme")
+    if one_shot.backend_name == "docker":  # another uid, no CAP_SYS_PTRACE: EPERM
+        assert result.stdout == "1\n" and result.exit_code == 0 and result.error_kind is None, result
+    else:  # bubblewrap: the agent stops; the host ends the sandbox at the deadline
+        assert result.error_kind is ErrorKind.TIMEOUT and result.timed_out and result.exit_code is None, result
+        assert render_result(result).text.startswith("Error: the code was stopped at the time limit of its tier")
     assert _unavailable("tiny") == before
     _assert_none_running_within(docker_engine, one_shot.tiers["tiny"].wall_time_s + GRACE_S)
 
@@ -235,15 +246,11 @@ def test_tampering_through_the_warm_pool(authority_tiers: Path, sandbox_image: s
     settings = _settings(authority_tiers, sandbox_pool_tiers="tiny")
     with SandboxService(settings, backend="docker") as svc:
         assert svc.pool is not None and svc.pool.wait_ready(60)
-        for case in ("record_with_wrong_types", "stdout_closed_and_redirected_to_the_agent"):
-            sandbox = svc.pool.acquire(svc.tiers["tiny"])
-            result = svc.pool.backend.run(sandbox, TAMPERING[case])
-            _assert_discarded(result)
-            wait_for(f"the sandbox of {case} to stop",
-                     lambda cid=sandbox.container_id: not _running(docker_engine, cid),
-                     svc.tiers["tiny"].wall_time_s + GRACE_S, 0.05)
-        # The pool still serves honest code afterwards.
+        for case in sorted(TAMPERING):
+            _assert_refused(svc.execute(TAMPERING[case], tier="tiny", tenant="acme"))
+        # The supervisor was untouched: the tenant's warm container still serves honest code.
         assert svc.execute("print(6*7)", tier="tiny", tenant="acme").stdout == "42\n"
+        assert svc.pool.reuses >= len(TAMPERING)
 
 
 def _running(engine, cid: str) -> bool:
@@ -255,9 +262,8 @@ def test_a_forged_zero_cpu_claim_is_not_believed(one_shot: SandboxService) -> No
     code = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\n"
             + FORGE.format(payload=json.dumps(VALID).encode()))
     result = one_shot.execute(code, tier="roomy", tenant="acme")
-    # A well-formed record is believed about the program's own exit code only (under bubblewrap the
-    # forgery cannot reach the agent at all: an ordinary PermissionError).
-    assert result.error_kind is None and result.exit_code == (0 if one_shot.backend_name == "docker" else 1)
+    # The forgery cannot reach the supervisor: an ordinary PermissionError, after the CPU was spent.
+    assert result.error_kind is None and result.exit_code == 1
     assert result.cpu_seconds is not None and result.cpu_seconds >= 0.45, result
     assert result.memory_peak_bytes is not None  # measured in the sandbox's cgroup, not estimated
 
@@ -341,7 +347,9 @@ def test_without_a_view_of_the_cgroup_the_engine_measures_and_kills(sandbox_imag
         sandbox.meter.close()
         sandbox.meter = None
         code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass\nprint('spun')"
-        result = backend.run(sandbox, code)
+        executed = backend.run(sandbox, code)
+        result = executed.result
+        assert not executed.reusable  # unmeasurable between executions: one execution per container
         assert result.stdout == "spun\n" and result.error_kind is None, result
         assert result.cpu_seconds is not None and result.cpu_seconds >= 0.25, result
         assert not _running(docker_engine, sandbox.container_id)

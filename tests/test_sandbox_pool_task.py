@@ -57,15 +57,15 @@ def test_orphans_of_a_dead_worker_are_reaped(sandbox_image, docker_engine, test_
 
 
 @pytest.mark.docker
-def test_pool_never_reuses_a_sandbox(sandbox_image, sandbox_settings, docker_engine) -> None:
+def test_the_pool_reuses_a_container_for_its_tenant_only(sandbox_image, sandbox_settings, docker_engine) -> None:
+    hostname = "import socket\nprint(socket.gethostname())"
     with SandboxService(sandbox_settings, backend="docker") as service:
         assert service.pool.wait_ready(60)
-        cids = set()
-        for _ in range(3):
-            sb = service.pool.acquire(service.tiers["tiny"])
-            cids.add(sb.container_id)
-            service.pool.backend.run(sb, "pass")
-        assert len(cids) == 3
+        first = [service.execute(hostname, tier="tiny", tenant="t1").stdout for _ in range(3)]
+        other = service.execute(hostname, tier="tiny", tenant="t2").stdout
+        assert len(set(first)) == 1 and first[0].startswith("sandbox-"), first  # one container, three runs
+        assert other != first[0]
+        assert sorted(service.pool.bindings().values()) == [("t1", "tiny"), ("t2", "tiny")]
     assert labelled_containers(docker_engine, mine=True) == []
 
 

@@ -31,6 +31,7 @@ pids = 16
 output_bytes = 4096
 tmpfs_mb = 4
 max_idle_s = 1
+max_age_s = 1
 pool_size = 0
 
 [tiers.sweep.quota]
@@ -138,10 +139,10 @@ def test_leaked_containers_are_swept_and_counted(sandbox_image: str, docker_engi
 
 def test_the_pool_grows_with_the_take_rate_and_is_capped() -> None:
     from tools_sandbox.docker_backend import DockerBackend
-    from tools_sandbox.pool import RATE_WINDOW_S, WarmPool
+    from tools_sandbox.pool import RATE_WINDOW_S, Limits, WarmPool
 
     tiers = parse_tiers(TEST_TIERS)
-    pool = WarmPool(DockerBackend(), tiers, {"tiny": 2}, max_size=6)  # never started: no engine needed
+    pool = WarmPool(DockerBackend(), tiers, {"tiny": 2}, limits=Limits(max_size=6))  # never started: no engine
     assert pool.target("tiny", now=NOW) == 2 and pool.target("roomy", now=NOW) == 0
     pool._build_s = 0.3
     pool._takes["tiny"].extend(sorted(NOW - i * RATE_WINDOW_S / 100 for i in range(100)))  # 10 takes/s

@@ -192,7 +192,7 @@ class _Prepared:
 
 
 def _fork_cleaner():
-    """The cleaner, forked while the program runs: it stays the supervisor's (root, out of the
+    """The cleaner, forked as the program starts: it stays the supervisor's (root, out of the
     program's reach) until told to go, then becomes the execution uid and cleans up."""
     r_go, w_go = os.pipe()
     pid = os.fork()
@@ -214,6 +214,8 @@ def _execute(raw, prepared):
     cap = int(req["output_bytes"])
     oom_before = _oom_kills()
     pid, r_out, r_err, r_stat = prepared.pid, prepared.r_out, prepared.r_err, prepared.r_stat
+    # Before the program starts: a fork bomb must not leave the supervisor unable to fork its cleaner.
+    cleaner = _fork_cleaner() if os.geteuid() == 0 else None
     view = memoryview(str(len(raw)).encode() + b"\n" + raw)
     try:
         while view:
@@ -221,7 +223,6 @@ def _execute(raw, prepared):
     except OSError:
         pass  # the child is gone: its exit status says how
     os.close(prepared.w_req)
-    cleaner = _fork_cleaner() if os.geteuid() == 0 else None
     os.set_blocking(r_stat, False)
     kinds = {r_out: b"1", r_err: b"2"}
     sent = {r_out: 0, r_err: 0}

@@ -35,6 +35,11 @@ class SandboxSettings(BaseSettings):
     sandbox_pool_max: int = Field(default=16, ge=1, le=256)
     # A warm container unused this long is replaced (a tier may override it with max_idle_s).
     sandbox_max_idle_s: float = Field(default=600.0, gt=0)
+    # A container bound to a tenant is retired after this many executions or this age (tiers may
+    # override them: max_executions, max_age_s), and a worker keeps at most this many of them idle.
+    sandbox_max_executions: int = Field(default=200, ge=1)
+    sandbox_max_age_s: float = Field(default=600.0, gt=0)
+    sandbox_pool_bound_max: int = Field(default=32, ge=1, le=1024)
     # The sweeper: how often it runs, and the grace past a tier's limits before it kills.
     sandbox_sweep_interval_s: float = Field(default=5.0, gt=0)
     sandbox_sweep_grace_s: float = Field(default=10.0, ge=0)
@@ -46,5 +51,14 @@ class SandboxSettings(BaseSettings):
     # How the process backend confines code: bubblewrap, util-linux unshare (root only,
     # for hosts without bwrap), or auto = bwrap when installed, else unshare.
     sandbox_process_confinement: Literal["auto", "bwrap", "unshare"] = "auto"
+    # Waiting in line for a slot (tools_sandbox/quotas.py): a call whose request names no deadline
+    # waits at most this long; a waiting call polls about this often (the Celery task re-queues
+    # itself with a countdown of about this, growing with its position up to 5 s); a ticket that
+    # has not polled for `sandbox_waiter_stale_s` is dropped from the line (its task vanished).
+    sandbox_wait_max_s: float = Field(default=1800.0, ge=0)
+    sandbox_wait_poll_s: float = Field(default=0.5, gt=0, le=5)
+    sandbox_waiter_stale_s: float = Field(default=30.0, ge=10)
+    # How long a waiting call's pending marker (ExecuteRequest.pending_key) outlives its last poll.
+    sandbox_pending_ttl_s: int = Field(default=60, ge=15)
     # Debian mirror for the offline image build; empty = the one apt uses here.
     sandbox_mirror: str = ""

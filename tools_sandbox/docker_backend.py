@@ -17,7 +17,9 @@ kill, a protocol violation, a cleanup the supervisor could not finish or did not
 time, an engine that cannot be measured — retires the container: it is killed synchronously
 (the kill has completed before the result is returned) and queued for removal; a removal
 that fails is retried, and anything still left is the sweeper's (sweeper.py). A tier whose
-OCI runtime the engine lacks is unavailable: it never runs on runc instead.
+OCI runtime the engine lacks is unavailable: it never runs on runc instead. A tier that only
+prefers a runtime (`prefer_runtime`, e.g. gVisor for the untrusted tiers) gets it where the
+engine has it, and runc elsewhere.
 """
 
 from __future__ import annotations
@@ -200,8 +202,16 @@ class DockerBackend:
                 f"have (it has: {have}); the tier is unavailable rather than run with weaker isolation"
             )
 
+    def runtime_of(self, tier: Tier) -> str | None:
+        """The OCI runtime a tier's containers get: the one it requires, else the one it prefers when this
+        engine has it, else the engine's default (runc)."""
+        if tier.runtime is not None:
+            return tier.runtime
+        return tier.prefer_runtime if tier.prefer_runtime in self._runtimes else None
+
     def host_config(self, tier: Tier) -> dict:
         self.check_runtime(tier)
+        runtime = self.runtime_of(tier)
         sdk = _sdk()
         mem = f"{tier.memory_mb}m"
         tmpfs_bytes = tier.tmpfs_mb * 1024 * 1024
@@ -215,7 +225,7 @@ class DockerBackend:
             # gVisor's sentry serves every process of the sandbox from its own threads: a pids cgroup
             # limit stops the sandbox from starting at all (runsc 20221219), so there RLIMIT_NPROC,
             # set by the supervisor for the execution uid, bounds the processes instead.
-            pids_limit=None if tier.runtime == "runsc" else tier.pids,
+            pids_limit=None if runtime == "runsc" else tier.pids,
             mem_limit=mem,
             memswap_limit=mem,
             nano_cpus=int(tier.cpus * 1e9),
@@ -226,7 +236,7 @@ class DockerBackend:
             ],
             ipc_mode="none",
             log_config=sdk.types.LogConfig(type="none"),
-            runtime=tier.runtime,
+            runtime=runtime,
         )
         return config
 
@@ -285,8 +295,7 @@ class DockerBackend:
         base = sandbox.meter.usage() if sandbox.meter is not None else None
         if sandbox.meter is not None:
             sandbox.meter.reset_peak()
-        timed_out, infra_error = self._exchange(sandbox, encode_request(code, tier, tenant=tenant, nproc=tier.pids),
-                                                demux)
+        timed_out, infra_error = self._exchange(sandbox, self._request(sandbox, code, tenant), demux)
         usage = sandbox.meter.usage() if sandbox.meter is not None else None
         retired_because = _anomaly(parser, timed_out, infra_error, usage, base)
         if retired_because is not None:
@@ -298,7 +307,10 @@ class DockerBackend:
         if usage is not None:
             cpu = max(0.0, usage.cpu_seconds - (base.cpu_seconds if base is not None else 0.0))
             oom = usage.oom_kills > (base.oom_kills if base is not None else 0)
-        if sandbox.meter is None and (parser.exit is None or parser.exit.signal == 9):
+        if (sandbox.meter is None and (parser.exit is None or parser.exit.signal == 9)) or (
+                parser.exit is None and not timed_out and not oom):
+            # No record: the container itself died. Under gVisor an OOM kill takes the whole sandbox
+            # (and its cgroup with it), and only the engine remembers why.
             oom = self._oom_killed(sandbox)
         facts = HostFacts(started=started, timed_out=timed_out, cpu_seconds=cpu,
                           memory_peak_bytes=usage.memory_peak_bytes if usage is not None else None,
@@ -307,6 +319,16 @@ class DockerBackend:
             self.destroy_id(sandbox.container_id)
         return Executed(finish(tier, self.name, parser, facts), reusable=retired_because is None,
                         retired_because=retired_because)
+
+    def _request(self, sandbox: DockerSandbox, code: str, tenant: str) -> bytes:
+        """Under gVisor the sandbox's own kernel bounds processes and memory per sandbox (its sentry
+        takes no pids cgroup, and an OOM kill there would take the whole sandbox): the supervisor sets
+        RLIMIT_NPROC and RLIMIT_AS for the program. Under runc the cgroup does, and RLIMIT_NPROC would
+        count the uid's processes in every container of the host."""
+        tier = sandbox.tier
+        if self.runtime_of(tier) == "runsc":
+            return encode_request(code, tier, tenant=tenant, nproc=tier.pids, as_bytes=tier.memory_mb << 20)
+        return encode_request(code, tier, tenant=tenant)
 
     @staticmethod
     def _exchange(sandbox: DockerSandbox, request: bytes, demux: _Demux) -> tuple[bool, str | None]:

@@ -18,3 +18,13 @@ def quota_minute(tier: str, tenant: str, minute: int) -> str:
 def quota_cpu_day(tier: str, tenant: str, day: int) -> str:
     """CPU-seconds used in one UTC day (epoch days), a float counter."""
     return f"{PREFIX}:quota:{tier}:{tenant}:cpu:{day}"
+
+
+def quota_line(tier: str, tenant: str) -> str:
+    """Sorted set of the calls waiting for a slot (tickets), scored by their arrival: the line, FIFO."""
+    return f"{PREFIX}:quota:{tier}:{tenant}:line"
+
+
+def quota_seen(tier: str, tenant: str) -> str:
+    """Sorted set of the same tickets scored by when each last polled: a ticket gone quiet leaves the line."""
+    return f"{PREFIX}:quota:{tier}:{tenant}:seen"

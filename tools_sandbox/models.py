@@ -103,6 +103,8 @@ class Tier(BaseModel):
     # An OCI runtime such as "runsc" (gVisor). An engine without it makes the tier unavailable:
     # the tier never silently runs on the default runtime.
     runtime: str | None = None
+    # A runtime this tier gets where the engine has it, and the engine's default where it has not.
+    prefer_runtime: str | None = None
     # Warm containers for this tier; None = the service default.
     pool_size: int | None = Field(default=None, ge=0)
     # How long a warm container may wait unused before the pool replaces it; None = the service default.

@@ -1,13 +1,22 @@
-"""Per-tenant, per-tier quotas shared by every sandbox worker through Redis.
+"""Per-tenant, per-tier quotas shared by every sandbox worker through Redis: a rate is a line, not a refusal.
 
 Three quotas, checked atomically in one Lua script before an execution starts:
-- concurrent_executions: a sorted set of slots scored by their expiry time (the
-  tier's wall time plus a grace). A worker that crashes never releases its slot, so
-  expired slots are dropped on every check: a slot can't outlive its execution by
-  more than the grace, with no reaper needed.
+- concurrent_executions: a sorted set of slots scored by their expiry time (the tier's wall time plus a
+  grace). A worker that crashes never releases its slot, so expired slots are dropped on every check: a
+  slot can't outlive its execution by more than the grace, with no reaper needed. A slot's id is the
+  call's ticket, so a duplicate of a call that is executing (a redelivery, a re-sent call) is told so
+  (`in_progress`) and never runs the code a second time alongside it.
 - executions_per_minute: a counter per wall-clock minute (fixed window).
-- cpu_seconds_per_day: a float counter per UTC day, charged after each execution
-  with the CPU time it used (or wall time x CPUs when the sandbox had to be killed).
+- cpu_seconds_per_day: a float counter per UTC day, charged after each execution with the CPU time it
+  used (or wall time x CPUs when the sandbox had to be killed). The only quota that refuses a call.
+
+A call over the first two quotas WAITS in its (tier, tenant)'s line: a sorted set of tickets scored by
+the call's arrival time (the same ticket keeps its place however often it polls), beside a sorted set of
+when each ticket last polled. A slot goes only to a ticket whose rank in the line is below both the free
+concurrency and what is left of this minute's executions, so the line is first come, first served. A
+ticket not seen for `waiter_stale_s` (its task vanished) is dropped from the line, so a dead waiter never
+blocks the ones behind it; should it come back, it re-enters at its arrival time. `acquire` answers a
+`Slot`, a `Wait` (which quota, the ticket's position, when to look again) or a `Rejection` (the CPU day).
 """
 
 from __future__ import annotations
@@ -24,30 +33,58 @@ from . import keys
 from .models import Tier
 
 SLOT_GRACE_S = 30
+WAITER_STALE_S = 30.0
+# A duplicate of a call that holds a slot waits (as this quota) for the other's result.
+IN_PROGRESS = "in_progress"
+
+# KEYS: running, minute, cpu day, line, seen
+# ARGV: now, ticket, slot ttl, concurrent, per minute, cpu per day, minute reset, day reset, arrival, stale
 _ACQUIRE = """
 local now = tonumber(ARGV[1])
+local ticket = ARGV[2]
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return {'concurrent_executions', tostring(tonumber(first[2]) - now)}
+if redis.call('ZSCORE', KEYS[1], ticket) then
+  return {'in_progress', '1', '0'}
 end
 if tonumber(redis.call('GET', KEYS[3]) or '0') >= tonumber(ARGV[6]) then
-  return {'cpu_seconds_per_day', ARGV[8]}
+  redis.call('ZREM', KEYS[4], ticket)
+  redis.call('ZREM', KEYS[5], ticket)
+  return {'cpu_seconds_per_day', ARGV[8], '0'}
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[5]) then
-  return {'executions_per_minute', ARGV[7]}
+local stale_before = now - tonumber(ARGV[10])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', stale_before)
+for _, waiter in ipairs(gone) do
+  redis.call('ZREM', KEYS[4], waiter)
 end
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', stale_before)
+redis.call('ZADD', KEYS[4], 'NX', tonumber(ARGV[9]), ticket)
+redis.call('ZADD', KEYS[5], now, ticket)
+local line_ttl = math.ceil(tonumber(ARGV[10]) * 2) + 60
+redis.call('EXPIRE', KEYS[4], line_ttl)
+redis.call('EXPIRE', KEYS[5], line_ttl)
+local rank = redis.call('ZRANK', KEYS[4], ticket)
+local free = tonumber(ARGV[4]) - redis.call('ZCARD', KEYS[1])
+if rank >= free then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local wait = first[2] and tostring(tonumber(first[2]) - now) or '1'
+  return {'concurrent_executions', wait, tostring(rank)}
+end
+if rank >= tonumber(ARGV[5]) - tonumber(redis.call('GET', KEYS[2]) or '0') then
+  return {'executions_per_minute', ARGV[7], tostring(rank)}
+end
+redis.call('ZREM', KEYS[4], ticket)
+redis.call('ZREM', KEYS[5], ticket)
 redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], 120)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ticket)
 redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) + 60)
-return {'ok', '0'}
+return {'ok', '0', '0'}
 """
 
 
 @dataclass(frozen=True)
 class Rejection:
-    """Which quota refused the call, and in how many seconds it frees up."""
+    """Which quota refused the call (only `cpu_seconds_per_day` does), and in how many seconds it frees up."""
 
     quota: str
     tenant: str
@@ -57,6 +94,23 @@ class Rejection:
     def message(self) -> str:
         return (f"quota_exceeded: {self.quota} for tenant {self.tenant} on tier {self.tier}; "
                 f"resets in {self.resets_in_s}s")
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The call waits in line: which quota holds it, how many tickets are ahead, and about when a slot
+    may free (`retry_in_s`, a hint: the ticket must poll before `waiter_stale_s` anyway)."""
+
+    quota: str
+    tenant: str
+    tier: str
+    position: int
+    retry_in_s: float
+
+    def gave_up(self) -> str:
+        """The error a call gets when its run's deadline passes while it waits."""
+        return (f"quota_exceeded: the run's deadline passed while waiting for a sandbox slot ({self.quota} "
+                f"for tenant {self.tenant} on tier {self.tier}); the code did not run")
 
 
 @dataclass(frozen=True)
@@ -71,8 +125,9 @@ class Slot:
 class QuotaGate:
     """Acquire/release of quota slots on one Redis; construct, then call start()."""
 
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, *, waiter_stale_s: float = WAITER_STALE_S) -> None:
         self.redis_url = redis_url
+        self.waiter_stale_s = waiter_stale_s
         self._client: redis.Redis | None = None
         self._acquire: Script | None = None
 
@@ -91,25 +146,43 @@ class QuotaGate:
             raise RuntimeError("QuotaGate.start() was not called")
         return self._client
 
-    def acquire(self, tier: Tier, tenant: str, *, now: float | None = None) -> Slot | Rejection:
-        """Take a slot for one execution, or say which quota refuses and when it resets."""
+    def acquire(self, tier: Tier, tenant: str, *, ticket: str | None = None, arrival: float | None = None,
+                now: float | None = None) -> Slot | Wait | Rejection:
+        """Take a slot for the call `ticket` (arrived at `arrival`: its place in line), or say why it waits
+        or is refused. Poll again with the same ticket and arrival until it is not a Wait (or `leave`)."""
         now = time.time() if now is None else now
+        arrival = now if arrival is None else arrival
+        ticket = ticket or uuid.uuid4().hex
         minute, day = int(now // 60), int(now // 86400)
-        slot_id = uuid.uuid4().hex
         assert self._acquire is not None
-        verdict, wait = self._acquire(
+        verdict, wait, rank = self._acquire(
             keys=[keys.quota_running(tier.name, tenant), keys.quota_minute(tier.name, tenant, minute),
-                  keys.quota_cpu_day(tier.name, tenant, day)],
-            args=[repr(now), slot_id, tier.wall_time_s + SLOT_GRACE_S, tier.quota.concurrent_executions,
+                  keys.quota_cpu_day(tier.name, tenant, day), keys.quota_line(tier.name, tenant),
+                  keys.quota_seen(tier.name, tenant)],
+            args=[repr(now), ticket, tier.wall_time_s + SLOT_GRACE_S, tier.quota.concurrent_executions,
                   tier.quota.executions_per_minute, tier.quota.cpu_seconds_per_day,
-                  math.ceil((minute + 1) * 60 - now), math.ceil((day + 1) * 86400 - now)],
+                  math.ceil((minute + 1) * 60 - now), math.ceil((day + 1) * 86400 - now), repr(arrival),
+                  self.waiter_stale_s],
             client=self.client,
         )
         verdict = verdict.decode() if isinstance(verdict, bytes) else verdict
         if verdict == "ok":
-            return Slot(tier=tier.name, tenant=tenant, slot_id=slot_id)
-        resets = max(1, math.ceil(float(wait)))
-        return Rejection(quota=verdict, tenant=tenant, tier=tier.name, resets_in_s=resets)
+            return Slot(tier=tier.name, tenant=tenant, slot_id=ticket)
+        if verdict == "cpu_seconds_per_day":
+            return Rejection(quota=verdict, tenant=tenant, tier=tier.name, resets_in_s=max(1, math.ceil(float(wait))))
+        return Wait(quota=verdict, tenant=tenant, tier=tier.name, position=int(rank),
+                    retry_in_s=max(0.0, float(wait)))
+
+    def leave(self, tier: str, tenant: str, ticket: str) -> None:
+        """Take a ticket out of the line (its call ended without a slot: deadline, failure)."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zrem(keys.quota_line(tier, tenant), ticket)
+        pipe.zrem(keys.quota_seen(tier, tenant), ticket)
+        pipe.execute()
+
+    def waiting(self, tier: str, tenant: str) -> list[str]:
+        """The tickets in line, first first (for tests and operators)."""
+        return [t.decode() for t in self.client.zrange(keys.quota_line(tier, tenant), 0, -1)]
 
     def release(self, slot: Slot, cpu_seconds: float, *, now: float | None = None) -> None:
         """Free the concurrency slot and charge the CPU time used to today's counter."""

@@ -9,12 +9,21 @@ Fail closed: the backend is the one configured (`docker` by default). Only `auto
 back to the weaker process backend, and then every result names it (`backend="process"`).
 The tenant's CPU quota and `reactq_sandbox_cpu_seconds_total` are charged with the CPU time
 the host measured; where it measured nothing, with wall time x the tier's CPUs.
+
+Quotas (tools_sandbox/quotas.py): a call over its tenant's concurrency or per-minute quota waits
+in line, first come first served; only the CPU-day quota refuses. `execute` waits in its own
+thread (the CLI, scripts); the Celery task asks `admit` once per delivery and re-queues itself
+while the answer is a `Wait`, then runs the call with `run_admitted` (or stores `gave_up`'s
+result when its run's deadline passed in line).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .backend import PooledDocker, SandboxBackend
 from .config import SandboxSettings
@@ -22,9 +31,9 @@ from .docker_backend import DockerBackend
 from .errors import SandboxUnavailable
 from .metrics import CPU_SECONDS, DURATION, EXECUTIONS, QUOTA_REJECTIONS, REAPED, init_labels, tenant_label
 from .models import ErrorKind, SandboxResult, Tier
-from .pool import WarmPool
+from .pool import Limits, WarmPool
 from .process_backend import ProcessBackend
-from .quotas import QuotaGate, Rejection
+from .quotas import IN_PROGRESS, QuotaGate, Rejection, Slot, Wait
 from .sweeper import ReapReason, Sweeper, SweepPolicy
 from .tiers import get_tier, load_tiers
 
@@ -53,13 +62,24 @@ def make_backend(choice: str, settings: SandboxSettings, tiers: dict[str, Tier] 
         else:
             if pool_sizes is None or tiers is None:
                 return docker_backend, None
+            limits = Limits(max_size=settings.sandbox_pool_max, max_idle_s=settings.sandbox_max_idle_s,
+                            max_age_s=settings.sandbox_max_age_s, max_executions=settings.sandbox_max_executions,
+                            max_bound=settings.sandbox_pool_bound_max)
             pool = WarmPool(docker_backend, tiers, pool_sizes, builders=settings.sandbox_pool_builders,
-                            max_size=settings.sandbox_pool_max, max_idle_s=settings.sandbox_max_idle_s)
+                            limits=limits)
             pool.start()
             return PooledDocker(docker_backend, pool), pool
     backend = ProcessBackend(settings.sandbox_process_python, confinement=settings.sandbox_process_confinement)
     backend.start()
     return backend, None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A call the quota gate let through: its tier, and the slot to free (None without a quota store)."""
+
+    tier: Tier
+    slot: Slot | None
 
 
 class SandboxService:
@@ -87,7 +107,7 @@ class SandboxService:
         self.tiers = load_tiers(self.settings.sandbox_tiers_file)
         init_labels(self.tiers, self.settings.tenants)
         if self.redis_url:
-            self.quotas = QuotaGate(self.redis_url)
+            self.quotas = QuotaGate(self.redis_url, waiter_stale_s=self.settings.sandbox_waiter_stale_s)
             self.quotas.start()
         try:
             self.backend, self.pool = make_backend(self.backend_choice, self.settings, self.tiers,
@@ -105,7 +125,8 @@ class SandboxService:
 
     def sweep_policy(self) -> SweepPolicy:
         return SweepPolicy(self.tiers, grace_s=self.settings.sandbox_sweep_grace_s,
-                           default_max_idle_s=self.settings.sandbox_max_idle_s)
+                           default_max_idle_s=self.settings.sandbox_max_idle_s,
+                           default_max_age_s=self.settings.sandbox_max_age_s)
 
     def pool_sizes(self) -> dict[str, int]:
         wanted = {t.strip() for t in self.settings.sandbox_pool_tiers.split(",") if t.strip()}
@@ -137,23 +158,72 @@ class SandboxService:
     def backend_name(self) -> str:
         return self.backend.name if self.backend is not None else self.backend_choice
 
-    def execute(self, code: str, *, tier: str = "standard", tenant: str = "default") -> SandboxResult:
-        """Run `code` for `tenant` on `tier`; UnknownTierError for a tier not in the tiers file."""
+    def execute(self, code: str, *, tier: str = "standard", tenant: str = "default",
+                wait_s: float | None = None) -> SandboxResult:
+        """Run `code` for `tenant` on `tier`, waiting in line in this thread (up to `wait_s`, default
+        REACTQ_SANDBOX_WAIT_MAX_S) while the tenant is at its concurrency or per-minute quota: the CLI's
+        and scripts' form. The Celery task waits by re-queueing itself instead (`admit`, `run_admitted`).
+        UnknownTierError for a tier not in the tiers file."""
+        ticket, arrival = uuid.uuid4().hex, time.time()
+        deadline = arrival + (self.settings.sandbox_wait_max_s if wait_s is None else wait_s)
+        while True:
+            verdict = self.admit(tier, tenant, ticket=ticket, arrival=arrival)
+            if not isinstance(verdict, Wait):
+                break
+            if time.time() >= deadline:
+                return self.gave_up(verdict, ticket)
+            time.sleep(min(max(verdict.retry_in_s, self.settings.sandbox_wait_poll_s), 1.0,
+                           max(0.0, deadline - time.time())))
+        if isinstance(verdict, SandboxResult):
+            return verdict
+        return self.run_admitted(code, verdict, tenant)
+
+    def admit(self, tier: str, tenant: str, *, ticket: str, arrival: float,
+              now: float | None = None) -> Admitted | Wait | SandboxResult:
+        """Ask the quota gate for a slot for the call `ticket` (arrived at `arrival`): `Admitted` (run it
+        with `run_admitted`), `Wait` (poll again with the same ticket and arrival, or `gave_up`), or the
+        result of a call the CPU-day quota refuses. UnknownTierError for a tier not in the tiers file."""
         spec = get_tier(tier, self.tiers)
-        started = time.monotonic()
-        slot = None
+        if self.quotas is None:
+            return Admitted(spec, None)
+        verdict = self.quotas.acquire(spec, tenant, ticket=ticket, arrival=arrival, now=now)
+        if isinstance(verdict, Wait):
+            return verdict
+        if isinstance(verdict, Rejection):
+            QUOTA_REJECTIONS.labels(tier=spec.name, quota=verdict.quota).inc()
+            refused = SandboxResult.refused(tier=spec.name, backend=self.backend_name, quota=verdict.quota,
+                                            message=verdict.message(), duration_ms=0)
+            return self._record(refused, tenant)
+        return Admitted(spec, verdict)
+
+    def gave_up(self, wait: Wait, ticket: str) -> SandboxResult:
+        """The result of a call whose deadline passed while it waited in line (it leaves the line)."""
+        self.leave_line(wait.tier, wait.tenant, ticket)
+        quota = "concurrent_executions" if wait.quota == IN_PROGRESS else wait.quota
+        QUOTA_REJECTIONS.labels(tier=wait.tier, quota=quota).inc()
+        refused = SandboxResult.refused(tier=wait.tier, backend=self.backend_name, quota=quota,
+                                        message=wait.gave_up(), duration_ms=0)
+        return self._record(refused, wait.tenant)
+
+    def release_unused(self, admitted: Admitted) -> None:
+        """Hand back a slot that was not used (nothing ran: the tenant is not charged)."""
+        if admitted.slot is not None and self.quotas is not None:
+            self.quotas.release(admitted.slot, 0.0)
+
+    def leave_line(self, tier: str, tenant: str, ticket: str) -> None:
         if self.quotas is not None:
-            verdict = self.quotas.acquire(spec, tenant)
-            if isinstance(verdict, Rejection):
-                QUOTA_REJECTIONS.labels(tier=spec.name, quota=verdict.quota).inc()
-                refused = SandboxResult.refused(tier=spec.name, backend=self.backend_name, quota=verdict.quota,
-                                                message=verdict.message(),
-                                                duration_ms=int((time.monotonic() - started) * 1000))
-                return self._record(refused, tenant)
-            slot = verdict
+            self.quotas.leave(tier, tenant, ticket)
+
+    def run_admitted(self, code: str, admitted: Admitted, tenant: str,
+                     keep: Callable[[SandboxResult], None] | None = None) -> SandboxResult:
+        """Execute an admitted call, then free its slot and charge the CPU it used; `keep` is handed the
+        result before the slot is freed (the task stores it there, so a duplicate of the call that gets
+        the slot next finds the result)."""
+        spec, slot = admitted.tier, admitted.slot
+        started = time.monotonic()
         result = None
         try:
-            result = self._run(code, spec, started)
+            result = self._run(code, spec, started, tenant)
         finally:
             cpu = result.cpu_seconds if result is not None else None
             if result is not None and result.error_kind is ErrorKind.UNAVAILABLE:
@@ -162,17 +232,21 @@ class SandboxService:
                 cpu = (time.monotonic() - started) * spec.cpus
                 if result is not None:
                     result = result.model_copy(update={"cpu_seconds": cpu})
-            if slot is not None and self.quotas is not None:
-                self.quotas.release(slot, cpu)
+            try:
+                if keep is not None and result is not None:
+                    keep(result)
+            finally:
+                if slot is not None and self.quotas is not None:
+                    self.quotas.release(slot, cpu)
         return self._record(result, tenant)
 
-    def _run(self, code: str, spec: Tier, started: float) -> SandboxResult:
+    def _run(self, code: str, spec: Tier, started: float, tenant: str) -> SandboxResult:
         if self.backend is None:
             log.warning("sandbox backend not started: %s", self.start_error)
             return self._failure(spec, started, f"sandbox_unavailable: {self.start_error or 'not started'}",
                                  ErrorKind.UNAVAILABLE)
         try:
-            return self.backend.execute(code, spec)
+            return self.backend.execute(code, spec, tenant)
         except SandboxUnavailable as exc:
             return self._failure(spec, started, f"sandbox_unavailable: {exc}", ErrorKind.UNAVAILABLE)
 

@@ -7,6 +7,18 @@ only re-sends the continuation, so code runs at most once per stored result and 
 is never lost. The warm-pool service is one per worker process: started at
 worker_process_init when this worker consumes `reactq.sandbox` (never in the forking
 parent, never in step workers), else lazily on first use; closed at shutdown.
+
+No call is ever dropped. A call over its tenant's concurrency or per-minute quota waits in
+its (tier, tenant)'s line (tools_sandbox/quotas.py; its ticket is its result key, its place
+its `queued_at`): each delivery asks for a slot once, and while the answer is "wait" the task
+re-sends itself with a countdown of a few seconds (never Celery's retry counter, never a long
+block: a waiting call holds no worker process, so other tenants' calls go on) and refreshes the
+request's `pending_key`, which tells the reaper the call is alive. When the request's
+`deadline_at` (the run's deadline; default `queued_at` + REACTQ_SANDBOX_WAIT_MAX_S) passes in
+line, the call's result is a `quota_exceeded` error saying so. Every other way out ends with a
+stored result and the continuation too: a failure of ours becomes an `unavailable` result; a
+Redis that stays unreachable past the retries leaves the call to the reaper (worker/runtime/
+reaper.py re-sends it once its pending marker has expired, or ends the run at its deadline).
 """
 
 from __future__ import annotations
@@ -15,17 +27,20 @@ import atexit
 import logging
 import random
 import threading
+import time
 from typing import Any
 
+import kombu.exceptions
 import redis
 from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from .config import SandboxSettings
 from .errors import UnknownTierError
 from .models import ErrorKind, SandboxResult
 from .outcome import UNAVAILABLE_TEXT
+from .quotas import SLOT_GRACE_S, Wait
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -33,10 +48,11 @@ log = logging.getLogger(__name__)
 QUEUE = "reactq.sandbox"
 TASK_NAME = "reactq.sandbox.execute"
 RESULT_TTL_S = 7 * 24 * 3600
-# A tenant at its concurrent-executions quota is back-pressure, not a failure: the call waits
-# (re-queued with a short delay) for up to about this long before the rejection becomes its result.
-CONCURRENCY_WAIT_S = 120.0
-CONCURRENCY_RETRY_S = 0.5
+# A Redis that does not answer: the delivery is retried (Celery's retry, this many times, 2 s apart).
+REDIS_RETRIES = 30
+REDIS_RETRY_S = 2
+# A waiting call looks again after at most this long (and the line drops a ticket quiet for 30 s).
+MAX_POLL_S = 5.0
 # The only task a sandbox call may continue to: the worker's step task (tools_sandbox never imports
 # worker; tests/test_sandbox_pool_task.py checks this name against worker's own constant).
 STEP_TASK = "reactq.step"
@@ -58,6 +74,16 @@ class ExecuteRequest(BaseModel):
     continue_task: str | None = None
     continue_args: list[Any] = Field(default_factory=list)
     continue_queue: str | None = None
+    # The run's deadline (epoch seconds): a call still waiting in line then gets a quota_exceeded result.
+    # None (older senders): queued_at + REACTQ_SANDBOX_WAIT_MAX_S.
+    deadline_at: float | None = None
+    # When the call was sent (epoch seconds): its place in its tenant's line. None: when first seen here.
+    queued_at: float | None = None
+    # A key in the sandbox's namespace the task keeps alive while the call waits or runs (the reaper
+    # re-sends a lost call only once it has expired); None: no marker.
+    pending_key: str | None = None
+    # Times the call was re-queued to wait (for the log).
+    waits: int = 0
 
 
 def get_service() -> SandboxService:
@@ -117,42 +143,121 @@ def _close_in_child(**_: Any) -> None:
 atexit.register(close_service)
 
 
-def run_request(req: ExecuteRequest) -> SandboxResult:
-    """Execute one request through the process-wide service; never raises for the code's failures."""
+_EXTEND = """
+local ms = tonumber(ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ms then
+  redis.call('SET', KEYS[1], '1', 'PX', ms)
+end
+"""
+
+
+def _blank(req: ExecuteRequest, error: str, kind: ErrorKind) -> SandboxResult:
+    return SandboxResult(exit_code=None, stdout="", stderr="", tier=req.tier, error=error, error_kind=kind,
+                         backend="none")
+
+
+def _mark_pending(store: redis.Redis, req: ExecuteRequest, ttl_s: float) -> None:
+    """Keep the request's pending marker alive for at least `ttl_s` more (never shortened)."""
+    if req.pending_key:
+        store.eval(_EXTEND, 1, req.pending_key, int(ttl_s * 1000))
+
+
+WAITING = "waiting"
+
+
+def _attempt(task: Any, req: ExecuteRequest, store: redis.Redis) -> SandboxResult | str:
+    """One delivery's go at the call: its result to store, "redelivered" (stored already) or WAITING
+    (re-queued to wait in line)."""
+    if store.exists(req.result_key):
+        return "redelivered"
+    service = get_service()
+    settings = service.settings
+    now = time.time()
+    queued_at = req.queued_at if req.queued_at is not None else now
+    deadline = req.deadline_at if req.deadline_at is not None else queued_at + settings.sandbox_wait_max_s
     try:
-        return get_service().execute(req.code, tier=req.tier, tenant=req.tenant)
+        verdict = service.admit(req.tier, req.tenant, ticket=req.result_key, arrival=queued_at, now=now)
     except UnknownTierError as exc:
-        return SandboxResult(exit_code=None, stdout="", stderr="", tier=req.tier, error=f"unknown_tier: {exc}",
-                             error_kind=ErrorKind.UNKNOWN_TIER, backend="none")
-    except Exception:  # noqa: BLE001 - infrastructure failure becomes a visible result (details in the log)
-        log.exception("sandbox execution failed")
-        return SandboxResult(exit_code=None, stdout="", stderr="", tier=req.tier, error=UNAVAILABLE_TEXT,
-                             error_kind=ErrorKind.UNAVAILABLE, backend="none")
+        return _blank(req, f"unknown_tier: {exc}", ErrorKind.UNKNOWN_TIER)
+    if isinstance(verdict, Wait):
+        if now >= deadline:
+            return service.gave_up(verdict, req.result_key)
+        _mark_pending(store, req, settings.sandbox_pending_ttl_s)
+        _wait_in_line(task, req, verdict, queued_at, settings.sandbox_wait_poll_s)
+        return WAITING
+    if isinstance(verdict, SandboxResult):
+        return verdict  # the CPU-day quota refused it
+    if store.exists(req.result_key):  # a duplicate's result was stored (then its slot freed) meanwhile
+        service.release_unused(verdict)
+        return "redelivered"
+    _mark_pending(store, req, verdict.tier.wall_time_s + SLOT_GRACE_S + settings.sandbox_pending_ttl_s)
+    return service.run_admitted(req.code, verdict, req.tenant, keep=lambda result: _store_result(store, req, result))
 
 
-def _waits_for_a_slot(result: SandboxResult) -> bool:
-    return result.error_kind is ErrorKind.QUOTA_EXCEEDED and result.quota == "concurrent_executions"
+def _wait_in_line(task: Any, req: ExecuteRequest, wait: Wait, queued_at: float, poll_s: float) -> None:
+    """Re-send the call with a short countdown: sooner near the head of the line, at most MAX_POLL_S."""
+    countdown = min(poll_s * (1 + wait.position / 4), MAX_POLL_S)
+    if wait.quota == "executions_per_minute":
+        countdown = max(countdown, min(wait.retry_in_s, MAX_POLL_S))
+    again = req.model_copy(update={"queued_at": queued_at, "waits": req.waits + 1})
+    if again.waits % 50 == 1:
+        log.info("sandbox call %s waits in line (%s, position %d, %d waits)", req.result_key, wait.quota,
+                 wait.position, again.waits)
+    task.apply_async(args=[again.model_dump()], countdown=countdown * (1 + random.random() / 2), queue=QUEUE)
 
 
-@shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)
-def execute(self: Any, request: dict[str, Any]) -> dict[str, Any]:
-    """Run the code unless its result is already stored, store it (SET NX), enqueue the continuation."""
-    req = ExecuteRequest.model_validate(request)
-    store = _store()
-    try:
-        if store.exists(req.result_key):
-            outcome = "redelivered"
-        else:
-            result = run_request(req)
-            if _waits_for_a_slot(result) and self.request.retries < CONCURRENCY_WAIT_S / CONCURRENCY_RETRY_S:
-                raise self.retry(countdown=CONCURRENCY_RETRY_S * (1 + random.random()), max_retries=None)
-            store.set(req.result_key, result.model_dump_json(), nx=True, ex=RESULT_TTL_S)
-            outcome = result.outcome
-    except redis.exceptions.ConnectionError as exc:
-        raise self.retry(exc=exc, countdown=2, max_retries=30) from exc
+def _store_result(store: redis.Redis, req: ExecuteRequest, result: SandboxResult) -> None:
+    store.set(req.result_key, result.model_dump_json(), nx=True, ex=RESULT_TTL_S)
+
+
+def _continue(task: Any, req: ExecuteRequest) -> None:
     if req.continue_task in ALLOWED_CONTINUATIONS:
-        self.app.send_task(req.continue_task, args=req.continue_args, queue=req.continue_queue)
+        task.app.send_task(req.continue_task, args=req.continue_args, queue=req.continue_queue)
     elif req.continue_task:
         log.warning("refused to continue sandbox call %s to task %r: only %s may follow a sandbox call",
                     req.result_key, req.continue_task, ", ".join(sorted(ALLOWED_CONTINUATIONS)))
+
+
+def _leave_line(req: ExecuteRequest) -> None:
+    try:
+        get_service().leave_line(req.tier, req.tenant, req.result_key)
+    except Exception:  # noqa: BLE001 - best effort: a ticket gone quiet leaves the line by itself
+        log.debug("could not take %s out of its line", req.result_key, exc_info=True)
+
+
+@shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=REDIS_RETRIES)
+def execute(self: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Run the code unless its result is already stored, or wait in line for a slot (re-queued); store the
+    result (SET NX) and enqueue the continuation. Every way out stores a result, re-queues the call, or
+    (Redis gone for good) leaves it to the reaper, logged."""
+    try:
+        req = ExecuteRequest.model_validate(request)
+    except ValidationError:
+        log.error("sandbox request refused (invalid; the run's reaper will see it unanswered): %r",
+                  request, exc_info=True)
+        return {"result_key": None, "outcome": "invalid_request"}
+    store = _store()
+    try:
+        try:
+            outcome = _attempt(self, req, store)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                kombu.exceptions.OperationalError):
+            raise
+        except Exception:  # noqa: BLE001 - our failure becomes a visible result (details in the log)
+            log.exception("sandbox call %s failed", req.result_key)
+            _leave_line(req)
+            outcome = _blank(req, UNAVAILABLE_TEXT, ErrorKind.UNAVAILABLE)
+        if outcome == WAITING:
+            return {"result_key": req.result_key, "outcome": WAITING}
+        if isinstance(outcome, SandboxResult):
+            _store_result(store, req, outcome)
+            outcome = outcome.outcome
+        _continue(self, req)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+            kombu.exceptions.OperationalError) as exc:
+        if self.request.retries >= REDIS_RETRIES:
+            log.error("sandbox call %s: Redis unreachable after %d retries; its run's reaper re-sends it once "
+                      "its pending marker expires", req.result_key, REDIS_RETRIES)
+            raise
+        raise self.retry(exc=exc, countdown=REDIS_RETRY_S, max_retries=REDIS_RETRIES) from exc
     return {"result_key": req.result_key, "outcome": outcome}

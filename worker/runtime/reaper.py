@@ -18,8 +18,13 @@ backlog of thousands waits:
   when such a candidate exists and only while the queue holds at most `REACTQ_REAPER_SCAN_LIMIT`
   messages; beyond that ...
 - `long_stale`: ... a run idle for longer than the broker's visibility timeout is re-kicked anyway.
-- `sandbox_lost`: a run `waiting_on=sandbox` idle for longer than `REACTQ_SANDBOX_REDISPATCH_AFTER_S`:
-  its re-run step sends the sandboxed call again (the dispatch marker has expired) or uses the result.
+- `sandbox_lost`: a run `waiting_on=sandbox` idle for longer than `REACTQ_SANDBOX_REDISPATCH_AFTER_S`
+  whose step's pending marker (`keys.sandbox_pending`, kept alive by a sandbox task while its call waits
+  in line for a slot or runs) has expired: no task will write the result, so its re-run step sends the
+  sandboxed call again (the dispatch marker has expired) or uses the result stored meanwhile. A call
+  legitimately waiting in line, however long, is left alone: its task ends it with a result.
+- `sandbox_deadline`: the same, but the run's deadline has passed: the run ends (`timeout`, with the
+  reason that its deadline passed while it waited for a sandbox result) instead of sending the call again.
 - `dropped`: a finished or vanished run left in the active set is removed from it.
 
 A re-kick is always safe: a step is fenced on the step number and takes the run's lease, so a duplicate
@@ -47,12 +52,15 @@ from .runner import Dispatcher, record_finished
 
 log = logging.getLogger("reactq.reaper")
 
+SANDBOX_DEADLINE_REASON = "run deadline passed while waiting for a sandbox result (no sandbox task was answering)"
+
 
 class ReaperAction(StrEnum):
     DEAD_WORKER = "dead_worker"
     LOST_MESSAGE = "lost_message"
     LONG_STALE = "long_stale"
     SANDBOX_LOST = "sandbox_lost"
+    SANDBOX_DEADLINE = "sandbox_deadline"
     DROPPED = "dropped"
 
 
@@ -61,7 +69,11 @@ def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: 
     s = rt.settings
     idle = now - progress_at
     if run.waiting_on == "sandbox":
-        return ReaperAction.SANDBOX_LOST if idle > s.sandbox_redispatch_after_s else None
+        if idle <= s.sandbox_redispatch_after_s or rt.store.sandbox_pending(run.id, run.current_step):
+            return None
+        if run.deadline_at is not None and now >= run.deadline_at:
+            return ReaperAction.SANDBOX_DEADLINE
+        return ReaperAction.SANDBOX_LOST
     if taken is not None and taken[0] == run.current_step and taken[1] >= progress_at - 1:
         return ReaperAction.DEAD_WORKER if now - taken[1] > 2 * s.lease_ttl_s else None
     if idle > s.visibility_timeout_s:
@@ -111,6 +123,14 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
             continue
         action = _decide(run, progress_at, mark, now, rt, queued)
         if action is None:
+            continue
+        if action is ReaperAction.SANDBOX_DEADLINE:
+            log.warning("ending a run whose deadline passed while it waited for a sandbox result",
+                        extra={"run_id": run.id, "step": run.current_step, "action": action.value})
+            if (ended := rt.store.finish(run.id, RunStatus.TIMEOUT, SANDBOX_DEADLINE_REASON,
+                                         only_step=run.current_step)) is not None:
+                record_finished(ended, rt, dispatch.webhook)
+                metrics.REAPER_ACTIONS.labels(action).inc()
             continue
         log.warning("re-kicking stranded run", extra={"run_id": run.id, "step": run.current_step,
                                                       "action": action.value})

@@ -3,6 +3,9 @@
 A step task for step n may run more than once (redelivery, the reaper, a sandbox continuation).
 Each run makes progress from what is stored: the LLM reply of step n, each tool result, each
 sandbox dispatch. The step is recorded exactly once, by a transaction fenced on the step number.
+A sandboxed call is sent with the run's deadline, when it was sent (its place in its tenant's line for
+a sandbox slot) and the step's pending marker, which its sandbox task keeps alive while it waits or runs
+(tools_sandbox/tasks.py; the reaper reads the marker).
 """
 
 from __future__ import annotations
@@ -295,6 +298,10 @@ class StepRunner:
             return self.store.save_tool_result(run.id, index, obs)
         ttl = self.rt.settings.sandbox_redispatch_after_s
         if self.store.claim_dispatch(run.id, index, planned.call.id, ttl):
+            now = time.time()
+            deadline_at = run.deadline_at
+            if deadline_at is None and run.deadline_s is not None:  # a first step: its clock starts now
+                deadline_at = now + run.deadline_s
             self.dispatch.sandbox({
                 "code": planned.arguments.get("code", ""),
                 "tier": run.spec.tier,
@@ -303,6 +310,11 @@ class StepRunner:
                 "continue_task": STEP_TASK,
                 "continue_args": [run.id, index],
                 "continue_queue": STEPS_QUEUE,
+                # The call waits in its tenant's line (by queued_at) until a slot frees or the run's
+                # deadline passes, keeping pending_key alive meanwhile (tools_sandbox/tasks.py).
+                "deadline_at": deadline_at,
+                "queued_at": now,
+                "pending_key": keys.sandbox_pending(run.id, index),
             })
         return None
 

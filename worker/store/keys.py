@@ -35,6 +35,13 @@ def sandbox_dispatch(run_id: str, step: int, call_id: str) -> str:
     return f"{PREFIX}:run:{run_id}:sent:{step}:{call_id}"
 
 
+def sandbox_pending(run_id: str, step: int) -> str:
+    """Kept alive (a TTL) by the sandbox task of any of the step's calls while it waits in line or runs:
+    the reaper re-sends a lost call only once it has expired. In the sandbox worker's ACL namespace
+    (`reactq:run:*:sandbox:*`, deploy/redis/acl.conf); never a result key (those have a step number there)."""
+    return f"{PREFIX}:run:{run_id}:sandbox:pending:{step}"
+
+
 def lease(run_id: str) -> str:
     """Held by the worker executing a run's step, so duplicates of that step back off."""
     return f"{PREFIX}:run:{run_id}:lease"

@@ -423,6 +423,10 @@ class RunStore:
         """The sandbox worker's raw result object for one call, once it has stored it."""
         return self.r.get(keys.sandbox_result(run_id, step, call_id))
 
+    def sandbox_pending(self, run_id: str, step: int) -> bool:
+        """Whether a sandbox task still works on (or waits in line for) a call of this step."""
+        return bool(self.r.exists(keys.sandbox_pending(run_id, step)))
+
     def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
         return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
 
