@@ -131,7 +131,8 @@ def docker_backend(sandbox_image: str) -> Iterator[object]:
 def labelled_containers(client: object, *, mine: bool = False) -> list[dict]:
     """Every container carrying the sandbox label on the test engine, or (`mine`) only those this test
     process started: other engineers' tests share the engine, and their containers are none of ours."""
-    from tools_sandbox.docker_backend import LABEL_OWNER, owner_id
+    from tools_sandbox.docker_backend import LABEL_OWNER
+    from tools_sandbox.owners import owner_id
 
     label = f"{LABEL_OWNER}={owner_id()}" if mine else "reactq.sandbox=1"
     return client.api.containers(all=True, filters={"label": label})  # type: ignore[attr-defined]

@@ -161,7 +161,7 @@ def one_shot(request, authority_tiers: Path, docker_engine):
 
 
 def _my_running_containers(engine) -> list[dict]:
-    from tools_sandbox.docker_backend import owner_id
+    from tools_sandbox.owners import owner_id
 
     return engine.api.containers(filters={"label": f"reactq.sandbox.owner={owner_id()}", "status": "running"})
 

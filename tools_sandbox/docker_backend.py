@@ -25,11 +25,9 @@ engine has it, and runc elsewhere.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import secrets
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,8 +37,10 @@ from typing import TYPE_CHECKING
 
 from .cgroup import CgroupMeter, Usage
 from .errors import SandboxUnavailable
+from .frames import Demux, anomaly
 from .models import SandboxResult, Tier
 from .outcome import HostFacts, finish
+from .owners import owner_alive, owner_id
 from .protocol import FrameParser, agent_source, encode_request
 from .sweeper import ReapReason, SweepPolicy
 
@@ -76,31 +76,7 @@ SUPERVISOR_USER = "0:0"
 SUPERVISOR_CAPS = ["SETUID", "SETGID", "KILL"]
 # How long the supervisor may take to clean up after the program before the container is retired.
 CLEANUP_TIMEOUT_S = 3.0
-_AGENT_STDERR_CAP = 4096
 _REMOVE_ATTEMPTS = 4
-
-
-def owner_id(pid: int | None = None) -> str:
-    """host/pid/start-time: identifies a live process even across pid reuse."""
-    pid = pid or os.getpid()
-    return f"{socket.gethostname()}/{pid}/{_proc_start_time(pid)}"
-
-
-def _proc_start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "?"
-
-
-def owner_alive(owner: str) -> bool:
-    """Whether the process that labelled a container is still running on this host."""
-    host, _, rest = owner.partition("/")
-    pid_s, _, start = rest.partition("/")
-    if host != socket.gethostname() or not pid_s.isdigit():
-        return True  # not ours to judge: another host's worker owns it
-    return os.path.exists(f"/proc/{pid_s}") and _proc_start_time(int(pid_s)) == start
 
 
 @dataclass
@@ -289,7 +265,7 @@ class DockerBackend:
             raise SandboxUnavailable("a sandbox bound to one tenant was offered another's code")
         sandbox.executions += 1
         parser = FrameParser(cap=tier.output_bytes)
-        demux = _Demux(parser)
+        demux = Demux(parser)
         with self._lock:
             self._executing[sandbox.container_id] = time.time()
         base = sandbox.meter.usage() if sandbox.meter is not None else None
@@ -297,7 +273,7 @@ class DockerBackend:
             sandbox.meter.reset_peak()
         timed_out, infra_error = self._exchange(sandbox, self._request(sandbox, code, tenant), demux)
         usage = sandbox.meter.usage() if sandbox.meter is not None else None
-        retired_because = _anomaly(parser, timed_out, infra_error, usage, base)
+        retired_because = anomaly(parser, timed_out, infra_error, usage, base)
         if retired_because is not None:
             usage = self.stop(sandbox) or usage
         with self._lock:
@@ -331,7 +307,7 @@ class DockerBackend:
         return encode_request(code, tier, tenant=tenant)
 
     @staticmethod
-    def _exchange(sandbox: DockerSandbox, request: bytes, demux: _Demux) -> tuple[bool, str | None]:
+    def _exchange(sandbox: DockerSandbox, request: bytes, demux: Demux) -> tuple[bool, str | None]:
         """Send the request; read frames until the ready record, the program's wall-clock deadline (it
         starts when the code is sent, not while a container started), the cleanup's, or the output cap.
         Whether the program timed out, and our own side's failure if any."""
@@ -500,56 +476,3 @@ class DockerBackend:
 
     def list_sandboxes(self) -> list[dict]:
         return self.api.containers(all=True, filters={"label": f"{LABEL}=1"})
-
-
-def _anomaly(parser: FrameParser, timed_out: bool, infra_error: str | None, usage: Usage | None,
-             base: Usage | None) -> str | None:
-    """Why a container must not serve again after this execution; None when it may."""
-    if timed_out:
-        return "timeout"
-    if infra_error is not None:
-        return "connection"
-    if parser.protocol_error is not None or parser.truncated or parser.exit is None:
-        return "protocol"
-    if usage is None or base is None:
-        return "unmeasured"  # no cgroup view (a remote engine): one execution per container, as before
-    if usage.oom_kills > base.oom_kills:
-        return "oom"
-    if parser.ready is None:
-        return "no_ready"
-    if not parser.ready.clean:
-        log.warning("sandbox retired after its cleanup: %s", parser.ready.problem)
-        return "unclean"
-    return None
-
-
-class _Demux:
-    """Splits Docker's multiplexed attach stream: stdout -> frame parser, stderr -> small buffer."""
-
-    def __init__(self, parser: FrameParser) -> None:
-        self.parser = parser
-        self.agent_err = bytearray()
-        self._head = bytearray()
-        self._stream = 0
-        self._left = 0
-
-    def feed(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            if self._left == 0:
-                need = 8 - len(self._head)
-                self._head += view[:need]
-                view = view[need:]
-                if len(self._head) < 8:
-                    return
-                self._stream = self._head[0]
-                self._left = struct.unpack(">I", self._head[4:8])[0]
-                self._head.clear()
-                continue
-            take = view[: self._left]
-            view = view[len(take):]
-            self._left -= len(take)
-            if self._stream == 1:
-                self.parser.feed(bytes(take))
-            elif len(self.agent_err) < _AGENT_STDERR_CAP:
-                self.agent_err += take[: _AGENT_STDERR_CAP - len(self.agent_err)]
