@@ -377,13 +377,22 @@ def _leftovers():
                 return f"files the cleanup could not remove are left in {top}"
         except OSError:
             continue
-    for kind in ("shm", "msg", "sem"):
-        try:
-            with open(f"/proc/sysvipc/{kind}") as f:
-                if len(f.read().splitlines()) > 1:
-                    return f"a SysV IPC object ({kind}) is left"
-        except OSError:
-            continue
+    kind = _sysv_ipc_left()
+    return f"a SysV IPC object ({kind}) is left" if kind else None
+
+
+def _sysv_ipc_left():
+    """Which kind of SysV IPC object exists in the container (they outlive every process), if any.
+
+    Asked of the kernel (SHM_INFO, MSG_INFO, SEM_INFO), not of /proc/sysvipc, which gVisor lacks."""
+    if _LIBC is None:
+        return "unknown: no libc"
+    info = _ctypes.create_string_buffer(256)
+    for kind, call, offset in (("shm", lambda: _LIBC.shmctl(0, 14, info), 0),   # shm_info.used_ids
+                               ("msg", lambda: _LIBC.msgctl(0, 12, info), 0),   # msginfo.msgpool
+                               ("sem", lambda: _LIBC.semctl(0, 0, 19, info), 28)):  # seminfo.semusz
+        if call() < 0 or _ctypes.c_int.from_buffer(info, offset).value != 0:
+            return kind
     return None
 
 
@@ -397,14 +406,20 @@ def _make_clean(cleaner):
     return _leftovers()
 
 
-def _become_subreaper():
-    """Orphans of the program come to the supervisor, which reaps them at once (not to tini)."""
+def _load_libc():
+    global _ctypes, _LIBC
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
+        _ctypes, _LIBC = ctypes, ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
+        _LIBC = None
+
+
+def _become_subreaper():
+    """Orphans of the program come to the supervisor, which reaps them at once (not to tini)."""
+    if _LIBC is not None:
+        _LIBC.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def _reap_orphans():
@@ -425,6 +440,7 @@ def main():
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
     if privileged:
+        _load_libc()
         _become_subreaper()
     tenant = None
     serial = 1
@@ -454,4 +470,5 @@ def main():
 
 
 _WAKE_R = -1
+_ctypes = _LIBC = None
 main()

@@ -1,0 +1,153 @@
+"""Warm containers serve one tenant many times: each execution starts clean, and tenants never share one.
+
+Against the real Docker engine, through the warm pool, on runc and on gVisor (runsc). A program
+prints its container's hostname (unique per container) so each case can tell whether the next
+execution ran in the same container (reused, and clean) or in another (the last one was retired).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import pytest
+
+from tests.fixtures_sandbox import RUNTIMES, labelled_containers, require_runtime, tiers_on
+from tools_sandbox import SandboxService, SandboxSettings
+
+pytestmark = [pytest.mark.docker]
+
+HOSTNAME = "import socket\nprint(socket.gethostname())\n"
+# What the next execution sees: processes of another uid than root, /tmp, /dev/mqueue, free /tmp space.
+LOOK = HOSTNAME + """import os
+mine = os.getpid()
+others = sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != mine
+                and os.stat(f'/proc/{p}').st_uid != 0)
+st = os.statvfs('/tmp')
+mqueue = os.listdir('/dev/mqueue') if os.path.isdir('/dev/mqueue') else []  # gVisor has none
+print(others, sorted(n for n in os.listdir('/tmp') if not n.startswith('run-')), mqueue,
+      st.f_bavail * st.f_frsize // (1 << 20))
+"""
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def service(request, sandbox_image: str, docker_engine, tmp_path_factory):
+    require_runtime(docker_engine, request.param)
+    tiers_file = tmp_path_factory.mktemp(f"reuse-{request.param}") / "tiers.toml"
+    tiers_file.write_text(tiers_on(request.param), encoding="utf-8")
+    svc = SandboxService(SandboxSettings(sandbox_tiers_file=tiers_file, sandbox_pool_tiers="tiny"),
+                         backend="docker")
+    svc.start()
+    assert svc.pool is not None and svc.pool.wait_ready(120), svc.start_error
+    yield svc
+    svc.close()
+    assert labelled_containers(docker_engine, mine=True) == []
+
+
+def run(service: SandboxService, code: str, tenant: str):
+    return service.execute(code, tier="tiny", tenant=tenant)
+
+
+def look(service: SandboxService, tenant: str) -> tuple[str, list[int], list[str], list[str], int]:
+    result = run(service, LOOK, tenant)
+    host, seen = result.stdout.splitlines()
+    others, tmp, mqueue, free_mb = eval(f"({seen.replace('] ', '], ')})")  # noqa: S307 - our probe's own reprs
+    return host, others, tmp, mqueue, free_mb
+
+
+def test_a_planted_process_and_files_are_gone_in_the_same_tenants_next_execution(service) -> None:
+    plant = HOSTNAME + """import os, signal, subprocess, time
+# A process that ignores SIGTERM and leaves its group and session, a double-forked one, and a stopped one.
+if os.fork() == 0:
+    os.setsid()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.fork() == 0:
+        os.setpgid(0, 0)
+        time.sleep(300)
+    os._exit(0)
+stopped = subprocess.Popen(['sleep', '300'])
+os.kill(stopped.pid, signal.SIGSTOP)
+os.makedirs('/tmp/deep/locked')
+open('/tmp/deep/locked/secret', 'w').write('secret of acme')
+os.chmod('/tmp/deep/locked', 0)
+os.chmod('/tmp/deep', 0o500)
+open('/tmp/.hidden', 'w').write('x')
+os.mkfifo('/tmp/fifo')
+os.symlink('/etc/passwd', '/tmp/link')
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mq_open.restype = ctypes.c_int
+mq = libc.mq_open(b'/planted', os.O_CREAT | os.O_RDWR, 0o600, None)
+print('planted', mq >= 0)
+"""
+    result = run(service, plant, "acme")
+    host, said = result.stdout.splitlines()
+    assert said.startswith("planted") and result.error_kind is None, result
+    again, others, tmp, mqueue, _ = look(service, "acme")
+    assert again == host  # the same container served the tenant again ...
+    assert (others, tmp, mqueue) == ([], [], [])  # ... with nothing of the last execution left
+
+
+def test_filling_tmp_does_not_affect_the_next_execution(service) -> None:
+    fill = HOSTNAME + ("import os\ntry:\n    with open('/tmp/fill', 'wb') as f:\n        while True:\n"
+                       "            f.write(b'x' * (1 << 20))\nexcept OSError as exc:\n    print('full', exc.errno)")
+    result = run(service, fill, "filler")
+    host, said = result.stdout.splitlines()
+    assert said.split()[0] == "full", result
+    again, _, tmp, _, free_mb = look(service, "filler")
+    assert again == host and tmp == []
+    assert free_mb >= service.tiers["tiny"].tmpfs_mb - 1  # the whole tmpfs is free again
+
+
+def test_what_the_cleanup_cannot_remove_retires_the_container(service) -> None:
+    # A SysV shared-memory segment outlives every process; the supervisor finds it and the host retires
+    # the container instead of handing it to the tenant's next execution.
+    plant = HOSTNAME + ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                        "print(libc.shmget(0x5eed, 4096, 0o1600) >= 0)")
+    result = run(service, plant, "ipc")
+    host, made = result.stdout.splitlines()
+    assert made == "True", result
+    retired = dict(service.pool.retired)
+    again = run(service, HOSTNAME, "ipc").stdout.strip()
+    assert again != host and again.startswith("sandbox-")
+    assert retired.get("unclean", 0) >= 1, retired
+
+
+def test_a_timeout_retires_the_container(service) -> None:
+    host = run(service, HOSTNAME, "slow").stdout.strip()
+    assert run(service, "import time\ntime.sleep(60)", "slow").timed_out  # the wall-clock deadline
+    assert run(service, HOSTNAME, "slow").stdout.strip() not in ("", host)
+
+
+def test_tenants_never_share_a_container(service, docker_engine) -> None:
+    """10 tenants, 50 concurrent callers, 4 calls each: every container serves exactly one tenant."""
+    served: dict[str, set[str]] = defaultdict(set)
+    failures: list[object] = []
+    lock = threading.Lock()
+
+    def caller(i: int) -> None:
+        tenant = f"tenant-{i % 10}"
+        for _ in range(4):
+            result = run(service, HOSTNAME, tenant)
+            with lock:
+                if result.exit_code != 0:
+                    failures.append(result)
+                else:
+                    served[result.stdout.strip()].add(tenant)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert failures == []
+    assert sum(1 for _ in served) < 200  # containers were reused ...
+    shared = {host: tenants for host, tenants in served.items() if len(tenants) != 1}
+    assert shared == {}  # ... and never across tenants
+    # The pool's own record agrees with what the programs saw: each idle container's hostname (from the
+    # engine) belongs to the tenant the pool bound it to.
+    for container_id, (tenant, _) in service.pool.bindings().items():
+        if not tenant.startswith("tenant-"):
+            continue
+        hostname = docker_engine.api.inspect_container(container_id)["Config"]["Hostname"]
+        assert served[hostname] == {tenant}, (hostname, tenant, served[hostname])
