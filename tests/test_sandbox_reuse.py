@@ -35,7 +35,7 @@ def service(request, sandbox_image: str, docker_engine, tmp_path_factory):
     require_runtime(docker_engine, request.param)
     tiers_file = tmp_path_factory.mktemp(f"reuse-{request.param}") / "tiers.toml"
     tiers_file.write_text(tiers_on(request.param), encoding="utf-8")
-    svc = SandboxService(SandboxSettings(sandbox_tiers_file=tiers_file, sandbox_pool_tiers="tiny"),
+    svc = SandboxService(SandboxSettings(sandbox_tiers_file=tiers_file, sandbox_pool_tiers="tiny,roomy"),
                          backend="docker")
     svc.start()
     assert svc.pool is not None and svc.pool.wait_ready(120), svc.start_error
@@ -44,8 +44,8 @@ def service(request, sandbox_image: str, docker_engine, tmp_path_factory):
     assert labelled_containers(docker_engine, mine=True) == []
 
 
-def run(service: SandboxService, code: str, tenant: str):
-    return service.execute(code, tier="tiny", tenant=tenant)
+def run(service: SandboxService, code: str, tenant: str, tier: str = "tiny"):
+    return service.execute(code, tier=tier, tenant=tenant)
 
 
 def look(service: SandboxService, tenant: str) -> tuple[str, list[int], list[str], list[str], int]:
@@ -120,7 +120,8 @@ def test_a_timeout_retires_the_container(service) -> None:
 
 
 def test_tenants_never_share_a_container(service, docker_engine) -> None:
-    """10 tenants, 50 concurrent callers, 4 calls each: every container serves exactly one tenant."""
+    """10 tenants, 50 concurrent callers, 4 calls each: every container serves exactly one tenant (on `roomy`,
+    whose 10 s wall time 50 callers on a shared 2-core machine stay well within, under gVisor too)."""
     served: dict[str, set[str]] = defaultdict(set)
     failures: list[object] = []
     lock = threading.Lock()
@@ -128,7 +129,7 @@ def test_tenants_never_share_a_container(service, docker_engine) -> None:
     def caller(i: int) -> None:
         tenant = f"tenant-{i % 10}"
         for _ in range(4):
-            result = run(service, HOSTNAME, tenant)
+            result = run(service, HOSTNAME, tenant, tier="roomy")
             with lock:
                 if result.exit_code != 0:
                     failures.append(result)
