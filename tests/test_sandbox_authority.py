@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.fixtures_sandbox import TEST_TIERS
+from tests.fixtures_sandbox import TEST_TIERS, require_runtime
 from tests.waiting import wait_for
 from tools_sandbox import ErrorKind, SandboxResult, SandboxService, SandboxSettings, load_tiers, render_result
 from tools_sandbox.protocol import FrameParser, parse_exit_record
@@ -102,6 +102,38 @@ runtime = "runsc-not-installed"
 pool_size = 1
 
 [tiers.gvisor.quota]
+concurrent_executions = 2
+executions_per_minute = 100
+cpu_seconds_per_day = 100
+
+[tiers.prefers_gvisor]
+cpus = 0.5
+memory_mb = 128
+wall_time_s = 5
+cpu_time_s = 1
+pids = 32
+output_bytes = 8192
+tmpfs_mb = 8
+prefer_runtime = "runsc"
+pool_size = 0
+
+[tiers.prefers_gvisor.quota]
+concurrent_executions = 2
+executions_per_minute = 100
+cpu_seconds_per_day = 100
+
+[tiers.prefers_missing]
+cpus = 0.5
+memory_mb = 64
+wall_time_s = 2
+cpu_time_s = 1
+pids = 32
+output_bytes = 8192
+tmpfs_mb = 8
+prefer_runtime = "runsc-not-installed"
+pool_size = 0
+
+[tiers.prefers_missing.quota]
 concurrent_executions = 2
 executions_per_minute = 100
 cpu_seconds_per_day = 100
@@ -301,6 +333,26 @@ def test_the_warm_pool_never_builds_a_tier_whose_runtime_is_missing(authority_ti
         assert "gvisor" not in svc.pool.sizes and svc.pool.ready_count("gvisor") == 0
         result = svc.execute("print(1)", tier="gvisor", tenant="acme")
         assert result.error_kind is ErrorKind.UNAVAILABLE and "runsc-not-installed" in (result.error or "")
+
+
+@pytest.mark.docker
+def test_a_preferred_runtime_is_used_where_the_engine_has_it_and_runc_elsewhere(
+        authority_tiers: Path, sandbox_image: str, docker_engine) -> None:
+    from tools_sandbox.docker_backend import DockerBackend
+
+    require_runtime(docker_engine, "runsc")
+    tiers = load_tiers(authority_tiers)
+    backend = DockerBackend(sandbox_image)
+    backend.start()
+    try:
+        for name, expected in (("prefers_gvisor", "runsc"), ("prefers_missing", "runc")):
+            sandbox = backend.create_sandbox(tiers[name])
+            runtime = docker_engine.api.inspect_container(sandbox.container_id)["HostConfig"]["Runtime"]
+            executed = backend.run(sandbox, "print(6*7)", tenant="acme")
+            backend.destroy(sandbox)
+            assert (runtime, executed.result.stdout) == (expected, "42\n"), (name, executed)
+    finally:
+        backend.close()
 
 
 def test_the_production_default_backend_is_docker(monkeypatch) -> None:

@@ -30,6 +30,11 @@ CPU_SECONDS = Counter(
 REAPED = Counter(
     "reactq_sandbox_reaped_total", "Sandbox containers killed and removed by the sweeper", ["reason"],
 )
+# Why the warm pool stopped using a container: an anomaly of the execution (timeout, oom, protocol,
+# unclean, ...), its tier's max executions or age, idle too long, surplus to its tenant, evicted (LRU).
+RETIRED = Counter(
+    "reactq_sandbox_retired_total", "Warm sandbox containers the pool retired", ["reason"],
+)
 
 
 def init_labels(tiers: Iterable[str], tenants: Iterable[str] = ()) -> None:

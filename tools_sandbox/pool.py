@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from .docker_backend import DockerBackend, DockerSandbox
 from .errors import SandboxUnavailable
+from .metrics import RETIRED
 from .models import Tier
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,8 @@ class WarmPool:
                 while len(self._idle) > self.limits.max_bound:
                     evicted.append(self._idle.popitem(last=False)[1])
                 self._arrived.notify_all()
-            self._count(why, len(evicted))
+            self._count(why)
+            self._count("evicted", len(evicted))
         if why is not None and reusable:
             self.backend.destroy(sandbox)  # still up: the backend retired only the unreusable ones
         for old in evicted:
@@ -276,11 +278,10 @@ class WarmPool:
         recent = max((n for _, n in self._concurrency.get(key, ())), default=1)
         return max(1, recent - self._busy.get(key, 0))
 
-    def _count(self, why: str | None, evicted: int) -> None:
-        if why is not None:
-            self.retired[why] = self.retired.get(why, 0) + 1
-        if evicted:
-            self.retired["evicted"] = self.retired.get("evicted", 0) + evicted
+    def _count(self, reason: str | None, n: int = 1) -> None:
+        if reason is not None and n:
+            self.retired[reason] = self.retired.get(reason, 0) + n
+            RETIRED.labels(reason=reason).inc(n)
 
     def _deficit(self) -> str | None:
         now = time.monotonic()

@@ -1,0 +1,287 @@
+"""Sandboxed python through the agent path against bare `docker run`, per runtime, in one invocation (issue 19).
+
+    python bench/sandbox_agent_path.py [--runs 200] [--tenants 10] [--runtimes runc,runsc] [--out FILE]
+
+Per runtime (runc, runsc = gVisor), three figures:
+  agent path:  a fresh redis-server and stub (`reactq stub`) on free 127.0.0.1 ports, one step worker
+               (`reactq worker --queues steps -c S`) and one sandbox worker (`reactq worker --queues sandbox
+               -c K`, REACTQ_SANDBOX_BACKEND=docker, warm pool of tier standard only, tiers file with
+               `runtime = "<runtime>"` under every tier, REACTQ_SANDBOX_TIERS_FILE), then `reactq batch` of
+               N lines "Run this python code: ```python print(6*7)```" over T tenants (REACTQ_TENANTS, plan
+               `standard`: 4 concurrent executions and 60 per minute per tenant), tier standard. Each run:
+               the stub calls `python` with the code verbatim (a sandbox execution: never tool-cached),
+               then answers. runs/s = N / (last run's finished_at - first run's created_at); the
+               `reactq batch` process's wall time (imports and all) is reported beside it.
+               Checked: every run `succeeded`, its answer and its python observation contain 42.
+               Warm pool: containers the engine started for the worker during the batch (docker events),
+               against N executions; the rest were served by containers bound to a tenant and reused.
+  docker run:  N x `docker run --rm --network none <image> python3 -c 'print(6*7)'` (`--runtime=runsc`
+               for gVisor), 50 at a time; executions/s = N / wall; each output must be 42.
+  ratio:       agent-path runs/s / docker-run executions/s.
+CPU (user + system seconds from /proc) of each group of processes over the batch, and the whole
+machine's busy CPU (/proc/stat), so "engine" = machine - ours: dockerd, containerd, shims, containers.
+Each (step concurrency, sandbox concurrency) pair of --step-concurrency x --sandbox-concurrency is
+measured with its own fresh Redis and workers; the best pair's rate makes the ratio.
+
+Target: ratio >= 10 on each runtime (issue 19). Exit status 1 if missed, 2 if a measurement went wrong
+(a run not succeeded, an output without 42, a docker run that failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.throughput import BIN, Bench  # noqa: E402
+
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # this tree
+
+IMAGE = "reactq-sandbox:latest"
+CODE = "print(6*7)"
+CPU_GROUPS = ("steps", "sandbox", "redis", "stub", "cli", "machine")
+QUESTION = f"Run this python code:\n```python\n{CODE}\n```"
+
+
+@dataclass
+class AgentResult:
+    runtime: str
+    step_conc: int
+    sandbox_conc: int
+    runs: int = 0
+    seconds: float = 0.0  # first created_at .. last finished_at
+    cli_seconds: float = 0.0  # the `reactq batch` process, start to exit
+    statuses: dict[str, int] = field(default_factory=dict)
+    with_42: int = 0
+    containers_started: int | None = None
+    cpu: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.runs / self.seconds if self.seconds else 0.0
+
+
+def tiers_file(runtime: str, workdir: Path) -> Path:
+    """tools_sandbox/tiers.toml with `runtime = "<runtime>"` under every [tiers.X] table (runc: unchanged)."""
+    text = (ROOT / "tools_sandbox" / "tiers.toml").read_text()
+    if runtime != "runc":
+        text = re.sub(r"^(\[tiers\.[a-z0-9_-]+\])$", rf'\1\nruntime = "{runtime}"', text, flags=re.M)
+    path = workdir / f"tiers-{runtime}.toml"
+    path.write_text(text)
+    return path
+
+
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine so far (all but idle and iowait), from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def docker_starts(since: float, until: float, owner_pid: int) -> int | None:
+    """Containers started for the sandbox worker (pid `owner_pid`) in [since, until], from docker events."""
+    argv = ["docker", "events", "--since", f"{since:.3f}", "--until", f"{until + 1:.3f}", "--format",
+            "{{json .}}", "--filter", "type=container", "--filter", "event=start",
+            "--filter", "label=reactq.sandbox=1"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    count = 0
+    for line in out.splitlines():
+        attrs = json.loads(line).get("Actor", {}).get("Attributes", {})
+        if f"/{owner_pid}/" in attrs.get("reactq.sandbox.owner", ""):
+            count += 1
+    return count
+
+
+def wait_pool(owner_pid: int, want: int, timeout: float = 60.0) -> None:
+    """Until the sandbox worker has `want` warm containers running (not timed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["docker", "ps", "--filter", "label=reactq.sandbox=1", "--format",
+                              '{{.Label "reactq.sandbox.owner"}}'], capture_output=True, text=True).stdout
+        if sum(f"/{owner_pid}/" in line for line in out.splitlines()) >= want:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the warm pool did not reach {want} containers in {timeout:.0f}s")
+
+
+def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: int, sandbox_conc: int,
+               workdir: Path) -> AgentResult:
+    res = AgentResult(runtime, step_conc, sandbox_conc)
+    redis_url = bench.start_redis()
+    stub_url = bench.start_stub(0)
+    tenants = [f"t{i:02d}" for i in range(args.tenants)]
+    env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1",
+           "REACTQ_TENANTS": json.dumps(tenants), "REACTQ_TENANTS_PLAN": "standard",
+           "REACTQ_SANDBOX_BACKEND": "docker", "REACTQ_SANDBOX_IMAGE": args.image,
+           "REACTQ_SANDBOX_TIERS_FILE": str(tiers_file(runtime, workdir)), "REACTQ_SANDBOX_POOL_TIERS": "standard"}
+    names = [f"steps-{runtime}-{step_conc}", f"sandbox-{runtime}-{sandbox_conc}"]
+    common = ["--metrics-port", "0", "--loglevel", args.loglevel]
+    bench.procs.start(names[0], [str(BIN / "reactq"), "worker", "--queues", "steps", "-c", str(step_conc), *common],
+                      env)
+    sandbox = bench.procs.start(names[1], [str(BIN / "reactq"), "worker", "--queues", "sandbox",
+                                           "-c", str(sandbox_conc), *common], env)
+    infile, outfile = workdir / f"in-{runtime}.jsonl", workdir / f"out-{runtime}-{step_conc}-{sandbox_conc}.jsonl"
+    infile.write_text("".join(json.dumps({"id": f"r{i}", "question": QUESTION, "tenant": tenants[i % len(tenants)],
+                                          "tier": "standard"}) + "\n" for i in range(args.runs)))
+    try:
+        bench.wait_ready(names, redis_url)
+        wait_pool(sandbox.pid, 2)
+        cli0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu0, busy0, t0, wall0 = bench.cpu_seconds(), machine_busy_s(), time.monotonic(), time.time()
+        cli = subprocess.run([str(BIN / "reactq"), "batch", str(infile), "--out", str(outfile)], cwd=ROOT,
+                             env={**os.environ, **env}, capture_output=True, text=True, timeout=args.timeout)
+        res.cli_seconds, wall1 = time.monotonic() - t0, time.time()
+        cpu1, busy1 = bench.cpu_seconds(), machine_busy_s()
+        res.cpu = {("steps" if g.startswith("steps") else "sandbox" if g.startswith("sandbox") else g):
+                   cpu1[g] - cpu0.get(g, 0.0) for g in cpu1}
+        cli1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        res.cpu["cli"] = cli1.ru_utime + cli1.ru_stime - cli0.ru_utime - cli0.ru_stime
+        res.cpu["machine"] = busy1 - busy0
+        if cli.returncode != 0:
+            res.errors.append(f"reactq batch exited {cli.returncode}: {cli.stderr[-1500:]}")
+        res.errors += bench.scan_errors(names, stub_url)
+        res.containers_started = docker_starts(wall0, wall1, sandbox.pid)
+        res.statuses, res.with_42 = check_runs(redis_url, outfile, res)
+    finally:
+        bench.procs.stop(names, grace=30)  # warm shutdown: the sandbox worker destroys its pool
+        bench.procs.stop(["stub", "redis"])
+    if res.statuses.get("succeeded", 0) != args.runs:
+        res.errors.append(f"runs: {res.statuses} of {args.runs}, not all succeeded")
+    if res.with_42 != args.runs:
+        res.errors.append(f"only {res.with_42} of {args.runs} runs had 42 in both answer and observation")
+    return res
+
+
+def check_runs(redis_url: str, outfile: Path, res: AgentResult) -> tuple[dict[str, int], int]:
+    """Statuses of the batch's runs and how many have 42 in the answer and in the python observation;
+    sets res.runs and res.seconds (first run created .. last run finished)."""
+    from worker.store.connection import connect
+    from worker.store.runs import RunStore
+
+    ids = [json.loads(line)["run_id"] for line in outfile.read_text().splitlines() if line.strip()]
+    store = RunStore(connect(redis_url, 4), 3600)
+    runs = [r for r in store.load_runs(ids) if r is not None]
+    statuses: dict[str, int] = {}
+    good = 0
+    for run in runs:
+        statuses[run.status.value] = statuses.get(run.status.value, 0) + 1
+        observed = [o.content for s in store.load_steps(run.id) for o in s.observations if o.tool == "python"]
+        good += "42" in (run.answer or "") and any("42" in o for o in observed)
+    finished = [r.finished_at for r in runs if r.finished_at]
+    res.runs = len(runs)
+    if runs and finished:
+        res.seconds = max(finished) - min(r.created_at for r in runs)
+    return statuses, good
+
+
+def docker_runs(args: argparse.Namespace, runtime: str) -> tuple[float, list[str]]:
+    """N `docker run --rm`, `args.parallel` at a time: (executions/s, errors)."""
+    argv = ["docker", "run", "--rm", "--network", "none", *([f"--runtime={runtime}"] if runtime != "runc" else []),
+            args.image, "python3", "-c", CODE]
+
+    def one(_: int) -> str:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        return proc.stdout.strip() if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[:200]}"
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(args.parallel) as pool:
+        outputs = list(pool.map(one, range(args.runs)))
+    seconds = time.monotonic() - t0
+    bad = [o for o in outputs if o != "42"]
+    errors = [f"{len(bad)} docker runs did not print 42, e.g. {bad[0]!r}"] if bad else []
+    return args.runs / seconds, errors
+
+
+def ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=200, help="N: agent-path runs, and docker runs, per runtime")
+    ap.add_argument("--tenants", type=int, default=10)
+    ap.add_argument("--runtimes", default="runc,runsc")
+    ap.add_argument("--step-concurrency", default="64", help="threads of the step worker (comma list: each)")
+    ap.add_argument("--sandbox-concurrency", default="16", help="threads of the sandbox worker (comma list: each)")
+    ap.add_argument("--parallel", type=int, default=50, help="docker runs at a time")
+    ap.add_argument("--image", default=IMAGE)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds for one `reactq batch`")
+    ap.add_argument("--loglevel", default="WARNING")
+    ap.add_argument("--out", default=None, help="write the markdown report here too")
+    args = ap.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="reactq-agent-path-"))
+    bench = Bench(args, workdir)
+    rows: list[str] = []
+    problems: list[str] = []
+    verdicts: list[tuple[str, float, bool]] = []
+    header = ("| runtime | step x sandbox threads | agent runs/s | batch CLI wall s | succeeded | answer+obs 42 "
+              "| containers started | CPU s: steps, sandbox, redis, stub, batch CLI, machine | docker run/s | ratio |")
+    print(header + "\n|" + "---|" * 10, flush=True)
+    try:
+        for runtime in args.runtimes.split(","):
+            results = []
+            for sc in ints(args.step_concurrency):
+                for kc in ints(args.sandbox_concurrency):
+                    r = agent_path(bench, args, runtime, sc, kc, workdir)
+                    results.append(r)
+                    problems += [f"{runtime} agent path ({sc} x {kc}): {e}" for e in r.errors]
+                    cpu = ", ".join(f"{r.cpu.get(g, 0):.1f}" for g in CPU_GROUPS)
+                    started = "?" if r.containers_started is None else f"{r.containers_started} for {r.runs} runs"
+                    row = (f"| {runtime} | {sc} x {kc} | {r.rate:.1f} | {r.cli_seconds:.1f} | "
+                           f"{r.statuses.get('succeeded', 0)}/{args.runs} | {r.with_42}/{args.runs} | {started} | "
+                           f"{cpu} |")
+                    rows.append(row)
+                    print(row + " | |", flush=True)
+            docker_rate, errors = docker_runs(args, runtime)
+            problems += [f"{runtime} docker run: {e}" for e in errors]
+            best = max(results, key=lambda r: r.rate)
+            ratio = best.rate / docker_rate if docker_rate else 0.0
+            verdicts.append((runtime, ratio, ratio >= 10))
+            row = (f"| {runtime} | best: {best.step_conc} x {best.sandbox_conc} | **{best.rate:.1f}** | | | | | "
+                   f"| **{docker_rate:.1f}** | **{ratio:.1f}x** |")
+            rows.append(row)
+            print(row, flush=True)
+    finally:
+        bench.procs.stop()
+
+    docker_version = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                                     text=True).stdout.strip()
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    machine = (f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+               f"Docker {docker_version}")
+    report = [f"command: `{command}`", f"machine: {machine}",
+              f"{args.runs} runs over {args.tenants} tenants (plan standard, tier standard); docker run "
+              f"{args.parallel} at a time", "", header, "|" + "---|" * 10, *[r if r.endswith("x** |") else r + " | |"
+                                                                             for r in rows], ""]
+    for runtime, ratio, ok in verdicts:
+        report.append(f"{runtime}: agent path / docker run = {ratio:.1f}x (target >= 10x): {'met' if ok else 'MISSED'}")
+    report += problems + [f"logs: {workdir}"]
+    text = "\n".join(report)
+    print("\n" + text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if problems:
+        return 2
+    return 0 if all(ok for *_, ok in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
