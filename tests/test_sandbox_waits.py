@@ -162,6 +162,9 @@ def use_eager_task(redis_url: str, wait_tiers: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
     monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "process")
     monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(wait_tiers))
+    # No background pump in the test process: the test wakes the line itself (the real-worker tests below
+    # run the pump).
+    monkeypatch.setattr(tasks, "_ensure_pump", lambda app: None)
     tasks.close_service()
     return tasks
 
@@ -199,22 +202,42 @@ def sandbox_messages(client: redis.Redis) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in client.lrange("reactq.sandbox", 0, -1)]
 
 
-def test_a_waiting_call_re_queues_itself_and_keeps_its_marker(eager_task: Any, redis_url: str) -> None:
+def test_a_waiting_call_is_parked_and_woken_when_its_slot_frees(eager_task: Any, redis_url: str,
+                                                               celery_producer: Celery) -> None:
     client = redis.Redis.from_url(redis_url)
     occupy(client, "lane")
     out = eager_task.execute.apply(args=[request(1, deadline_at=time.time() + 600)]).get()
     assert out == {"result_key": "test:waits:1", "outcome": "waiting"}
     assert client.get("test:waits:1") is None and client.llen(CONTINUE) == 0
     assert 0 < client.pttl("test:waits:pending:1") <= 60_000
-    [message] = sandbox_messages(client)
-    assert message["headers"]["task"] == "reactq.sandbox.execute" and message["headers"]["eta"] is not None
-    [again], _, _ = json.loads(base64.b64decode(message["body"]))
-    assert again["waits"] == 1 and again["queued_at"] is not None  # keeps its place in line
+    assert sandbox_messages(client) == []  # nothing of it waits in the broker ...
+    [parked] = [json.loads(raw) for raw in client.hvals(sandbox_keys.quota_parked("lane", "acme"))]
+    assert parked["waits"] == 1 and parked["queued_at"] is not None  # ... it is parked, keeping its place
     assert client.zrange(sandbox_keys.quota_line("lane", "acme"), 0, -1) == [b"test:waits:1"]
-    # Its next delivery after the slot frees runs it.
+    assert eager_task.wake_line(celery_producer, "lane", "acme") == 0  # no slot free: stays parked
+    # The slot frees: the wake sends it again at once (no countdown), and that delivery runs it.
     client.delete(sandbox_keys.quota_running("lane", "acme"))
+    assert eager_task.wake_line(celery_producer, "lane", "acme") == 1
+    assert eager_task.wake_line(celery_producer, "lane", "acme") == 0  # woken once only
+    [message] = sandbox_messages(client)
+    assert message["headers"]["task"] == "reactq.sandbox.execute" and message["headers"]["eta"] is None
+    [again], _, _ = json.loads(base64.b64decode(message["body"]))
     assert eager_task.execute.apply(args=[again]).get()["outcome"] == "ok"
     assert SandboxResult.model_validate_json(client.get("test:waits:1")).stdout == "1\n"
+    assert client.llen(CONTINUE) == 1
+    client.close()
+
+
+def test_a_parked_call_whose_deadline_passes_is_woken_to_end_with_a_result(eager_task: Any, redis_url: str,
+                                                                          celery_producer: Celery) -> None:
+    client = redis.Redis.from_url(redis_url)
+    occupy(client, "lane")
+    assert eager_task.execute.apply(args=[request(6, deadline_at=time.time() + 0.5)]).get()["outcome"] == "waiting"
+    time.sleep(0.6)
+    assert eager_task.wake_line(celery_producer, "lane", "acme") == 1  # past its deadline: woken, slot or not
+    [message] = sandbox_messages(client)
+    [again], _, _ = json.loads(base64.b64decode(message["body"]))
+    assert eager_task.execute.apply(args=[again]).get()["outcome"] == "quota_exceeded"
     assert client.llen(CONTINUE) == 1
     client.close()
 

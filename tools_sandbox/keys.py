@@ -28,3 +28,23 @@ def quota_line(tier: str, tenant: str) -> str:
 def quota_seen(tier: str, tenant: str) -> str:
     """Sorted set of the same tickets scored by when each last polled: a ticket gone quiet leaves the line."""
     return f"{PREFIX}:quota:{tier}:{tenant}:seen"
+
+
+def quota_parked(tier: str, tenant: str) -> str:
+    """Hash of the waiting calls' requests (ticket -> request JSON): they wait here, not in the broker."""
+    return f"{PREFIX}:quota:{tier}:{tenant}:parked"
+
+
+def quota_parked_deadlines(tier: str, tenant: str) -> str:
+    """Sorted set of the parked tickets scored by their run's deadline (woken then, to end in a result)."""
+    return f"{PREFIX}:quota:{tier}:{tenant}:parked-deadlines"
+
+
+def quota_woken(tier: str, tenant: str) -> str:
+    """Sorted set of tickets woken (sent again) but not yet admitted, scored by when: they hold a place."""
+    return f"{PREFIX}:quota:{tier}:{tenant}:woken"
+
+
+def parked_lines() -> str:
+    """Set of the lines that have parked calls ("tier\ttenant"): what each sandbox worker's pump looks at."""
+    return f"{PREFIX}:quota:parked-lines"

@@ -17,6 +17,13 @@ concurrency and what is left of this minute's executions, so the line is first c
 ticket not seen for `waiter_stale_s` (its task vanished) is dropped from the line, so a dead waiter never
 blocks the ones behind it; should it come back, it re-enters at its arrival time. `acquire` answers a
 `Slot`, a `Wait` (which quota, the ticket's position, when to look again) or a `Rejection` (the CPU day).
+
+A waiting Celery call is *parked*: its request is left in a hash beside the line (`park`), and no
+message of it waits in the broker. `wake` hands back the requests of as many calls at the head of the
+line as there is capacity free (minus those woken but not yet arrived), and of every parked call whose
+deadline passed; the sandbox task calls it after each execution it finishes, and each sandbox worker
+process every second (tools_sandbox/tasks.py), so a freed slot is taken within milliseconds, in order.
+Parked and just-woken tickets never count as gone quiet.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ WAITER_STALE_S = 30.0
 # A duplicate of a call that holds a slot waits (as this quota) for the other's result.
 IN_PROGRESS = "in_progress"
 
-# KEYS: running, minute, cpu day, line, seen
+# KEYS: running, minute, cpu day, line, seen, parked, woken
 # ARGV: now, ticket, slot ttl, concurrent, per minute, cpu per day, minute reset, day reset, arrival, stale
 _ACQUIRE = """
 local now = tonumber(ARGV[1])
@@ -54,7 +61,9 @@ end
 local stale_before = now - tonumber(ARGV[10])
 local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', stale_before)
 for _, waiter in ipairs(gone) do
-  redis.call('ZREM', KEYS[4], waiter)
+  if redis.call('HEXISTS', KEYS[6], waiter) == 0 and not redis.call('ZSCORE', KEYS[7], waiter) then
+    redis.call('ZREM', KEYS[4], waiter)  -- polled no more, and neither parked nor just woken: gone
+  end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', stale_before)
 redis.call('ZADD', KEYS[4], 'NX', tonumber(ARGV[9]), ticket)
@@ -74,12 +83,52 @@ if rank >= tonumber(ARGV[5]) - tonumber(redis.call('GET', KEYS[2]) or '0') then
 end
 redis.call('ZREM', KEYS[4], ticket)
 redis.call('ZREM', KEYS[5], ticket)
+redis.call('ZREM', KEYS[7], ticket)
 redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], 120)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ticket)
 redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) + 60)
 return {'ok', '0', '0'}
 """
+
+# Wake the calls at the head of a line for the capacity free now (and every parked call whose deadline
+# passed), taking their requests out of the parked hash: each is woken exactly once.
+# KEYS: running, minute, line, parked, parked deadlines, woken, parked lines
+# ARGV: now, concurrent, per minute, woken ttl, line name (for parked lines), scan limit
+_WAKE = """
+local now = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - tonumber(ARGV[4]))
+local free = math.min(tonumber(ARGV[2]) - redis.call('ZCARD', KEYS[1]),
+                      tonumber(ARGV[3]) - tonumber(redis.call('GET', KEYS[2]) or '0'))
+free = free - redis.call('ZCARD', KEYS[6])
+local out = {}
+local function take(ticket)
+  local request = redis.call('HGET', KEYS[4], ticket)
+  if request then
+    redis.call('HDEL', KEYS[4], ticket)
+    redis.call('ZREM', KEYS[5], ticket)
+    redis.call('ZADD', KEYS[6], now, ticket)
+    out[#out + 1] = request
+    return true
+  end
+  return false
+end
+for _, ticket in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
+  take(ticket)
+end
+if free > 0 then
+  for _, ticket in ipairs(redis.call('ZRANGE', KEYS[3], 0, free + tonumber(ARGV[6]) - 1)) do
+    if free <= 0 then break end
+    if take(ticket) then free = free - 1 end
+  end
+end
+if redis.call('HLEN', KEYS[4]) == 0 then
+  redis.call('SREM', KEYS[7], ARGV[5])
+end
+return out
+"""
+WOKEN_TTL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -130,10 +179,12 @@ class QuotaGate:
         self.waiter_stale_s = waiter_stale_s
         self._client: redis.Redis | None = None
         self._acquire: Script | None = None
+        self._wake: Script | None = None
 
     def start(self) -> None:
         self._client = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)
         self._acquire = self._client.register_script(_ACQUIRE)
+        self._wake = self._client.register_script(_WAKE)
 
     def close(self) -> None:
         if self._client is not None:
@@ -158,7 +209,8 @@ class QuotaGate:
         verdict, wait, rank = self._acquire(
             keys=[keys.quota_running(tier.name, tenant), keys.quota_minute(tier.name, tenant, minute),
                   keys.quota_cpu_day(tier.name, tenant, day), keys.quota_line(tier.name, tenant),
-                  keys.quota_seen(tier.name, tenant)],
+                  keys.quota_seen(tier.name, tenant), keys.quota_parked(tier.name, tenant),
+                  keys.quota_woken(tier.name, tenant)],
             args=[repr(now), ticket, tier.wall_time_s + SLOT_GRACE_S, tier.quota.concurrent_executions,
                   tier.quota.executions_per_minute, tier.quota.cpu_seconds_per_day,
                   math.ceil((minute + 1) * 60 - now), math.ceil((day + 1) * 86400 - now), repr(arrival),
@@ -173,11 +225,50 @@ class QuotaGate:
         return Wait(quota=verdict, tenant=tenant, tier=tier.name, position=int(rank),
                     retry_in_s=max(0.0, float(wait)))
 
+    def park(self, tier: str, tenant: str, ticket: str, request: str, deadline: float) -> None:
+        """Leave a waiting call's request with its line: `wake` hands it back when its turn (or its
+        deadline) comes, so no message of it waits in the broker meanwhile."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(keys.quota_parked(tier, tenant), ticket, request)
+        pipe.zadd(keys.quota_parked_deadlines(tier, tenant), {ticket: deadline})
+        pipe.zrem(keys.quota_woken(tier, tenant), ticket)
+        pipe.sadd(keys.parked_lines(), f"{tier}\t{tenant}")
+        for key in (keys.quota_parked(tier, tenant), keys.quota_parked_deadlines(tier, tenant)):
+            pipe.expire(key, max(60, int(deadline - time.time()) + 3600))
+        pipe.execute()
+
+    def wake(self, tier: Tier, tenant: str, *, now: float | None = None, scan: int = 100) -> list[bytes]:
+        """The requests of the parked calls whose turn has come (as many as the free capacity, first in
+        line first) and of those whose deadline passed; each is handed out once, to be sent again."""
+        now = time.time() if now is None else now
+        assert self._wake is not None
+        woken = self._wake(
+            keys=[keys.quota_running(tier.name, tenant), keys.quota_minute(tier.name, tenant, int(now // 60)),
+                  keys.quota_line(tier.name, tenant), keys.quota_parked(tier.name, tenant),
+                  keys.quota_parked_deadlines(tier.name, tenant), keys.quota_woken(tier.name, tenant),
+                  keys.parked_lines()],
+            args=[repr(now), tier.quota.concurrent_executions, tier.quota.executions_per_minute, WOKEN_TTL_S,
+                  f"{tier.name}\t{tenant}", scan],
+            client=self.client,
+        )
+        return list(woken)
+
+    def parked(self, tier: str, tenant: str) -> list[bytes]:
+        """The requests parked in a line (for their pending markers, and tests)."""
+        return list(self.client.hvals(keys.quota_parked(tier, tenant)))
+
+    def parked_lines(self) -> list[tuple[str, str]]:
+        """(tier, tenant) of every line with parked calls."""
+        lines = [m.decode().split("\t", 1) for m in self.client.smembers(keys.parked_lines())]
+        return [(line[0], line[1]) for line in lines if len(line) == 2]
+
     def leave(self, tier: str, tenant: str, ticket: str) -> None:
         """Take a ticket out of the line (its call ended without a slot: deadline, failure)."""
         pipe = self.client.pipeline(transaction=True)
-        pipe.zrem(keys.quota_line(tier, tenant), ticket)
-        pipe.zrem(keys.quota_seen(tier, tenant), ticket)
+        for key in (keys.quota_line(tier, tenant), keys.quota_seen(tier, tenant), keys.quota_woken(tier, tenant),
+                    keys.quota_parked_deadlines(tier, tenant)):
+            pipe.zrem(key, ticket)
+        pipe.hdel(keys.quota_parked(tier, tenant), ticket)
         pipe.execute()
 
     def waiting(self, tier: str, tenant: str) -> list[str]:

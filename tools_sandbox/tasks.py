@@ -24,6 +24,7 @@ reaper.py re-sends it once its pending marker has expired, or ends the run at it
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import random
 import threading
@@ -32,7 +33,7 @@ from typing import Any
 
 import kombu.exceptions
 import redis
-from celery import shared_task
+from celery import current_app, shared_task
 from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown
 from pydantic import BaseModel, Field, ValidationError
 
@@ -40,7 +41,7 @@ from .config import SandboxSettings
 from .errors import UnknownTierError
 from .models import ErrorKind, SandboxResult
 from .outcome import UNAVAILABLE_TEXT
-from .quotas import SLOT_GRACE_S, Wait
+from .quotas import IN_PROGRESS, Wait
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ _lock = threading.Lock()
 _service: SandboxService | None = None
 _redis: redis.Redis | None = None
 _prewarm = False
+_pump_thread: threading.Thread | None = None
+# How often each sandbox worker process wakes the lines whose capacity freed without a wake.
+PUMP_S = 1.0
+RUNNING_MARK_GRACE_S = 15.0
 
 
 class ExecuteRequest(BaseModel):
@@ -133,6 +138,7 @@ def _start_in_child(**_: Any) -> None:
             get_service()
         except Exception:  # noqa: BLE001 - a worker must come up; executions will report the cause
             log.exception("sandbox service failed to start at worker_process_init")
+        _ensure_pump(current_app)  # calls parked before this worker started wait for a pump too
 
 
 @worker_process_shutdown.connect
@@ -183,19 +189,28 @@ def _attempt(task: Any, req: ExecuteRequest, store: redis.Redis) -> SandboxResul
         if now >= deadline:
             return service.gave_up(verdict, req.result_key)
         _mark_pending(store, req, settings.sandbox_pending_ttl_s)
-        _wait_in_line(task, req, verdict, queued_at, settings.sandbox_wait_poll_s)
+        if verdict.quota == IN_PROGRESS or service.quotas is None:
+            _wait_in_line(task, req, verdict, queued_at, settings.sandbox_wait_poll_s)
+        else:
+            again = req.model_copy(update={"queued_at": queued_at, "deadline_at": deadline, "waits": req.waits + 1})
+            service.quotas.park(req.tier, req.tenant, req.result_key, again.model_dump_json(), deadline)
+            _ensure_pump(task.app)
         return WAITING
     if isinstance(verdict, SandboxResult):
         return verdict  # the CPU-day quota refused it
     if store.exists(req.result_key):  # a duplicate's result was stored (then its slot freed) meanwhile
         service.release_unused(verdict)
         return "redelivered"
-    _mark_pending(store, req, verdict.tier.wall_time_s + SLOT_GRACE_S + settings.sandbox_pending_ttl_s)
+    # While it runs: its wall time (the host kills it then) and a little for a container start. A worker
+    # that dies mid-execution leaves the marker to lapse soon, so the reaper re-sends the call (its
+    # duplicate then waits, `in_progress`, until the dead worker's slot expires).
+    _mark_pending(store, req, verdict.tier.wall_time_s + RUNNING_MARK_GRACE_S)
     return service.run_admitted(req.code, verdict, req.tenant, keep=lambda result: _store_result(store, req, result))
 
 
 def _wait_in_line(task: Any, req: ExecuteRequest, wait: Wait, queued_at: float, poll_s: float) -> None:
-    """Re-send the call with a short countdown: sooner near the head of the line, at most MAX_POLL_S."""
+    """Re-send the call with a short countdown: sooner near the head of the line, at most MAX_POLL_S (a
+    duplicate of a call that is executing waits so for the other's result; other waits are parked)."""
     countdown = min(poll_s * (1 + wait.position / 4), MAX_POLL_S)
     if wait.quota == "executions_per_minute":
         countdown = max(countdown, min(wait.retry_in_s, MAX_POLL_S))
@@ -204,6 +219,63 @@ def _wait_in_line(task: Any, req: ExecuteRequest, wait: Wait, queued_at: float, 
         log.info("sandbox call %s waits in line (%s, position %d, %d waits)", req.result_key, wait.quota,
                  wait.position, again.waits)
     task.apply_async(args=[again.model_dump()], countdown=countdown * (1 + random.random() / 2), queue=QUEUE)
+
+
+def wake_line(app: Any, tier: str, tenant: str) -> int:
+    """Send again the parked calls of a line whose turn has come (or whose deadline passed); how many."""
+    service = get_service()
+    spec = service.tiers.get(tier)
+    if service.quotas is None or spec is None:
+        return 0
+    woken = service.quotas.wake(spec, tenant)
+    for n, raw in enumerate(woken):
+        try:
+            app.send_task(TASK_NAME, args=[json.loads(raw)], queue=QUEUE)
+        except Exception:  # noqa: BLE001 - the broker is down: put them back for the next wake
+            for back in woken[n:]:
+                again = ExecuteRequest.model_validate_json(back)
+                service.quotas.park(tier, tenant, again.result_key, back.decode(), again.deadline_at or time.time())
+            raise
+    return len(woken)
+
+
+def _pump(app: Any) -> None:
+    """Every second, wake the parked calls of every line whose capacity freed without a wake (a slot
+    that expired with a dead worker, a new minute) and keep their pending markers alive."""
+    last_marks = 0.0
+    while True:
+        time.sleep(PUMP_S)
+        try:
+            service = get_service()
+            if service.quotas is None:
+                continue
+            refresh = time.time() - last_marks > service.settings.sandbox_pending_ttl_s / 3
+            for tier, tenant in service.quotas.parked_lines():
+                wake_line(app, tier, tenant)
+                if refresh:
+                    _refresh_markers(service, tier, tenant)
+            if refresh:
+                last_marks = time.time()
+        except Exception:  # noqa: BLE001 - Redis or the broker restarting: try again next round
+            log.debug("sandbox line pump round failed", exc_info=True)
+
+
+def _refresh_markers(service: SandboxService, tier: str, tenant: str) -> None:
+    assert service.quotas is not None
+    store = _store()
+    for raw in service.quotas.parked(tier, tenant):
+        try:
+            _mark_pending(store, ExecuteRequest.model_validate_json(raw), service.settings.sandbox_pending_ttl_s)
+        except ValidationError:
+            continue
+
+
+def _ensure_pump(app: Any) -> None:
+    global _pump_thread
+    with _lock:
+        if _pump_thread is None or not _pump_thread.is_alive():
+            _pump_thread = threading.Thread(target=_pump, args=(app,), name="sandbox-line-pump", daemon=True)
+            _pump_thread.start()
 
 
 def _store_result(store: redis.Redis, req: ExecuteRequest, result: SandboxResult) -> None:
@@ -253,6 +325,11 @@ def execute(self: Any, request: dict[str, Any]) -> dict[str, Any]:
             _store_result(store, req, outcome)
             outcome = outcome.outcome
         _continue(self, req)
+        if outcome != "redelivered":
+            try:
+                wake_line(self.app, req.tier, req.tenant)  # the slot it held is free: the next in line goes
+            except Exception:  # noqa: BLE001 - the pump wakes them within a second instead
+                log.debug("could not wake the line of %s", req.result_key, exc_info=True)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
             kombu.exceptions.OperationalError) as exc:
         if self.request.retries >= REDIS_RETRIES:

@@ -17,7 +17,7 @@ def run_keys(store: RunStore, run: Run) -> list[str]:
 
 def working_keys(store: RunStore, run: Run, steps: list[Step] | None = None) -> list[str]:
     """The keys a run needs only while a step is in progress: its lease, stored LLM replies, tool and
-    sandbox results, sandbox dispatch and approval markers. A finished run's trace has it all.
+    sandbox results, sandbox dispatch, pending and approval markers. A finished run's trace has it all.
 
     `steps`: the run's whole step list, when the caller has it and no step is in progress (a run its
     last step has just finished): then nothing is read back."""
@@ -31,7 +31,7 @@ def working_keys(store: RunStore, run: Run, steps: list[Step] | None = None) -> 
     if current is not None:
         calls_by_step[run.current_step] = [c.id for c in parse_reply(run.mode, current).calls]
     for index in range(run.current_step + 1):
-        found += [keys.reply(run_id, index), keys.tool_results(run_id, index)]
+        found += [keys.reply(run_id, index), keys.tool_results(run_id, index), keys.sandbox_pending(run_id, index)]
         for call_id in calls_by_step.get(index, []):
             found += [keys.sandbox_dispatch(run_id, index, call_id), keys.sandbox_result(run_id, index, call_id),
                       keys.approval_counted(run_id, index, call_id)]
