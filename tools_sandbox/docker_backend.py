@@ -93,6 +93,7 @@ class DockerSandbox:
     tenant: str | None = None  # bound at its first execution, never changed
     executions: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    taken_at: float = 0.0  # when the pool last handed it to a caller
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@ engine overlaps their create/start work); the target grows with the observed rat
 first uses, up to `max_size`, and shrinks back when traffic stops.
 
 A tenant's execution takes, in this order: an idle container already bound to it on that
-tier (the most recently used: its pages are warm); else an unbound one, which it binds
-for the container's whole life; else the next one a builder finishes; else one started
-now. It never takes a container bound to another tenant. After a clean execution the
+tier (the most recently used: its pages are warm); while the tenant's other callers hold or
+are getting containers, for executions much shorter than a container start, the next of
+those to come free (up to two starts' time); else an unbound one, which it binds for the
+container's whole life; else the next one a builder finishes; else one started now. It
+never takes a container bound to another tenant. After a clean execution the
 container goes back to the tenant's idle set, unless it reached its tier's
 `max_executions` or `max_age_s`; after any anomaly the backend has already retired it.
 
@@ -69,6 +71,8 @@ class WarmPool:
         self._takes: dict[str, deque[float]] = {name: deque() for name in tiers}
         self._waiting: dict[str, int] = dict.fromkeys(tiers, 0)
         self._build_s = 0.3  # moving average of one container's build time
+        self._held: dict[Key, int] = {}  # containers out with a caller, per (tenant, tier)
+        self._hold_s = 0.05  # moving average of how long a caller keeps a container
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # builders: a deficit may have appeared
         self._arrived = threading.Condition(self._lock)  # callers waiting: a sandbox is ready
@@ -135,6 +139,10 @@ class WarmPool:
         counted = False
         with self._lock:
             self._note_busy(key, +1)
+            # While the tenant's own containers are busy with executions much shorter than a container
+            # start, the next of them to come free is the quicker way (and spares the engine a start).
+            own_until = time.monotonic() + 2 * self._build_s if self._others(key) and \
+                3 * self._hold_s < self._build_s else 0.0
             while True:
                 if self._closing:
                     self._note_busy(key, -1)
@@ -142,13 +150,16 @@ class WarmPool:
                 own = self._take_idle(key)
                 if own is not None:
                     self.reuses += 1
-                    return own
+                    return self._hand_out(own, key)
+                if time.monotonic() < min(own_until, deadline) and self._others(key):
+                    self._arrived.wait(timeout=min(own_until, deadline) - time.monotonic())
+                    continue
                 if not counted:
                     self._note_take(tier.name)
                     counted = True
                 ready = self._ready.get(tier.name)
                 if ready:
-                    return self._bind(ready.popleft(), tenant)
+                    return self._hand_out(self._bind(ready.popleft(), tenant), key)
                 if tier.name not in self.sizes or self._building[tier.name] == 0 or time.monotonic() >= deadline:
                     break
                 self._waiting[tier.name] += 1
@@ -159,7 +170,9 @@ class WarmPool:
                     self._waiting[tier.name] -= 1
         self.cold_starts += 1
         try:
-            return self._bind(self.backend.create_sandbox(tier), tenant)
+            sandbox = self._bind(self.backend.create_sandbox(tier), tenant)
+            with self._lock:
+                return self._hand_out(sandbox, key)
         except BaseException:
             with self._lock:
                 self._note_busy(key, -1)
@@ -179,6 +192,8 @@ class WarmPool:
         evicted: list[DockerSandbox] = []
         with self._lock:
             self._note_busy(key, -1)
+            self._held[key] = self._held.get(key, 1) - 1
+            self._hold_s = 0.8 * self._hold_s + 0.2 * (time.monotonic() - sandbox.taken_at)
             if why is None and self._closing:
                 why = "closing"
             if why is None and self._idle_of(key) >= self._wanted_idle(key):
@@ -238,6 +253,15 @@ class WarmPool:
     @staticmethod
     def _limit(tier_value: float | None, default: float) -> float:
         return tier_value if tier_value is not None else default
+
+    def _others(self, key: Key) -> bool:
+        """Whether other callers of `key` hold or are getting a container (this caller is counted busy)."""
+        return self._held.get(key, 0) > 0 or self._busy.get(key, 0) > 1
+
+    def _hand_out(self, sandbox: DockerSandbox, key: Key) -> DockerSandbox:
+        self._held[key] = self._held.get(key, 0) + 1
+        sandbox.taken_at = time.monotonic()
+        return sandbox
 
     @staticmethod
     def _bind(sandbox: DockerSandbox, tenant: str) -> DockerSandbox:
