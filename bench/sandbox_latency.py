@@ -123,7 +123,7 @@ def run_sustained(args: argparse.Namespace, image: str, runtime: str, tiers_file
     argv = docker_run_argv(image, runtime)
 
     def docker_run(i: int) -> None:
-        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=120).stdout
         if out != "42\n":
             raise RuntimeError(f"unexpected output {out!r}")
 
