@@ -14,7 +14,7 @@ import json
 import pytest
 
 from tests.fixtures_cluster import Cluster, metrics_port
-from tests.fixtures_prometheus import scrape, total
+from tests.fixtures_prometheus import scrape, series, total
 from tests.fixtures_sandbox import executing_containers
 from tests.waiting import wait_for
 
@@ -51,6 +51,12 @@ def test_a_forged_report_is_refused_and_the_model_sees_the_honest_result(cluster
     assert total(samples, "reactq_sandbox_executions_total", outcome="protocol_violation") == 0
     assert total(samples, "reactq_sandbox_executions_total", outcome="unavailable") == 0
     assert total(samples, "reactq_sandbox_cpu_seconds_total") > 0
+    # The refused attacks left the container clean: it waits, bound to its tenant, to serve it again.
+    assert total(samples, "reactq_sandbox_warm_containers", state="bound") >= 1
+    # The worker's line pump reports the calls waiting in line (none now), per tier.
+    wait_for("the sandbox worker to report its waiting calls",
+             lambda: series(scrape(f"http://127.0.0.1:{port}/metrics"), "reactq_sandbox_calls_waiting"), 10, 0.2)
+    assert total(scrape(f"http://127.0.0.1:{port}/metrics"), "reactq_sandbox_calls_waiting") == 0
 
     engine = docker.from_env()
     # The worker's idle warm containers are running by design; the executed ones must be gone.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from .models import ErrorKind
 from .sweeper import ReapReason
@@ -34,6 +34,17 @@ REAPED = Counter(
 # unclean, ...), its tier's max executions or age, idle too long, surplus to its tenant, evicted (LRU).
 RETIRED = Counter(
     "reactq_sandbox_retired_total", "Warm sandbox containers the pool retired", ["reason"],
+)
+
+
+# Warm containers one sandbox worker process holds ready per tier: `unbound` (started, no tenant yet) and
+# `bound` (idle, serving one tenant again when it calls).
+WARM = Gauge(
+    "reactq_sandbox_warm_containers", "Idle warm sandbox containers of this process", ["tier", "state"],
+)
+# Calls parked in line for a slot, cluster-wide (every sandbox worker reports the same figure: use max()).
+CALLS_WAITING = Gauge(
+    "reactq_sandbox_calls_waiting", "Sandbox calls waiting in line for a slot of their tenant's quota", ["tier"],
 )
 
 

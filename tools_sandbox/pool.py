@@ -30,10 +30,11 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from functools import partial
 
 from .docker_backend import DockerBackend, DockerSandbox
 from .errors import SandboxUnavailable
-from .metrics import RETIRED
+from .metrics import RETIRED, WARM
 from .models import Tier
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ class WarmPool:
                 self.backend.check_runtime(self.tiers[name])
             except SandboxUnavailable:
                 del self.sizes[name]  # fails closed at each call instead, naming the runtime
+        for name in self.tiers:
+            WARM.labels(tier=name, state="unbound").set_function(partial(self._warm_count, name, bound=False))
+            WARM.labels(tier=name, state="bound").set_function(partial(self._warm_count, name, bound=True))
         self.reaped = self.backend.reap_orphans()
         if self.reaped:
             log.info("reaped %d orphaned sandbox containers", len(self.reaped))
@@ -107,6 +111,13 @@ class WarmPool:
                     return True
             time.sleep(0.01)
         return False
+
+    def _warm_count(self, tier: str, *, bound: bool) -> int:
+        """Idle containers of `tier`: bound to a tenant, or not yet (the gauge reactq_sandbox_warm_containers)."""
+        with self._lock:
+            if bound:
+                return sum(1 for sb in self._idle.values() if sb.tier.name == tier)
+            return len(self._ready[tier])
 
     def ready_count(self, tier: str) -> int:
         with self._lock:

@@ -257,6 +257,9 @@ class QuotaGate:
         """The requests parked in a line (for their pending markers, and tests)."""
         return list(self.client.hvals(keys.quota_parked(tier, tenant)))
 
+    def parked_count(self, tier: str, tenant: str) -> int:
+        return int(self.client.hlen(keys.quota_parked(tier, tenant)))
+
     def parked_lines(self) -> list[tuple[str, str]]:
         """(tier, tenant) of every line with parked calls."""
         lines = [m.decode().split("\t", 1) for m in self.client.smembers(keys.parked_lines())]

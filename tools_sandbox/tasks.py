@@ -34,11 +34,12 @@ from typing import Any
 import kombu.exceptions
 import redis
 from celery import current_app, shared_task
-from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown
+from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown, worker_ready
 from pydantic import BaseModel, Field, ValidationError
 
 from .config import SandboxSettings
 from .errors import UnknownTierError
+from .metrics import CALLS_WAITING
 from .models import ErrorKind, SandboxResult
 from .outcome import UNAVAILABLE_TEXT
 from .quotas import IN_PROGRESS, Wait
@@ -129,6 +130,15 @@ def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
         _prewarm = QUEUE in instance.app.amqp.queues.consume_from
     except AttributeError:
         _prewarm = False
+
+
+@worker_ready.connect
+def _start_in_worker(sender: Any = None, **_: Any) -> None:
+    """A worker whose pool runs tasks in its own process (threads, the reactq default) has no child to
+    start the service in: start it, and the line pump, here once the worker is ready."""
+    pool = str(getattr(getattr(sender, "controller", None), "pool_cls", "") or getattr(sender, "pool_cls", ""))
+    if "prefork" not in pool:
+        _start_in_child()
 
 
 @worker_process_init.connect
@@ -250,10 +260,15 @@ def _pump(app: Any) -> None:
             if service.quotas is None:
                 continue
             refresh = time.time() - last_marks > service.settings.sandbox_pending_ttl_s / 3
+            waiting = dict.fromkeys(service.tiers, 0)
             for tier, tenant in service.quotas.parked_lines():
                 wake_line(app, tier, tenant)
                 if refresh:
                     _refresh_markers(service, tier, tenant)
+                if tier in waiting:
+                    waiting[tier] += service.quotas.parked_count(tier, tenant)
+            for tier, n in waiting.items():
+                CALLS_WAITING.labels(tier=tier).set(n)
             if refresh:
                 last_marks = time.time()
         except Exception:  # noqa: BLE001 - Redis or the broker restarting: try again next round
