@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import shlex
 import subprocess
@@ -82,11 +81,10 @@ class AgentResult:
 
 def tiers_file(runtime: str, workdir: Path) -> Path:
     """tools_sandbox/tiers.toml with `runtime = "<runtime>"` under every [tiers.X] table (runc: unchanged)."""
-    text = (ROOT / "tools_sandbox" / "tiers.toml").read_text()
-    if runtime != "runc":
-        text = re.sub(r"^(\[tiers\.[a-z0-9_-]+\])$", rf'\1\nruntime = "{runtime}"', text, flags=re.M)
+    from tools_sandbox.tiers import requiring_runtime
+
     path = workdir / f"tiers-{runtime}.toml"
-    path.write_text(text)
+    path.write_text(requiring_runtime((ROOT / "tools_sandbox" / "tiers.toml").read_text(), runtime))
     return path
 
 

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools_sandbox import SandboxService, SandboxSettings  # noqa: E402
 from tools_sandbox.config import DEFAULT_TIERS_FILE  # noqa: E402
+from tools_sandbox.tiers import requiring_runtime  # noqa: E402
 
 SNIPPET = "print(6*7)"
 def pct(samples: list[float], p: float) -> float:
@@ -82,12 +83,8 @@ def sustained(fn: Callable[[int], None], seconds: float, concurrency: int) -> tu
 
 def tiers_for(runtime: str, workdir: Path) -> Path:
     """The shipped tiers, each requiring `runtime` (runc = the engine's default, the file unchanged)."""
-    text = DEFAULT_TIERS_FILE.read_text(encoding="utf-8")
-    if runtime != "runc":
-        text = "\n".join(line + (f'\nruntime = "{runtime}"' if line.startswith("[tiers.") and "quota" not in line
-                                 else "") for line in text.splitlines())
     path = workdir / f"tiers-{runtime}.toml"
-    path.write_text(text, encoding="utf-8")
+    path.write_text(requiring_runtime(DEFAULT_TIERS_FILE.read_text(encoding="utf-8"), runtime), encoding="utf-8")
     return path
 
 

@@ -52,10 +52,9 @@ RUNTIMES = ("runc", "runsc")
 
 def tiers_on(runtime: str, text: str = TEST_TIERS) -> str:
     """The tiers file `text` with every tier requiring `runtime` (runc is the engine's default)."""
-    if runtime == "runc":
-        return text
-    return "\n".join(line + (f'\nruntime = "{runtime}"' if line.startswith("[tiers.") and "quota" not in line else "")
-                     for line in text.splitlines())
+    from tools_sandbox.tiers import requiring_runtime
+
+    return requiring_runtime(text, runtime)
 
 
 def require_runtime(engine: object, runtime: str) -> None:

@@ -9,9 +9,10 @@ import pytest
 
 import tools_sandbox
 from tools_sandbox import SandboxError, SandboxResult, load_tiers, run_code
+from tools_sandbox.config import DEFAULT_TIERS_FILE
 from tools_sandbox.errors import TierConfigError, UnknownTierError
 from tools_sandbox.protocol import ExitRecord, FrameParser, encode_request, interpret_exit
-from tools_sandbox.tiers import get_tier, parse_tiers
+from tools_sandbox.tiers import get_tier, parse_tiers, requiring_runtime
 
 
 def test_public_api_is_all() -> None:
@@ -128,3 +129,11 @@ def test_tools_sandbox_never_imports_worker() -> None:
     for path in root.glob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert "import worker" not in text and "from worker" not in text, path
+
+
+def test_a_tiers_file_can_be_made_to_require_a_runtime() -> None:
+    text = DEFAULT_TIERS_FILE.read_text(encoding="utf-8")
+    shipped, on_gvisor = parse_tiers(text), parse_tiers(requiring_runtime(text, "runsc"))
+    assert set(on_gvisor) == set(shipped) and {t.runtime for t in on_gvisor.values()} == {"runsc"}
+    assert all(on_gvisor[n].quota == shipped[n].quota for n in shipped)  # the quota tables are untouched
+    assert requiring_runtime(text, "runc") == text

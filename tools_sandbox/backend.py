@@ -55,9 +55,9 @@ class PooledDocker:
             executed = self.docker.run(sandbox, code, tenant=tenant, started=started)
         except BaseException:
             self.docker.destroy(sandbox)
-            self.pool.release(sandbox, reusable=False, retired_because="error")
+            self.pool.release(sandbox, retired_because="error")
             raise
-        self.pool.release(sandbox, executed.reusable, executed.retired_because)
+        self.pool.release(sandbox, executed.retired_because)
         return executed.result
 
     def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:

@@ -98,11 +98,14 @@ class DockerSandbox:
 
 @dataclass(frozen=True)
 class Executed:
-    """One execution's result, and whether its container may serve the same tenant again."""
+    """One execution's result, and why its container was retired (None: it may serve the tenant again)."""
 
     result: SandboxResult
-    reusable: bool
     retired_because: str | None = None
+
+    @property
+    def reusable(self) -> bool:
+        return self.retired_because is None
 
 
 def _stats_usage(stats: dict) -> Usage | None:
@@ -294,8 +297,7 @@ class DockerBackend:
                           oom_killed=bool(oom), infra_error=infra_error, agent_said=bytes(demux.agent_err))
         if retired_because is not None:
             self.destroy_id(sandbox.container_id)
-        return Executed(finish(tier, self.name, parser, facts), reusable=retired_because is None,
-                        retired_because=retired_because)
+        return Executed(finish(tier, self.name, parser, facts), retired_because)
 
     def _request(self, sandbox: DockerSandbox, code: str, tenant: str) -> bytes:
         """Under gVisor the sandbox's own kernel bounds processes and memory per sandbox (its sentry

@@ -189,12 +189,11 @@ class WarmPool:
                 self._note_busy(key, -1)
             raise
 
-    def release(self, sandbox: DockerSandbox, reusable: bool, retired_because: str | None = None) -> None:
-        """Give a sandbox back after its execution: kept for its tenant, or retired."""
+    def release(self, sandbox: DockerSandbox, retired_because: str | None = None) -> None:
+        """Give a sandbox back after its execution: kept for its tenant, or retired. `retired_because`:
+        the backend already retired it (an anomaly); else the pool decides, and destroys it if it goes."""
         tier, key = sandbox.tier, (sandbox.tenant or "", sandbox.tier.name)
         why = retired_because
-        if why is None and not reusable:
-            why = "anomaly"
         if why is None and sandbox.executions >= self._limit(tier.max_executions, self.limits.max_executions):
             why = "executions"
         if why is None and time.monotonic() - sandbox.created_at >= self._limit(tier.max_age_s,
@@ -216,7 +215,7 @@ class WarmPool:
                 self._arrived.notify_all()
             self._count(why)
             self._count("evicted", len(evicted))
-        if why is not None and reusable:
+        if why is not None and retired_because is None:
             self.backend.destroy(sandbox)  # still up: the backend retired only the unreusable ones
         for old in evicted:
             self.backend.destroy(old)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +32,14 @@ def parse_tiers(text: str, source: str = "<string>") -> dict[str, Tier]:
         except ValidationError as exc:
             raise TierConfigError(f"{source}: tier {name!r} is invalid: {exc}") from exc
     return tiers
+
+
+def requiring_runtime(text: str, runtime: str) -> str:
+    """A tiers file's text with every tier requiring the OCI runtime `runtime` (for "runc", the engine's
+    default, the text as it is): how the tests and benchmarks run one tiers file on gVisor too."""
+    if runtime == "runc":
+        return text
+    return re.sub(r"^(\[tiers\.[A-Za-z0-9_-]+\])$", rf'\1\nruntime = "{runtime}"', text, flags=re.M)
 
 
 TIERS_FILE_ENV = "REACTQ_SANDBOX_TIERS_FILE"
