@@ -48,6 +48,17 @@ cpu_seconds_per_day = 5
 
 
 RUNTIMES = ("runc", "runsc")
+# A small test tier's fields, unless a test says otherwise.
+SMALL_TIER = {"cpus": 0.5, "memory_mb": 64, "wall_time_s": 2, "cpu_time_s": 1, "pids": 32, "output_bytes": 8192,
+              "tmpfs_mb": 8, "pool_size": 0}
+
+
+def tier_toml(name: str, quota: tuple[int, int, float], **fields: object) -> str:
+    """One `[tiers.<name>]` table and its quota (concurrent, per minute, CPU seconds per day), as TOML."""
+    body = "".join(f"{key} = {value!r}\n".replace("'", '"') for key, value in {**SMALL_TIER, **fields}.items())
+    concurrent, per_minute, cpu_per_day = quota
+    return (f"\n[tiers.{name}]\n{body}\n[tiers.{name}.quota]\nconcurrent_executions = {concurrent}\n"
+            f"executions_per_minute = {per_minute}\ncpu_seconds_per_day = {cpu_per_day}\n")
 
 
 def tiers_on(runtime: str, text: str = TEST_TIERS) -> str:

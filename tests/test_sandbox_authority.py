@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.fixtures_sandbox import TEST_TIERS, require_runtime, tiers_on
+from tests.fixtures_sandbox import TEST_TIERS, require_runtime, tier_toml, tiers_on
 from tests.waiting import wait_for
 from tools_sandbox import ErrorKind, SandboxResult, SandboxService, SandboxSettings, load_tiers, render_result
 from tools_sandbox.protocol import FrameParser, parse_exit_record
@@ -91,55 +91,10 @@ executions_per_minute = 100
 cpu_seconds_per_day = 1.0
 """
 # Tiers that name runtimes of their own (left as they are in the gVisor variant of the tiers file).
-RUNTIME_TIERS = """
-[tiers.gvisor]
-cpus = 0.5
-memory_mb = 64
-wall_time_s = 2
-cpu_time_s = 1
-pids = 32
-output_bytes = 8192
-tmpfs_mb = 8
-runtime = "runsc-not-installed"
-pool_size = 1
-
-[tiers.gvisor.quota]
-concurrent_executions = 2
-executions_per_minute = 100
-cpu_seconds_per_day = 100
-
-[tiers.prefers_gvisor]
-cpus = 0.5
-memory_mb = 128
-wall_time_s = 5
-cpu_time_s = 1
-pids = 32
-output_bytes = 8192
-tmpfs_mb = 8
-prefer_runtime = "runsc"
-pool_size = 0
-
-[tiers.prefers_gvisor.quota]
-concurrent_executions = 2
-executions_per_minute = 100
-cpu_seconds_per_day = 100
-
-[tiers.prefers_missing]
-cpus = 0.5
-memory_mb = 64
-wall_time_s = 2
-cpu_time_s = 1
-pids = 32
-output_bytes = 8192
-tmpfs_mb = 8
-prefer_runtime = "runsc-not-installed"
-pool_size = 0
-
-[tiers.prefers_missing.quota]
-concurrent_executions = 2
-executions_per_minute = 100
-cpu_seconds_per_day = 100
-"""
+RUNTIME_TIERS = (
+    tier_toml("gvisor", (2, 100, 100), runtime="runsc-not-installed", pool_size=1)
+    + tier_toml("prefers_gvisor", (2, 100, 100), memory_mb=128, wall_time_s=5, prefer_runtime="runsc")
+    + tier_toml("prefers_missing", (2, 100, 100), prefer_runtime="runsc-not-installed"))
 
 # A double-forked grandchild burns CPU while its parent only waits: the agent's wait4 sees ~0 s.
 ORPHAN_BURNER = """

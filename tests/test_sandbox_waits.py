@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 
 from tests.fixtures_cluster import Cluster
-from tests.fixtures_sandbox import TEST_TIERS
+from tests.fixtures_sandbox import TEST_TIERS, tier_toml
 from tests.harness import Harness, call, final
 from tests.waiting import wait_for
 from tools_sandbox import SandboxResult, load_tiers, render_result
@@ -29,37 +29,9 @@ from worker.store import keys as worker_keys
 
 pytestmark = pytest.mark.integration
 NOW = 1_700_000_050.0  # 10 s into a minute
-WAIT_TIERS = """
-[tiers.lane]
-cpus = 0.5
-memory_mb = 64
-wall_time_s = 10
-cpu_time_s = 5
-pids = 32
-output_bytes = 8192
-tmpfs_mb = 8
-pool_size = 0
-
-[tiers.lane.quota]
-concurrent_executions = 1
-executions_per_minute = 1000
-cpu_seconds_per_day = 1000
-
-[tiers.paced]
-cpus = 0.5
-memory_mb = 64
-wall_time_s = 2
-cpu_time_s = 1
-pids = 32
-output_bytes = 8192
-tmpfs_mb = 8
-pool_size = 0
-
-[tiers.paced.quota]
-concurrent_executions = 5
-executions_per_minute = 2
-cpu_seconds_per_day = 3
-"""
+# `lane`: one execution at a time, 10 s each at most; `paced`: two a minute, 3 CPU-seconds a day.
+LANE = {"wall_time_s": 10, "cpu_time_s": 5}
+WAIT_TIERS = tier_toml("lane", (1, 1000, 1000), **LANE) + tier_toml("paced", (5, 2, 3))
 CONTINUE = "reactq.test.continue"
 
 
@@ -371,22 +343,7 @@ def test_a_call_waiting_in_line_is_left_alone_and_a_lost_one_is_re_sent(
     client.close()
 
 
-STANDARD_OF_ONE = """
-[tiers.standard]
-cpus = 0.5
-memory_mb = 64
-wall_time_s = 10
-cpu_time_s = 5
-pids = 32
-output_bytes = 8192
-tmpfs_mb = 8
-pool_size = 0
-
-[tiers.standard.quota]
-concurrent_executions = 1
-executions_per_minute = 1000
-cpu_seconds_per_day = 1000
-"""
+STANDARD_OF_ONE = tier_toml("standard", (1, 1000, 1000), **LANE)  # the lane, under the name runs get
 
 
 def test_runs_whose_calls_outnumber_the_slots_all_finish(cluster: Cluster, tmp_path: Path) -> None:
