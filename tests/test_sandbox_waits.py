@@ -277,7 +277,9 @@ TIMED = "import time\nstart = time.time()\ntime.sleep(1)\nprint(start, time.time
 def test_more_calls_than_slots_all_finish_in_order(cluster: Cluster, redis_url: str, wait_tiers: Path) -> None:
     """8 one-second calls of one tenant on a tier of one concurrent execution, through 3 worker processes:
     far past the old retry limit (3 retries), every call ends with its result, one at a time, in the order
-    sent; another tenant's call is not held up behind them."""
+    sent; another tenant's call is not held up behind them. The first call is sent alone, and the rest once it
+    holds the slot: a free slot goes to whichever call reaches the gate first, and three worker threads may
+    take the first messages in any order; the line orders the calls that wait."""
     cluster.start_worker(queues="sandbox", concurrency=3, REACTQ_SANDBOX_TIERS_FILE=str(wait_tiers),
                          REACTQ_SANDBOX_BACKEND="process")
     app = Celery("sandbox-waits-producer", broker=redis_url)
@@ -285,7 +287,10 @@ def test_more_calls_than_slots_all_finish_in_order(cluster: Cluster, redis_url: 
     sent = time.time()
     calls = [request(i, code=TIMED, queued_at=sent + i / 1000, deadline_at=sent + 600) for i in range(8)]
     try:
-        for call in calls:
+        app.send_task("reactq.sandbox.execute", args=[calls[0]], queue="reactq.sandbox")
+        wait_for("the first call to hold the slot",
+                 lambda: client.zscore(sandbox_keys.quota_running("lane", "acme"), calls[0]["result_key"]), 30)
+        for call in calls[1:]:
             app.send_task("reactq.sandbox.execute", args=[call], queue="reactq.sandbox")
         app.send_task("reactq.sandbox.execute", queue="reactq.sandbox",
                       args=[dict(request(99, code=TIMED, tenant="globex"), queued_at=time.time())])
