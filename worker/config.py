@@ -91,6 +91,8 @@ class Settings(BaseSettings):
     tenants_plan: str = "operator"  # the plan of the tenants in REACTQ_TENANTS
     plans_file: str | None = None  # default: worker/plans.toml, shipped in the package
     max_body_bytes: int = Field(1024 * 1024, ge=1024)  # larger HTTP request bodies answer 413
+    # event streams (SSE) one API process holds open at once, on a Redis pool of their own (429 past it)
+    sse_max_streams_per_process: int = Field(256, ge=1)
     tiers: list[str] = Field(default_factory=lambda: ["free", "standard", "pro"])
     prices_per_mtok: dict[str, tuple[float, float]] = Field(
         default_factory=lambda: {"reactq-stub": (0.15, 0.60)}

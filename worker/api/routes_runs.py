@@ -6,26 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import StreamingResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, Field
 
 from ..core.models import Mode, Run, RunSpec
 from ..core.views import run_json
-from ..errors import ApprovalConflict, InvalidRequest
+from ..errors import ApprovalConflict
 from ..runtime.approvals import record_decision
 from ..service.replay import replay
 from ..service.retention import delete_run
 from ..service.submit import cancel, submit
+from ..store.async_reads import AsyncReads
 from ..store.streams import StreamSlots
 from ..tasks.steps import send_step
 from ..tenancy.admission import StreamSlot
 from ..tenancy.tenants import Policy
-from .app_state import Reads, RuntimeDep
-from .auth import CallerPolicy, CallerTenant, caller_tenant
+from .app_state import RuntimeDep, stream_gate_of, stream_reads_of
+from .auth import CallerPolicy, CallerTenant, caller_tenant, key_refusal
 from .guards import check_id, owned_run
 
 router = APIRouter()
@@ -75,39 +78,69 @@ def cancel_run(run_id: str, tenant: CallerTenant, rt: RuntimeDep) -> dict:
     return run_json(run)
 
 
-@router.get("/v1/runs/{run_id}/events")
-async def run_events(run_id: str, request: Request, policy: CallerPolicy, reads: Reads) -> StreamingResponse:
-    """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`.
-    A tenant may hold its plan's number of streams open at once (429 past that)."""
-    raw = await reads.run(check_id(run_id))
-    if raw is None or Run.model_validate_json(raw).spec.tenant != policy.tenant:
-        raise HTTPException(404, f"no run {run_id!r}")
-    slot = StreamSlot(StreamSlots(reads.client), policy)
-    await slot.open()
+READ_BLOCK_MS = 5000  # an open stream re-checks its key (and renews its slot) at least this often
+_ENTRY_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
 
-    async def stream() -> AsyncIterator[str]:
-        last = request.headers.get("last-event-id", "0")
+
+@dataclass
+class EventStream:
+    """One admitted event stream: the run, where to resume, the streams' own reads, the tenant's slot."""
+
+    run_id: str
+    last: str
+    reads: AsyncReads
+    slot: StreamSlot
+
+
+async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy) -> AsyncIterator[EventStream]:
+    """Admit a stream before its headers go out: 422 for a malformed `Last-Event-ID`, 429 past the process's
+    cap or the tenant's plan, 404 for another tenant's run. Its place and slot are given back when it ends."""
+    last = request.headers.get("last-event-id", "0").strip() or "0"
+    if not _ENTRY_ID.fullmatch(last):
+        raise HTTPException(422, "Last-Event-ID must be an event id this stream sent (like 1700000000000-0)")
+    check_id(run_id)
+    with stream_gate_of(request).held():
+        reads = stream_reads_of(request)
+        raw = await reads.run(run_id)
+        if raw is None or Run.model_validate_json(raw).spec.tenant != policy.tenant:
+            raise HTTPException(404, f"no run {run_id!r}")
+        slot = StreamSlot(StreamSlots(reads.client), policy)
+        await slot.open()
         try:
-            while True:
-                compacted = await reads.compacted_events(run_id)
-                if compacted is not None:  # the run has finished and its stream was compacted
-                    for entry_id, kind, data in json.loads(compacted):
-                        if _stream_id(entry_id) > _stream_id(last):
-                            if kind == "step" and isinstance(data, int):
-                                data = ((await reads.step(run_id, data)) or b"{}").decode()
-                            yield f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
-                    return
-                for entry_id, kind, data in await reads.events_after(run_id, last, count=100, block_ms=15_000):
-                    last = entry_id
-                    yield f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
-                    if kind == "finished":
-                        return
-                await slot.renew()
-                yield ": keep-alive\n\n"
+            yield EventStream(run_id, last, reads, slot)
         finally:
             await asyncio.shield(slot.close())
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+
+@router.get("/v1/runs/{run_id}/events", response_class=EventSourceResponse)
+async def run_events(request: Request, stream: Annotated[EventStream, Depends(open_event_stream)]
+                     ) -> AsyncIterator[ServerSentEvent]:
+    """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`.
+    A tenant may hold its plan's number of streams open at once, and an API process
+    REACTQ_SSE_MAX_STREAMS_PER_PROCESS (429 past either). A stream whose key is revoked, or whose tenant is
+    removed, ends within its next read with an `error` event."""
+    run_id, last, reads = stream.run_id, stream.last, stream.reads
+    while True:
+        compacted = await reads.compacted_events(run_id)
+        if compacted is not None:  # the run has finished and its stream was compacted
+            for entry_id, kind, data in json.loads(compacted):
+                if _stream_id(entry_id) > _stream_id(last):
+                    if kind == "step" and isinstance(data, int):
+                        data = ((await reads.step(run_id, data)) or b"{}").decode()
+                    yield ServerSentEvent(id=entry_id, event=kind, raw_data=data)
+            return
+        for entry_id, kind, data in await reads.events_after(run_id, last, count=100, block_ms=READ_BLOCK_MS):
+            last = entry_id
+            yield ServerSentEvent(id=entry_id, event=kind, raw_data=data)
+            if kind == "finished":
+                return
+        refused = await key_refusal(request, reads)
+        if refused is not None:
+            yield ServerSentEvent(event="error", data={"error": {"message": refused.detail,
+                                                                 "status": refused.status_code}})
+            return
+        await stream.slot.renew()
+        yield ServerSentEvent(comment="keep-alive")
 
 
 def _stream_id(text: str) -> tuple[int, int]:
@@ -142,16 +175,16 @@ class ReplayRequest(BaseModel, extra="forbid"):
     from_step: int = Field(ge=1, description="the first step to run again, from 1 (as the trace numbers them)")
     model: str | None = Field(None, max_length=200)
     mode: Mode | None = None
+    tier: str | None = Field(None, max_length=200, description="default: the source run's, if the plan allows it")
 
 
 @router.post("/v1/runs/{run_id}/replay", status_code=201)
-def replay_run(run_id: str, body: ReplayRequest, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
-    """A new run reusing this run's steps before `from_step` and continuing from there."""
-    owned_run(rt.store, run_id, tenant)
-    try:
-        run = replay(rt.store, rt.settings, run_id, body.from_step, send_step, model=body.model, mode=body.mode)
-    except InvalidRequest as exc:
-        raise HTTPException(422, str(exc)) from None
+def replay_run(run_id: str, body: ReplayRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
+    """A new run reusing this run's steps before `from_step` and continuing from there. It is admitted as a
+    submission is: the caller's plan as it is now, its budgets and admission limits (403, 422, 429)."""
+    owned_run(rt.store, run_id, policy.tenant)
+    run = replay(rt.store, rt.settings, run_id, body.from_step, send_step, tenants=rt.fresh_tenants(),
+                 budgets=rt.budgets, model=body.model, mode=body.mode, tier=body.tier)
     return run_json(run)
 
 

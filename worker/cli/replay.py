@@ -1,4 +1,5 @@
-"""`reactq replay RUN_ID --from-step N [--model M] [--mode M]` and the printing of `reactq trace --diff A B`."""
+"""`reactq replay RUN_ID --from-step N [--model M] [--mode M] [--tier T]` and the printing of
+`reactq trace --diff A B`."""
 
 from __future__ import annotations
 
@@ -18,19 +19,22 @@ from .base import _load, _runtime, _send_step, console, out
               help="the first step to run again (as `reactq trace` numbers them, from 1)")
 @click.option("--model", default=None, help="continue with this model")
 @click.option("--mode", type=click.Choice([m.value for m in Mode]), default=None, help="continue in this mode")
+@click.option("--tier", default=None, help="default: the source run's, if its tenant's plan still allows it")
 @click.option("--json", "as_json", is_flag=True)
-def replay(run_id: str, from_step: int, model: str | None, mode: str | None, as_json: bool) -> None:
-    """Fork a run: a new run reusing its steps before --from-step, continuing from there."""
+def replay(run_id: str, from_step: int, model: str | None, mode: str | None, tier: str | None,
+           as_json: bool) -> None:
+    """Fork a run: a new run reusing its steps before --from-step, continuing from there. It is admitted as a
+    new run of its tenant is (the plan as it is now, budgets, runs in flight, submissions per minute)."""
     from ..core.views import run_json
-    from ..errors import InvalidRequest
+    from ..errors import AdmissionRefused, InvalidRequest, TooLarge
     from ..service.replay import replay as fork
 
     rt = _runtime()
     _load(run_id)
     try:
-        run = fork(rt.store, rt.settings, run_id, from_step, _send_step(), model=model,
-                   mode=Mode(mode) if mode else None)
-    except InvalidRequest as exc:
+        run = fork(rt.store, rt.settings, run_id, from_step, _send_step(), tenants=rt.tenants, budgets=rt.budgets,
+                   model=model, mode=Mode(mode) if mode else None, tier=tier)
+    except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
     if as_json:

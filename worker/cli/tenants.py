@@ -84,6 +84,32 @@ def tenant_set(name: str, plan: str | None, reset_budgets: bool, **budgets: floa
     click.echo(f"tenant {name} updated")
 
 
+@tenant.command("remove")
+@click.argument("name")
+def tenant_remove(name: str) -> None:
+    """Remove a tenant: revoke its API keys (refused from their next request on, open event streams
+    included), cancel its unfinished runs, drop its plan and overrides. Its finished runs stay until
+    retention expires them (`reactq purge` removes them sooner)."""
+    from ..errors import InvalidRequest
+    from ..service.submit import cancel
+    from .base import _send_step
+
+    rt = _rt()
+    try:
+        revoked = rt.tenants.remove(name)
+    except InvalidRequest as exc:
+        _fail(exc)
+    runs = rt.store.load_runs(rt.tenants.records.inflight_run_ids(name))
+    unfinished = [run for run in runs if run is not None and not run.status.finished]
+    for run in unfinished:
+        cancel(rt.store, run.id, _send_step())
+    click.echo(f"tenant {name} removed: {len(revoked)} API key(s) revoked, {len(unfinished)} unfinished run(s) "
+               "cancelled; its finished runs are kept until retention expires them")
+    if name in rt.settings.tenants:
+        console.print(f"[yellow]warning:[/yellow] {name} is still listed in REACTQ_TENANTS, so it still exists "
+                      "(without keys); remove it there too")
+
+
 @tenant.command("usage")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True)

@@ -85,7 +85,8 @@ def new_run(spec: RunSpec, settings: Settings) -> Run:
 def submit(
     store: RunStore, specs: Sequence[RunSpec], settings: Settings, send_step: Callable[..., None],
     batch_id: str | None = None, *, tenants: Tenants, budgets: TenantBudgets, admit_runs: bool = True,
-    interactive: bool = False,
+    interactive: bool = False, make_run: Callable[[RunSpec, Settings], Run] | None = None,
+    on_recorded: Callable[[list[Run]], None] | None = None,
 ) -> list[Run]:
     """Validate every spec first (nothing is submitted if one is bad), check admission for each tenant
     (AdmissionRefused), then record and enqueue them. `tenants`: where policies are read: the API passes
@@ -94,7 +95,10 @@ def submit(
     where a tenant's spend is read (a tenant over budget is refused).
 
     Each run's first step goes out with its priority (worker/tenancy/fairness.py): interactive runs first, then
-    each tenant's runs by how many it submitted lately; every later step of the run keeps it."""
+    each tenant's runs by how many it submitted lately; every later step of the run keeps it.
+
+    `make_run` (default new_run) and `on_recorded` (called once the runs are admitted and recorded, before
+    any step is sent) are how a replay (service/replay.py) goes through this same door with its fork."""
     tiers = known_tiers(settings)
     policies: dict[str, Policy] = {}
     errors = []
@@ -116,15 +120,17 @@ def submit(
     if admit_runs:
         quotas = [quota(budgets, policy, sum(1 for s in specs if s.tenant == tenant))
                   for tenant, policy in policies.items()]
-    runs = [new_run(spec.model_copy(update={"batch_id": batch_id}), settings) for spec in specs]
+    runs = [(make_run or new_run)(spec.model_copy(update={"batch_id": batch_id}), settings) for spec in specs]
     recent = _record(store, runs, batch_id, None if interactive else WINDOW_S, quotas, policies)
+    if on_recorded is not None:
+        on_recorded(runs)
     by_tenant: dict[str, list[Run]] = {}
     for run in runs:
         by_tenant.setdefault(run.spec.tenant, []).append(run)
     for tenant, group in by_tenant.items():
         priorities = [INTERACTIVE] * len(group) if interactive else batch_priorities(recent[tenant], len(group))
         for run, priority in zip(group, priorities, strict=True):
-            send_step(run.id, 0, priority=priority)
+            send_step(run.id, run.current_step, priority=priority)
     return runs
 
 

@@ -35,6 +35,17 @@ class TenantStore:
     def drop_field(self, name: str, field: str) -> None:
         self.r.hdel(keys.tenant(name), field)
 
+    def remove(self, name: str) -> None:
+        """Drop a tenant's record (its keys' records stay, revoked by the caller first)."""
+        pipe = self.r.pipeline()
+        pipe.delete(keys.tenant(name))
+        pipe.srem(keys.TENANTS, name)
+        pipe.execute()
+
+    def inflight_run_ids(self, name: str) -> list[str]:
+        """The tenant's runs not finished yet (its in-flight set, kept by the run store)."""
+        return sorted(i.decode() for i in self.r.smembers(keys.tenant_inflight(name)))
+
     def names(self) -> set[str]:
         """The tenants added with a record (not those that exist only by configuration)."""
         return {n.decode() for n in self.r.smembers(keys.TENANTS)}

@@ -106,6 +106,22 @@ class Tenants:
             else:
                 self.records.set_field(name, field, str(value))
 
+    def remove(self, name: str) -> list[str]:
+        """Remove a tenant: revoke every API key it has (each is refused from its next request on, open
+        event streams included), then drop its record (plan, overrides). Its runs are left to the caller
+        (`reactq tenant remove` cancels the unfinished ones; finished ones expire with retention).
+        Returns the key ids revoked now. A tenant of REACTQ_TENANTS exists for as long as it is listed."""
+        key_ids = sorted(self.records.key_ids(name))
+        if not self.records.exists(name) and name not in self.settings.tenants and not key_ids:
+            raise InvalidRequest(f"no tenant {name!r}")
+        now = time.time()
+        revoked = [k for k in key_ids if not self.records.key(k).get("revoked_at")]
+        for key_id in revoked:
+            self.records.revoke_key(key_id, now)
+        self.records.remove(name)
+        self._memo.pop(name, None)
+        return revoked
+
     def names(self) -> list[str]:
         return sorted(self.records.names() | set(self.settings.tenants))
 
