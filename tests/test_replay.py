@@ -4,13 +4,18 @@ against real redis-server and `reactq worker` processes."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 
 import httpx
 import pytest
+import redis
 
+from tests.fixtures_api import Api, make_key
 from tests.fixtures_cluster import Cluster
 from worker.core.models import Observation, Run, RunSpec, RunStatus, Step, ToolCall
 from worker.core.trace_diff import diff_traces
+from worker.store import keys
 
 QUESTION = "What is 6 * 7 and what is the capital of Japan and who painted the Mona Lisa?"
 
@@ -76,3 +81,48 @@ def test_replay_reuses_steps_and_forks_with_another_mode(cluster: Cluster, api_c
     assert bad.returncode == 2 and "between 1 and 3" in bad.stderr
     assert api_client.post("/v1/runs/nope/replay", json={"from_step": 1}).status_code == 404
     assert api_client.post(f"/v1/runs/{source['run_id']}/replay", json={"from_step": 0}).status_code == 422
+
+
+@pytest.mark.integration
+def test_replay_is_admitted_as_a_submission_is(tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
+    """No worker: every run stays queued, so each replay holds a run in flight. A replay (from step 1: no
+    recorded step is needed) meets the free plan's 10 runs in flight, a spent budget and a downgraded plan
+    as a new run would."""
+    c = tenancy_cluster
+    thrifty, spent, former_pro = (make_key(c, "thrifty", "free"), make_key(c, "spent", "free"),
+                                  make_key(c, "former-pro", "pro"))
+    api = api_server()
+    client = api.client(thrifty)
+    source = client.post("/v1/runs", json={"question": "What is 2 + 2?"}).json()["run_id"]
+    forks = [client.post(f"/v1/runs/{source}/replay", json={"from_step": 1}) for _ in range(9)]
+    assert [f.status_code for f in forks] == [201] * 9, forks[-1].text
+    assert {f.json()["forked_from"] for f in forks} == {source}
+    refused = client.post(f"/v1/runs/{source}/replay", json={"from_step": 1})
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "5", refused.text
+    assert "10 runs in flight" in refused.json()["error"]["message"]
+    assert client.get("/v1/usage").json()["runs_in_flight"] == 10
+    cli = c.reactq("replay", source, "--from-step", "1")
+    assert cli.returncode == 2 and "10 runs in flight" in cli.stderr
+
+    spender = api.client(spent)
+    theirs = spender.post("/v1/runs", json={"question": "What is 3 + 3?"}).json()["run_id"]
+    store = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
+    store.hset(keys.tenant_spend("spent", time.strftime("d:%Y-%m-%d", time.gmtime())), "tokens", 200_000)
+    store.close()
+    over = spender.post(f"/v1/runs/{theirs}/replay", json={"from_step": 1})
+    assert over.status_code == 429 and int(over.headers["Retry-After"]) > 0, over.text
+    assert "tokens per day budget" in over.json()["error"]["message"]
+
+    pro = api.client(former_pro)
+    old = pro.post("/v1/runs", json={"question": "What is 4 + 4?"}).json()
+    assert old["tier"] == "pro"
+    assert c.reactq("tenant", "set", "former-pro", "--plan", "free").returncode == 0
+    downgraded = pro.post(f"/v1/runs/{old['run_id']}/replay", json={"from_step": 1})
+    assert downgraded.status_code == 403, downgraded.text
+    message = downgraded.json()["error"]["message"]
+    assert "tier 'pro' is not allowed on plan 'free'; allowed tiers: free" in message and "tier" in message
+    assert pro.post(f"/v1/runs/{old['run_id']}/replay", json={"from_step": 1, "tier": "standard"}).status_code == 403
+    cli = c.reactq("replay", old["run_id"], "--from-step", "1")
+    assert cli.returncode == 2 and "not allowed on plan 'free'" in cli.stderr
+    fork = pro.post(f"/v1/runs/{old['run_id']}/replay", json={"from_step": 1, "tier": "free"})
+    assert fork.status_code == 201 and fork.json()["tier"] == "free", fork.text

@@ -345,3 +345,36 @@ def test_insecure_no_auth_serves_loopback_as_the_first_configured_tenant(tenancy
     listening = [line.split()[1] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
                  if line.split()[3] == "0A" and int(line.split()[1].split(":")[1], 16) == port]
     assert listening == [f"0100007F:{port:04X}"], listening  # 127.0.0.1 only, despite --host 0.0.0.0
+
+
+PUBLIC_ROUTES = {"/healthz", "/metrics"}
+
+
+def test_a_removed_tenants_keys_are_refused_on_every_route(tenancy_cluster: Cluster,
+                                                           api_server: Callable[..., Api]) -> None:
+    """A tenant of REACTQ_TENANTS with a key, a run and a batch; then the API restarted without it. Every
+    route the app serves (read from its OpenAPI document, so a new route is covered too) refuses its key."""
+    c = tenancy_cluster
+    c.env["REACTQ_TENANTS"] = '["default", "leaver"]'
+    key = make_key(c, "leaver")
+    before = api_server()
+    leaver = before.client(key)
+    run_id = leaver.post("/v1/runs", json={"question": "What is 2 + 2?"}).json()["run_id"]
+    batch_id = leaver.post("/v1/batches", json={"runs": [{"question": "What is 1 + 1?"}]}).json()["batch_id"]
+    assert leaver.get(f"/v1/runs/{run_id}").status_code == 200
+    before.stop()
+
+    c.env["REACTQ_TENANTS"] = '["default"]'
+    after = api_server().client(key)
+    routes = [(method.upper(), path) for path, methods in after.get("/openapi.json").json()["paths"].items()
+              if path not in PUBLIC_ROUTES for method in methods if method in {"get", "post", "put", "patch", "delete"}]
+    assert len(routes) >= 14, routes
+    for method, route in routes:
+        path = route.replace("{run_id}", run_id).replace("{batch_id}", batch_id)
+        assert "{" not in path, f"{route}: give the test a value for its path parameter"
+        response = after.request(method, path)
+        assert response.status_code == 403, (method, route, response.text)
+        assert response.json()["error"]["message"] == ("this API key's tenant 'leaver' no longer exists; ask "
+                                                       "the operator for a key of an existing tenant")
+    assert c.load_run(run_id) is not None  # nothing was cancelled or deleted
+    assert c.run_status(run_id) == "queued"
