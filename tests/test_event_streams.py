@@ -119,3 +119,5 @@ def test_an_open_stream_ends_when_its_key_is_revoked_or_its_tenant_removed(
     listed_tenants = [t["tenant"] for t in json.loads(c.reactq("tenant", "list", "--json").stdout)]
     assert "removed" not in listed_tenants and "revoked" in listed_tenants
     assert json.loads(c.reactq("key", "list", "removed", "--json").stdout)[0]["revoked_at"]
+    unknown = c.reactq("tenant", "remove", "nobody")
+    assert unknown.returncode == 2 and "no tenant 'nobody'" in unknown.stderr

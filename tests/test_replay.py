@@ -97,7 +97,10 @@ def test_replay_is_admitted_as_a_submission_is(tenancy_cluster: Cluster, api_ser
     forks = [client.post(f"/v1/runs/{source}/replay", json={"from_step": 1}) for _ in range(9)]
     assert [f.status_code for f in forks] == [201] * 9, forks[-1].text
     assert {f.json()["forked_from"] for f in forks} == {source}
+    store = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
+    before = set(store.scan_iter("reactq:run:*"))
     refused = client.post(f"/v1/runs/{source}/replay", json={"from_step": 1})
+    assert set(store.scan_iter("reactq:run:*")) == before  # a refused replay writes nothing
     assert refused.status_code == 429 and refused.headers["Retry-After"] == "5", refused.text
     assert "10 runs in flight" in refused.json()["error"]["message"]
     assert client.get("/v1/usage").json()["runs_in_flight"] == 10
@@ -106,7 +109,6 @@ def test_replay_is_admitted_as_a_submission_is(tenancy_cluster: Cluster, api_ser
 
     spender = api.client(spent)
     theirs = spender.post("/v1/runs", json={"question": "What is 3 + 3?"}).json()["run_id"]
-    store = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
     store.hset(keys.tenant_spend("spent", time.strftime("d:%Y-%m-%d", time.gmtime())), "tokens", 200_000)
     store.close()
     over = spender.post(f"/v1/runs/{theirs}/replay", json={"from_step": 1})
