@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, Field
 
@@ -92,10 +92,12 @@ class EventStream:
     slot: StreamSlot
 
 
-async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy) -> AsyncIterator[EventStream]:
+async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy,
+                            last_event_id: Annotated[str | None, Header(max_length=100)] = None
+                            ) -> AsyncIterator[EventStream]:
     """Admit a stream before its headers go out: 422 for a malformed `Last-Event-ID`, 429 past the process's
     cap or the tenant's plan, 404 for another tenant's run. Its place and slot are given back when it ends."""
-    last = request.headers.get("last-event-id", "0").strip() or "0"
+    last = (last_event_id or "").strip() or "0"
     if not _ENTRY_ID.fullmatch(last):
         raise HTTPException(422, "Last-Event-ID must be an event id this stream sent (like 1700000000000-0)")
     check_id(run_id)
