@@ -99,3 +99,27 @@ def test_a_plan_sees_only_its_tools() -> None:
     assert free.refusal("python") == ("tool 'python' is not allowed on this tenant's plan ('free'); "
                                       "available tools: calculator, search")
     assert free.refusal("calculator") is None and free.refusal("no-such-tool") is None
+
+
+# --- budget estimates of multi-byte text ------------------------------------------------------
+
+def test_an_estimate_counts_utf8_bytes_of_non_ascii_text() -> None:
+    from worker.tenancy.budgets import estimate_text_tokens
+
+    assert estimate_text_tokens("a" * 100) == 40  # ASCII: characters / 2.5, as before
+    chinese = "你好世界" * 25  # 100 characters of 3 bytes: a byte-level BPE may emit 300 tokens
+    assert estimate_text_tokens(chinese) == 300
+    emoji = "🙂" * 100  # 4 bytes each
+    assert estimate_text_tokens(emoji) == 400
+    assert estimate_text_tokens("ab🙂") == 0 + 4  # 2 ASCII characters round down to 0, the emoji is 4
+    assert estimate_text_tokens("\ud800") == 3  # a lone surrogate is counted, not an error
+
+
+def test_a_budget_reservation_is_no_smaller_than_the_text_could_tokenise_to() -> None:
+    from worker.tenancy.budgets import estimate_prompt_tokens
+
+    for text in ("你好世界" * 500, "🙂🎉" * 500, "привет" * 200):
+        messages = [{"role": "user", "content": text}]
+        assert estimate_prompt_tokens(messages, {}) >= len(text.encode("utf-8")) * 0.99  # at most a token a byte
+    ascii_messages = [{"role": "user", "content": "x" * 2000}]
+    assert estimate_prompt_tokens(ascii_messages, {}) < 2000  # ASCII is not over-reserved 2.5x
