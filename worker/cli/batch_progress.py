@@ -19,6 +19,7 @@ from ..service.batch import BatchRunner, Follower
 from ..service.batch import Progress as BatchProgress
 from ..service.batch_input import LineError, ParsedLine, iter_input
 from ..tasks.webhooks import send_delivery
+from .display import labelled, literal
 
 
 def run_batch_file(
@@ -39,10 +40,11 @@ def run_batch_file(
             yield item
 
     def rejected(error: LineError) -> None:
-        console.print(f"[red]rejected[/red] {infile}:{error}")
+        console.print(labelled("rejected", "red", f"{infile}:{error}"))
 
     def waiting(refused: AdmissionRefused) -> None:
-        console.print(f"[yellow]waiting {refused.retry_after_s}s:[/yellow] {refused}; the batch goes on after that")
+        console.print(labelled(f"waiting {refused.retry_after_s}s:", "yellow",
+                               f"{refused}; the batch goes on after that"))
 
     runner = BatchRunner(rt.store, rt.settings, send_step, rt.tenants, rt.budgets, on_wait=waiting,
                          send_together=send_together)
@@ -74,12 +76,12 @@ def run_batch_file(
         try:
             submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk)
         except (InvalidRequest, TooLarge) as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(labelled("error:", "red", exc))
             return 2
         batch_may_be_finished(rt, submitted.batch_id, send_delivery)
         bar.update(task, total=submitted.total)
-        console.print(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
-                      + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else ""))
+        console.print(literal(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
+                              + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else "")))
         try:
             progress = follower.follow(submitted.batch_id, submitted.total, tick)
         except KeyboardInterrupt:
