@@ -15,7 +15,7 @@ from ..core.models import Run
 from ..errors import AdmissionRefused, InvalidRequest, TooLarge
 from ..runtime.context import Runtime
 from ..runtime.finish_hooks import batch_may_be_finished
-from ..service.batch import BatchRunner, Follower
+from ..service.batch import BatchRunner, Earlier, Follower
 from ..service.batch import Progress as BatchProgress
 from ..service.batch_input import LineError, ParsedLine, iter_input
 from ..tasks.webhooks import send_delivery
@@ -28,13 +28,20 @@ def run_batch_file(
     line_for: Callable[[Run], dict[str, Any]] = Run.result_line,
     on_line: Callable[[ParsedLine], None] | None = None,
     send_together: Callable[[], AbstractContextManager[Callable[..., None]]] | None = None,
+    fresh: bool = False,
 ) -> int:
     """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do.
     `line_for` makes a finished run's output line (`reactq eval` adds its scoring); `on_line` sees each
-    good input line as it is read."""
+    good input line as it is read. `fresh`: adopt no run of an earlier invocation for `outfile`."""
+
+    try:
+        items = iter_input(infile, rt.settings, tenant, tier, rt.tenants)  # refuses a file of several tenants
+    except InvalidRequest as exc:
+        console.print(labelled("error:", "red", exc))
+        return 2
 
     def lines() -> Any:
-        for item in iter_input(infile, rt.settings, tenant, tier, rt.tenants):
+        for item in items:
             if on_line is not None and isinstance(item, ParsedLine):
                 on_line(item)
             yield item
@@ -74,12 +81,14 @@ def run_batch_file(
             tick(follower.progress)
 
         try:
-            submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk)
+            submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk, fresh=fresh)
         except (InvalidRequest, TooLarge) as exc:
             console.print(labelled("error:", "red", exc))
             return 2
         batch_may_be_finished(rt, submitted.batch_id, send_delivery)
         bar.update(task, total=submitted.total)
+        if submitted.earlier is not None:
+            console.print(literal(earlier_note(submitted.earlier, outfile)))
         console.print(literal(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
                               + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else "")))
         try:
@@ -94,3 +103,22 @@ def run_batch_file(
         return 1
     return 1 if submitted.errors else 0
 
+
+
+def earlier_note(e: Earlier, outfile: Path) -> str:
+    """What this invocation took from the earlier one for the same output file, said every time."""
+    if e.fresh:
+        going = (f"; {e.unfinished} of its runs may still be going: `reactq cancel --batch {e.batch_id}` stops them"
+                 if e.unfinished else "")
+        return f"--fresh: no run of the earlier invocation for {outfile} (batch {e.batch_id}) is adopted{going}"
+    parts = []
+    if e.adopted:
+        states = ", ".join(f"{n} {status}" for status, n in e.adopted.most_common())
+        parts.append(f"adopted {sum(e.adopted.values())} run(s) of the earlier invocation for {outfile} "
+                     f"(batch {e.batch_id}, {'complete' if e.complete else 'interrupted'}): {states}; "
+                     "--fresh submits every line anew")
+    if e.resubmitted:
+        why = "it completed" if e.complete else "their results had been written"
+        parts.append(f"{e.resubmitted} finished run(s) of the earlier invocation (batch {e.batch_id}) are not "
+                     f"adopted ({why}, and their lines are missing from {outfile}): submitted anew")
+    return "; ".join(parts) or f"nothing adopted from the earlier invocation for {outfile} (batch {e.batch_id})"

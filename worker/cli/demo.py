@@ -63,7 +63,7 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
             outfile.unlink()
         t0 = time.monotonic()
         with EvalTable() as table:
-            result = run_eval(rt, bundled_set_path(), outfile, send_step, console, table)
+            result = run_eval(rt, bundled_set_path(), outfile, send_step, console, table, fresh=True)
             _summary(out, result, time.monotonic() - t0, outfile)
         code = result.code
         if code == 0:

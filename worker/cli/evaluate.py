@@ -32,8 +32,10 @@ CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
 @click.option("--json", "as_json", is_flag=True, help="print the summary (and comparison) as JSON")
 @click.option("--tenant", default=None, help="default tenant for lines without one")
 @click.option("--tier", default=None, help="default tier for lines without one")
+@click.option("--fresh", is_flag=True, help="run every question missing from --out anew: adopt no run of an "
+              "earlier invocation for the same --out")
 def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report: Path | None, as_json: bool,
-                 tenant: str | None, tier: str | None) -> None:
+                 tenant: str | None, tier: str | None, fresh: bool) -> None:
     """Run an evaluation set (batch lines plus `expected` and `match`) and score it."""
     from ..evals.report import write_report
     from ..evals.summary import summarise
@@ -42,7 +44,7 @@ def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report
 
     outfile = outfile or Path(dataset.stem + ".results.jsonl")
     with EvalTable() as table:
-        result = run_eval(_runtime(), dataset, outfile, _send_step(), console, table, tenant, tier)
+        result = run_eval(_runtime(), dataset, outfile, _send_step(), console, table, tenant, tier, fresh=fresh)
         if result.code in (2, 130):
             sys.exit(result.code)
         summary = result.summary

@@ -63,13 +63,17 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
 @click.option("--out", "outfile", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--tenant", default=None, help="default tenant for lines without one")
 @click.option("--tier", default=None, help="default tier for lines without one")
-def batch(infile: Path, outfile: Path, tenant: str | None, tier: str | None) -> None:
-    """Run many questions from JSONL; results are written to --out as they finish."""
+@click.option("--fresh", is_flag=True, help="submit every line missing from --out anew: adopt no run of an "
+              "earlier invocation for the same --out (by default its unfinished runs, and the finished ones it "
+              "was interrupted before writing, are adopted)")
+def batch(infile: Path, outfile: Path, tenant: str | None, tier: str | None, fresh: bool) -> None:
+    """Run many questions from JSONL (one tenant's); results are written to --out as they finish."""
     from ..tasks.steps import sending_together
     from .batch_progress import run_batch_file
 
     rt = _runtime()
-    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, _send_step(), console, send_together=sending_together))
+    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, _send_step(), console, send_together=sending_together,
+                            fresh=fresh))
 
 
 @click.command()
