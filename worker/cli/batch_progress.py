@@ -32,7 +32,8 @@ def run_batch_file(
 ) -> int:
     """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do.
     `line_for` makes a finished run's output line (`reactq eval` adds its scoring); `on_line` sees each
-    good input line as it is read. `fresh`: adopt no run of an earlier invocation for `outfile`."""
+    good input line as it is read. `fresh`: start over: empty `outfile`, adopt no run of an earlier
+    invocation for it, submit every line anew."""
 
     try:
         items = iter_input(infile, rt.settings, tenant, tier, rt.tenants)  # refuses a file of several tenants
@@ -60,7 +61,8 @@ def run_batch_file(
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
     )
-    with outfile.open("a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
+    # --fresh starts over: the output file is emptied before its ids are read (nothing is skipped)
+    with outfile.open("w" if fresh else "a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
         task = bar.add_task("runs", total=None, detail="submitting")
 
         def finished(run: Run) -> None:
@@ -80,18 +82,18 @@ def run_batch_file(
             bar.update(task, total=so_far)
             tick(follower.progress)
 
-        try:
-            submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk, fresh=fresh)
-        except (InvalidRequest, TooLarge) as exc:
-            console.print(labelled("error:", "red", exc))
-            return 2
-        batch_may_be_finished(rt, submitted.batch_id, send_delivery)
-        bar.update(task, total=submitted.total)
-        if submitted.earlier is not None:
-            console.print(literal(earlier_note(submitted.earlier, outfile)))
-        console.print(literal(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
-                              + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else "")))
-        try:
+        try:  # interrupted while submitting or following: a rerun adopts what was submitted
+            try:
+                submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk, fresh=fresh)
+            except (InvalidRequest, TooLarge) as exc:
+                console.print(labelled("error:", "red", exc))
+                return 2
+            batch_may_be_finished(rt, submitted.batch_id, send_delivery)
+            bar.update(task, total=submitted.total)
+            if submitted.earlier is not None and (note := earlier_note(submitted.earlier, outfile)):
+                console.print(literal(note))
+            console.print(literal(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
+                                  + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else "")))
             progress = follower.follow(submitted.batch_id, submitted.total, tick)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted:[/yellow] the runs go on in the background; "
@@ -104,9 +106,9 @@ def run_batch_file(
     return 1 if submitted.errors else 0
 
 
-
 def earlier_note(e: Earlier, outfile: Path) -> str:
-    """What this invocation took from the earlier one for the same output file, said every time."""
+    """What this invocation took from the earlier one for the same output file (or "", when nothing of it
+    was wanted: every line was in the output file already)."""
     if e.fresh:
         going = (f"; {e.unfinished} of its runs may still be going: `reactq cancel --batch {e.batch_id}` stops them"
                  if e.unfinished else "")
@@ -121,4 +123,4 @@ def earlier_note(e: Earlier, outfile: Path) -> str:
         why = "it completed" if e.complete else "their results had been written"
         parts.append(f"{e.resubmitted} finished run(s) of the earlier invocation (batch {e.batch_id}) are not "
                      f"adopted ({why}, and their lines are missing from {outfile}): submitted anew")
-    return "; ".join(parts) or f"nothing adopted from the earlier invocation for {outfile} (batch {e.batch_id})"
+    return "; ".join(parts)  # "" when it had nothing this invocation needed

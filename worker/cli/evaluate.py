@@ -32,8 +32,8 @@ CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
 @click.option("--json", "as_json", is_flag=True, help="print the summary (and comparison) as JSON")
 @click.option("--tenant", default=None, help="default tenant for lines without one")
 @click.option("--tier", default=None, help="default tier for lines without one")
-@click.option("--fresh", is_flag=True, help="run every question missing from --out anew: adopt no run of an "
-              "earlier invocation for the same --out")
+@click.option("--fresh", is_flag=True, help="start over: empty --out and run every question anew, adopting no "
+              "run of an earlier invocation for the same --out")
 def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report: Path | None, as_json: bool,
                  tenant: str | None, tier: str | None, fresh: bool) -> None:
     """Run an evaluation set (batch lines plus `expected` and `match`) and score it."""

@@ -63,9 +63,10 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
 @click.option("--out", "outfile", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--tenant", default=None, help="default tenant for lines without one")
 @click.option("--tier", default=None, help="default tier for lines without one")
-@click.option("--fresh", is_flag=True, help="submit every line missing from --out anew: adopt no run of an "
-              "earlier invocation for the same --out (by default its unfinished runs, and the finished ones it "
-              "was interrupted before writing, are adopted)")
+@click.option("--fresh", is_flag=True, help="start over: empty --out and submit every line anew, adopting no "
+              "run of an earlier invocation for the same --out (by default a rerun runs only the lines missing "
+              "from --out, adopting the earlier invocation's unfinished runs and the finished ones it was "
+              "interrupted before writing)")
 def batch(infile: Path, outfile: Path, tenant: str | None, tier: str | None, fresh: bool) -> None:
     """Run many questions from JSONL (one tenant's); results are written to --out as they finish."""
     from ..tasks.steps import sending_together
