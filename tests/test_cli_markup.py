@@ -6,6 +6,7 @@ forced to render for a colour terminal (where a `[link=...]` would become an OSC
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures_cluster import Cluster
 from tests.harness import Harness, call, final
 from worker.core.models import Approval, ApprovalDecision, LLMReply, Run, Usage
 
@@ -103,3 +105,30 @@ def test_an_unknown_run_id_with_markup_is_named_literally(redis_url: str) -> Non
 
 def test_cancel_of_a_finished_run_prints_its_id_literally(hostile_run: Run, redis_url: str) -> None:
     assert_literal(reactq(redis_url, "cancel", hostile_run.id), f"{hostile_run.id}: succeeded")
+
+
+@pytest.mark.integration
+def test_eval_and_ask_print_stored_text_literally(cluster: Cluster, tmp_path: Path) -> None:
+    """The evaluation tables (worst questions, failures, the comparison), a rejected line's message and
+    `reactq ask --wait` print ids, questions, answers and errors literally."""
+    dataset = tmp_path / "set.jsonl"
+    dataset.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"id": "[/x]", "question": "What is 2 + 2? [bold]", "expected": "4"},
+        {"id": "[link=http://evil]b[/link]", "question": "What is 3 + 3? [/x]", "expected": "[/x] never"},
+        {"id": "bad", "question": "What is 1 + 1?", "tier": "[/x][link=http://evil]t[/link]"},
+    ]))
+    cluster.start_worker(queues="steps", concurrency=4)
+    env = {"FORCE_COLOR": "1", "COLUMNS": "400", "TERM": "xterm-256color"}
+    first = cluster.reactq("eval", str(dataset), "--out", str(tmp_path / "a.jsonl"), **env)
+    printed = _without_styles(first.stdout + first.stderr)
+    assert first.returncode == 1, printed  # the rejected line
+    assert OSC8 not in printed and "unknown tier '[/x][link=http://evil]t[/link]'" in printed, printed
+    for text in ("[/x]", "[link=http://evil]b[/link]", "What is 2 + 2? [bold]", "What is 3 + 3? [/x]"):
+        assert text in printed, f"{text!r} not printed literally in:\n{printed}"
+    compared = cluster.reactq("eval", str(dataset), "--out", str(tmp_path / "b.jsonl"), "--compare",
+                              str(tmp_path / "a.jsonl"), REACTQ_MAX_STEPS="1", **env)
+    printed = _without_styles(compared.stdout + compared.stderr)
+    assert OSC8 not in printed and "questions that changed" in printed and "[/x]" in printed, printed
+
+    asked = cluster.reactq("ask", "What is 5 + 5? [/x] [link=http://evil]x[/link]", "--wait", **env)
+    assert asked.returncode == 0 and OSC8 not in asked.stdout, asked.stdout + asked.stderr
