@@ -110,7 +110,7 @@ class _Tenants:
 
     lines: dict[str, list[int]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    more: int = 0  # tenants past the first SHOWN
+    more: int = 0  # lines of the tenants past the first SHOWN
 
     def add(self, tenant: str, number: int) -> None:
         if tenant in self.lines:
