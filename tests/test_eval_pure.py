@@ -200,3 +200,51 @@ def test_bundled_set_has_the_demo_questions_and_harder_ones() -> None:
     assert all(check_expected(i["expected"], i["match"]) is None for i in items)
     multi_part = [i for i in items if i["question"].count(" and ") >= 2 or "and what" in i["question"]]
     assert len(multi_part) >= 8
+
+
+# --- hostile answers: each is scored in bounded work (no huge integer is ever built) --------------
+
+HOSTILE = [
+    "1e999999999",
+    "-1E-999999999",
+    "1e" + "9" * 50,
+    "9" * 1_000_000,
+    "1," * 500_000 + "1",
+    "0." + "0" * 1_000_000 + "1",
+    "(" * 200_000 + "42" + ")" * 200_000,
+    "[" * 100_000 + "x" + "]" * 100_000,
+    " ".join(["1e999999"] * 50_000),
+    "4" * 4301,  # past Python's int-from-string digit limit
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("answer", HOSTILE, ids=range(len(HOSTILE)))
+@pytest.mark.parametrize("mode", ["normalised", "contains", "exact", "any_of"])
+def test_a_hostile_answer_is_scored_and_does_not_match(answer: str, mode: str) -> None:
+    expected: str | list[str] = ["7", "seven"] if mode == "any_of" else "7"
+    assert matches(answer, expected, mode) is False
+
+
+@pytest.mark.timeout(60)
+def test_huge_numbers_compare_as_numbers_without_being_expanded() -> None:
+    assert matches("1e999999999", "1E+999999999", "normalised")
+    assert matches("10e999999998", "1e999999999", "normalised")
+    assert not matches("1e999999999", "1e999999998", "normalised")
+    assert matches("the answer is 2.5e-999999", "2.50e-999999", "contains")
+    assert matches("1.0000000001e-999999", "1e-999999", "normalised")  # within the relative tolerance
+    assert not matches("1.0000000001e999999", "1e999999", "normalised")  # integers: exactly
+    assert matches("123456.7890000001", "123456.789", "normalised")  # relative tolerance
+    assert not matches("1.001e-5", "1e-5", "normalised")
+    assert matches("9" * 399, "9" * 399, "normalised") and not matches("9" * 399, "9" * 398, "normalised")
+    long_number = "7" * 5000
+    assert matches(long_number, long_number, "normalised")  # past the number limit: compared as its text
+    assert not matches(long_number, long_number + "7", "normalised")
+
+
+def test_only_the_start_of_a_very_long_answer_is_scored() -> None:
+    from worker.evals.scoring import MAX_TOKENS
+
+    assert len(normalise("a " * (MAX_TOKENS * 3))) == MAX_TOKENS
+    assert matches("x " * 10 + "42", "42", "contains")
+    assert not matches("x " * MAX_TOKENS + "42", "42", "contains")

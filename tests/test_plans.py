@@ -99,3 +99,75 @@ def test_a_plan_sees_only_its_tools() -> None:
     assert free.refusal("python") == ("tool 'python' is not allowed on this tenant's plan ('free'); "
                                       "available tools: calculator, search")
     assert free.refusal("calculator") is None and free.refusal("no-such-tool") is None
+
+
+# --- budget estimates of multi-byte text ------------------------------------------------------
+
+def test_an_estimate_counts_utf8_bytes_of_non_ascii_text() -> None:
+    from worker.tenancy.budgets import estimate_text_tokens
+
+    assert estimate_text_tokens("a" * 100) == 40  # ASCII: characters / 2.5, as before
+    chinese = "你好世界" * 25  # 100 characters of 3 bytes: a byte-level BPE may emit 300 tokens
+    assert estimate_text_tokens(chinese) == 300
+    emoji = "🙂" * 100  # 4 bytes each
+    assert estimate_text_tokens(emoji) == 400
+    assert estimate_text_tokens("ab🙂") == 0 + 4  # 2 ASCII characters round down to 0, the emoji is 4
+    assert estimate_text_tokens("\ud800") == 3  # a lone surrogate is counted, not an error
+
+
+def test_a_budget_reservation_is_no_smaller_than_the_text_could_tokenise_to() -> None:
+    from worker.tenancy.budgets import estimate_prompt_tokens
+
+    for text in ("你好世界" * 500, "🙂🎉" * 500, "привет" * 200):
+        messages = [{"role": "user", "content": text}]
+        assert estimate_prompt_tokens(messages, {}) >= len(text.encode("utf-8")) * 0.99  # at most a token a byte
+    ascii_messages = [{"role": "user", "content": "x" * 2000}]
+    assert estimate_prompt_tokens(ascii_messages, {}) < 2000  # ASCII is not over-reserved 2.5x
+
+
+# --- tiers = ["*"]: every tier of the tiers file ---------------------------------------------------
+
+def test_the_operator_plan_allows_a_tier_added_to_the_tiers_file(tmp_path, monkeypatch) -> None:
+    from tests.fixtures_sandbox import tier_toml
+    from tools_sandbox.config import DEFAULT_TIERS_FILE
+    from worker.config import Settings
+    from worker.core.models import RunSpec
+    from worker.service.submit import validate_spec
+    from worker.tenancy.plans import known_tiers
+    from worker.tenancy.tenants import Policy
+
+    tiers_file = tmp_path / "tiers.toml"
+    tiers_file.write_text(DEFAULT_TIERS_FILE.read_text() + tier_toml("gpu", (2, 10, 100.0)))
+    monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(tiers_file))
+    plans = load_plans()
+    assert plans["operator"].tiers[-1] == "gpu" and {"free", "standard", "pro"} <= set(plans["operator"].tiers)
+    assert "gpu" not in plans["pro"].tiers  # a plan that names its tiers gets only those
+    operator = Policy("ops", plans["operator"], plans["operator"].budgets)
+    assert operator.check_tier("gpu") is None
+    settings = Settings()
+    validate_spec(RunSpec(question="q", tenant="ops", tier="gpu"), settings, known_tiers(settings), policy=operator)
+    assert "not allowed" in (Policy("p", plans["pro"], plans["pro"].budgets).check_tier("gpu") or "")
+
+    tiers_file.write_text(DEFAULT_TIERS_FILE.read_text())  # the tier removed again: gone from the plan too
+    import os
+    os.utime(tiers_file, ns=(1, 1))
+    assert "gpu" not in load_plans()["operator"].tiers
+
+
+@pytest.mark.parametrize("tiers, default, problem", [
+    ('["*"]', None, 'names its default_tier'),
+    ('["*", "free"]', "free", 'stands alone'),
+])
+def test_every_tier_needs_a_default_and_stands_alone(tiers: str, default: str | None, problem: str) -> None:
+    text = (f"[plans.x]\ntiers = {tiers}\n" + (f"default_tier = {default!r}\n".replace("'", '"') if default else "")
+            + "[plans.x.limits]\nruns_in_flight = 1\nsubmissions_per_minute = 1\nsse_streams = 1")
+    with pytest.raises(PlanConfigError, match=problem):
+        parse_plans(text, "plans.toml")
+
+
+def test_every_tier_with_a_default_the_tiers_file_lacks_is_named() -> None:
+    text = ('[plans.x]\ntiers = ["*"]\ndefault_tier = "huge"\n'
+            "[plans.x.limits]\nruns_in_flight = 1\nsubmissions_per_minute = 1\nsse_streams = 1")
+    with pytest.raises(PlanConfigError, match="default_tier 'huge' is not one of its tiers"):
+        parse_plans(text, "plans.toml", tiers=["free", "pro"])
+    assert parse_plans(text.replace("huge", "pro"), "plans.toml", tiers=["free", "pro"])["x"].tiers == ["free", "pro"]

@@ -144,11 +144,16 @@ def test_batch_rerun_submits_only_what_is_missing(
     first = out.read_text().splitlines()
     calls_after_first = stub_control.stats()["completions"]
     out.write_text("\n".join(first[:-3]) + "\n")  # lose three results
-    assert cluster.reactq("batch", str(infile), "--out", str(out)).returncode == 0
+    rerun = cluster.reactq("batch", str(infile), "--out", str(out))
+    assert rerun.returncode == 0, rerun.stderr
     again = read_results(out)
     assert set(again) == set(expected)
-    assert {json.loads(line)["run_id"] for line in first} == {r["run_id"] for r in again.values()}
-    assert stub_control.stats()["completions"] == calls_after_first  # the three were adopted, not re-run
+    kept = {json.loads(line)["run_id"] for line in first[:-3]}
+    assert kept < {r["run_id"] for r in again.values()}  # the rest was not run again ...
+    assert not {json.loads(line)["run_id"] for line in first[-3:]} & {r["run_id"] for r in again.values()}
+    assert stub_control.stats()["completions"] > calls_after_first  # ... and the three removed ones were
+    # (the earlier invocation completed, so its results for them were removed on purpose: issue 22)
+    assert "3 finished run(s) of the earlier invocation" in " ".join(rerun.stderr.split())
 
 
 def test_malformed_batch_lines_are_reported_with_line_numbers_and_the_rest_runs(

@@ -9,7 +9,8 @@ import sys
 import click
 
 from ..errors import ApprovalConflict
-from .base import _load, _runtime, _send_step, console, out
+from .base import _load, _runtime, _send_step, error, out
+from .display import literal
 
 
 def _decide(run_id: str, call_id: str | None, approve: bool, reason: str | None, as_json: bool) -> None:
@@ -21,13 +22,13 @@ def _decide(run_id: str, call_id: str | None, approve: bool, reason: str | None,
         run = record_decision(_runtime().store, run_id, call_id, approve, f"cli:{getpass.getuser()}", reason,
                               _send_step())
     except ApprovalConflict as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        error(exc)
         sys.exit(2)
     if as_json:
         out.print_json(json.dumps(run_json(run)))
     else:
         verb = "approved" if approve else "rejected"
-        out.print(f"{run_id}: {verb} {call_id or 'every pending call'}; run is {run.status.value}")
+        out.print(literal(f"{run_id}: {verb} {call_id or 'every pending call'}; run is {run.status.value}"))
 
 
 @click.command()

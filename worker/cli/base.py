@@ -10,8 +10,15 @@ import sys
 
 from rich.console import Console
 
+from .display import labelled
+
 console = Console(stderr=True)
 out = Console()
+
+
+def error(message: object) -> None:
+    """`error: MESSAGE` on stderr, the message printed as it is (it may quote stored or given text)."""
+    console.print(labelled("error:", "red", message))
 
 
 def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `reactq stub` need no Redis
@@ -28,7 +35,7 @@ def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `react
         else:
             ping_quickly(rt.settings.redis_url)
     except StoreUnavailable as exc:
-        console.print(f"[red]error:[/red] {exc}. Start Redis or set REACTQ_REDIS_URL.")
+        error(f"{exc}. Start Redis or set REACTQ_REDIS_URL.")
         sys.exit(2)
     return rt
 
@@ -42,6 +49,6 @@ def _send_step():
 def _load(run_id: str):
     run = _runtime().store.load_run(run_id)
     if run is None:
-        console.print(f"[red]error:[/red] no run {run_id!r} (unknown id, or its record expired)")
+        error(f"no run {run_id!r} (unknown id, or its record expired)")
         sys.exit(2)
     return run

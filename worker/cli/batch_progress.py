@@ -15,10 +15,11 @@ from ..core.models import Run
 from ..errors import AdmissionRefused, InvalidRequest, TooLarge
 from ..runtime.context import Runtime
 from ..runtime.finish_hooks import batch_may_be_finished
-from ..service.batch import BatchRunner, Follower
+from ..service.batch import BatchRunner, Earlier, Follower
 from ..service.batch import Progress as BatchProgress
 from ..service.batch_input import LineError, ParsedLine, iter_input
 from ..tasks.webhooks import send_delivery
+from .display import labelled, literal
 
 
 def run_batch_file(
@@ -27,22 +28,31 @@ def run_batch_file(
     line_for: Callable[[Run], dict[str, Any]] = Run.result_line,
     on_line: Callable[[ParsedLine], None] | None = None,
     send_together: Callable[[], AbstractContextManager[Callable[..., None]]] | None = None,
+    fresh: bool = False,
 ) -> int:
     """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do.
     `line_for` makes a finished run's output line (`reactq eval` adds its scoring); `on_line` sees each
-    good input line as it is read."""
+    good input line as it is read. `fresh`: start over: empty `outfile`, adopt no run of an earlier
+    invocation for it, submit every line anew."""
+
+    try:
+        items = iter_input(infile, rt.settings, tenant, tier, rt.tenants)  # refuses a file of several tenants
+    except InvalidRequest as exc:
+        console.print(labelled("error:", "red", exc))
+        return 2
 
     def lines() -> Any:
-        for item in iter_input(infile, rt.settings, tenant, tier, rt.tenants):
+        for item in items:
             if on_line is not None and isinstance(item, ParsedLine):
                 on_line(item)
             yield item
 
     def rejected(error: LineError) -> None:
-        console.print(f"[red]rejected[/red] {infile}:{error}")
+        console.print(labelled("rejected", "red", f"{infile}:{error}"))
 
     def waiting(refused: AdmissionRefused) -> None:
-        console.print(f"[yellow]waiting {refused.retry_after_s}s:[/yellow] {refused}; the batch goes on after that")
+        console.print(labelled(f"waiting {refused.retry_after_s}s:", "yellow",
+                               f"{refused}; the batch goes on after that"))
 
     runner = BatchRunner(rt.store, rt.settings, send_step, rt.tenants, rt.budgets, on_wait=waiting,
                          send_together=send_together)
@@ -51,7 +61,8 @@ def run_batch_file(
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
     )
-    with outfile.open("a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
+    # --fresh starts over: the output file is emptied before its ids are read (nothing is skipped)
+    with outfile.open("w" if fresh else "a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
         task = bar.add_task("runs", total=None, detail="submitting")
 
         def finished(run: Run) -> None:
@@ -71,16 +82,18 @@ def run_batch_file(
             bar.update(task, total=so_far)
             tick(follower.progress)
 
-        try:
-            submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk)
-        except (InvalidRequest, TooLarge) as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            return 2
-        batch_may_be_finished(rt, submitted.batch_id, send_delivery)
-        bar.update(task, total=submitted.total)
-        console.print(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
-                      + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else ""))
-        try:
+        try:  # interrupted while submitting or following: a rerun adopts what was submitted
+            try:
+                submitted = runner.start(lines(), outfile, rejected, after_chunk=submitted_chunk, fresh=fresh)
+            except (InvalidRequest, TooLarge) as exc:
+                console.print(labelled("error:", "red", exc))
+                return 2
+            batch_may_be_finished(rt, submitted.batch_id, send_delivery)
+            bar.update(task, total=submitted.total)
+            if submitted.earlier is not None and (note := earlier_note(submitted.earlier, outfile)):
+                console.print(literal(note))
+            console.print(literal(f"batch {submitted.batch_id}: {submitted.total} runs to follow"
+                                  + (f", {submitted.skipped} already in {outfile}" if submitted.skipped else "")))
             progress = follower.follow(submitted.batch_id, submitted.total, tick)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted:[/yellow] the runs go on in the background; "
@@ -92,3 +105,22 @@ def run_batch_file(
         return 1
     return 1 if submitted.errors else 0
 
+
+def earlier_note(e: Earlier, outfile: Path) -> str:
+    """What this invocation took from the earlier one for the same output file (or "", when nothing of it
+    was wanted: every line was in the output file already)."""
+    if e.fresh:
+        going = (f"; {e.unfinished} of its runs may still be going: `reactq cancel --batch {e.batch_id}` stops them"
+                 if e.unfinished else "")
+        return f"--fresh: no run of the earlier invocation for {outfile} (batch {e.batch_id}) is adopted{going}"
+    parts = []
+    if e.adopted:
+        states = ", ".join(f"{n} {status}" for status, n in e.adopted.most_common())
+        parts.append(f"adopted {sum(e.adopted.values())} run(s) of the earlier invocation for {outfile} "
+                     f"(batch {e.batch_id}, {'complete' if e.complete else 'interrupted'}): {states}; "
+                     "--fresh submits every line anew")
+    if e.resubmitted:
+        why = "it completed" if e.complete else "their results had been written"
+        parts.append(f"{e.resubmitted} finished run(s) of the earlier invocation (batch {e.batch_id}) are not "
+                     f"adopted ({why}, and their lines are missing from {outfile}): submitted anew")
+    return "; ".join(parts)  # "" when it had nothing this invocation needed

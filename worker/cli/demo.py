@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..evals.summary import tokens_of
 from ..names import SANDBOX_QUEUE, STEPS_QUEUE
 from . import base
+from .display import literal
 
 if TYPE_CHECKING:
     from .evaluation import EvalRun
@@ -61,7 +63,7 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
             outfile.unlink()
         t0 = time.monotonic()
         with EvalTable() as table:
-            result = run_eval(rt, bundled_set_path(), outfile, send_step, console, table)
+            result = run_eval(rt, bundled_set_path(), outfile, send_step, console, table, fresh=True)
             _summary(out, result, time.monotonic() - t0, outfile)
         code = result.code
         if code == 0:
@@ -80,13 +82,15 @@ def _summary(out: Console, result: EvalRun, elapsed: float, outfile: Path) -> No
     for column in ("id", "question", "answer", "status", "steps", "tokens", "ok"):
         table.add_column(column, overflow="fold")
     for line in result.table.lines():
-        table.add_row(line["id"], str(line["question"])[:60], str(line["answer"] or line["error"] or "")[:60],
-                      line["status"], str(line["steps"]), str(tokens_of(line)),
+        table.add_row(literal(line["id"]), literal(str(line["question"])[:60]),
+                      literal(str(line["answer"] or line["error"] or "")[:60]), literal(line["status"]),
+                      str(line["steps"]), str(tokens_of(line)),
                       "[green]✓[/green]" if line["correct"] else "[red]✗[/red]")
     out.print(table)
     s = result.summary
-    out.print(f"[bold]{s.correct}/{result.questions} correct[/bold] · {s.questions} runs in {elapsed:.1f}s · "
-              f"{s.total_tokens} tokens · ${s.total_usd:.5f} · results in {outfile}")
+    out.print(Text.assemble((f"{s.correct}/{result.questions} correct", "bold"), literal(
+        f" · {s.questions} runs in {elapsed:.1f}s · {s.total_tokens} tokens · ${s.total_usd:.5f} · "
+        f"results in {outfile}")))
 
 
 def register(group: click.Group) -> None:

@@ -10,10 +10,12 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..evals.compare import Change, Comparison, compare_pairs
 from ..evals.summary import Summary
 from .base import _runtime, _send_step, console, out
+from .display import literal
 
 CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
 
@@ -30,8 +32,10 @@ CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
 @click.option("--json", "as_json", is_flag=True, help="print the summary (and comparison) as JSON")
 @click.option("--tenant", default=None, help="default tenant for lines without one")
 @click.option("--tier", default=None, help="default tier for lines without one")
+@click.option("--fresh", is_flag=True, help="start over: empty --out and run every question anew, adopting no "
+              "run of an earlier invocation for the same --out")
 def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report: Path | None, as_json: bool,
-                 tenant: str | None, tier: str | None) -> None:
+                 tenant: str | None, tier: str | None, fresh: bool) -> None:
     """Run an evaluation set (batch lines plus `expected` and `match`) and score it."""
     from ..evals.report import write_report
     from ..evals.summary import summarise
@@ -40,7 +44,7 @@ def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report
 
     outfile = outfile or Path(dataset.stem + ".results.jsonl")
     with EvalTable() as table:
-        result = run_eval(_runtime(), dataset, outfile, _send_step(), console, table, tenant, tier)
+        result = run_eval(_runtime(), dataset, outfile, _send_step(), console, table, tenant, tier, fresh=fresh)
         if result.code in (2, 130):
             sys.exit(result.code)
         summary = result.summary
@@ -52,7 +56,7 @@ def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report
             report.parent.mkdir(parents=True, exist_ok=True)
             with report.open("w", encoding="utf-8") as sink:
                 write_report(sink, f"reactq eval: {dataset.name}", summary, table.lines, comparison)
-            console.print(f"report written to {report}")
+            console.print(literal(f"report written to {report}"))
         if as_json:
             head = {"dataset": str(dataset), "results": str(outfile), "summary": summary.to_json()}
             text = json.dumps(head)
@@ -86,14 +90,14 @@ def print_summary(target: Console, s: Summary) -> None:
         for column in ("status", "reason", "count", "ids"):
             failures.add_column(column, overflow="fold")
         for f in s.failures:
-            failures.add_row(f.status, f.reason, str(f.count), ", ".join(f.ids[:8]))
+            failures.add_row(literal(f.status), literal(f.reason), str(f.count), literal(", ".join(f.ids[:8])))
         target.print(failures)
     worst = Table(title="worst questions")
     for column in ("id", "question", "answer", "status", "turns", "tokens", "ok"):
         worst.add_column(column, overflow="fold")
     for w in s.worst:
-        worst.add_row(str(w["id"]), str(w["question"] or "")[:50], str(w["answer"] or "")[:50], str(w["status"]),
-                      str(w["steps"]), str(w["tokens"]), "✓" if w["correct"] else "✗")
+        worst.add_row(literal(w["id"]), literal(str(w["question"] or "")[:50]), literal(str(w["answer"] or "")[:50]),
+                      literal(w["status"]), literal(w["steps"]), literal(w["tokens"]), "✓" if w["correct"] else "✗")
     target.print(worst)
 
 
@@ -117,10 +121,10 @@ def print_comparison(target: Console, c: Comparison) -> None:
         for column in ("id", "change", "before", "now", "turns", "tokens"):
             rows.add_column(column, overflow="fold")
         for r in changed[:CHANGES_SHOWN]:
-            style = "[red]" if r.change == Change.REGRESSION else "[green]"
-            rows.add_row(r.id, f"{style}{r.change.value}[/]", str(r.base_answer or "")[:40],
-                         str(r.new_answer or "")[:40], f"{r.base_steps} → {r.new_steps}",
-                         f"{r.base_tokens} → {r.new_tokens}")
+            style = "red" if r.change == Change.REGRESSION else "green"
+            rows.add_row(literal(r.id), Text(r.change.value, style), literal(str(r.base_answer or "")[:40]),
+                         literal(str(r.new_answer or "")[:40]), literal(f"{r.base_steps} → {r.new_steps}"),
+                         literal(f"{r.base_tokens} → {r.new_tokens}"))
         target.print(rows)
     target.print(f"[bold]{c.regression_count} regression(s)[/bold], {c.improvement_count} improvement(s)")
 

@@ -47,7 +47,7 @@ class EvalRun:
 
 
 def run_eval(rt: Runtime, dataset: Path, outfile: Path, send_step: Callable[[str, int], None], console: Console,
-             table: EvalTable, tenant: str | None = None, tier: str | None = None) -> EvalRun:
+             table: EvalTable, tenant: str | None = None, tier: str | None = None, fresh: bool = False) -> EvalRun:
     """Run the set through the batch path, scoring each run as it finishes, then summarise the whole
     results file (lines written by an earlier, interrupted invocation included)."""
     from .batch_progress import run_batch_file
@@ -58,7 +58,8 @@ def run_eval(rt: Runtime, dataset: Path, outfile: Path, send_step: Callable[[str
     def line_for(run: Run) -> dict[str, Any]:
         return scored_line(run, table.expected(run.spec.client_id or ""))
 
-    code = run_batch_file(rt, dataset, outfile, tenant, tier, send_step, console, line_for=line_for, on_line=seen)
+    code = run_batch_file(rt, dataset, outfile, tenant, tier, send_step, console, line_for=line_for, on_line=seen,
+                          fresh=fresh)
     if table.questions and not table.scorable:
         console.print("[yellow]warning:[/yellow] no line has `expected`; nothing can be scored")
     if outfile.exists():

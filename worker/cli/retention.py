@@ -8,7 +8,8 @@ from dataclasses import asdict
 
 import click
 
-from .base import _runtime, console, out
+from .base import _runtime, error, out
+from .display import literal
 
 
 def cancel_batch_command(batch_id: str, as_json: bool) -> None:
@@ -17,13 +18,14 @@ def cancel_batch_command(batch_id: str, as_json: bool) -> None:
 
     store = _runtime().store
     if not store.batches.info(batch_id):
-        console.print(f"[red]error:[/red] no batch {batch_id!r} (unknown id, or its record expired)")
+        error(f"no batch {batch_id!r} (unknown id, or its record expired)")
         sys.exit(2)
     counts = cancel_batch(store, batch_id, send_step)
     if as_json:
         out.print_json(json.dumps({"batch_id": batch_id, **counts}))
     else:
-        out.print(f"{batch_id}: {counts['cancelled']} run(s) cancelled, {counts['already_finished']} already finished")
+        out.print(literal(f"{batch_id}: {counts['cancelled']} run(s) cancelled, "
+                          f"{counts['already_finished']} already finished"))
 
 
 @click.command()

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from ..errors import AdmissionRefused, TooLarge
-from .base import _load, _runtime, _send_step, console, out
+from .base import _load, _runtime, _send_step, console, error, out
+from .display import literal
 from .replay import print_diff
 from .retention import cancel_batch_command
 
@@ -41,7 +42,7 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
                                           model=model, webhook_url=webhook_url)], rt.settings, _send_step(),
                        interactive=True, tenants=rt.tenants, budgets=rt.budgets)
     except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        error(exc)
         sys.exit(2)
     if wait:
         runner = BatchRunner(rt.store, rt.settings, _send_step(), rt.tenants, rt.budgets)
@@ -50,9 +51,9 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
     if as_json:
         out.print_json(json.dumps(run_json(run)))
     elif wait:
-        out.print(run.answer if run.answer is not None else f"[{run.status.value}] {run.error or ''}")
+        out.print(literal(run.answer if run.answer is not None else f"[{run.status.value}] {run.error or ''}"))
     else:
-        out.print(run.id)
+        out.print(literal(run.id))
     if wait and run.status.value != "succeeded":
         sys.exit(1)
 
@@ -62,13 +63,18 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
 @click.option("--out", "outfile", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--tenant", default=None, help="default tenant for lines without one")
 @click.option("--tier", default=None, help="default tier for lines without one")
-def batch(infile: Path, outfile: Path, tenant: str | None, tier: str | None) -> None:
-    """Run many questions from JSONL; results are written to --out as they finish."""
+@click.option("--fresh", is_flag=True, help="start over: empty --out and submit every line anew, adopting no "
+              "run of an earlier invocation for the same --out (by default a rerun runs only the lines missing "
+              "from --out, adopting the earlier invocation's unfinished runs and the finished ones it was "
+              "interrupted before writing)")
+def batch(infile: Path, outfile: Path, tenant: str | None, tier: str | None, fresh: bool) -> None:
+    """Run many questions from JSONL (one tenant's); results are written to --out as they finish."""
     from ..tasks.steps import sending_together
     from .batch_progress import run_batch_file
 
     rt = _runtime()
-    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, _send_step(), console, send_together=sending_together))
+    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, _send_step(), console, send_together=sending_together,
+                            fresh=fresh))
 
 
 @click.command()
@@ -129,7 +135,7 @@ def cancel(run_id: str | None, batch_id: str | None, as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps(run_json(run)))
     else:
-        out.print(f"{run_id}: {run.status.value}")
+        out.print(literal(f"{run_id}: {run.status.value}"))
 
 
 def register(group: click.Group) -> None:

@@ -9,14 +9,20 @@ Match modes (`match` of an evaluation line; `contains` when absent):
   (so `42` is in `the answer is 42.` but not in `420`).
 - `regex`: `expected` is a Python regular expression searched in the answer (case-sensitive; use `(?i)`).
 - `any_of`: `expected` is a list; the answer matches when it `contains` any of them.
+
+An answer is the model's text, so scoring is bounded whatever it holds: numbers are decimals kept as
+digits and an exponent (`1e999999999` is never expanded into an integer), a number longer than
+`MAX_NUMBER_CHARS` or with an exponent beyond nine digits is compared as its literal text, and only the
+first `MAX_TOKENS` tokens of a text are compared.
 """
 
 from __future__ import annotations
 
-import math
+import decimal
 import re
+from decimal import Decimal
 from enum import StrEnum
-from fractions import Fraction
+from itertools import islice
 
 __all__ = ["MatchMode", "normalise", "matches", "check_expected"]
 
@@ -29,7 +35,13 @@ class MatchMode(StrEnum):
     ANY_OF = "any_of"
 
 
-Token = str | Fraction
+Token = str | Decimal
+MAX_TOKENS = 20_000  # of an answer or an expected text; a longer answer is scored on its start
+MAX_NUMBER_CHARS = 400  # a longer number is compared as its literal text
+_MAX_EXPONENT_DIGITS = 9
+_ARITHMETIC = decimal.Context(prec=34, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, traps=[])
+_REL_TOL = Decimal("1e-9")  # decimals printed with float noise
+_ABS_TOL = Decimal("1e-12")
 
 # a number (thousands separators, decimals, exponent; a sign only where it cannot be a minus between two
 # operands, so `5-3` and `5 - 3` read alike), or a run of letters
@@ -39,22 +51,35 @@ _TOKEN = re.compile(
 )
 
 
+def _number(literal: str) -> Token:
+    text = literal.replace(",", "")
+    _, _, exponent = text.lower().partition("e")
+    if len(text) > MAX_NUMBER_CHARS or len(exponent.lstrip("+-")) > _MAX_EXPONENT_DIGITS:
+        return "#" + text  # not a word: `#` is never part of one
+    return Decimal(text)  # exact: digits and an exponent, nothing expanded
+
+
 def normalise(text: str) -> list[Token]:
-    """Words lowercased, numbers as exact fractions; whitespace and punctuation dropped."""
-    tokens: list[Token] = []
-    for match in _TOKEN.finditer(text):
-        if match["num"] is not None:
-            tokens.append(Fraction(match["num"].replace(",", "")))
-        else:
-            tokens.append(match["word"].casefold())
-    return tokens
+    """Words lowercased, numbers as exact decimals; whitespace and punctuation dropped. At most
+    `MAX_TOKENS` tokens, from the start."""
+    return [_number(m["num"]) if m["num"] is not None else m["word"].casefold()
+            for m in islice(_TOKEN.finditer(text), MAX_TOKENS)]
+
+
+def _integral(d: Decimal) -> bool:
+    sign, digits, exponent = d.as_tuple()
+    assert isinstance(exponent, int)  # finite: the regex reads no NaN or Infinity
+    return exponent >= 0 or not any(digits[max(0, len(digits) + exponent):])
 
 
 def _same(a: Token, b: Token) -> bool:
-    if isinstance(a, Fraction) and isinstance(b, Fraction):
-        if a.denominator == 1 and b.denominator == 1:
+    if isinstance(a, Decimal) and isinstance(b, Decimal):
+        if a == b or (_integral(a) and _integral(b)):
             return a == b  # integers exactly, however large (factorials)
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)  # decimals printed with float noise
+        # at 34 digits of precision, whatever the exponents: bounded work, no overflow
+        difference = _ARITHMETIC.abs(_ARITHMETIC.subtract(a, b))
+        scale = _ARITHMETIC.max_mag(a, b).copy_abs()
+        return difference <= max(_ARITHMETIC.multiply(_REL_TOL, scale), _ABS_TOL)
     return a == b
 
 
@@ -65,7 +90,9 @@ def _equal(a: list[Token], b: list[Token]) -> bool:
 def _contains(haystack: list[Token], needle: list[Token]) -> bool:
     if not needle:
         return False
-    return any(_equal(haystack[i : i + len(needle)], needle) for i in range(len(haystack) - len(needle) + 1))
+    first = needle[0]
+    return any(_same(haystack[i], first) and _equal(haystack[i : i + len(needle)], needle)
+               for i in range(len(haystack) - len(needle) + 1))
 
 
 def matches(answer: str | None, expected: str | list[str], mode: MatchMode | str = MatchMode.CONTAINS) -> bool:

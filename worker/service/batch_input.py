@@ -1,5 +1,12 @@
 """Reading a batch (or evaluation) file as a stream: one validated line at a time, with memory flat in
-the file's size. Duplicate ids are found by a first pass that keeps 8 bytes per line."""
+the file's size. Duplicate ids are found by a first pass that keeps 8 bytes per line.
+
+A batch is one tenant's, as a batch of the API is: whoever holds that tenant's key may cancel or delete
+the whole batch. A file whose lines name several tenants (a line without `tenant` is the command's
+`--tenant`, else `default`) is refused before anything is submitted, naming the tenants and their lines.
+It is not split into one batch per tenant: one `--out` file, one batch id to cancel or follow, and the
+adoption of an interrupted invocation's runs all stay one-to-one, and a mixed file is more likely a
+mistake than a wish."""
 
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ from ..tenancy.tenants import Policy, Tenants
 from .submit import tenant_policy, validate_spec
 
 __all__ = ["BatchLine", "IdSet", "LineError", "ParsedLine", "digest", "finished_ids", "iter_input"]
+
+SHOWN = 5  # tenants, and line numbers per tenant, named when a file mixes tenants
 
 
 class BatchLine(BaseModel, extra="forbid"):
@@ -80,26 +89,66 @@ class IdSet:
         return len(self._sorted)
 
 
-def _line_id(number: int, text: str) -> str | None:
+def _object(text: str) -> dict | None:
     try:
         value = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(value, dict):
+    return value if isinstance(value, dict) else None
+
+
+def _line_id(number: int, value: dict | None) -> str | None:
+    if value is None:
         return None
     given = value.get("id")
     return given if isinstance(given, str) and given else f"line-{number}"
 
 
-def _duplicated(path: Path) -> set[int]:
-    """Digests of ids that occur on more than one line (first pass)."""
+@dataclass
+class _Tenants:
+    """The tenants a file's lines name: the first `SHOWN` with up to `SHOWN` of their line numbers."""
+
+    lines: dict[str, list[int]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    more: int = 0  # lines of the tenants past the first SHOWN
+
+    def add(self, tenant: str, number: int) -> None:
+        if tenant in self.lines:
+            self.counts[tenant] += 1
+            if len(self.lines[tenant]) < SHOWN:
+                self.lines[tenant].append(number)
+        elif len(self.lines) < SHOWN:
+            self.lines[tenant], self.counts[tenant] = [number], 1
+        else:
+            self.more += 1  # lines of further tenants (enough is known: the file is refused)
+
+    def refusal(self, default: str) -> str | None:
+        if len(self.lines) < 2:
+            return None
+        named = []
+        for tenant, numbers in self.lines.items():
+            rest = self.counts[tenant] - len(numbers)
+            where = ", ".join(map(str, numbers)) + (f" and {rest} more" if rest else "")
+            named.append(f"{tenant!r} (line{'s' if self.counts[tenant] > 1 else ''} {where})")
+        more = f", and {self.more} line(s) of further tenants" if self.more else ""
+        return (f"the batch's lines name several tenants: {'; '.join(named)}{more}. A batch is one tenant's "
+                f"(its key may cancel or delete all of it): give each tenant its own file (lines without "
+                f"`tenant` are --tenant's, here {default!r})")
+
+
+def _first_pass(path: Path, default_tenant: str) -> tuple[set[int], _Tenants]:
+    """Digests of ids that occur on more than one line, and the tenants the lines name."""
     values = array("Q")
+    tenants = _Tenants()
     with path.open(encoding="utf-8") as f:
         for number, text in enumerate(f, 1):
-            if text.strip() and (line_id := _line_id(number, text)) is not None:
-                values.append(digest(line_id))
+            if text.strip() and (value := _object(text)) is not None:
+                values.append(digest(_line_id(number, value) or ""))
+                named = value.get("tenant")
+                if named is None or isinstance(named, str):
+                    tenants.add(named or default_tenant, number)
     ordered = sorted(values)
-    return {a for a, b in zip(ordered, ordered[1:], strict=False) if a == b}
+    return {a for a, b in zip(ordered, ordered[1:], strict=False) if a == b}, tenants
 
 
 def finished_ids(out_path: Path) -> IdSet:
@@ -122,9 +171,16 @@ def iter_input(path: Path, settings: Settings, tenant: str | None, tier: str | N
                tenants: Tenants | None = None) -> Iterator[ParsedLine | LineError]:
     """Every good line as a spec; every bad one as an error naming its line number. An id used again
     is an error on every line after its first. With `tenants`, each line's tenant must exist and its plan
-    allow the line's tier (default: the plan's default tier)."""
+    allow the line's tier (default: the plan's default tier). The first pass runs now: a file whose lines
+    name several tenants raises InvalidRequest here, before a line is read for submission."""
+    duplicated, named = _first_pass(path, tenant or "default")
+    if (refused := named.refusal(tenant or "default")) is not None:
+        raise InvalidRequest(refused)
     context = _Context(settings, known_tiers(settings), tenant, tier, tenants)
-    duplicated = _duplicated(path)
+    return _lines(path, context, duplicated)
+
+
+def _lines(path: Path, context: _Context, duplicated: set[int]) -> Iterator[ParsedLine | LineError]:
     seen_duplicates: set[int] = set()
     with path.open(encoding="utf-8") as f:
         for number, text in enumerate(f, 1):
@@ -153,7 +209,7 @@ class _Context:
 
 def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_duplicates: set[int]
            ) -> ParsedLine | LineError:
-    client_id = _line_id(number, text)
+    client_id = _line_id(number, _object(text))
     if client_id is not None and (value := digest(client_id)) in duplicated:
         if value in seen_duplicates:
             return LineError(number, f"duplicate id {client_id!r}")

@@ -78,8 +78,23 @@ class BatchStore:
         return [v.decode() if v else "" for v in self.r.hmget(keys.batch_ids(batch_id), client_ids)]
 
     def claim_owner(self, batch_id: str, tenant: str) -> None:
-        """The batch's tenant is the first one its runs name (a batch is one tenant's, as its API is)."""
+        """The batch's tenant: the one its runs name (a batch is one tenant's, as its API is; the batch
+        service refuses runs of another)."""
         self.r.hsetnx(keys.batch(batch_id), "tenant", tenant)
+
+    def mark_written(self, batch_id: str, count: int) -> None:
+        """`reactq batch` has written the results of the first `count` runs of the finished list."""
+        self.r.hset(keys.batch(batch_id), "written", str(count))
+
+    def mark_complete(self, batch_id: str) -> None:
+        """`reactq batch` has written every run's result (a rerun for the same file adopts none)."""
+        self.r.hset(keys.batch(batch_id), "complete", "1")
+
+    def written_ids(self, batch_id: str, chunk: int = 1000) -> Iterator[str]:
+        """The runs whose results `reactq batch` wrote (per `mark_written`), `chunk` ids a round trip."""
+        written = int(self.r.hget(keys.batch(batch_id), "written") or 0)
+        for start in range(0, written, chunk):
+            yield from self.finished_range(batch_id, start, min(chunk, written - start))
 
     def mark_submitted(self, batch_id: str, size: int) -> None:
         """Every run of the batch has been submitted: its size is known."""

@@ -34,7 +34,16 @@ from .tenants import Policy, Tenants
 
 MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
 MIN_CALL_TOKENS = 256  # no prompt is smaller: a tenant with fewer tokens left cannot make a call
-_CHARS_PER_TOKEN = 2.5  # conservative: JSON and code tokenise densely, so over- rather than under-reserve
+_CHARS_PER_TOKEN = 2.5  # ASCII: JSON and code tokenise densely, so over- rather than under-reserve
+
+
+def estimate_text_tokens(text: str) -> int:
+    """An upper estimate of a text's tokens: ASCII characters / 2.5, plus one token per UTF-8 byte of
+    every other character (a byte-level BPE emits at most one token per byte: CJK is 3 bytes a
+    character, an emoji 4, so characters / 2.5 would undercount them up to 10x)."""
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    other_bytes = len(text.encode("utf-8", "surrogatepass")) - ascii_chars
+    return int(ascii_chars / _CHARS_PER_TOKEN) + other_bytes
 
 
 def _iso(ts: float) -> str:
@@ -44,7 +53,7 @@ def _iso(ts: float) -> str:
 # --- the run's own budget (pure) -----------------------------------------------------------------
 def estimate_prompt_tokens(messages: list[dict[str, Any]], options: dict[str, Any]) -> int:
     text = json.dumps(messages, ensure_ascii=False) + json.dumps(options.get("tools") or [], ensure_ascii=False)
-    return int(len(text) / _CHARS_PER_TOKEN) + 8 * len(messages) + 16
+    return estimate_text_tokens(text) + 8 * len(messages) + 16
 
 
 def call_max_tokens(run: Run, prompt_estimate: int, default_max: int, global_max_tokens: int,

@@ -5,6 +5,7 @@ reading that file."""
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from ..errors import PlanConfigError
 
 DEFAULT_PLANS_FILE = Path(__file__).with_name("plans.toml")
 ALL_TOOLS = "*"
+ALL_TIERS = "*"  # `tiers = ["*"]`: every tier of the sandbox tiers file, those added later included
 
 
 class Budgets(BaseModel, extra="forbid"):
@@ -49,7 +51,12 @@ class Plan(BaseModel, extra="forbid"):
 
     @model_validator(mode="after")
     def _default_tier(self) -> Plan:
-        if self.default_tier is None:
+        if ALL_TIERS in self.tiers:
+            if self.tiers != [ALL_TIERS]:
+                raise ValueError('"*" (every tier) stands alone in tiers')
+            if self.default_tier is None:
+                raise ValueError('a plan with tiers = ["*"] names its default_tier')
+        elif self.default_tier is None:
             self.default_tier = self.tiers[-1]
         elif self.default_tier not in self.tiers:
             raise ValueError(f"default_tier {self.default_tier!r} is not one of its tiers {self.tiers}")
@@ -59,7 +66,8 @@ class Plan(BaseModel, extra="forbid"):
         return ALL_TOOLS in self.tools or name.strip().lower() in {t.lower() for t in self.tools}
 
 
-def parse_plans(text: str, source: str = "<string>") -> dict[str, Plan]:
+def parse_plans(text: str, source: str = "<string>", tiers: Sequence[str] | None = None) -> dict[str, Plan]:
+    """The plans of a TOML text; with `tiers` (the tiers file's), `["*"]` becomes that list."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -72,30 +80,44 @@ def parse_plans(text: str, source: str = "<string>") -> dict[str, Plan]:
         if not isinstance(spec, dict):
             raise PlanConfigError(f"{source}: plans.{name} must be a table")
         try:
-            plans[name] = Plan(name=name, **spec)
+            plan = Plan(name=name, **spec)
+            if tiers is not None and plan.tiers == [ALL_TIERS]:
+                plan = Plan(name=name, **{**spec, "tiers": list(tiers)})
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise PlanConfigError(f"{source}: plan {name!r} is invalid: {problems}") from None
+        plans[name] = plan
     return plans
 
 
 @lru_cache(maxsize=8)
-def _load_cached(path: str, mtime_ns: int) -> dict[str, Plan]:
+def _load_cached(path: str, mtime_ns: int, tiers: tuple[str, ...]) -> dict[str, Plan]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise PlanConfigError(f"cannot read plans file {path}: {exc.strerror}") from None
-    return parse_plans(text, source=path)
+    return parse_plans(text, source=path, tiers=tiers)
 
 
-def load_plans(path: str | Path | None = None) -> dict[str, Plan]:
-    """All plans from `path` (default: the shipped file), re-read when the file changes."""
+def load_plans(path: str | Path | None = None, tiers: Sequence[str] | None = None) -> dict[str, Plan]:
+    """All plans from `path` (default: the shipped file), re-read when it or the tiers file changes.
+    `tiers = ["*"]` is every tier of `tiers` (default: the sandbox tiers file's, in its order)."""
     p = Path(path) if path else DEFAULT_PLANS_FILE
     try:
         mtime = p.stat().st_mtime_ns
     except OSError as exc:
         raise PlanConfigError(f"cannot read plans file {p}: {exc.strerror}") from None
-    return _load_cached(str(p), mtime)
+    return _load_cached(str(p), mtime, tuple(_tiers_file_tiers() if tiers is None else tiers))
+
+
+def _tiers_file_tiers() -> list[str]:
+    """The tiers of tools_sandbox's tiers file in its order, else the settings' default list."""
+    try:
+        from tools_sandbox import load_tiers
+
+        return list(load_tiers())
+    except Exception:  # tools_sandbox absent or its tiers file unreadable: fall back to settings
+        return list(Settings.model_fields["tiers"].get_default(call_default_factory=True))
 
 
 class AllowedTools:
