@@ -8,9 +8,11 @@ import sys
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from ..core.models import Mode
-from .base import _load, _runtime, _send_step, console, out
+from .base import _load, _runtime, _send_step, error, out
+from .display import literal
 
 
 @click.command()
@@ -35,7 +37,7 @@ def replay(run_id: str, from_step: int, model: str | None, mode: str | None, tie
         run = fork(rt.store, rt.settings, run_id, from_step, _send_step(), tenants=rt.tenants, budgets=rt.budgets,
                    model=model, mode=Mode(mode) if mode else None, tier=tier)
     except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        error(exc)
         sys.exit(2)
     if as_json:
         out.print_json(json.dumps(run_json(run)))
@@ -56,11 +58,12 @@ def print_diff(run_a: str, run_b: str, *, as_json: bool) -> None:
     for column in ("step", "", run_a[:12], run_b[:12]):
         table.add_column(column, overflow="fold")
     for pair in diff.steps:
-        table.add_row(str(pair.number), "=" if pair.same else "[red]≠[/red]", pair.a, pair.b)
+        table.add_row(str(pair.number), "=" if pair.same else Text("≠", "red"), literal(pair.a), literal(pair.b))
     out.print(table)
-    out.print(f"status: {diff.statuses[0]} vs {diff.statuses[1]} · answer: {diff.answers[0]!r} vs {diff.answers[1]!r}")
+    out.print(literal(f"status: {diff.statuses[0]} vs {diff.statuses[1]} · "
+                      f"answer: {diff.answers[0]!r} vs {diff.answers[1]!r}"))
     out.print("the traces are the same" if diff.diverges_at is None
-              else f"[bold]diverge at step {diff.diverges_at}[/bold]")
+              else Text(f"diverge at step {diff.diverges_at}", "bold"))
 
 
 def register(group: click.Group) -> None:

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 import click
 
 from ..tenancy.plans import BUDGET_FIELDS
-from .base import _runtime, console
+from .base import _runtime, console, error
 
 
 def _rt() -> Any:
@@ -17,7 +17,7 @@ def _rt() -> Any:
 
 
 def _fail(message: object) -> NoReturn:
-    console.print(f"[red]error:[/red] {message}")
+    error(message)
     sys.exit(2)
 
 
