@@ -155,8 +155,8 @@ class ProcessCgroup(CgroupFiles):
                 paths[controller] = where.lstrip("/")
         mounts, name = _mounts(), f"reactq-sandbox-{uuid.uuid4().hex[:12]}"
         if "cpuacct" in mounts and "memory" in mounts:
-            controllers = ("cpuacct", "memory", "pids") if "pids" in mounts else ("cpuacct", "memory")
-            wanted = [mounts[c] / paths.get(c, "") / name for c in controllers]
+            kinds = ("cpuacct", "memory", "pids") if "pids" in mounts else ("cpuacct", "memory")
+            wanted = [mounts[c] / paths.get(c, "") / name for c in kinds]
             v2 = False
         elif "unified" in mounts:
             parent = mounts["unified"] / paths.get("unified", "")
