@@ -166,6 +166,13 @@ class DockerBackend:
             self._client.close()
             self._client = None
 
+    def ping(self) -> None:
+        """SandboxUnavailable unless the engine answers."""
+        try:
+            self.api.ping()
+        except (_sdk().errors.DockerException, OSError) as exc:
+            raise SandboxUnavailable(f"the Docker engine does not answer ({exc.__class__.__name__})") from exc
+
     @property
     def api(self) -> docker.APIClient:
         if self._client is None:

@@ -115,6 +115,11 @@ class ProcessBackend:
         self._bwrap = None
         self._unshare = None
 
+    def ping(self) -> None:
+        """The process backend needs no service: it can run code while it is started."""
+        if self._bwrap is None and self._unshare is None:
+            raise SandboxUnavailable("the process backend is not started")
+
     def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
         """Nothing outlives a call here: each sandbox is killed at its end and dies with this worker."""
         return []
