@@ -154,19 +154,24 @@ def _start_in_worker(sender: Any = None, **_: Any) -> None:
     pool = str(getattr(getattr(sender, "controller", None), "pool_cls", "") or getattr(sender, "pool_cls", ""))
     if "prefork" not in pool:
         if _prewarm and hasattr(sender, "call_soon"):
-            health.on_change(lambda up: _consume(sender, up))
+            health.on_change(lambda up: _consume(sender))
         _start_in_child()
         if _prewarm and hasattr(sender, "call_soon"):
-            _consume(sender, get_service().up)
+            _consume(sender)
 
 
-def _consume(consumer: Any, up: bool) -> None:
-    """Take sandbox tasks only while the backend can run them: the change runs in the consumer's own loop,
-    before it next fetches a message (what Celery's add_consumer/cancel_consumer control commands do)."""
-    if up:
-        consumer.call_soon(consumer.add_task_queue, QUEUE)
-    else:
-        consumer.call_soon(consumer.cancel_task_queue, QUEUE)
+def _consume(consumer: Any) -> None:
+    """Take sandbox tasks only while the backend can run them. The change runs in the consumer's own loop
+    before it next fetches a message (as Celery's add_consumer/cancel_consumer control commands do), and
+    follows the backend's state when it runs, so changes queued in any order end in the right one."""
+
+    def follow() -> None:
+        if get_service().up:
+            consumer.add_task_queue(QUEUE)
+        elif consumer.task_consumer is not None and consumer.task_consumer.consuming_from(QUEUE):
+            consumer.cancel_task_queue(QUEUE)
+
+    consumer.call_soon(follow)
 
 
 @worker_process_init.connect
