@@ -159,9 +159,7 @@ class ProcessCgroup(CgroupFiles):
             wanted = [mounts[c] / paths.get(c, "") / name for c in kinds]
             v2 = False
         elif "unified" in mounts:
-            parent = mounts["unified"] / paths.get("unified", "")
-            _enable_controllers(parent, ("memory", "pids"))
-            wanted, v2 = [parent / name], True
+            return cls._create_v2(mounts["unified"], paths.get("unified", ""), name)
         else:
             return None
         made: list[Path] = []
@@ -174,6 +172,34 @@ class ProcessCgroup(CgroupFiles):
                 _rmdir(path)
             return None
         return cls(made, v2)
+
+    @classmethod
+    def _create_v2(cls, mount: Path, own: str, name: str) -> ProcessCgroup | None:
+        """v2: below this worker's own cgroup where its children get the memory and pids controllers (a
+        delegated subtree set up so); else, as root, below a `reactq-sandboxes` cgroup of the hierarchy's
+        root (no process lives there, so the controllers can be enabled for its children: the kernel's
+        no-internal-processes rule refuses that in a cgroup holding this worker); else an accounting-only
+        child of its own (`limit` then says what is missing)."""
+        candidates = [mount / own, mount / "reactq-sandboxes"]
+        for parent in candidates:
+            try:
+                parent.mkdir(exist_ok=True)
+            except OSError:
+                continue
+            _enable_controllers(parent, ("memory", "pids"))
+            child = parent / name
+            try:
+                child.mkdir()
+            except OSError:
+                continue
+            if (child / "memory.max").exists() and (child / "pids.max").exists():
+                return cls([child], True)
+            _rmdir(child)
+        try:
+            (mount / own / name).mkdir()
+        except OSError:
+            return None
+        return cls([mount / own / name], True)
 
     def limit(self, memory_bytes: int, pids: int) -> str:
         """Cap every process of the cgroup together at `memory_bytes` (no swap beyond it where swap is
