@@ -114,6 +114,7 @@ class SandboxService:
         sandbox task meanwhile), a probe thread tries again with backoff, and an execution until then
         returns an `unavailable` result naming the cause.
         """
+        self._closed.clear()
         self.tiers = load_tiers(self.settings.sandbox_tiers_file)
         init_labels(self.tiers, self.settings.tenants)
         if self.redis_url:
@@ -129,6 +130,9 @@ class SandboxService:
         except SandboxUnavailable as exc:
             self.start_error = str(exc)
             self._report(False, self.start_error)
+            return False
+        if self._closed.is_set():  # closed while a probe started it: nothing may outlive close()
+            backend.close()
             return False
         self.backend, self.pool = backend, pool
         for _ in self.pool.reaped if self.pool is not None else []:
