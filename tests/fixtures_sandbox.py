@@ -171,3 +171,32 @@ def executing_containers(client: object, pid: int) -> list[str]:
             return False
 
     return [c["Id"] for c in worker_containers(client, pid, running=True) if busy(c["Id"])]
+
+
+def start_backendless_worker(cluster: object, metrics_port: int = 0, **extra_env: str) -> object:
+    """A `reactq worker --queues sandbox` whose backend cannot start (the test's environment sees to that):
+    it neither consumes nor heartbeats the sandbox queue, so Cluster.start_worker would wait for it in vain;
+    ready once it has said in its log that it takes no sandbox tasks. Stopped with the cluster."""
+    import subprocess
+    import sys
+
+    from tests.fixtures_cluster import ROOT
+    from tests.waiting import wait_for
+
+    procs = cluster.procs  # type: ignore[attr-defined]
+    path = cluster.logdir / f"worker-{len(procs)}.log"  # type: ignore[attr-defined]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "worker", "--queues", "sandbox", "--concurrency", "2",
+         "--metrics-port", str(metrics_port)],
+        env={**cluster.env, **extra_env}, stdout=path.open("wb"), stderr=subprocess.STDOUT,  # type: ignore[attr-defined]
+        cwd=ROOT, start_new_session=True,
+    )
+    procs.append(proc)
+
+    def said_so() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}; its log:\n{path.read_text(errors='replace')}")
+        return "takes no sandbox tasks until it starts" in path.read_text(errors="replace")
+
+    wait_for(f"the backendless worker to say so (log {path})", said_so, 90)
+    return proc

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT, STDERR_TAIL_LINES, render
-from worker.runtime.sandbox_bridge import UNREADABLE, observation_from_sandbox
+from worker.core.engine import UNAVAILABLE_OUTCOME
+from worker.runtime.sandbox_bridge import UNAVAILABLE, UNREADABLE, observation_from_sandbox
 
 
 def result(**kw) -> str:
@@ -89,8 +90,7 @@ def test_quota_error():
 
 @pytest.mark.parametrize(
     ("error", "kind", "error_type"),
-    [("sandbox_unavailable: no Docker", "unavailable", "unavailable"),
-     ("unknown_tier: 'x'", "unknown_tier", "unknown_tier"), (": odd", None, "sandbox_error")],
+    [("unknown_tier: 'x'", "unknown_tier", "unknown_tier"), (": odd", None, "sandbox_error")],
 )
 def test_other_sandbox_errors(error, kind, error_type):
     obs, got = observe(exit_code=None, error=error, stderr="agent trace", error_kind=kind)
@@ -98,6 +98,15 @@ def test_other_sandbox_errors(error, kind, error_type):
     assert obs.outcome == "error"
     assert obs.content.startswith(f"Error: {error}")
     assert "stderr: agent trace" in obs.content
+
+
+def test_an_unavailable_result_is_not_for_the_model():
+    """Whatever the stored error says, the observation is fixed words, with the outcome that ends the run."""
+    obs, error_type = observe(exit_code=None, error="sandbox_unavailable: Error while fetching (FileNotFoundError)",
+                              stderr="Traceback", error_kind="unavailable")
+    assert error_type == "unavailable"
+    assert obs.outcome == UNAVAILABLE_OUTCOME
+    assert obs.content == UNAVAILABLE and "Error while" not in obs.content and "Traceback" not in obs.content
 
 
 def test_error_wins_over_timeout_flags():

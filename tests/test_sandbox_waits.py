@@ -242,8 +242,11 @@ def test_an_old_message_without_a_deadline_waits_a_bounded_time(eager_task: Any,
     client.close()
 
 
-def test_a_failure_of_ours_is_stored_as_unavailable_and_continues(eager_task: Any, redis_url: str,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failure_of_ours_is_sent_again_until_the_window_passes(eager_task: Any, redis_url: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anything of ours that breaks is not the call's answer: the call goes back to the queue (its marker kept
+    alive) until REACTQ_SANDBOX_UNAVAILABLE_S have passed since it first failed; then its result is
+    `unavailable`, in fixed words, and the run is continued (to end failed)."""
     client = redis.Redis.from_url(redis_url)
 
     def broken() -> Any:
@@ -251,9 +254,17 @@ def test_a_failure_of_ours_is_stored_as_unavailable_and_continues(eager_task: An
 
     monkeypatch.setattr(eager_task, "get_service", broken)
     out = eager_task.execute.apply(args=[request(4)]).get()
-    assert out["outcome"] == "unavailable"
+    assert out["outcome"] == "unavailable_retry"
+    assert client.get("test:waits:4") is None and client.llen(CONTINUE) == 0
+    assert client.pttl("test:waits:pending:4") > 60_000  # its countdown plus the marker's usual life
+    [message] = sandbox_messages(client)
+    assert message["headers"]["eta"] is not None  # sent with a countdown, not at once
+    [again], _, _ = json.loads(base64.b64decode(message["body"]))
+    assert again["unavailable_since"] is not None and again["unavailable_tries"] == 1
+    past = dict(again, unavailable_since=time.time() - 301)  # the default window has passed since
+    assert eager_task.execute.apply(args=[past]).get()["outcome"] == "unavailable"
     stored = SandboxResult.model_validate_json(client.get("test:waits:4"))
-    assert stored.error_kind == "unavailable" and stored.error and stored.error.startswith("sandbox_unavailable")
+    assert stored.error_kind == "unavailable" and stored.error == eager_task.GAVE_UP_TEXT
     assert client.llen(CONTINUE) == 1
     client.close()
 
@@ -332,6 +343,8 @@ def test_a_call_waiting_in_line_is_left_alone_and_a_lost_one_is_re_sent(
     client = redis.Redis.from_url(redis_url)
     occupy(client, "lane")
     assert eager_task.execute.apply(args=[dict(sent, tier="lane")]).get()["outcome"] == "waiting"
+    # A sandbox worker with a working backend is about (else the reaper would end the run instead).
+    client.zadd(worker_keys.workers("reactq.sandbox"), {"test:sandbox-worker": time.time()})
     lost = metrics.REAPER_ACTIONS.labels(ReaperAction.SANDBOX_LOST)._value.get()
     dispatcher = harness.dispatch.as_dispatcher()
     settings = harness.rt.settings

@@ -8,6 +8,7 @@ Public API (checked by a test against `__all__`):
     render_result(result) -> Rendered   the one text a model sees for a result
     load_tiers(path=None) the tiers file (deploy/sandbox/tiers.toml by default)
     SandboxSettings       REACTQ_* environment settings
+    backend_up() -> bool  whether this process's sandbox backend can run code now (its heartbeat asks)
     SandboxError ─┬─ UnknownTierError, TierConfigError
                   ├─ SandboxUnavailable
                   └─ ImageBuildError
@@ -17,6 +18,7 @@ Never imports `worker`: a sandbox worker host runs this package alone.
 
 from .config import SandboxSettings
 from .errors import ImageBuildError, SandboxError, SandboxUnavailable, TierConfigError, UnknownTierError
+from .health import backend_up
 from .models import ErrorKind, SandboxResult, TenantQuota, Tier
 from .render import Rendered
 from .render import render as render_result
@@ -37,6 +39,7 @@ __all__ = [
     "Tier",
     "TierConfigError",
     "UnknownTierError",
+    "backend_up",
     "load_tiers",
     "run_code",
 ]

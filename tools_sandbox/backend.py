@@ -32,6 +32,10 @@ class SandboxBackend(Protocol):
         """Kill and remove sandboxes that outlived their limits; what was removed, and why."""
         ...
 
+    def ping(self) -> None:
+        """Return if the backend can run code again after a failure; SandboxUnavailable if not."""
+        ...
+
     def close(self) -> None:
         ...
 
@@ -59,6 +63,9 @@ class PooledDocker:
             raise
         self.pool.release(sandbox, executed.retired_because)
         return executed.result
+
+    def ping(self) -> None:
+        self.docker.ping()
 
     def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
         self.pool.retire_idle()

@@ -8,9 +8,10 @@ pid. Both cost microseconds, against tens of milliseconds for the engine's API. 
 engine (dind) has no such view: `CgroupMeter.open` returns None and the caller uses the
 engine's stats and kill instead.
 
-The process backend gets a cgroup of its own per execution where this worker may create one
-(`ProcessCgroup`, as root): every process the sandbox ever starts is in it, however it forks,
-reparents or ptraces, so its CPU time is exact.
+The process backend gets a cgroup of its own per execution (`ProcessCgroup`, as root or in a
+delegated v2 subtree): every process the sandbox ever starts is in it, however it forks, reparents or
+ptraces, so its CPU time is exact, and `memory.max`/`pids.max` (v1: `memory.limit_in_bytes`,
+`pids.max`) cap all of them together; the backend refuses to run where it cannot set them.
 """
 
 from __future__ import annotations
@@ -134,15 +135,18 @@ class CgroupFiles:
 
 
 class ProcessCgroup(CgroupFiles):
-    """A fresh cgroup for one process-backend execution, below this worker's own cgroups."""
+    """A fresh cgroup for one process-backend execution, below this worker's own cgroups: v1 one directory
+    per controller (cpuacct, memory, pids), v2 one directory. `limit` caps its memory and processes."""
 
     def __init__(self, dirs: list[Path], v2: bool) -> None:
-        super().__init__(dirs[0], dirs[-1], dirs[0] / "cgroup.procs", v2)
+        memory = dirs[1] if len(dirs) > 1 else dirs[0]
+        super().__init__(dirs[0], memory, dirs[0] / "cgroup.procs", v2)
         self.dirs = dirs
+        self._pids_dir = dirs[0] if v2 else (dirs[2] if len(dirs) > 2 else None)
 
     @classmethod
     def create(cls) -> ProcessCgroup | None:
-        """None where this worker cannot make one (not root, no cgroup mounts): wait4 accounting then."""
+        """None where this worker cannot make one (not root, no cgroup mounts, no delegated subtree)."""
         own = _read(Path("/proc/self/cgroup")) or ""
         paths = {}
         for line in own.splitlines():
@@ -151,10 +155,11 @@ class ProcessCgroup(CgroupFiles):
                 paths[controller] = where.lstrip("/")
         mounts, name = _mounts(), f"reactq-sandbox-{uuid.uuid4().hex[:12]}"
         if "cpuacct" in mounts and "memory" in mounts:
-            wanted = [mounts[c] / paths.get(c, "") / name for c in ("cpuacct", "memory")]
+            kinds = ("cpuacct", "memory", "pids") if "pids" in mounts else ("cpuacct", "memory")
+            wanted = [mounts[c] / paths.get(c, "") / name for c in kinds]
             v2 = False
         elif "unified" in mounts:
-            wanted, v2 = [mounts["unified"] / paths.get("unified", "") / name], True
+            return cls._create_v2(mounts["unified"], paths.get("unified", ""), name)
         else:
             return None
         made: list[Path] = []
@@ -167,6 +172,63 @@ class ProcessCgroup(CgroupFiles):
                 _rmdir(path)
             return None
         return cls(made, v2)
+
+    @classmethod
+    def _create_v2(cls, mount: Path, own: str, name: str) -> ProcessCgroup | None:
+        """v2: below this worker's own cgroup where its children get the memory and pids controllers (a
+        delegated subtree set up so); else, as root, below a `reactq-sandboxes` cgroup of the hierarchy's
+        root (no process lives there, so the controllers can be enabled for its children: the kernel's
+        no-internal-processes rule refuses that in a cgroup holding this worker); else an accounting-only
+        child of its own (`limit` then says what is missing)."""
+        candidates = [mount / own, mount / "reactq-sandboxes"]
+        for parent in candidates:
+            try:
+                parent.mkdir(exist_ok=True)
+            except OSError:
+                continue
+            _enable_controllers(parent, ("memory", "pids"))
+            child = parent / name
+            try:
+                child.mkdir()
+            except OSError:
+                continue
+            if (child / "memory.max").exists() and (child / "pids.max").exists():
+                return cls([child], True)
+            _rmdir(child)
+        try:
+            (mount / own / name).mkdir()
+        except OSError:
+            return None
+        return cls([mount / own / name], True)
+
+    def limit(self, memory_bytes: int, pids: int) -> str:
+        """Cap every process of the cgroup together at `memory_bytes` (no swap beyond it where swap is
+        accounted) and `pids` processes; why not ('' when both limits hold, read back from the kernel)."""
+        if self._v2:
+            required = [(self._memory / "memory.max", memory_bytes)]
+            optional = [(self._memory / "memory.swap.max", 0), (self._memory / "memory.oom.group", 1)]
+        else:
+            # memsw (memory + swap) must be set after the plain limit, which it may not undercut.
+            required = [(self._memory / "memory.limit_in_bytes", memory_bytes)]
+            optional = [(self._memory / "memory.memsw.limit_in_bytes", memory_bytes)]
+        if self._pids_dir is None:
+            return "the pids cgroup controller is not mounted"
+        required.append((self._pids_dir / "pids.max", pids))
+        for path, value in required:
+            if not path.exists():
+                return f"{path.name} is missing (the {path.name.split('.')[0]} controller is not enabled here)"
+            try:
+                path.write_text(str(value), encoding="ascii")
+            except OSError as exc:
+                return f"cannot write {path.name} ({exc.strerror or exc.__class__.__name__})"
+            if (_read(path) or "").strip() != str(value):
+                return f"{path.name} did not take the value {value}"
+        for path, value in optional:
+            try:
+                path.write_text(str(value), encoding="ascii")
+            except OSError:
+                pass  # no swap accounting (v1 memsw, v2 swap.max) or an older kernel (oom.group)
+        return ""
 
     def delegate(self, uid: int) -> None:
         """Let `uid` (the sandbox's launcher) move itself in; nothing else of the cgroup becomes its."""
@@ -197,6 +259,31 @@ class ProcessCgroup(CgroupFiles):
     def remove(self) -> None:
         for path in reversed(self.dirs):
             _rmdir(path)
+
+
+def _enable_controllers(parent: Path, controllers: tuple[str, ...]) -> None:
+    """v2: make `controllers` available to the children of `parent` (a delegated subtree, or the root);
+    where the kernel refuses (processes in `parent`, not delegated), the children lack their files."""
+    enabled = (_read(parent / "cgroup.subtree_control") or "").split()
+    wanted = " ".join(f"+{c}" for c in controllers if c not in enabled)
+    if wanted:
+        try:
+            (parent / "cgroup.subtree_control").write_text(wanted, encoding="ascii")
+        except OSError:
+            pass
+
+
+def limits_unavailable(memory_bytes: int = 64 << 20, pids: int = 16) -> str:
+    """Why this worker cannot cap a sandbox's total memory and processes with a cgroup ('' when it can):
+    one cgroup made, limited and removed."""
+    cgroup = ProcessCgroup.create()
+    if cgroup is None:
+        return ("this worker cannot create a cgroup (it needs root, or a delegated cgroup v2 subtree, "
+                "and the memory and pids controllers)")
+    try:
+        return cgroup.limit(memory_bytes, pids)
+    finally:
+        cgroup.remove()
 
 
 def _rmdir(path: Path) -> None:

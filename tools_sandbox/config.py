@@ -60,5 +60,8 @@ class SandboxSettings(BaseSettings):
     sandbox_waiter_stale_s: float = Field(default=30.0, ge=10)
     # How long a waiting call's pending marker (ExecuteRequest.pending_key) outlives its last poll.
     sandbox_pending_ttl_s: int = Field(default=60, ge=15)
+    # A call no backend can run is sent back to the queue with a growing delay (another sandbox worker may
+    # answer) for this long; then its result is `unavailable` and its run ends failed (sandbox_unavailable).
+    sandbox_unavailable_s: float = Field(default=300.0, gt=0)
     # Debian mirror for the offline image build; empty = the one apt uses here.
     sandbox_mirror: str = ""

@@ -36,7 +36,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from .cgroup import CgroupMeter, Usage
-from .errors import SandboxUnavailable
+from .errors import SandboxUnavailable, TierUnavailable
 from .frames import Demux, anomaly
 from .models import SandboxResult, Tier
 from .outcome import HostFacts, finish
@@ -166,6 +166,13 @@ class DockerBackend:
             self._client.close()
             self._client = None
 
+    def ping(self) -> None:
+        """SandboxUnavailable unless the engine answers."""
+        try:
+            self.api.ping()
+        except (_sdk().errors.DockerException, OSError) as exc:
+            raise SandboxUnavailable(f"the Docker engine does not answer ({exc.__class__.__name__})") from exc
+
     @property
     def api(self) -> docker.APIClient:
         if self._client is None:
@@ -177,10 +184,9 @@ class DockerBackend:
         """Fail closed: a tier that asks for a runtime this engine lacks is unavailable."""
         if tier.runtime is not None and tier.runtime not in self._runtimes:
             have = ", ".join(sorted(self._runtimes)) or "none"
-            raise SandboxUnavailable(
-                f"tier {tier.name} requires the OCI runtime {tier.runtime!r}, which this Docker engine does not "
-                f"have (it has: {have}); the tier is unavailable rather than run with weaker isolation"
-            )
+            raise TierUnavailable(tier.name, f"it requires the OCI runtime {tier.runtime!r}, which this Docker "
+                                  f"engine does not have (it has: {have}); the tier is refused rather than run "
+                                  "with weaker isolation")
 
     def runtime_of(self, tier: Tier) -> str | None:
         """The OCI runtime a tier's containers get: the one it requires, else the one it prefers when this

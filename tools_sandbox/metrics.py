@@ -47,6 +47,12 @@ CALLS_WAITING = Gauge(
     "reactq_sandbox_calls_waiting", "Sandbox calls waiting in line for a slot of their tenant's quota", ["tier"],
 )
 
+# 1 while this process's sandbox backend can run code, 0 while it cannot (it then takes no sandbox tasks);
+# `backend` is the configured choice (docker, process, auto).
+BACKEND_UP = Gauge(
+    "reactq_sandbox_backend_up", "Whether this sandbox worker's backend can run code (1) or not (0)", ["backend"],
+)
+
 
 def init_labels(tiers: Iterable[str], tenants: Iterable[str] = ()) -> None:
     """Create every known label set at 0 so dashboards and rate() see the series from the start."""

@@ -14,9 +14,14 @@ Differences: bwrap also runs in a new user namespace and brings loopback up; the
 unshare path stays in the host user namespace (as uid 65534, without capabilities) and
 leaves loopback down, and its mount setup runs as root (a shell script of fixed
 commands, before any untrusted code) in the new namespaces.
-What both lack: cgroup memory/CPU/pids limits (RLIMIT_NPROC counts every process of
-uid 65534 on the host, RLIMIT_AS is not a cgroup limit), seccomp filtering, and a
-separate view of /usr (host-installed python packages are visible read-only).
+Both run each execution in a cgroup of its own whose memory.max (no swap) and pids.max are the
+tier's: every process the sandbox forks counts against one memory limit and one process limit
+(RLIMIT_AS alone is per process, and RLIMIT_NPROC counts every process of uid 65534 on the host,
+so neither is used to bound the sandbox as a whole). Where this worker cannot set those limits
+(not root, no memory or pids controller, no delegated cgroup v2 subtree) the backend does not
+start, naming why: no tier's memory limit could be enforced.
+What both lack: a CPU-share limit (the CPU time rlimit and the wall-clock deadline bound a call),
+seccomp filtering, and a separate view of /usr (host-installed python packages are visible read-only).
 CPU time is the host's figure: wait4 on bwrap/unshare once the namespace's init has been
 killed and reaped sums every process the sandbox ran (see `_stop`), never the agent's report.
 Used only when chosen (`process`, or `auto` with no Docker engine); REACTQ_SANDBOX_PROCESS_CONFINEMENT
@@ -35,9 +40,9 @@ import signal
 import subprocess
 import time
 
-from .cgroup import ProcessCgroup, Usage
+from .cgroup import ProcessCgroup, Usage, limits_unavailable
 from .config import SandboxSettings
-from .errors import SandboxUnavailable
+from .errors import SandboxUnavailable, TierUnavailable
 from .models import SandboxResult, Tier
 from .outcome import HostFacts, finish
 from .protocol import FrameParser, agent_source, decode, encode_request
@@ -83,6 +88,10 @@ class ProcessBackend:
             raise ValueError(f"unknown process confinement {choice!r}; use {', '.join(CONFINEMENTS)}")
         if not os.path.exists(self.python):
             raise SandboxUnavailable(f"the process backend's interpreter {self.python} is missing")
+        if why := limits_unavailable():
+            raise SandboxUnavailable(f"the process backend cannot enforce any tier's memory and process limits: "
+                                     f"{why}; run the sandbox worker as root on a host with the memory and pids "
+                                     "cgroup controllers, or use the Docker backend")
         bwrap = shutil.which("bwrap") if choice != "unshare" else None
         if bwrap is not None:
             self._bwrap, self.name = bwrap, "process"
@@ -105,6 +114,11 @@ class ProcessBackend:
     def close(self) -> None:
         self._bwrap = None
         self._unshare = None
+
+    def ping(self) -> None:
+        """The process backend needs no service: it can run code while it is started."""
+        if self._bwrap is None and self._unshare is None:
+            raise SandboxUnavailable("the process backend is not started")
 
     def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
         """Nothing outlives a call here: each sandbox is killed at its end and dies with this worker."""
@@ -208,23 +222,28 @@ class ProcessBackend:
 
     def execute(self, code: str, tier: Tier, tenant: str = "") -> SandboxResult:
         if tier.runtime is not None:
-            raise SandboxUnavailable(
-                f"tier {tier.name} requires the OCI runtime {tier.runtime!r}, which the process backend cannot "
-                "provide; the tier is unavailable rather than run with weaker isolation"
-            )
+            raise TierUnavailable(tier.name, f"it requires the OCI runtime {tier.runtime!r}, which the process "
+                                  "backend cannot provide; the tier is refused rather than run with weaker isolation")
         started = time.monotonic()
         deadline = started + tier.wall_time_s
         # bwrap runs unprivileged (it sets up a user namespace); unshare needs root to mount.
         drop = os.geteuid() == 0 and self._unshare is None
         fsize = tier.tmpfs_mb * 1024 * 1024
 
-        cgroup = ProcessCgroup.create() if os.geteuid() == 0 else None
-        if cgroup is not None and drop:
+        cgroup = ProcessCgroup.create()
+        why = "no cgroup can be created for it" if cgroup is None else \
+            cgroup.limit(tier.memory_mb * 1024 * 1024, tier.pids)
+        if why:
+            if cgroup is not None:
+                cgroup.remove()
+            raise TierUnavailable(tier.name, f"its memory limit of {tier.memory_mb} MB cannot be enforced by the "
+                                  f"process backend here ({why})")
+        assert cgroup is not None
+        if drop:
             cgroup.delegate(NOBODY)
 
         def limits() -> None:
-            if cgroup is not None:
-                cgroup.join()
+            cgroup.join()
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
             resource.setrlimit(resource.RLIMIT_NOFILE, (tier.nofile, tier.nofile))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -238,8 +257,7 @@ class ProcessBackend:
                 extra_groups=[] if drop else None, cwd="/",
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            if cgroup is not None:
-                cgroup.remove()
+            cgroup.remove()
             raise SandboxUnavailable(f"cannot start {self._tool()}: {exc}") from exc
         parser = FrameParser(cap=tier.output_bytes)
         agent_err = bytearray()
@@ -248,8 +266,9 @@ class ProcessBackend:
         try:
             assert proc.stdin and proc.stdout and proc.stderr
             try:
-                proc.stdin.write(encode_request(code, tier, as_bytes=tier.memory_mb * 1024 * 1024,
-                                                nproc=tier.pids))
+                # RLIMIT_AS turns one process's overdraft into a MemoryError; the cgroup caps them all
+                # (and its pids.max the processes: no RLIMIT_NPROC, which would count other sandboxes').
+                proc.stdin.write(encode_request(code, tier, as_bytes=tier.memory_mb * 1024 * 1024))
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
@@ -276,7 +295,8 @@ class ProcessBackend:
             usage = self._stop(proc, cgroup)
         facts = HostFacts(started=started, timed_out=timed_out, agent_said=bytes(agent_err),
                           cpu_seconds=usage.cpu_seconds if usage is not None else None,
-                          memory_peak_bytes=usage.memory_peak_bytes if usage is not None else None)
+                          memory_peak_bytes=usage.memory_peak_bytes if usage is not None else None,
+                          oom_killed=usage is not None and usage.oom_kills > 0)
         return finish(tier, self.name, parser, facts)
 
     def _tool(self) -> str:

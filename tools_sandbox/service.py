@@ -20,15 +20,17 @@ result when its run's deadline passed in line).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import health
 from .backend import PooledDocker, SandboxBackend
 from .config import SandboxSettings
 from .docker_backend import DockerBackend
-from .errors import SandboxUnavailable
+from .errors import SandboxUnavailable, TierUnavailable
 from .metrics import CPU_SECONDS, DURATION, EXECUTIONS, QUOTA_REJECTIONS, REAPED, init_labels, tenant_label
 from .models import ErrorKind, SandboxResult, Tier
 from .pool import Limits, WarmPool
@@ -40,6 +42,9 @@ from .tiers import get_tier, load_tiers
 log = logging.getLogger(__name__)
 
 BACKENDS = ("docker", "process", "auto")
+# A backend that cannot run code is tried again after this long, doubling up to PROBE_MAX_S.
+PROBE_FIRST_S = 1.0
+PROBE_MAX_S = 30.0
 
 
 def make_backend(choice: str, settings: SandboxSettings, tiers: dict[str, Tier] | None = None,
@@ -97,24 +102,39 @@ class SandboxService:
         self.quotas: QuotaGate | None = None
         self.sweeper: Sweeper | None = None
         self.start_error: str | None = None
+        self.up = False  # the backend can run code now (health.report tells the worker)
+        self._closed = threading.Event()
+        self._probe: threading.Thread | None = None
+        self._probe_lock = threading.Lock()
 
     def start(self) -> None:
         """Load tiers, connect the quota store, start the backend, its pool (Docker) and the sweeper.
 
-        A backend that cannot start is remembered, not raised: every execution then
+        A backend that cannot start is remembered, not raised: it is reported down (the worker takes no
+        sandbox task meanwhile), a probe thread tries again with backoff, and an execution until then
         returns an `unavailable` result naming the cause.
         """
+        self._closed.clear()
         self.tiers = load_tiers(self.settings.sandbox_tiers_file)
         init_labels(self.tiers, self.settings.tenants)
         if self.redis_url:
             self.quotas = QuotaGate(self.redis_url, waiter_stale_s=self.settings.sandbox_waiter_stale_s)
             self.quotas.start()
+        if not self._start_backend():
+            self._probe_later()
+
+    def _start_backend(self) -> bool:
         try:
-            self.backend, self.pool = make_backend(self.backend_choice, self.settings, self.tiers,
-                                                   self.pool_sizes() if self.use_pool else None)
+            backend, pool = make_backend(self.backend_choice, self.settings, self.tiers,
+                                         self.pool_sizes() if self.use_pool else None)
         except SandboxUnavailable as exc:
             self.start_error = str(exc)
-            return
+            self._report(False, self.start_error)
+            return False
+        if self._closed.is_set():  # closed while a probe started it: nothing may outlive close()
+            backend.close()
+            return False
+        self.backend, self.pool = backend, pool
         for _ in self.pool.reaped if self.pool is not None else []:
             REAPED.labels(reason=ReapReason.ORPHAN.value).inc()
         policy = self.sweep_policy()
@@ -122,6 +142,43 @@ class SandboxService:
         self.sweeper = Sweeper(lambda: backend.sweep(policy), self.settings.sandbox_sweep_interval_s,
                                on_reaped=lambda reason: REAPED.labels(reason=reason.value).inc())
         self.sweeper.start()
+        self.start_error = None
+        self._report(True)
+        return True
+
+    def _report(self, up: bool, why: str = "") -> None:
+        self.up = up
+        health.report(self.backend_choice, up, why)
+
+    def mark_down(self, why: str) -> None:
+        """An execution found the backend unable to run code: report it down until a probe succeeds."""
+        if self.up:
+            self._report(False, why)
+        self._probe_later()
+
+    def _probe_later(self) -> None:
+        """Try the backend again (start it, or ping a started one) with backoff until it can run code."""
+        with self._probe_lock:
+            if self._closed.is_set() or (self._probe is not None and self._probe.is_alive()):
+                return
+            self._probe = threading.Thread(target=self._probe_loop, name="sandbox-backend-probe", daemon=True)
+            self._probe.start()
+
+    def _probe_loop(self) -> None:
+        delay = PROBE_FIRST_S
+        while not self._closed.wait(delay):
+            if self.backend is None:
+                if self._start_backend():
+                    return
+            else:
+                try:
+                    self.backend.ping()
+                except SandboxUnavailable as exc:
+                    log.debug("sandbox backend probe failed: %s", exc)
+                else:
+                    self._report(True)
+                    return
+            delay = min(delay * 2, PROBE_MAX_S)
 
     def sweep_policy(self) -> SweepPolicy:
         return SweepPolicy(self.tiers, grace_s=self.settings.sandbox_sweep_grace_s,
@@ -136,6 +193,7 @@ class SandboxService:
         }
 
     def close(self) -> None:
+        self._closed.set()
         if self.sweeper is not None:
             self.sweeper.close()
             self.sweeper = None
@@ -146,6 +204,8 @@ class SandboxService:
         if self.quotas is not None:
             self.quotas.close()
             self.quotas = None
+        self.up = False
+        health.reset()
 
     def __enter__(self) -> SandboxService:
         self.start()
@@ -246,9 +306,17 @@ class SandboxService:
             return self._failure(spec, started, f"sandbox_unavailable: {self.start_error or 'not started'}",
                                  ErrorKind.UNAVAILABLE)
         try:
-            return self.backend.execute(code, spec, tenant)
-        except SandboxUnavailable as exc:
+            result = self.backend.execute(code, spec, tenant)
+        except TierUnavailable as exc:  # this tier only: the backend serves the others
+            log.warning("sandbox tier refused: %s", exc)
             return self._failure(spec, started, f"sandbox_unavailable: {exc}", ErrorKind.UNAVAILABLE)
+        except SandboxUnavailable as exc:
+            log.warning("sandbox backend failed during a call: %s", exc)
+            self.mark_down(str(exc))
+            return self._failure(spec, started, f"sandbox_unavailable: {exc}", ErrorKind.UNAVAILABLE)
+        if result.error_kind is ErrorKind.UNAVAILABLE:
+            self.mark_down(result.error or "the infrastructure failed during a call")
+        return result
 
     def _failure(self, spec: Tier, started: float, error: str, kind: ErrorKind) -> SandboxResult:
         return SandboxResult(exit_code=None, stdout="", stderr="", tier=spec.name, error=error, error_kind=kind,

@@ -15,10 +15,18 @@ re-sends itself with a countdown of a few seconds (never Celery's retry counter,
 block: a waiting call holds no worker process, so other tenants' calls go on) and refreshes the
 request's `pending_key`, which tells the reaper the call is alive. When the request's
 `deadline_at` (the run's deadline; default `queued_at` + REACTQ_SANDBOX_WAIT_MAX_S) passes in
-line, the call's result is a `quota_exceeded` error saying so. Every other way out ends with a
-stored result and the continuation too: a failure of ours becomes an `unavailable` result; a
-Redis that stays unreachable past the retries leaves the call to the reaper (worker/runtime/
-reaper.py re-sends it once its pending marker has expired, or ends the run at its deadline).
+line, the call's result is a `quota_exceeded` error saying so.
+
+A call no backend can run (this worker's backend is down, or failed during the call, or anything of
+ours broke) is not answered: it goes back to the queue with a growing countdown (1 s doubling to 30 s,
+never Celery's retry counter), so another sandbox worker may take it, its pending marker kept alive
+meanwhile. A worker whose backend is down stops consuming `reactq.sandbox` until a probe finds it
+back (tools_sandbox/health.py). Only once REACTQ_SANDBOX_UNAVAILABLE_S have passed since the call
+first found no backend is its result `unavailable`, with a fixed text (the cause is in the log, never
+in the result), and its run ends failed (`sandbox_unavailable`). Every other way out ends with a
+stored result and the continuation too; a Redis that stays unreachable past the retries leaves
+the call to the reaper (worker/runtime/reaper.py re-sends it once its pending marker has expired, or
+ends the run at its deadline, or as `sandbox_unavailable` when no sandbox worker could take it).
 """
 
 from __future__ import annotations
@@ -37,11 +45,11 @@ from celery import current_app, shared_task
 from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown, worker_ready
 from pydantic import BaseModel, Field, ValidationError
 
+from . import health
 from .config import SandboxSettings
 from .errors import UnknownTierError
 from .metrics import CALLS_WAITING
 from .models import ErrorKind, SandboxResult
-from .outcome import UNAVAILABLE_TEXT
 from .quotas import IN_PROGRESS, Wait
 from .service import SandboxService
 
@@ -68,6 +76,10 @@ _pump_thread: threading.Thread | None = None
 # How often each sandbox worker process wakes the lines whose capacity freed without a wake.
 PUMP_S = 1.0
 RUNNING_MARK_GRACE_S = 15.0
+# A call no backend could run is sent again after this long, doubling up to the most.
+UNAVAILABLE_RETRY_FIRST_S = 1.0
+UNAVAILABLE_RETRY_MAX_S = 30.0
+RETRYING = "unavailable_retry"
 
 
 class ExecuteRequest(BaseModel):
@@ -90,6 +102,9 @@ class ExecuteRequest(BaseModel):
     pending_key: str | None = None
     # Times the call was re-queued to wait (for the log).
     waits: int = 0
+    # When the call first found no backend to run it (epoch seconds), and how often it was sent again since.
+    unavailable_since: float | None = None
+    unavailable_tries: int = 0
 
 
 def get_service() -> SandboxService:
@@ -138,7 +153,25 @@ def _start_in_worker(sender: Any = None, **_: Any) -> None:
     start the service in: start it, and the line pump, here once the worker is ready."""
     pool = str(getattr(getattr(sender, "controller", None), "pool_cls", "") or getattr(sender, "pool_cls", ""))
     if "prefork" not in pool:
+        if _prewarm and hasattr(sender, "call_soon"):
+            health.on_change(lambda up: _consume(sender))
         _start_in_child()
+        if _prewarm and hasattr(sender, "call_soon"):
+            _consume(sender)
+
+
+def _consume(consumer: Any) -> None:
+    """Take sandbox tasks only while the backend can run them. The change runs in the consumer's own loop
+    before it next fetches a message (as Celery's add_consumer/cancel_consumer control commands do), and
+    follows the backend's state when it runs, so changes queued in any order end in the right one."""
+
+    def follow() -> None:
+        if get_service().up:
+            consumer.add_task_queue(QUEUE)
+        elif consumer.task_consumer is not None and consumer.task_consumer.consuming_from(QUEUE):
+            consumer.cancel_task_queue(QUEUE)
+
+    consumer.call_soon(follow)
 
 
 @worker_process_init.connect
@@ -167,9 +200,34 @@ end
 """
 
 
+# The result of a call no backend could run within REACTQ_SANDBOX_UNAVAILABLE_S: no cause, no exception text.
+GAVE_UP_TEXT = "sandbox_unavailable: no sandbox backend could run the code; it did not run"
+
+
 def _blank(req: ExecuteRequest, error: str, kind: ErrorKind) -> SandboxResult:
     return SandboxResult(exit_code=None, stdout="", stderr="", tier=req.tier, error=error, error_kind=kind,
                          backend="none")
+
+
+def _no_backend(task: Any, req: ExecuteRequest, store: redis.Redis, settings: SandboxSettings) -> SandboxResult | str:
+    """A call no backend could run: back to the queue with a growing countdown (RETRYING), or, once it has
+    found none for REACTQ_SANDBOX_UNAVAILABLE_S, its `unavailable` result (fixed text, no cause)."""
+    now = time.time()
+    since = req.unavailable_since if req.unavailable_since is not None else now
+    window = settings.sandbox_unavailable_s
+    if now - since >= window:
+        log.error("sandbox call %s: no sandbox backend could run it for %.0f s; its run ends failed",
+                  req.result_key, now - since)
+        return _blank(req, GAVE_UP_TEXT, ErrorKind.UNAVAILABLE)
+    countdown = min(UNAVAILABLE_RETRY_FIRST_S * 2 ** min(req.unavailable_tries, 10), UNAVAILABLE_RETRY_MAX_S)
+    countdown = min(countdown * (1 + random.random() / 4), max(0.2, since + window - now))
+    again = req.model_copy(update={"unavailable_since": since, "unavailable_tries": req.unavailable_tries + 1})
+    _mark_pending(store, req, countdown + settings.sandbox_pending_ttl_s)
+    if req.unavailable_tries % 10 == 0:
+        log.warning("sandbox call %s found no backend to run it (try %d); sent again in %.1f s",
+                    req.result_key, req.unavailable_tries + 1, countdown)
+    task.apply_async(args=[again.model_dump()], countdown=countdown, queue=QUEUE)
+    return RETRYING
 
 
 def _mark_pending(store: redis.Redis, req: ExecuteRequest, ttl_s: float) -> None:
@@ -182,12 +240,14 @@ WAITING = "waiting"
 
 
 def _attempt(task: Any, req: ExecuteRequest, store: redis.Redis) -> SandboxResult | str:
-    """One delivery's go at the call: its result to store, "redelivered" (stored already) or WAITING
-    (re-queued to wait in line)."""
+    """One delivery's go at the call: its result to store, "redelivered" (stored already), WAITING
+    (re-queued to wait in line) or RETRYING (no backend: re-queued for any sandbox worker)."""
     if store.exists(req.result_key):
         return "redelivered"
     service = get_service()
     settings = service.settings
+    if not service.up:
+        return _no_backend(task, req, store, settings)
     now = time.time()
     queued_at = req.queued_at if req.queued_at is not None else now
     deadline = req.deadline_at if req.deadline_at is not None else queued_at + settings.sandbox_wait_max_s
@@ -215,7 +275,15 @@ def _attempt(task: Any, req: ExecuteRequest, store: redis.Redis) -> SandboxResul
     # that dies mid-execution leaves the marker to lapse soon, so the reaper re-sends the call (its
     # duplicate then waits, `in_progress`, until the dead worker's slot expires).
     _mark_pending(store, req, verdict.tier.wall_time_s + RUNNING_MARK_GRACE_S)
-    return service.run_admitted(req.code, verdict, req.tenant, keep=lambda result: _store_result(store, req, result))
+
+    def keep(result: SandboxResult) -> None:
+        if result.error_kind is not ErrorKind.UNAVAILABLE:
+            _store_result(store, req, result)
+
+    result = service.run_admitted(req.code, verdict, req.tenant, keep=keep)
+    if result.error_kind is ErrorKind.UNAVAILABLE:
+        return _no_backend(task, req, store, settings)
+    return result
 
 
 def _wait_in_line(task: Any, req: ExecuteRequest, wait: Wait, queued_at: float, poll_s: float) -> None:
@@ -330,12 +398,12 @@ def execute(self: Any, request: dict[str, Any]) -> dict[str, Any]:
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                 kombu.exceptions.OperationalError):
             raise
-        except Exception:  # noqa: BLE001 - our failure becomes a visible result (details in the log)
+        except Exception:  # noqa: BLE001 - our failure: sent again like a call with no backend (details logged)
             log.exception("sandbox call %s failed", req.result_key)
             _leave_line(req)
-            outcome = _blank(req, UNAVAILABLE_TEXT, ErrorKind.UNAVAILABLE)
-        if outcome == WAITING:
-            return {"result_key": req.result_key, "outcome": WAITING}
+            outcome = _no_backend(self, req, store, SandboxSettings())
+        if outcome in (WAITING, RETRYING):
+            return {"result_key": req.result_key, "outcome": outcome}
         if isinstance(outcome, SandboxResult):
             _store_result(store, req, outcome)
             outcome = outcome.outcome

@@ -95,5 +95,6 @@ def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tu
         APPROVALS.labels(outcome)
     for queue in QUEUES:
         QUEUE_DEPTH.labels(queue)
-    for action in ("dead_worker", "lost_message", "long_stale", "sandbox_lost", "sandbox_deadline", "dropped"):
+    for action in ("dead_worker", "lost_message", "long_stale", "sandbox_lost", "sandbox_deadline", "dropped",
+                   "sandbox_unavailable"):
         REAPER_ACTIONS.labels(action)

@@ -262,6 +262,12 @@ def finish_observation(content: str, hint: str | None, limits: Limits) -> str:
     return f"{text}\n{hint}" if hint else text
 
 
+# A tool call the infrastructure could not run (no sandbox backend answered in time): the run ends failed
+# with this error, and the model never sees the call's observation.
+UNAVAILABLE_OUTCOME = "unavailable"
+SANDBOX_UNAVAILABLE = "sandbox_unavailable: no sandbox backend could run the code in time"
+
+
 def after_step(run: Run, step: Step, now: float, limits: Limits) -> End | None:
     """Outcome of a run once `step` is recorded; None means: enqueue the next step.
 
@@ -270,6 +276,8 @@ def after_step(run: Run, step: Step, now: float, limits: Limits) -> End | None:
     """
     if step.final_answer is not None:
         return End(RunStatus.SUCCEEDED, "")
+    if any(o.outcome == UNAVAILABLE_OUTCOME for o in step.observations):
+        return End(RunStatus.FAILED, SANDBOX_UNAVAILABLE)
     return _limit_reached(run, step.index + 1, now, limits)
 
 

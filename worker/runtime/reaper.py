@@ -25,6 +25,13 @@ backlog of thousands waits:
   legitimately waiting in line, however long, is left alone: its task ends it with a result.
 - `sandbox_deadline`: the same, but the run's deadline has passed: the run ends (`timeout`, with the
   reason that its deadline passed while it waited for a sandbox result) instead of sending the call again.
+- `sandbox_unavailable`: a run `waiting_on=sandbox` whose pending marker has expired, idle for
+  `REACTQ_SANDBOX_UNAVAILABLE_S`, while no sandbox worker with a working backend was seen for as long (a
+  worker whose backend is down stops heartbeating the sandbox queue, and stops consuming it): the run ends
+  `failed` (`sandbox_unavailable`). Checked before `sandbox_lost`, whose re-send would restart the idle
+  clock: with the defaults (both 300 s) such a run ends at 300 s; with REACTQ_SANDBOX_UNAVAILABLE_S above
+  REACTQ_SANDBOX_REDISPATCH_AFTER_S it is re-sent instead, and ends at its deadline. A call that a
+  sandbox worker took ends through its own result instead (tools_sandbox/tasks.py).
 - `dropped`: a finished or vanished run left in the active set is removed from it.
 
 A re-kick is always safe: a step is fenced on the step number and takes the run's lease, so a duplicate
@@ -44,8 +51,9 @@ from collections.abc import Callable
 from enum import StrEnum
 
 from .. import metrics
+from ..core.engine import SANDBOX_UNAVAILABLE
 from ..core.models import Run, RunStatus
-from ..names import STEPS_QUEUE, queue_lists
+from ..names import SANDBOX_QUEUE, STEPS_QUEUE, queue_lists
 from .approvals import expire_or_defer
 from .context import Runtime
 from .runner import Dispatcher, record_finished
@@ -61,6 +69,7 @@ class ReaperAction(StrEnum):
     LONG_STALE = "long_stale"
     SANDBOX_LOST = "sandbox_lost"
     SANDBOX_DEADLINE = "sandbox_deadline"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     DROPPED = "dropped"
 
 
@@ -69,9 +78,15 @@ def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: 
     s = rt.settings
     idle = now - progress_at
     if run.waiting_on == "sandbox":
-        if idle <= s.sandbox_redispatch_after_s or rt.store.sandbox_pending(run.id, run.current_step):
+        if rt.store.sandbox_pending(run.id, run.current_step):
             return None
-        if run.deadline_at is not None and now >= run.deadline_at:
+        past_deadline = run.deadline_at is not None and now >= run.deadline_at
+        if not past_deadline and idle > s.sandbox_unavailable_s and rt.cluster.live_workers(
+                SANDBOX_QUEUE, within_s=s.sandbox_unavailable_s) == 0:  # no sandbox worker could take it
+            return ReaperAction.SANDBOX_UNAVAILABLE
+        if idle <= s.sandbox_redispatch_after_s:
+            return None
+        if past_deadline:
             return ReaperAction.SANDBOX_DEADLINE
         return ReaperAction.SANDBOX_LOST
     if taken is not None and taken[0] == run.current_step and taken[1] >= progress_at - 1:
@@ -124,11 +139,12 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
         action = _decide(run, progress_at, mark, now, rt, queued)
         if action is None:
             continue
-        if action is ReaperAction.SANDBOX_DEADLINE:
-            log.warning("ending a run whose deadline passed while it waited for a sandbox result",
+        if action in (ReaperAction.SANDBOX_DEADLINE, ReaperAction.SANDBOX_UNAVAILABLE):
+            status, reason = ((RunStatus.TIMEOUT, SANDBOX_DEADLINE_REASON) if action is ReaperAction.SANDBOX_DEADLINE
+                              else (RunStatus.FAILED, SANDBOX_UNAVAILABLE))
+            log.warning("ending a run that waited for a sandbox result no sandbox worker gave",
                         extra={"run_id": run.id, "step": run.current_step, "action": action.value})
-            if (ended := rt.store.finish(run.id, RunStatus.TIMEOUT, SANDBOX_DEADLINE_REASON,
-                                         only_step=run.current_step)) is not None:
+            if (ended := rt.store.finish(run.id, status, reason, only_step=run.current_step)) is not None:
                 record_finished(ended, rt, dispatch.webhook)
                 metrics.REAPER_ACTIONS.labels(action).inc()
             continue
@@ -147,10 +163,18 @@ def start_reaper(rt: Runtime, dispatch: Dispatcher, queues: list[str]) -> thread
     member = f"{socket.gethostname()}:{os.getpid()}"
     reap = STEPS_QUEUE in queues
 
+    def serving() -> list[str]:
+        """The queues this worker serves now: the sandbox queue only while its backend can run code."""
+        if SANDBOX_QUEUE not in queues:
+            return queues
+        from tools_sandbox import backend_up
+
+        return queues if backend_up() else [q for q in queues if q != SANDBOX_QUEUE]
+
     def loop() -> None:
         while True:
             try:
-                rt.cluster.heartbeat(queues, member)
+                rt.cluster.heartbeat(serving(), member)
                 if reap:
                     reap_once(rt, dispatch)
             except Exception:  # Redis restarting: try again next round

@@ -2,18 +2,22 @@
 
 The stored JSON crosses a trust boundary (another process wrote it to Redis), so it is validated
 as tools_sandbox's SandboxResult before anything reads it; the words the model sees come from
-tools_sandbox's one renderer, whichever path produced the result.
+tools_sandbox's one renderer, whichever path produced the result. A result no backend could produce
+(`unavailable`: the sandbox task gave up after REACTQ_SANDBOX_UNAVAILABLE_S) is not for the model: its
+observation says so in fixed words, with the outcome that ends the run failed (engine.after_step).
 """
 
 from __future__ import annotations
 
 from pydantic import ValidationError
 
-from tools_sandbox import SandboxResult, render_result
+from tools_sandbox import ErrorKind, SandboxResult, render_result
 
+from ..core.engine import UNAVAILABLE_OUTCOME
 from ..core.models import Observation
 
 UNREADABLE = "Error: the sandbox's result could not be read; the code's output is unknown."
+UNAVAILABLE = "Error: no sandbox could run the code; it did not run."
 
 
 def observation_from_sandbox(call_id: str, tool: str, raw: bytes | str) -> tuple[Observation, str | None]:
@@ -23,6 +27,10 @@ def observation_from_sandbox(call_id: str, tool: str, raw: bytes | str) -> tuple
     except ValidationError:
         obs = Observation(call_id=call_id, tool=tool, content=UNREADABLE, outcome="error", duration_ms=0)
         return obs, "unreadable_result"
+    if result.error_kind is ErrorKind.UNAVAILABLE:
+        obs = Observation(call_id=call_id, tool=tool, content=UNAVAILABLE, outcome=UNAVAILABLE_OUTCOME,
+                          duration_ms=result.duration_ms)
+        return obs, ErrorKind.UNAVAILABLE.value
     rendered = render_result(result)
     return (
         Observation(call_id=call_id, tool=tool, content=rendered.text, outcome=rendered.outcome,
