@@ -13,7 +13,6 @@ import pytest
 import redis
 
 from tests.fixtures_receiver import HUGE_BODY, Receiver
-from tests.waiting import wait_for
 from worker.runtime.webhooks import AttemptError, Delivery, DeliveryState, Event, WebhookHTTP, attempt_delivery
 from worker.store.webhooks import WebhookStore
 
