@@ -3,8 +3,9 @@ calls with 500 (or every call, with fail_first=-1) and records each request. Wit
 of each call is what `judge(headers, body)` says (e.g. 401 for a signature that does not verify).
 
 Hostile receivers (`behaviour`): `drip` answers 200 and then sends one byte of its body every `drip_s`
-forever; `huge` answers 200 and streams a body of a terabyte as fast as the client takes it; `hang` reads
-the request and never answers. Each records the bytes of body it managed to send (`sent`) and whether the
+forever; `trickle` sends a status line and then one header a byte every `drip_s`, never ending it;
+`huge` answers 200 and streams a body of a terabyte as fast as the client takes it; `hang` reads the
+request and never answers. Each records the bytes of body it managed to send (`sent`) and whether the
 client closed the connection (`client_closed`); they stop when the client goes away or the receiver stops."""
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Receiver:
     fail_first: int = 0
     judge: Callable[[dict[str, str], bytes], int] | None = None
     tls: ssl.SSLContext | None = None  # serve https with this server context
-    behaviour: str = "answer"  # or drip, huge, hang (the module's docstring)
+    behaviour: str = "answer"  # or drip, trickle, huge, hang (the module's docstring)
     drip_s: float = 1.0
     calls: list[Received] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
@@ -80,16 +81,19 @@ class Receiver:
                             call.client_closed = self.connection.recv(1) == b""
                             return
                     return
-                self.send_response(200)
-                self.send_header("content-length", str(HUGE_BODY))
-                self.end_headers()
-                piece = b"." if receiver.behaviour == "drip" else CHUNK
+                if receiver.behaviour == "trickle":  # a status line, then one header's value a byte at a time
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                else:
+                    self.send_response(200)
+                    self.send_header("content-length", str(HUGE_BODY))
+                    self.end_headers()
+                piece = CHUNK if receiver.behaviour == "huge" else b"a"
                 try:
                     while not receiver.stopping.is_set():
                         self.wfile.write(piece)
                         self.wfile.flush()
                         call.sent += len(piece)
-                        if receiver.behaviour == "drip":
+                        if receiver.behaviour != "huge":
                             receiver.stopping.wait(receiver.drip_s)
                 except OSError:  # the client went away
                     call.client_closed = True

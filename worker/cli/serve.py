@@ -47,10 +47,13 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
         raise click.BadParameter(message, param_hint="--queues") from None
     if parent_pid is not None:
         exit_with_parent(parent_pid)
+    # Webhooks never take a thread of another queue's pool (worker/cli/webhook_pool.py): named with other
+    # queues, or left out of a step worker's (unless REACTQ_WEBHOOK_CONCURRENCY=0), they get a worker of their own.
     webhook_threads = get_settings().webhook_concurrency
-    beside = STEPS_QUEUE in selected and (webhook_threads > 0 or WEBHOOKS_QUEUE in selected)
-    if STEPS_QUEUE in selected:  # webhooks never take a step thread: worker/cli/webhook_pool.py
-        selected = [q for q in selected if q != WEBHOOKS_QUEUE]
+    others = [q for q in selected if q != WEBHOOKS_QUEUE]
+    beside = bool(others) and (WEBHOOKS_QUEUE in selected or (STEPS_QUEUE in selected and webhook_threads > 0))
+    if beside:
+        selected = others
     if concurrency is None:
         concurrency = (200 if STEPS_QUEUE in selected else max(1, webhook_threads) if selected == [WEBHOOKS_QUEUE]
                        else (os.cpu_count() or 2))
