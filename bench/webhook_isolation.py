@@ -3,7 +3,7 @@ that answer 200 and then drip a byte a second forever, against the same runs on 
 invocation.
 
     python bench/webhook_isolation.py [--hostile 30] [--plain 5] [--concurrency 20] [--latency-ms 200]
-                                      [--repeats 3] [--window 25] [--no-shared] [--out FILE]
+                                      [--repeats 3] [--window 25] [--huge 20] [--no-shared] [--out FILE]
 
 A fresh redis-server, `reactq stub --latency-ms L` and a dripping receiver on loopback (the one the tests
 use, tests/fixtures_receiver.py), then, for each layout:
@@ -18,7 +18,10 @@ use, tests/fixtures_receiver.py), then, for each layout:
    deliveries in flight, tenant "b"'s P runs are timed again and again for W seconds (--window, longer
    than an attempt's deadline: attempts end, are recorded and retried meanwhile); the median.
 The ratio hostile / idle is the slowdown; the attempts' recorded outcomes (kind, error, longest duration)
-show each attempt ended at its deadline. Target: isolated ratio <= 2. Exit 1 if missed, 2 on a bad run.
+show each attempt ended at its deadline.
+3. huge answers (--huge N): the shipped layout, N receivers answering 200 and streaming a terabyte; the
+   webhook worker's RSS growth over a warm-up delivery, and the body bytes read per attempt.
+Target: isolated ratio <= 2. Exit 1 if missed, 2 on a bad run.
 """
 
 from __future__ import annotations
@@ -126,6 +129,82 @@ def one_layout(layout: str, args: argparse.Namespace, rng: random.Random, proble
         bench.procs.stop()
 
 
+def huge_answers(args: argparse.Namespace, count: int) -> str:
+    """The webhook worker's memory while `count` receivers stream a terabyte after their 200 (one warm-up
+    delivery first): RSS growth, bytes read per attempt, bytes the receivers got into their sockets."""
+    from tests.fixtures_receiver import Receiver
+    from worker.config import Settings
+    from worker.core.models import RunSpec
+    from worker.service.submit import submit
+    from worker.store.connection import connect
+    from worker.store.runs import RunStore
+    from worker.store.spend import SpendStore
+    from worker.store.tenant_records import TenantStore
+    from worker.store.webhooks import WebhookStore
+    from worker.tenancy.budgets import TenantBudgets
+    from worker.tenancy.tenants import Tenants
+
+    bench = Bench(args, Path(tempfile.mkdtemp(prefix="reactq-webhook-huge-")))
+    receiver = Receiver(behaviour="huge").start()
+    try:
+        redis_url = bench.start_redis()
+        stub_url = bench.start_stub(args.latency_ms)
+        env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1", "REACTQ_TENANTS": '["a"]',
+               "REACTQ_WEBHOOK_ALLOW_PRIVATE": "1"}
+        worker = bench.procs.start("worker", [sys.executable, "-m", "worker.cli", "worker", "--queues", "steps",
+                                              "--concurrency", str(args.concurrency), "--metrics-port", "0",
+                                              "--loglevel", args.loglevel], env)
+        bench.wait_ready(["worker"], redis_url)
+        settings = Settings(redis_url=redis_url, tenants=["a"])
+        store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
+        tenants, budgets = Tenants(TenantStore(store.r), settings), TenantBudgets(SpendStore(store.r))
+        hooks = WebhookStore(store.r, keep_s=0)
+        from celery import Celery
+
+        client = Celery("bench_webhook_huge", broker=redis_url)
+        conn = client.connection_for_write()
+
+        def send_step(run_id: str, index: int, priority: int | None = None) -> None:
+            client.send_task("reactq.step", args=[run_id, index], queue="reactq.steps", connection=conn)
+
+        def deliver(n: int, total: int) -> None:
+            specs = [RunSpec(question=f"What is {i} + 7?", tenant="a", webhook_url=receiver.url) for i in range(n)]
+            submit(store, specs, settings, send_step, tenants=tenants, budgets=budgets)
+            deadline = time.monotonic() + 300
+            while sum(d.state.value == "delivered" for d in hooks.list("a", 500)) < total:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("huge answers: deliveries not done in 300 s")
+                time.sleep(0.1)
+
+        pid = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == worker.pid)
+        deliver(1, 1)
+        before = _rss_kb(pid)
+        deliver(count, count + 1)
+        grown = _rss_kb(pid) - before
+        read = [a.response_bytes for d in hooks.list("a", 500) for a in d.attempts]
+        conn.release()
+        sent = sum(c.sent for c in receiver.calls)
+        return (f"huge answers: {count} deliveries (+1 warm-up) to a receiver streaming 1 TiB after a 200: RSS of the "
+                f"webhook worker "
+                f"{before / 1024:.0f} MB before, grown by {grown / 1024:.1f} MB; body bytes read per attempt "
+                f"{min(read)}..{max(read)}; the receivers got {sent / 2**20:.1f} MiB into their sockets in all")
+    finally:
+        receiver.stop()
+        bench.procs.stop()
+
+
+def _ppid(proc_dir: Path) -> int:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _rss_kb(pid: int) -> int:
+    return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("VmRSS:"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hostile", type=int, default=30, help="runs whose webhooks drip")
@@ -134,6 +213,7 @@ def main() -> int:
     ap.add_argument("--latency-ms", type=float, default=200.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--window", type=float, default=25.0, help="seconds of timing b's runs while a's drip")
+    ap.add_argument("--huge", type=int, default=20, help="receivers streaming a huge body (0: skip)")
     ap.add_argument("--no-shared", action="store_true", help="skip the shared-pool layout")
     ap.add_argument("--loglevel", default="WARNING")
     ap.add_argument("--out", default=None)
@@ -155,6 +235,8 @@ def main() -> int:
         report.append(f"{layout} attempt outcomes: " + "; ".join(f"{n} x {k}" for k, n in kinds.most_common()))
     isolated = rows[0]
     ok = isolated[2] <= 2 * isolated[1]
+    if args.huge:
+        report += ["", huge_answers(args, args.huge)]
     report += ["", f"target (isolated: tenant b within 2x idle): {'met' if ok else 'MISSED'}"]
     text = "\n".join([f"command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`", "", *report, *problems])
     print(text)
