@@ -44,49 +44,66 @@ from bench.throughput import ROOT, Bench  # noqa: E402
 Row = tuple[str, float, float, int, Counter, int]  # layout, idle s, with drips s, receiver calls, outcomes, longest ms
 
 
-def one_layout(layout: str, args: argparse.Namespace, rng: random.Random, problems: list[str]) -> Row:
-    from celery import Celery
+class Site:
+    """A fresh redis-server and stub, one worker (`argv`), and the in-process handles to submit runs
+    (worker.service.submit, the first steps sent through a Celery client) and read their webhooks."""
 
-    from tests.fixtures_receiver import Receiver
-    from worker.config import Settings
-    from worker.core.models import RunSpec
-    from worker.service.submit import new_batch_id, submit
-    from worker.store.connection import connect
-    from worker.store.runs import RunStore
-    from worker.store.spend import SpendStore
-    from worker.store.tenant_records import TenantStore
-    from worker.store.webhooks import WebhookStore
-    from worker.tenancy.budgets import TenantBudgets
-    from worker.tenancy.tenants import Tenants
+    def __init__(self, bench: Bench, args: argparse.Namespace, shared: bool) -> None:
+        from celery import Celery
 
-    bench = Bench(args, Path(tempfile.mkdtemp(prefix=f"reactq-webhook-isolation-{layout}-")))
-    receiver = Receiver(behaviour="drip", drip_s=1.0).start()
-    try:
+        from worker.config import Settings
+        from worker.store.connection import connect
+        from worker.store.runs import RunStore
+        from worker.store.spend import SpendStore
+        from worker.store.tenant_records import TenantStore
+        from worker.store.webhooks import WebhookStore
+        from worker.tenancy.budgets import TenantBudgets
+        from worker.tenancy.tenants import Tenants
+
         redis_url = bench.start_redis()
         stub_url = bench.start_stub(args.latency_ms)
         env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1",
                "REACTQ_TENANTS": '["a", "b"]', "REACTQ_STALE_AFTER_S": "600", "REACTQ_WEBHOOK_ALLOW_PRIVATE": "1",
                "REACTQ_WEBHOOK_RETRY_BASE_S": "1", "REACTQ_WEBHOOK_RETRY_MAX_S": "2"}
-        if layout == "isolated":
-            argv = [sys.executable, "-m", "worker.cli", "worker", "--queues", "steps", "--concurrency",
-                    str(args.concurrency), "--metrics-port", "0", "--loglevel", args.loglevel]
-        else:
+        if shared:  # the layout before issue 22: one pool for steps and webhooks
             env["REACTQ_WORKER_QUEUES"] = "reactq.steps,reactq.webhooks"
             argv = [sys.executable, "-m", "celery", "-A", "worker.tasks.app", "worker", "-Q",
                     "reactq.steps,reactq.webhooks", "-P", "threads", "-c", str(args.concurrency),
                     "--without-gossip", "--without-mingle", "--loglevel", args.loglevel]
-        bench.procs.start("worker", argv, env)
+        else:
+            argv = [sys.executable, "-m", "worker.cli", "worker", "--queues", "steps", "--concurrency",
+                    str(args.concurrency), "--metrics-port", "0", "--loglevel", args.loglevel]
+        self.worker = bench.procs.start("worker", argv, env)
         bench.wait_ready(["worker"], redis_url)
-        settings = Settings(redis_url=redis_url, tenants=["a", "b"])
-        store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
-        tenants, budgets = Tenants(TenantStore(store.r), settings), TenantBudgets(SpendStore(store.r))
-        client = Celery("bench_webhook_client", broker=redis_url)
-        client.conf.broker_transport_options = {"priority_steps": list(range(10))}
-        conn = client.connection_for_write()
+        self.settings = Settings(redis_url=redis_url, tenants=["a", "b"])
+        self.store = RunStore(connect(redis_url, 16), self.settings.run_ttl_s)
+        self.tenants = Tenants(TenantStore(self.store.r), self.settings)
+        self.budgets = TenantBudgets(SpendStore(self.store.r))
+        self.hooks = WebhookStore(self.store.r, keep_s=0)
+        self.client = Celery("bench_webhook_client", broker=redis_url)
+        self.client.conf.broker_transport_options = {"priority_steps": list(range(10))}
+        self.conn = self.client.connection_for_write()
 
-        def send_step(run_id: str, index: int, priority: int | None = None) -> None:
-            client.send_task("reactq.step", args=[run_id, index], queue="reactq.steps", connection=conn,
-                             priority=priority)
+    def send_step(self, run_id: str, index: int, priority: int | None = None) -> None:
+        self.client.send_task("reactq.step", args=[run_id, index], queue="reactq.steps", connection=self.conn,
+                              priority=priority)
+
+    def submit(self, specs: list, batch_id: str | None = None) -> list:
+        from worker.service.submit import submit
+
+        return submit(self.store, specs, self.settings, self.send_step, batch_id=batch_id, tenants=self.tenants,
+                      budgets=self.budgets)
+
+
+def one_layout(layout: str, args: argparse.Namespace, rng: random.Random, problems: list[str]) -> Row:
+    from tests.fixtures_receiver import Receiver
+    from worker.core.models import RunSpec
+    from worker.service.submit import new_batch_id
+
+    bench = Bench(args, Path(tempfile.mkdtemp(prefix=f"reactq-webhook-isolation-{layout}-")))
+    receiver = Receiver(behaviour="drip", drip_s=1.0).start()
+    try:
+        site = Site(bench, args, shared=layout == "shared")
 
         def question() -> str:
             return f"What is {rng.randint(100, 99999)} * {rng.randint(100, 99999)} + {rng.randint(1, 9999)}?"
@@ -94,11 +111,10 @@ def one_layout(layout: str, args: argparse.Namespace, rng: random.Random, proble
         def plain_runs() -> float:
             """Tenant b's runs as one batch: seconds from submit until the last has finished."""
             started = time.time()
-            runs = submit(store, [RunSpec(question=question(), tenant="b") for _ in range(args.plain)],
-                          settings, send_step, batch_id=new_batch_id(), tenants=tenants, budgets=budgets)
+            runs = site.submit([RunSpec(question=question(), tenant="b") for _ in range(args.plain)], new_batch_id())
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
-                loaded = store.load_runs([r.id for r in runs])
+                loaded = site.store.load_runs([r.id for r in runs])
                 if all(r is not None and r.status.finished for r in loaded):
                     for r in loaded:
                         if r is not None and r.status.value != "succeeded":
@@ -108,8 +124,7 @@ def one_layout(layout: str, args: argparse.Namespace, rng: random.Random, proble
             raise RuntimeError("tenant b's runs did not finish in 600 s")
 
         idle = statistics.median(plain_runs() for _ in range(args.repeats))
-        hostile = [RunSpec(question=question(), tenant="a", webhook_url=receiver.url) for _ in range(args.hostile)]
-        submit(store, hostile, settings, send_step, tenants=tenants, budgets=budgets)
+        site.submit([RunSpec(question=question(), tenant="a", webhook_url=receiver.url) for _ in range(args.hostile)])
         waited = time.monotonic() + 120
         while len(receiver.calls) < 2 and time.monotonic() < waited:
             time.sleep(0.05)
@@ -118,11 +133,10 @@ def one_layout(layout: str, args: argparse.Namespace, rng: random.Random, proble
             timed.append(plain_runs())
             time.sleep(1)
         loaded_s = statistics.median(timed)
-        deliveries = WebhookStore(store.r, keep_s=0).list("a", 100)
-        attempts = [a for d in deliveries for a in d.attempts]
+        attempts = [a for d in site.hooks.list("a", 100) for a in d.attempts]
         kinds = Counter(f"{a.kind.value if a.kind else 'delivered'}: {a.error}" for a in attempts)
         longest = max((a.duration_ms for a in attempts), default=0)
-        conn.release()
+        site.conn.release()
         return layout, idle, loaded_s, len(receiver.calls), kinds, longest
     finally:
         receiver.stop()
@@ -130,64 +144,37 @@ def one_layout(layout: str, args: argparse.Namespace, rng: random.Random, proble
 
 
 def huge_answers(args: argparse.Namespace, count: int) -> str:
-    """The webhook worker's memory while `count` receivers stream a terabyte after their 200 (one warm-up
-    delivery first): RSS growth, bytes read per attempt, bytes the receivers got into their sockets."""
+    """The webhook worker's memory while `count` deliveries go to a receiver streaming a terabyte after its
+    200 (one warm-up delivery first): RSS growth, bytes read per attempt, bytes the receiver got into its
+    sockets."""
     from tests.fixtures_receiver import Receiver
-    from worker.config import Settings
     from worker.core.models import RunSpec
-    from worker.service.submit import submit
-    from worker.store.connection import connect
-    from worker.store.runs import RunStore
-    from worker.store.spend import SpendStore
-    from worker.store.tenant_records import TenantStore
-    from worker.store.webhooks import WebhookStore
-    from worker.tenancy.budgets import TenantBudgets
-    from worker.tenancy.tenants import Tenants
 
     bench = Bench(args, Path(tempfile.mkdtemp(prefix="reactq-webhook-huge-")))
     receiver = Receiver(behaviour="huge").start()
     try:
-        redis_url = bench.start_redis()
-        stub_url = bench.start_stub(args.latency_ms)
-        env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1", "REACTQ_TENANTS": '["a"]',
-               "REACTQ_WEBHOOK_ALLOW_PRIVATE": "1"}
-        worker = bench.procs.start("worker", [sys.executable, "-m", "worker.cli", "worker", "--queues", "steps",
-                                              "--concurrency", str(args.concurrency), "--metrics-port", "0",
-                                              "--loglevel", args.loglevel], env)
-        bench.wait_ready(["worker"], redis_url)
-        settings = Settings(redis_url=redis_url, tenants=["a"])
-        store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
-        tenants, budgets = Tenants(TenantStore(store.r), settings), TenantBudgets(SpendStore(store.r))
-        hooks = WebhookStore(store.r, keep_s=0)
-        from celery import Celery
-
-        client = Celery("bench_webhook_huge", broker=redis_url)
-        conn = client.connection_for_write()
-
-        def send_step(run_id: str, index: int, priority: int | None = None) -> None:
-            client.send_task("reactq.step", args=[run_id, index], queue="reactq.steps", connection=conn)
+        site = Site(bench, args, shared=False)
 
         def deliver(n: int, total: int) -> None:
-            specs = [RunSpec(question=f"What is {i} + 7?", tenant="a", webhook_url=receiver.url) for i in range(n)]
-            submit(store, specs, settings, send_step, tenants=tenants, budgets=budgets)
+            site.submit([RunSpec(question=f"What is {i} + 7?", tenant="a", webhook_url=receiver.url)
+                         for i in range(n)])
             deadline = time.monotonic() + 300
-            while sum(d.state.value == "delivered" for d in hooks.list("a", 500)) < total:
+            while sum(d.state.value == "delivered" for d in site.hooks.list("a", 500)) < total:
                 if time.monotonic() > deadline:
                     raise RuntimeError("huge answers: deliveries not done in 300 s")
                 time.sleep(0.1)
 
-        pid = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == worker.pid)
+        pid = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == site.worker.pid)
         deliver(1, 1)
         before = _rss_kb(pid)
         deliver(count, count + 1)
         grown = _rss_kb(pid) - before
-        read = [a.response_bytes for d in hooks.list("a", 500) for a in d.attempts]
-        conn.release()
+        read = [a.response_bytes for d in site.hooks.list("a", 500) for a in d.attempts]
+        site.conn.release()
         sent = sum(c.sent for c in receiver.calls)
-        return (f"huge answers: {count} deliveries (+1 warm-up) to a receiver streaming 1 TiB after a 200: RSS of the "
-                f"webhook worker "
-                f"{before / 1024:.0f} MB before, grown by {grown / 1024:.1f} MB; body bytes read per attempt "
-                f"{min(read)}..{max(read)}; the receivers got {sent / 2**20:.1f} MiB into their sockets in all")
+        return (f"huge answers: {count} deliveries (+1 warm-up) to a receiver streaming 1 TiB after a 200: RSS of "
+                f"the webhook worker {before / 1024:.0f} MB before, grown by {grown / 1024:.1f} MB; body bytes read "
+                f"per attempt {min(read)}..{max(read)}; the receiver got {sent / 2**20:.1f} MiB into its sockets")
     finally:
         receiver.stop()
         bench.procs.stop()
