@@ -6,6 +6,7 @@ reason, reads at most the body cap, and closes the connection (the receiver sees
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable
 
@@ -94,3 +95,29 @@ def test_a_zero_cap_reads_no_body(store: WebhookStore, make_receiver: Callable[.
     """The status decides: with REACTQ_WEBHOOK_MAX_RESPONSE_BYTES=0 a dripping 200 delivers at once."""
     quick = attempt(store, make_receiver(behaviour="drip", drip_s=0.1).url, WebhookHTTP(max_response_bytes=0))
     assert quick.state == DeliveryState.DELIVERED and quick.attempts[0].status_code == 200
+
+
+def test_a_slow_name_lookup_counts_against_the_deadline(
+        store: WebhookStore, make_receiver: Callable[..., Receiver]) -> None:
+    """A name server that takes longer than the deadline (the tenant may run it): the attempt ends at the
+    deadline as a timeout, and nothing is sent."""
+    receiver = make_receiver()
+    release = threading.Event()
+
+    def slow(host: str, port: int, **_: object) -> list:
+        release.wait(GENEROUS_S)  # a lookup that hangs until the test ends
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    delivery = store.create(Delivery(tenant="default", event=Event.RUN_FINISHED, subject_id="r1",
+                                     url=f"http://hooks.slow.invalid:{receiver.port}/hook", body="{}"))
+    try:
+        attempt_delivery(store, delivery.id, 1, WebhookHTTP(deadline_s=1), allow_private=True, retry_base_s=1,
+                         retry_max_s=1, retry_for_s=600, resolve=slow)
+    finally:
+        release.set()
+    done = store.load(delivery.id)
+    assert done is not None and done.state == DeliveryState.PENDING
+    [made] = done.attempts
+    assert made.kind == AttemptError.TIMEOUT
+    assert made.error == "hooks.slow.invalid did not resolve within the 1 s deadline"
+    assert receiver.calls == []

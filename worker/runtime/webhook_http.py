@@ -2,11 +2,12 @@
 
 A per-read timeout does not bound an attempt: a receiver that answers 200 and then sends a byte every few
 seconds (or trickles its headers, or reads the request slowly) would hold the delivering thread for hours.
-So every socket operation of an attempt (connect, TLS handshake, each write and each read) waits at most
-until one deadline fixed when the attempt starts: an httpcore network backend clamps each operation's
-timeout to the time left, and an operation starting past the deadline times out at once. The answer's
-body is read up to `max_response_bytes` (raw bytes, never decompressed), then the connection is closed:
-a receiver streaming gigabytes costs one read buffer. The status decides the attempt; the body is not kept.
+So every wait of an attempt (the name lookup, connect, TLS handshake, each write and each read) ends by
+one deadline fixed when the attempt starts: the lookup runs in a small pool and is waited for until then;
+an httpcore network backend clamps each socket operation's timeout to the time left, and an operation
+starting past the deadline times out at once. The answer's body is read up to `max_response_bytes`
+(raw bytes, never decompressed), then the connection is closed: a receiver streaming gigabytes costs one
+read buffer. The status decides the attempt; the body is not kept.
 
 httpcore is used directly (rather than through httpx) because it takes a network backend; no connection
 is kept alive (requests go to checked IP addresses, worker/runtime/webhooks.py: a pooled TLS connection,
@@ -18,6 +19,9 @@ from __future__ import annotations
 import ssl
 import time
 import typing
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
@@ -26,8 +30,26 @@ import httpcore
 import httpx
 
 from ..core.deliveries import AttemptError
+from ..errors import WebhookUnreachable
 
 WRITE_CHUNK = 16 * 1024  # a slow-reading receiver is checked against the deadline between pieces
+
+
+# Name lookups run here so that a slow name server costs an attempt no more than its deadline (a lookup
+# past it is left to finish on its own: the system resolver has timeouts of its own).
+_LOOKUPS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="reactq-webhook-dns")
+
+
+def within(resolve: Callable[..., list[typing.Any]], seconds: float) -> Callable[..., list[typing.Any]]:
+    """`resolve` (getaddrinfo's signature) answering within `seconds`, else a typed timeout."""
+    def bounded(host: str, port: int, **options: typing.Any) -> list[typing.Any]:
+        future = _LOOKUPS.submit(resolve, host, port, **options)
+        try:
+            return future.result(timeout=seconds)
+        except FutureTimeout:
+            raise WebhookUnreachable(AttemptError.TIMEOUT,
+                                     f"{host} did not resolve within the {seconds:g} s deadline") from None
+    return bounded
 
 
 @lru_cache(maxsize=1)
@@ -59,9 +81,9 @@ class Answer:
 
 
 class _Deadline:
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, start: float | None = None) -> None:
         self.seconds = seconds
-        self.at = time.monotonic() + seconds
+        self.at = (time.monotonic() if start is None else start) + seconds
 
     def left(self, timeout: float | None, late: type[Exception]) -> float:
         """The timeout to give the next socket operation; raises `late` once the deadline has passed."""
@@ -161,10 +183,12 @@ def _post_one(http: WebhookHTTP, deadline: _Deadline, url: str, address: str, bo
     return answer
 
 
-def post(http: WebhookHTTP, url: str, addresses: list[str], body: bytes, headers: dict[str, str]) -> Answer:
+def post(http: WebhookHTTP, url: str, addresses: list[str], body: bytes, headers: dict[str, str],
+         start: float | None = None) -> Answer:
     """POST to the first of the checked addresses that takes the connection, all within one deadline
-    (never raises: a failure is the Answer's `kind` and `error`)."""
-    deadline = _Deadline(http.deadline_s)
+    counted from `start` (time.monotonic(); default now). Never raises: a failure is the Answer's `kind`
+    and `error`."""
+    deadline = _Deadline(http.deadline_s, start)
     last: str | None = None
     for address in addresses:
         try:

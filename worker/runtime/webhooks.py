@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 from ..core.deliveries import Attempt, AttemptError, Delivery, DeliveryState, Event
 from ..errors import InvalidRequest, SignatureInvalid, WebhookUnreachable
 from ..store.webhooks import WebhookStore
-from .webhook_http import WebhookHTTP, pinned_url, post
+from .webhook_http import WebhookHTTP, pinned_url, post, within
 
 __all__ = ["Attempt", "AttemptError", "Delivery", "DeliveryState", "Event", "WebhookHTTP", "attempt_delivery",
            "backoff_s", "pinned_url", "queue_delivery", "resolve_target", "set_default_url", "sign", "validate_url",
@@ -177,12 +177,12 @@ def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, http: W
     delivery = store.load(delivery_id)
     if delivery is None or not delivery.awaits(number):
         return None  # expired, done, or a duplicate message of an attempt already made
-    started = time.time()
+    started, begun = time.time(), time.monotonic()
     parts = urlsplit(delivery.url)
     attempt = Attempt(at=started)
     try:
         addresses = resolve_target(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
-                                   allow_private, resolve)
+                                   allow_private, within(resolve, http.deadline_s))
         body = delivery.body.encode()
         timestamp = int(time.time())
         headers = {
@@ -193,7 +193,7 @@ def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, http: W
             TIMESTAMP_HEADER: str(timestamp),
             SIGNATURE_HEADER: sign(store.secret(delivery.tenant), body, timestamp),
         }
-        answer = post(http, delivery.url, addresses, body, headers)
+        answer = post(http, delivery.url, addresses, body, headers, start=begun)
         attempt.status_code, attempt.address, attempt.response_bytes = (answer.status_code, answer.address,
                                                                        answer.body_bytes)
         if answer.kind is not None:
