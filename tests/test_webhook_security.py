@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 
@@ -28,6 +27,7 @@ from worker.runtime.webhooks import (
     DeliveryState,
     Event,
     SignatureProblem,
+    WebhookHTTP,
     attempt_delivery,
     pinned_url,
     resolve_target,
@@ -132,12 +132,11 @@ def store(redis_url: str) -> WebhookStore:
 
 
 def deliver(store: WebhookStore, url: str, *, allow_private: bool, resolve: Callable[..., list[Any]] | None = None,
-            verify_tls: ssl.SSLContext | bool = True) -> Delivery:
+            verify_tls: ssl.SSLContext | None = None) -> Delivery:
     delivery = store.create(Delivery(tenant="default", event=Event.RUN_FINISHED, subject_id="r1", url=url,
                                      body=json.dumps({"run_id": "r1"})))
-    with httpx.Client(timeout=5, follow_redirects=False, verify=verify_tls) as client:
-        attempt_delivery(store, delivery.id, 1, client, allow_private=allow_private, retry_base_s=1, retry_max_s=1,
-                         retry_for_s=60, **({"resolve": resolve} if resolve else {}))
+    attempt_delivery(store, delivery.id, 1, WebhookHTTP(deadline_s=5, tls=verify_tls), allow_private=allow_private,
+                     retry_base_s=1, retry_max_s=1, retry_for_s=60, **({"resolve": resolve} if resolve else {}))
     done = store.load(delivery.id)
     assert done is not None
     return done

@@ -6,14 +6,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import signal
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
+from tests.fixtures_api import Api, make_key
 from tests.fixtures_cluster import Cluster
-from tests.fixtures_receiver import Receiver
+from tests.fixtures_receiver import HUGE_BODY, Receiver
 from tests.waiting import wait_for
 from worker.errors import InvalidRequest
 from worker.runtime.webhooks import backoff_s, validate_url, verify
@@ -156,3 +161,104 @@ def test_bad_webhook_urls_are_rejected_at_submission(cluster: Cluster, api_clien
     assert response.status_code == 422
     done = cluster.reactq("webhook", "set-default", "default", "file:///etc/passwd")
     assert done.returncode == 2 and "http or https" in done.stderr
+
+
+# --- hostile receivers against a real worker -----------------------------------------------------
+
+def webhook_workers_of(step_worker: subprocess.Popen[bytes]) -> list[int]:
+    """The pids of the webhook workers a step worker started beside itself (worker/cli/webhook_pool.py)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if ppid == step_worker.pid and b"webhooks" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def webhook_worker_of(step_worker: subprocess.Popen[bytes]) -> int:
+    return wait_for("the step worker's webhook worker", lambda: webhook_workers_of(step_worker), 60,
+                    until=lambda pids: len(pids) == 1)[0]
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.integration
+def test_webhooks_to_dripping_receivers_never_hold_up_another_tenants_runs(
+        cluster: Cluster, make_receiver: Callable[..., Receiver], api_server: Callable[..., Api]) -> None:
+    """30 runs of one tenant whose webhooks go to a receiver that answers 200 and then drips a byte a second,
+    with a deadline long enough that every such attempt is still open when the test ends; on a worker of 4
+    step threads another tenant's 5 plain runs still finish, and the webhook worker holds only its own 2."""
+    drip = make_receiver(behaviour="drip")
+    cluster.env.update({"REACTQ_WEBHOOK_ALLOW_PRIVATE": "1", "REACTQ_WEBHOOK_DEADLINE_S": "900",
+                        "REACTQ_WEBHOOK_CONCURRENCY": "2"})
+    cluster.start_worker(queues="steps,sandbox", concurrency=4)
+    keys = make_key(cluster, "default"), make_key(cluster, "acme")
+    api = api_server()
+    noisy, quiet = api.client(keys[0]), api.client(keys[1])
+    runs = [{"question": f"What is {i} + 1?", "webhook_url": drip.url} for i in range(30)]
+    assert noisy.post("/v1/batches", json={"runs": runs}).status_code == 201
+    drip.wait_for("two deliveries in flight", lambda calls: len(calls) >= 2)
+    plain = quiet.post("/v1/batches", json={"runs": [{"question": f"What is {i} * 3?"} for i in range(5)]})
+    assert plain.status_code == 201, plain.text
+    for run_id in plain.json()["run_ids"]:
+        assert cluster.wait_for_run(run_id)["status"] == "succeeded"
+    assert len(drip.calls) == 2 and not any(call.client_closed for call in drip.calls)  # still dripping
+
+
+@pytest.mark.integration
+def test_huge_answers_do_not_grow_the_webhook_worker(
+        cluster: Cluster, make_receiver: Callable[..., Receiver], api_client: httpx.Client) -> None:
+    """Receivers streaming a terabyte after their 200: each attempt reads the 64 KiB cap and closes, so the
+    receiver gets a few buffers' worth into the socket and the webhook worker's memory stays put."""
+    huge = make_receiver(behaviour="huge")
+    cluster.env.update({"REACTQ_WEBHOOK_ALLOW_PRIVATE": "1", "REACTQ_WEBHOOK_CONCURRENCY": "4"})
+    step_worker = cluster.start_worker(queues="steps,sandbox", concurrency=8)
+    pid = webhook_worker_of(step_worker)
+
+    def submit(count: int) -> None:
+        runs = [{"question": f"What is {i} + 2?", "webhook_url": huge.url} for i in range(count)]
+        assert api_client.post("/v1/batches", json={"runs": runs}).status_code == 201
+
+    submit(1)  # warms the webhook worker up (imports, connections)
+    wait_delivery(cluster, "delivered", 1)
+    before = rss_bytes(pid)
+    submit(12)
+    found = wait_delivery(cluster, "delivered", 13)
+    grown = rss_bytes(pid) - before
+    assert grown < 48 * 1024 * 1024, f"the webhook worker grew by {grown} bytes"
+    attempts = [a for d in found for a in d["attempts"]]
+    assert len(attempts) == 13 and all(64 * 1024 <= a["response_bytes"] <= 128 * 1024 for a in attempts)
+    calls = huge.wait_for("every connection closed", lambda c: len(c) == 13 and all(x.client_closed for x in c))
+    assert sum(call.sent for call in calls) < 13 * 64 * 1024 * 1024 < HUGE_BODY
+
+
+@pytest.mark.integration
+def test_the_webhook_worker_stops_with_its_step_worker(cluster: Cluster) -> None:
+    """SIGKILL of the step worker alone (not its process group): the webhook worker it started notices its
+    parent is gone and stops; with REACTQ_WEBHOOK_CONCURRENCY=0 a step worker starts none."""
+    step_worker = cluster.start_worker(queues="steps", concurrency=2)
+    pid = webhook_worker_of(step_worker)
+    os.kill(step_worker.pid, signal.SIGKILL)
+    step_worker.wait(10)
+    cluster.stopped.add(step_worker.pid)
+    wait_for("the orphaned webhook worker to stop", lambda: alive(pid), 60, until=lambda up: not up)
+
+    lone = cluster.start_worker(queues="steps", concurrency=2, REACTQ_WEBHOOK_CONCURRENCY="0")
+    assert webhook_workers_of(lone) == []  # it would have been started before the step worker consumed

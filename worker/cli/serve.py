@@ -14,14 +14,20 @@ from .base import _runtime, console
 
 
 @click.command()
-@click.option("--queues", default="steps,sandbox", show_default=True, help="steps, sandbox, or both")
-@click.option("--concurrency", "-c", type=int, default=None, help="threads (default: 200 for steps, cores for sandbox)")
+@click.option("--queues", default="steps,sandbox", show_default=True,
+              help="steps, sandbox, webhooks, or several (comma-separated); a step worker delivers webhooks "
+                   "from a small worker process of its own (REACTQ_WEBHOOK_CONCURRENCY threads)")
+@click.option("--concurrency", "-c", type=int, default=None,
+              help="threads (default: 200 for steps, REACTQ_WEBHOOK_CONCURRENCY for webhooks, cores for sandbox)")
 @click.option("--metrics-port", type=int, default=None, help="port of /metrics (0: none; default REACTQ_METRICS_PORT)")
 @click.option("--processes", "-p", type=int, default=1, show_default=True,
               help="worker processes to run (one Python process is GIL-bound: use about 2 per core for steps); "
                    "process i serves /metrics on metrics-port + i")
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker(queues: str, concurrency: int | None, metrics_port: int | None, processes: int, loglevel: str) -> None:
+@click.option("--parent-pid", type=int, default=None, hidden=True,
+              help="the webhook worker a step worker starts: stop when that process is gone")
+def worker(queues: str, concurrency: int | None, metrics_port: int | None, processes: int, loglevel: str,
+           parent_pid: int | None) -> None:
     """A Celery worker for the reactq queues (a threads pool: LLM calls and sandbox runs are waits)."""
     if processes > 1:
         from .local_stack import supervise_workers
@@ -31,6 +37,7 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
     from .. import logs
     from ..names import WEBHOOKS_QUEUE
     from ..runtime.metrics_server import start_metrics_server
+    from .webhook_pool import WebhookPool, exit_with_parent
 
     names = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE, "webhooks": WEBHOOKS_QUEUE}
     try:
@@ -38,10 +45,18 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
     except KeyError as exc:
         message = f"unknown queue {exc.args[0]!r}; use steps, sandbox, webhooks (comma-separated)"
         raise click.BadParameter(message, param_hint="--queues") from None
-    if STEPS_QUEUE in selected and WEBHOOKS_QUEUE not in selected:  # step workers deliver webhooks by default
-        selected.append(WEBHOOKS_QUEUE)
+    if parent_pid is not None:
+        exit_with_parent(parent_pid)
+    # Webhooks never take a thread of another queue's pool (worker/cli/webhook_pool.py): named with other
+    # queues, or left out of a step worker's (unless REACTQ_WEBHOOK_CONCURRENCY=0), they get a worker of their own.
+    webhook_threads = get_settings().webhook_concurrency
+    others = [q for q in selected if q != WEBHOOKS_QUEUE]
+    beside = bool(others) and (WEBHOOKS_QUEUE in selected or (STEPS_QUEUE in selected and webhook_threads > 0))
+    if beside:
+        selected = others
     if concurrency is None:
-        concurrency = 200 if STEPS_QUEUE in selected else (os.cpu_count() or 2)
+        concurrency = (200 if STEPS_QUEUE in selected else max(1, webhook_threads) if selected == [WEBHOOKS_QUEUE]
+                       else (os.cpu_count() or 2))
     os.environ["REACTQ_WORKER_QUEUES"] = ",".join(selected)
     logs.setup(loglevel)
     rt = _runtime(patient=True)
@@ -50,11 +65,16 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
         start_metrics_server(port, rt)
     from ..tasks.app import app
 
-    app.worker_main([
-        "worker", "-Q", ",".join(selected), "-P", "threads", "-c", str(concurrency),
-        "--loglevel", loglevel, "-n", f"reactq-{'-'.join(q.split('.')[-1] for q in selected)}-{os.getpid()}@%h",
-        "--without-gossip", "--without-mingle",
-    ])
+    pool = WebhookPool(max(1, webhook_threads), loglevel).start() if beside else None
+    try:
+        app.worker_main([
+            "worker", "-Q", ",".join(selected), "-P", "threads", "-c", str(concurrency),
+            "--loglevel", loglevel, "-n", f"reactq-{'-'.join(q.split('.')[-1] for q in selected)}-{os.getpid()}@%h",
+            "--without-gossip", "--without-mingle",
+        ])
+    finally:
+        if pool is not None:
+            pool.stop()
 
 
 @click.command()

@@ -42,6 +42,7 @@ class Attempt(BaseModel):
     kind: AttemptError | None = None  # the same, for programs
     address: str | None = None  # the IP address connected to (or refused)
     duration_ms: int = 0
+    response_bytes: int = 0  # bytes of the answer's body read (at most webhook_max_response_bytes and one read)
 
 
 class Delivery(BaseModel):

@@ -11,9 +11,11 @@ through the runs: a 100,000-run batch is not a multi-MB body). Headers: `X-React
 `X-Reactq-Timestamp` (unix seconds when this attempt was signed) and `X-Reactq-Signature: v1=<hex>`, the
 HMAC-SHA256 under the tenant's secret of `"{timestamp}.{raw body}"`. Receivers check both with `verify()`
 (stale after 300 s by default, so a captured request cannot be replayed later). A 2xx answer delivers it;
-anything else (redirects included: none is followed) is retried with backoff until `webhook_retry_for_s`
-after it was created. Every attempt is recorded with its status or a typed error (`AttemptError`); a
-failed webhook never touches the run.
+anything else (redirects included: none is followed), or no answer within the attempt's deadline, is
+retried with backoff until `webhook_retry_for_s` after it was created. An attempt costs at most
+`webhook_deadline_s` (connect, headers and body together) and reads at most `webhook_max_response_bytes`
+of the answer (worker/runtime/webhook_http.py). Every attempt is recorded with its status or a typed error
+(`AttemptError`); a failed webhook never touches the run.
 
 SSRF stance: only `http`/`https` URLs without credentials. Before every attempt the host is resolved once;
 the delivery is refused (not retried) if any address is not globally routable (loopback, private,
@@ -36,13 +38,16 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
-
-import httpx
+from urllib.parse import urlsplit
 
 from ..core.deliveries import Attempt, AttemptError, Delivery, DeliveryState, Event
 from ..errors import InvalidRequest, SignatureInvalid, WebhookUnreachable
 from ..store.webhooks import WebhookStore
+from .webhook_http import WebhookHTTP, pinned_url, post, within
+
+__all__ = ["Attempt", "AttemptError", "Delivery", "DeliveryState", "Event", "WebhookHTTP", "attempt_delivery",
+           "backoff_s", "pinned_url", "queue_delivery", "resolve_target", "set_default_url", "sign", "validate_url",
+           "verify"]
 
 MAX_URL_CHARS = 2000
 SIGNATURE_HEADER = "X-Reactq-Signature"
@@ -111,14 +116,6 @@ def resolve_target(host: str, port: int, allow_private: bool, resolve: Resolver 
     return addresses
 
 
-def pinned_url(url: str, address: str) -> str:
-    """`url` with its host replaced by `address` (the request's Host header and TLS name keep the host)."""
-    parts = urlsplit(url)
-    literal = f"[{address}]" if ":" in address else address
-    netloc = literal if parts.port is None else f"{literal}:{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-
-
 def sign(secret: str, body: bytes, timestamp: int) -> str:
     """The `X-Reactq-Signature` value: `v1=` and the hex HMAC-SHA256 of `"{timestamp}.{body}"`."""
     signed = str(timestamp).encode() + b"." + body
@@ -173,39 +170,19 @@ def queue_delivery(store: WebhookStore, tenant: str, event: Event, subject_id: s
     return delivery
 
 
-def _post(client: httpx.Client, url: str, addresses: list[str], body: bytes, headers: dict[str, str]
-          ) -> tuple[httpx.Response, str]:
-    """POST to the first of the checked addresses that takes the connection."""
-    host = urlsplit(url).hostname or ""
-    failure = WebhookUnreachable(AttemptError.CONNECTION_FAILED, "could not connect")
-    for address in addresses:
-        try:
-            response = client.post(pinned_url(url, address), content=body,
-                                   headers={**headers, "Host": urlsplit(url).netloc},
-                                   extensions={"sni_hostname": host})
-            return response, address
-        except httpx.TimeoutException:
-            raise WebhookUnreachable(AttemptError.TIMEOUT, "timed out", address) from None
-        except httpx.ConnectError:
-            failure = WebhookUnreachable(AttemptError.CONNECTION_FAILED, "could not connect", address)
-        except httpx.HTTPError:
-            raise WebhookUnreachable(AttemptError.PROTOCOL_ERROR, "the answer was not valid HTTP", address) from None
-    raise failure
-
-
-def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, client: httpx.Client, *,
+def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, http: WebhookHTTP, *,
                      allow_private: bool, retry_base_s: float, retry_max_s: float,
                      retry_for_s: float, resolve: Resolver = socket.getaddrinfo) -> float | None:
     """Make attempt `number`; returns the countdown to the next attempt, or None when there is none."""
     delivery = store.load(delivery_id)
     if delivery is None or not delivery.awaits(number):
         return None  # expired, done, or a duplicate message of an attempt already made
-    started = time.time()
+    started, begun = time.time(), time.monotonic()
     parts = urlsplit(delivery.url)
     attempt = Attempt(at=started)
     try:
         addresses = resolve_target(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
-                                   allow_private, resolve)
+                                   allow_private, within(resolve, http.deadline_s))
         body = delivery.body.encode()
         timestamp = int(time.time())
         headers = {
@@ -216,10 +193,13 @@ def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, client:
             TIMESTAMP_HEADER: str(timestamp),
             SIGNATURE_HEADER: sign(store.secret(delivery.tenant), body, timestamp),
         }
-        response, attempt.address = _post(client, delivery.url, addresses, body, headers)
-        attempt.status_code = response.status_code
-        if not 200 <= response.status_code < 300:
-            attempt.error, attempt.kind = f"HTTP {response.status_code}", AttemptError.HTTP_STATUS
+        answer = post(http, delivery.url, addresses, body, headers, start=begun)
+        attempt.status_code, attempt.address, attempt.response_bytes = (answer.status_code, answer.address,
+                                                                       answer.body_bytes)
+        if answer.kind is not None:
+            attempt.error, attempt.kind = answer.error, answer.kind
+        elif not 200 <= (answer.status_code or 0) < 300:
+            attempt.error, attempt.kind = f"HTTP {answer.status_code}", AttemptError.HTTP_STATUS
     except WebhookUnreachable as exc:
         attempt.error, attempt.kind, attempt.address = str(exc), AttemptError(exc.kind), exc.address
     attempt.duration_ms = int((time.time() - started) * 1000)
