@@ -8,7 +8,8 @@ import sys
 import click
 from rich.table import Table
 
-from .base import _runtime, console, out
+from .base import _runtime, error, out
+from .display import literal
 
 
 @click.group()
@@ -19,7 +20,7 @@ def webhook() -> None:
 def _tenant(name: str) -> str:
     rt = _runtime()
     if name not in rt.settings.tenants:
-        console.print(f"[red]error:[/red] unknown tenant {name!r}; known tenants: {', '.join(rt.settings.tenants)}")
+        error(f"unknown tenant {name!r}; known tenants: {', '.join(rt.settings.tenants)}")
         sys.exit(2)
     return name
 
@@ -39,11 +40,11 @@ def set_default(tenant: str, url: str | None, clear: bool) -> None:
     try:
         set_default_url(store, _tenant(tenant), None if clear else url)
     except InvalidRequest as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        error(exc)
         sys.exit(2)
     store.secret(tenant)  # exists from now on, so the receiver can be configured before the first call
-    out.print(f"{tenant}: default webhook {'cleared' if clear else url}; "
-              f"signing secret: `reactq webhook secret {tenant}`")
+    out.print(literal(f"{tenant}: default webhook {'cleared' if clear else url}; "
+                      f"signing secret: `reactq webhook secret {tenant}`"))
 
 
 @webhook.command()
@@ -69,8 +70,8 @@ def deliveries(tenant: str, limit: int, as_json: bool) -> None:
         table.add_column(column, overflow="fold")
     for d in found:
         last = d.attempts[-1] if d.attempts else None
-        table.add_row(d.id, d.event.value, d.subject_id, d.url, d.state.value, str(len(d.attempts)),
-                      "" if last is None else (last.error or str(last.status_code)))
+        table.add_row(*map(literal, (d.id, d.event.value, d.subject_id, d.url, d.state.value, len(d.attempts),
+                                     "" if last is None else (last.error or last.status_code))))
     out.print(table)
 
 
