@@ -5,27 +5,30 @@ answering 1 call in 25 with a 500 and 1 in 40 with a 429, three step workers and
 (real `python -m worker.cli worker` processes), and `reactq batch` of arithmetic questions (calculator)
 and a share of python questions (sandbox), each with one right answer. Meanwhile a random step worker is
 SIGKILLed and replaced every `kill_every_s`, and Redis is SIGKILLed and restarted at given shares of the
-results written. `reactq batch` is started again with the same `--out` whenever it exits before every
-line is written, as a user would.
+results written, its AOF first cut back by the last second of writes (what `everysec` may lose in a host
+crash; a SIGKILL alone loses nothing Redis acknowledged). `reactq batch` is started again with the same
+`--out` whenever it exits before every line is written, as a user would.
 
 Every run must end right: each question id has exactly one result line, `succeeded`, whose answer is the
 expected number. LLM calls are counted by a recorder in front of the stub (each completion request: the
 client port, when it started and ended, its status, a digest of its messages): calls answered 200 beyond
 the runs' steps are repeated calls, and a repeat (a 200 for messages already answered 200) is charged to
-the last fault before it, beside what that fault put at risk: the calls in flight on the killed worker
-(its TCP ports to the stub, read from /proc just before the kill) plus those it had answered in the second
-before (a step whose reply came but whose commit had not), or for Redis the same over every worker (AOF
-everysec may lose about a second of writes).
+the first fault after the call it repeats, beside what that fault put at risk: the calls in flight on the
+killed worker (its TCP ports to the stub, read from /proc just before the kill) plus those it had answered
+in the second before (a step whose reply came but whose commit had not), or for Redis the same over every
+worker (the writes of that second are the ones cut).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +42,7 @@ from tests.fixtures_sandbox import tier_toml
 from tests.fixtures_services import RedisServer
 
 COMPLETIONS = "/v1/chat/completions"
+AOF = "appendonly.aof"  # redis-server 6's one AOF file in its --dir (tests/fixtures_services.RedisServer)
 # The default tenant's tier (`standard`) with a quota the soak never reaches: the soak is about faults,
 # not the tenant's sandbox quota.
 SOAK_TIER = tier_toml("standard", (4, 100_000, 1_000_000.0), cpus=1.0, memory_mb=128, wall_time_s=10,
@@ -113,7 +117,8 @@ class Fault:
     in_flight: int  # LLM calls in flight on the victim (the killed worker; for Redis: every worker)
     answered_last_s: int = 0  # calls the victim had answered 200 in the second before the kill (its step
     # may not have committed yet; for Redis, its AOF may not have kept the commit)
-    repeats: int = 0  # calls answered 200 after this fault (before the next) for messages answered before
+    repeats: int = 0  # calls answered 200 again for messages first answered before this fault (and after
+    # the fault before it)
     detail: str = ""
 
 
@@ -127,6 +132,10 @@ class SoakConfig:
     kill_every_s: float = 15.0
     redis_kills_at: tuple[float, ...] = (0.3, 0.6)  # shares of the result lines written
     redis_down_s: float = 1.0
+    # A SIGKILL alone loses no acknowledged write (Redis writes the AOF before it replies; the page cache
+    # keeps it); everysec's loss is a host crash's: the AOF is cut back to its length this long before
+    # the kill (0: plain SIGKILL).
+    lose_last_s: float = 1.0
     latency_ms: float = 200.0
     latency_jitter_ms: float = 100.0
     error_rate_500: float = 1 / 25
@@ -154,6 +163,7 @@ class SoakReport:
     min_calls: int  # the runs' steps: one answered call each
     repeated_calls: int  # calls_answered - min_calls
     repeats_by_digest: int  # 200s for messages already answered 200
+    unexplained_repeats: int  # of those, repeats of calls that began after the last fault
     at_risk: int  # the faults' in-flight (and, for Redis, last-second) calls, summed
     logdir: str
     config: dict = field(default_factory=dict)
@@ -215,6 +225,7 @@ class Chaos:
         self.rng = random.Random(config.seed + 1)
         self.faults: list[Fault] = []
         self.errors: list[BaseException] = []
+        self._aof: deque[tuple[float, int, int]] = deque(maxlen=100)  # (time, inode, size) of the AOF
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="chaos", daemon=True)
 
@@ -235,6 +246,7 @@ class Chaos:
         redis_due = [share * self.config.runs for share in self.config.redis_kills_at]
         try:
             while not self._stop.wait(0.2):
+                self._sample_aof()
                 if redis_due and self._written() >= redis_due[0]:
                     redis_due.pop(0)
                     self.kill_redis()
@@ -253,13 +265,38 @@ class Chaos:
                                  self.log.answered_between(now - 1, now, ports), detail=f"pid {victim.pid}"))
         self.steppers.append(self.cluster.start_worker(queues="steps", concurrency=self.config.concurrency))
 
+    def _sample_aof(self) -> None:
+        try:
+            st = (self.redis.workdir / AOF).stat()
+        except FileNotFoundError:
+            return
+        self._aof.append((time.time(), st.st_ino, st.st_size))
+
+    def _lose_last_writes(self, killed_at: float) -> str:
+        """Cut the AOF back to its length `lose_last_s` before the kill, as a host crash under everysec
+        would; returns what was cut."""
+        if self.config.lose_last_s <= 0:
+            return "nothing cut"
+        path = self.redis.workdir / AOF
+        earlier = [(ino, size) for t, ino, size in self._aof if t <= killed_at - self.config.lose_last_s]
+        st = path.stat()
+        if not earlier or earlier[-1][0] != st.st_ino:
+            return "nothing cut (the AOF was rewritten meanwhile)"
+        cut = st.st_size - earlier[-1][1]
+        os.truncate(path, earlier[-1][1])
+        return f"{cut} AOF bytes cut"
+
     def kill_redis(self) -> None:
         assert self.redis.proc is not None
         now = time.time()
         self.redis.proc.send_signal(signal.SIGKILL)
         self.redis.proc.wait(10)
+        cut = self._lose_last_writes(now)
+        window = max(1.0, self.config.lose_last_s)
         self.faults.append(Fault("redis", round(now - self.started, 1), self.log.in_flight(now),
-                                 self.log.answered_between(now - 1, now), detail=f"{self._written()} lines written"))
+                                 self.log.answered_between(now - window, now),
+                                 detail=f"{self._written()} lines written, {cut}"))
+        self._aof.clear()
         time.sleep(self.config.redis_down_s)
         self.redis.start()  # same port, same data directory: what the AOF kept
 
@@ -278,18 +315,24 @@ def check_results(out: Path, expected: dict[str, str]) -> tuple[list[str], list[
     return lost, wrong, duplicates, sum(int(line.get("steps") or 0) for line in by_id.values())
 
 
-def charge_repeats(log: CallLog, faults: list[Fault], started: float) -> int:
-    """Charge each repeat (a 200 for messages already answered 200) to the last fault before it."""
-    answered: set[str] = set()
-    repeats = 0
+def charge_repeats(log: CallLog, faults: list[Fault], started: float) -> tuple[int, int]:
+    """Charge each repeat (a 200 for messages already answered 200) to the first fault after the call it
+    repeats began: the fault that lost that call's reply (a worker's in flight, Redis's last second), even
+    when the repeat comes later (a run stranded by lost writes waits for the reaper). Returns (repeats,
+    repeats of calls that began after the last fault: no fault explains them)."""
+    first: dict[str, Call] = {}
+    repeats = unexplained = 0
     for call in sorted((c for c in log.calls if c.status == 200), key=lambda c: c.start):
-        if call.digest in answered:
-            repeats += 1
-            before = [f for f in faults if f.at <= call.start - started]
-            if before:
-                before[-1].repeats += 1
-        answered.add(call.digest)
-    return repeats
+        if call.digest not in first:
+            first[call.digest] = call
+            continue
+        repeats += 1
+        after = [f for f in faults if f.at >= first[call.digest].start - started]
+        if after:
+            after[0].repeats += 1
+        else:
+            unexplained += 1
+    return repeats, unexplained
 
 
 def run_batch_until_done(cluster: Cluster, infile: Path, out: Path, expected: dict[str, str],
@@ -345,7 +388,7 @@ def soak(config: SoakConfig, workdir: Path, sandbox_image: str) -> SoakReport:
         seconds = time.time() - started
         lost, wrong, duplicates, steps = check_results(out, expected)
         answered = [c for c in log.calls if c.status == 200]
-        repeats = charge_repeats(log, chaos.faults, started)
+        repeats, unexplained = charge_repeats(log, chaos.faults, started)
         by_status: dict[str, int] = {}
         for c in log.calls:
             by_status[str(c.status)] = by_status.get(str(c.status), 0) + 1
@@ -353,7 +396,7 @@ def soak(config: SoakConfig, workdir: Path, sandbox_image: str) -> SoakReport:
             runs=config.runs, python_runs=len(python), seconds=round(seconds, 1), lost=lost, wrong=wrong,
             duplicate_lines=duplicates, invocations=invocations, faults=chaos.faults,
             calls_requested=len(log.calls), calls_answered=len(answered), by_status=by_status, min_calls=steps,
-            repeated_calls=len(answered) - steps, repeats_by_digest=repeats,
+            repeated_calls=len(answered) - steps, repeats_by_digest=repeats, unexplained_repeats=unexplained,
             at_risk=sum(f.in_flight + f.answered_last_s for f in chaos.faults), logdir=str(workdir),
             config=asdict(config))
     finally:
