@@ -1,19 +1,27 @@
 """A small chaos soak (tests/chaos.py; bench/chaos_soak.py runs thousands): a flaky provider, step workers
-SIGKILLed and replaced, Redis SIGKILLed and restarted twice, `reactq batch` resumed as a user would, and
-every run still ends with its right answer."""
+SIGKILLed and replaced, Redis SIGKILLed and restarted twice (its last second of writes lost), `reactq batch`
+resumed as a user would, and every run still ends with its right answer; and what the soak found."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+import redis
+from celery import Celery
 
 from tests.chaos import SoakConfig, soak
+from tests.harness import Harness, call, final
+from worker.core.outcome import Outcome
+from worker.names import SANDBOX_QUEUE, SANDBOX_TASK, queue_lists
+from worker.runtime.reaper import reap_once
+from worker.store import keys as worker_keys
 
-pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
-
+@pytest.mark.docker
+@pytest.mark.integration
 def test_chaos_soak_loses_no_run_and_answers_each_right(sandbox_image: str, tmp_path: Path) -> None:
     # slow calls and few threads, so that a few worker kills fall inside the batch even on a quiet machine
     config = SoakConfig(runs=200, concurrency=4, latency_ms=500, latency_jitter_ms=200, kill_every_s=8.0)
@@ -26,3 +34,35 @@ def test_chaos_soak_loses_no_run_and_answers_each_right(sandbox_image: str, tmp_
     assert report.lost == [], (report.lost[:20], report.invocations)
     assert report.wrong == [], report.wrong[:5]
     assert report.duplicate_lines == 0
+
+
+def test_a_sandbox_call_lost_with_redis_writes_is_sent_again_without_waiting_out_the_redispatch_time(
+        harness: Harness, redis_url: str) -> None:
+    """Found by the soak: Redis that lost its last second of writes had lost a python call's result, its
+    ack and the next step's message; the run (waiting on the sandbox, its dispatch mark still set) sat
+    until REACTQ_SANDBOX_REDISPATCH_AFTER_S (300 s). Now the reaper sends the call again once no message
+    for it is queued or held in two passes in a row, as it does for a lost step message."""
+    harness.llm.script(call("python", {"code": "print(6*7)"}), final("42"))
+    run_id = harness.submit("Use python to compute 6 * 7", tier="pro", tenant="acme")
+    assert harness.drain() == [Outcome.WAITING]
+    [sent] = harness.dispatch.sandbox
+    client = redis.Redis.from_url(redis_url)
+    producer = Celery("chaos-soak-test", broker=redis_url)
+    producer.send_task(SANDBOX_TASK, args=[sent], queue=SANDBOX_QUEUE)  # the real message, as the runner sends it
+    later = time.time() + harness.rt.settings.stale_after_s + 1  # well before the redispatch time
+
+    def reap() -> list[str]:
+        client.delete(worker_keys.REAPER_LOCK)
+        return reap_once(harness.rt, harness.dispatch.as_dispatcher(), now=later)
+
+    try:
+        assert reap() == [] and reap() == [] and reap() == []  # its message waits in the queue: left alone
+        client.delete(*queue_lists(SANDBOX_QUEUE))  # lost with the last second of writes
+        assert reap() == []  # the first miss only makes it a suspect
+        assert reap() == [run_id]
+        assert not client.exists(worker_keys.sandbox_dispatch(run_id, 0, "c1"))
+        assert harness.drain() == [Outcome.WAITING]  # the re-run step sends the call again
+        assert len(harness.dispatch.sandbox) == 2 and harness.dispatch.sandbox[1]["result_key"] == sent["result_key"]
+    finally:
+        producer.close()
+        client.close()
