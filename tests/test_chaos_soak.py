@@ -5,6 +5,9 @@ resumed as a user would, and every run still ends with its right answer; and wha
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import redis
 from celery import Celery
 
 from tests.chaos import SoakConfig, soak
+from tests.fixtures_cluster import ROOT
 from tests.harness import Harness, call, final
 from worker.core.outcome import Outcome
 from worker.names import SANDBOX_QUEUE, SANDBOX_TASK, queue_lists
@@ -66,3 +70,23 @@ def test_a_sandbox_call_lost_with_redis_writes_is_sent_again_without_waiting_out
     finally:
         producer.close()
         client.close()
+
+
+WARMED = """
+from celery import signals
+from worker.tasks import steps
+app = steps.app
+signals.worker_init.send(sender=None)
+assert app._pool is not None and app.amqp._producer_pool is not None, "no pool made at worker_init"
+print(app.pool.limit, app.amqp.producer_pool.limit)
+"""
+
+
+def test_a_worker_makes_its_broker_pools_before_its_first_tasks(redis_url: str) -> None:
+    """Found by the soak: a fresh worker taking a backlog made Celery's pools lazily from several threads at
+    once, and one step failed with "Can't shrink pool when in use: was=512 now=10". The pools are made
+    at worker_init, in one thread, at the configured size."""
+    done = subprocess.run([sys.executable, "-c", WARMED], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "REACTQ_REDIS_URL": redis_url, "REACTQ_REDIS_MAX_CONNECTIONS": "64"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["64", "64"]
