@@ -13,7 +13,8 @@ cut back by the writes of the last second first (what appendfsync everysec may l
 Prints the report as JSON (and writes it to --out): lost and wrong runs (both must be 0), each `reactq
 batch` invocation, each fault with the LLM calls it put at risk (in flight on the killed worker; for
 Redis, in flight plus answered in the second before the kill) and the repeated calls after it, and the
-calls answered against the minimum (one per step). Exit status 1 if a run was lost or wrong.
+calls answered against the minimum (one per step), the reaper's re-kicks by action and the tasks that
+raised (from the workers' logs). Exit status 1 if a run was lost or wrong.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def main() -> int:
           f"{len(report.invocations)} batch invocation(s); {report.calls_answered} calls answered for "
           f"{report.min_calls} steps: {report.repeated_calls} repeated against {report.at_risk} at risk "
           f"({report.unexplained_repeats} after the last fault)")
+    print(f"reaper re-kicks by action: {report.reaper_actions}; tasks that raised: {len(report.task_errors)}")
+    for error in report.task_errors[:5]:
+        print(f"  {error}")
     print(f"logs: {workdir}")
     return 0 if ok else 1
 

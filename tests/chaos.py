@@ -165,6 +165,8 @@ class SoakReport:
     repeats_by_digest: int  # 200s for messages already answered 200
     unexplained_repeats: int  # of those, repeats of calls that began after the last fault
     at_risk: int  # the faults' in-flight (and, for Redis, last-second) calls, summed
+    reaper_actions: dict[str, int]  # re-kicks by action, from the workers' logs
+    task_errors: list[str]  # tasks that raised (Celery's "raised unexpected" lines), from the same logs
     logdir: str
     config: dict = field(default_factory=dict)
 
@@ -315,6 +317,26 @@ def check_results(out: Path, expected: dict[str, str]) -> tuple[list[str], list[
     return lost, wrong, duplicates, sum(int(line.get("steps") or 0) for line in by_id.values())
 
 
+def worker_log_findings(workdir: Path) -> tuple[dict[str, int], list[str]]:
+    """The reaper's re-kicks by action, and the tasks that raised, across every worker's log."""
+    actions: dict[str, int] = {}
+    errors: list[str] = []
+    for path in sorted(workdir.glob("worker-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            msg = str(entry.get("msg", ""))
+            if msg == "re-kicking stranded run":
+                actions[entry.get("action", "?")] = actions.get(entry.get("action", "?"), 0) + 1
+            elif "raised unexpected" in msg:
+                errors.append(f"{path.name}: {msg[:300]}")
+    return actions, errors
+
+
 def charge_repeats(log: CallLog, faults: list[Fault], started: float) -> tuple[int, int]:
     """Charge each repeat (a 200 for messages already answered 200) to the first fault after the call it
     repeats began: the fault that lost that call's reply (a worker's in flight, Redis's last second), even
@@ -389,6 +411,7 @@ def soak(config: SoakConfig, workdir: Path, sandbox_image: str) -> SoakReport:
         lost, wrong, duplicates, steps = check_results(out, expected)
         answered = [c for c in log.calls if c.status == 200]
         repeats, unexplained = charge_repeats(log, chaos.faults, started)
+        actions, task_errors = worker_log_findings(workdir)
         by_status: dict[str, int] = {}
         for c in log.calls:
             by_status[str(c.status)] = by_status.get(str(c.status), 0) + 1
@@ -397,8 +420,8 @@ def soak(config: SoakConfig, workdir: Path, sandbox_image: str) -> SoakReport:
             duplicate_lines=duplicates, invocations=invocations, faults=chaos.faults,
             calls_requested=len(log.calls), calls_answered=len(answered), by_status=by_status, min_calls=steps,
             repeated_calls=len(answered) - steps, repeats_by_digest=repeats, unexplained_repeats=unexplained,
-            at_risk=sum(f.in_flight + f.answered_last_s for f in chaos.faults), logdir=str(workdir),
-            config=asdict(config))
+            at_risk=sum(f.in_flight + f.answered_last_s for f in chaos.faults), reaper_actions=actions,
+            task_errors=task_errors, logdir=str(workdir), config=asdict(config))
     finally:
         cluster.stop()
         redis_server.stop()
