@@ -59,7 +59,7 @@ class Cluster:
             beats = [client.zcount(k, time.time() - 30, "+inf") for k in wanted]
             if not all(beats):
                 for started in self.procs:
-                    if started.poll() is not None:
+                    if started.poll() is not None and started.pid not in self.stopped:
                         raise RuntimeError(f"worker exited with {started.returncode}; logs in {self.logdir}")
             return beats
 

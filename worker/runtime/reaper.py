@@ -18,11 +18,14 @@ backlog of thousands waits:
   when such a candidate exists and only while the queue holds at most `REACTQ_REAPER_SCAN_LIMIT`
   messages; beyond that ...
 - `long_stale`: ... a run idle for longer than the broker's visibility timeout is re-kicked anyway.
-- `sandbox_lost`: a run `waiting_on=sandbox` idle for longer than `REACTQ_SANDBOX_REDISPATCH_AFTER_S`
-  whose step's pending marker (`keys.sandbox_pending`, kept alive by a sandbox task while its call waits
-  in line for a slot or runs) has expired: no task will write the result, so its re-run step sends the
-  sandboxed call again (the dispatch marker has expired) or uses the result stored meanwhile. A call
-  legitimately waiting in line, however long, is left alone: its task ends it with a result.
+- `sandbox_lost`: a run `waiting_on=sandbox` whose step's pending marker (`keys.sandbox_pending`, kept
+  alive by a sandbox task while its call waits in line for a slot or runs) has expired, idle for longer
+  than `REACTQ_SANDBOX_REDISPATCH_AFTER_S`, or for longer than `REACTQ_STALE_AFTER_S` with no message for
+  it in the sandbox queue or held unacked in two passes in a row (as for `lost_message`; Redis that lost
+  its last second of writes can lose the message, the result and the next step's message): no task will
+  write the result, so the step's dispatch marks are dropped and its re-run sends the sandboxed call
+  again, or uses the result stored meanwhile. A call legitimately waiting in line, however long, is left
+  alone: its task ends it with a result.
 - `sandbox_deadline`: the same, but the run's deadline has passed: the run ends (`timeout`, with the
   reason that its deadline passed while it waited for a sandbox result) instead of sending the call again.
 - `sandbox_unavailable`: a run `waiting_on=sandbox` whose pending marker has expired, idle for
@@ -74,18 +77,22 @@ class ReaperAction(StrEnum):
 
 
 def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: float, rt: Runtime,
-            queued: Callable[[], set[str] | None]) -> ReaperAction | None:
+            queued: Callable[[], set[str] | None],
+            sandbox_queued: Callable[[], set[str] | None]) -> ReaperAction | None:
     s = rt.settings
     idle = now - progress_at
     if run.waiting_on == "sandbox":
-        if rt.store.sandbox_pending(run.id, run.current_step):
+        if idle <= s.stale_after_s or rt.store.sandbox_pending(run.id, run.current_step):
             return None
         past_deadline = run.deadline_at is not None and now >= run.deadline_at
         if not past_deadline and idle > s.sandbox_unavailable_s and rt.cluster.live_workers(
                 SANDBOX_QUEUE, within_s=s.sandbox_unavailable_s) == 0:  # no sandbox worker could take it
             return ReaperAction.SANDBOX_UNAVAILABLE
-        if idle <= s.sandbox_redispatch_after_s:
-            return None
+        if idle <= s.sandbox_redispatch_after_s:  # sooner when no sandbox message for it is left anywhere
+            waiting = sandbox_queued()
+            if waiting is None or run.id in waiting or not rt.cluster.suspect_again(
+                    run.id, run.current_step, ttl_s=int(4 * s.reaper_interval_s) + 5):
+                return None
         if past_deadline:
             return ReaperAction.SANDBOX_DEADLINE
         return ReaperAction.SANDBOX_LOST
@@ -116,13 +123,19 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
         return []
     ids = [run_id for run_id, _ in candidates]
     runs, taken, leased = rt.store.load_runs(ids), rt.cluster.taken_marks(ids), rt.cluster.leases_held(ids)
-    scanned: list[set[str] | None] = []
+    scanned: dict[str, set[str] | None] = {}
 
     def queued() -> set[str] | None:  # one scan per pass, and only if some run needs it
-        if not scanned:
-            scanned.append(rt.cluster.queued_step_runs(queue_lists(STEPS_QUEUE), s.reaper_scan_limit,
-                                                      lost_before=now - s.stale_after_s))
-        return scanned[0]
+        if STEPS_QUEUE not in scanned:
+            scanned[STEPS_QUEUE] = rt.cluster.queued_step_runs(queue_lists(STEPS_QUEUE), s.reaper_scan_limit,
+                                                               lost_before=now - s.stale_after_s)
+        return scanned[STEPS_QUEUE]
+
+    def sandbox_queued() -> set[str] | None:
+        if SANDBOX_QUEUE not in scanned:
+            scanned[SANDBOX_QUEUE] = rt.cluster.queued_sandbox_runs(
+                queue_lists(SANDBOX_QUEUE), s.reaper_scan_limit, lost_before=now - s.stale_after_s)
+        return scanned[SANDBOX_QUEUE]
 
     kicked = []
     for (run_id, progress_at), run, mark, held in zip(candidates, runs, taken, leased, strict=True):
@@ -136,7 +149,7 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
             continue
         if held:
             continue
-        action = _decide(run, progress_at, mark, now, rt, queued)
+        action = _decide(run, progress_at, mark, now, rt, queued, sandbox_queued)
         if action is None:
             continue
         if action in (ReaperAction.SANDBOX_DEADLINE, ReaperAction.SANDBOX_UNAVAILABLE):
@@ -150,6 +163,8 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
             continue
         log.warning("re-kicking stranded run", extra={"run_id": run.id, "step": run.current_step,
                                                       "action": action.value})
+        if action is ReaperAction.SANDBOX_LOST and (reply := rt.store.get_reply(run.id, run.current_step)):
+            rt.cluster.release_dispatch(run.id, run.current_step, [call.id for call in reply.tool_calls])
         rt.cluster.touch_active(run.id)
         dispatch.next_step(run.id, run.current_step)
         metrics.REAPER_ACTIONS.labels(action).inc()

@@ -4,8 +4,11 @@ messages. The reaper and `reactq demo` reach Redis only through here."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import time
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 import redis
@@ -16,6 +19,8 @@ from . import keys
 # A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
 _STEP_ARGS = re.compile(rb'"argsrepr": "\[\'([0-9a-f]{32})\', \d+\]"')
 _ETA = re.compile(rb'"eta": "([^"]+)"')
+# A sandbox message's run id, from the result key in its body (its argsrepr may be cut short by long code).
+_SANDBOX_RUN = re.compile(rb"reactq:run:([0-9a-f]{32}):sandbox:")
 
 
 class ClusterStore:
@@ -76,6 +81,17 @@ class ClusterStore:
         taking one (a Redis restart) never gets it; kombu would restore it only after its visibility
         timeout. The reaper re-kicks such a run instead (a duplicate of a message that did exist costs
         one fenced task)."""
+        return self._queued_runs(lists, scan_limit, lost_before, _step_runs)
+
+    def queued_sandbox_runs(self, lists: list[str], scan_limit: int, lost_before: float) -> set[str] | None:
+        """The same for sandbox messages (their run id is in the body's result key: the argsrepr may be cut
+        short by long code). A sandbox task marks its call pending as it starts, so a message taken before
+        `lost_before` and never started is not held either: with Redis's writes of its last second lost,
+        the `unacked` hash can even hold again a message whose task has run (its ack was lost)."""
+        return self._queued_runs(lists, scan_limit, lost_before, _sandbox_runs)
+
+    def _queued_runs(self, lists: list[str], scan_limit: int, lost_before: float,
+                     runs_in: Callable[[list[bytes]], Iterable[str]]) -> set[str] | None:
         pipe = self.r.pipeline(transaction=False)
         for name in lists:
             pipe.llen(name)
@@ -86,14 +102,19 @@ class ClusterStore:
         for name in lists:
             for start in range(0, scan_limit, 1000):
                 chunk = self.r.lrange(name, start, start + 999)
-                found.update(m.decode() for m in _STEP_ARGS.findall(b"\n".join(chunk)))
+                found.update(runs_in(chunk))
                 if len(chunk) < 1000:
                     break
         taken_at = dict(self.r.zrange(keys.CELERY_UNACKED_INDEX, 0, -1, withscores=True))
         for tag, raw in self.r.hscan_iter(keys.CELERY_UNACKED, count=1000):
             if _still_held(raw, taken_at.get(tag), lost_before):
-                found.update(m.decode() for m in _STEP_ARGS.findall(raw))
+                found.update(runs_in([raw]))
         return found
+
+    def release_dispatch(self, run_id: str, step: int, call_ids: list[str]) -> None:
+        """Forget that the step's sandboxed calls were sent, so that its re-run sends them again."""
+        if call_ids:
+            self.r.delete(*(keys.sandbox_dispatch(run_id, step, call_id) for call_id in call_ids))
 
     def suspect_again(self, run_id: str, step: int, ttl_s: int) -> bool:
         """Record that the reaper found no message for this step; True if it had already found none."""
@@ -124,3 +145,27 @@ def _still_held(raw: bytes, taken_at: float | None, lost_before: float) -> bool:
         return datetime.fromisoformat(eta.group(1).decode()).timestamp() >= lost_before
     except ValueError:
         return True  # an ETA we cannot read: leave the message to the broker
+
+
+def _step_runs(raws: list[bytes]) -> list[str]:
+    return [m.decode() for m in _STEP_ARGS.findall(b"\n".join(raws))]
+
+
+def _sandbox_runs(raws: list[bytes]) -> list[str]:
+    return [run_id for run_id in map(_sandbox_run, raws) if run_id]
+
+
+def _sandbox_run(raw: bytes) -> str:
+    """The run id in a raw message's (base64) body, or "": a queued message is kombu's JSON envelope, an
+    unacked one the list [envelope, exchange, routing key]."""
+    try:
+        message = json.loads(raw)
+        if isinstance(message, list):
+            message = message[0]
+        body = message["body"]
+        if (message.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        found = _SANDBOX_RUN.search(body if isinstance(body, bytes) else str(body).encode())
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return ""
+    return found.group(1).decode() if found else ""

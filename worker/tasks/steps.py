@@ -94,6 +94,17 @@ def step(self: Any, run_id: str, index: int) -> str:
     return result.outcome.value
 
 
+@signals.worker_init.connect
+def _make_broker_pools(sender: Any = None, **_: Any) -> None:
+    """Create Celery's connection and producer pools now, in one thread, before any task runs. Made lazily,
+    by the first tasks of a fresh worker at once (one taking a backlog), they race: one thread sets
+    kombu's global limit and resizes the pools while another sizes the producer pool in use from a pool
+    not resized yet ("RuntimeError: Can't shrink pool when in use: was=512 now=10", seen in the chaos
+    soak; the step failed and the reaper re-kicked its run)."""
+    app.pool  # noqa: B018 - the properties create the pools
+    app.amqp.producer_pool  # noqa: B018
+
+
 @signals.worker_ready.connect
 def _start_background(sender: Any = None, **_: Any) -> None:
     from ..runtime.reaper import start_reaper
