@@ -11,6 +11,9 @@ from worker.tools import tool
 
 TIMEOUT_S = float(os.environ.get("REACTQ_TEST_TOOL_TIMEOUT_S", "30"))
 
-tool("spin", body.Input, "Counts very far (CPU-bound).", isolation="process", timeout_s=TIMEOUT_S)(body.spin)
+# bench/tool_isolation.py --gil-thread: spin on a thread, to show what the process pool buys
+SPIN_ISOLATION = "thread" if os.environ.get("REACTQ_TEST_SPIN_IN_THREAD") else "process"
+
+tool("spin", body.Input, "Counts very far (CPU-bound).", isolation=SPIN_ISOLATION, timeout_s=TIMEOUT_S)(body.spin)
 tool("hang", body.Input, "Asks a service that never answers.", timeout_s=TIMEOUT_S)(body.hang)
 tool("crunch", body.Input, "Echoes its input from a process.", isolation="process")(body.echo)

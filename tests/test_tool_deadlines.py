@@ -99,6 +99,26 @@ def test_a_process_tool_past_its_deadline_is_killed_and_replaced(executor: ToolE
     assert executor.stuck_threads() == 0
 
 
+def test_one_tenant_holds_at_most_its_share_of_the_tool_processes() -> None:
+    """With 2 processes and 1 per tenant, acme's spinning call leaves the other process to tenant b; acme's
+    next call is refused at once."""
+    ex = ToolExecutor(processes=2, processes_per_tenant=1, preload=("worker.tools", "tests.tool_bodies"))
+    try:
+        spinning: list = []
+        spin = make("spin", body.spin, isolation="process", timeout_s=3)
+        worker = threading.Thread(target=lambda: spinning.append(ex.call(spin, ARGS, "acme")))
+        worker.start()
+        wait_for("acme's call to hold a process", lambda: ex.process_calls("acme"), 30)
+        refused = ex.call(make("echo", body.echo, isolation="process", timeout_s=60), ARGS, "acme")
+        assert (refused.error_type, refused.content) == (
+            "busy", "Error: echo is busy with 1 earlier call(s) of yours; try again when they have answered.")
+        assert ex.call(make("echo", body.echo, isolation="process", timeout_s=60), ARGS, "b").content == "echo x"
+        worker.join(60)
+        assert [c.outcome for c in spinning] == ["timeout"] and ex.process_calls("acme") == 0
+    finally:
+        ex.close()
+
+
 def test_errors_and_crashes_of_process_tools(executor: ToolExecutor) -> None:
     failed = executor.call(make("fail", body.fail, isolation="process", timeout_s=60), ARGS, "acme")
     assert (failed.content, failed.error_type) == ("Error: nothing known about 'x'", "not_found")

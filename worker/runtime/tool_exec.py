@@ -10,8 +10,10 @@ own thread unbounded:
 - `isolation="process"` (CPU-bound tools): the call runs in one of REACTQ_TOOL_PROCESSES processes beside
   the worker (forkserver children, so never a fork of the threaded worker). A call past its deadline has
   its process SIGKILLed; the next call starts a fresh one. A call waits for a free process within its own
-  deadline. Each child also caps its own CPU time per call (RLIMIT_CPU), so a child whose worker was
-  SIGKILLed mid-call dies on its own.
+  deadline; one tenant holds at most REACTQ_TOOL_PROCESSES_PER_TENANT of them at once (further calls are
+  refused, "busy"), so others keep a process. The processes run at nice 10, so a spinning call yields
+  the CPU to the worker's own threads, and each caps its CPU time per call (RLIMIT_CPU), so one whose
+  worker was SIGKILLed mid-call dies on its own.
 Either way the step gets a `Called` result: ok, error (a ToolError's message, or the class name of an
 unexpected exception) or timeout, and the run goes on with its next step.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import os
 import resource
 import signal
 import threading
@@ -66,15 +69,17 @@ def _guarded(func: Callable[[Any], str], name: str, args: BaseModel) -> Called:
 
 
 class ToolExecutor:
-    def __init__(self, *, timeout_s: float = 30.0, processes: int = 2, stuck_max: int = 64,
-                 stuck_per_tenant: int = 4, preload: tuple[str, ...] = ("worker.tools",)) -> None:
+    def __init__(self, *, timeout_s: float = 30.0, processes: int = 2, processes_per_tenant: int = 1,
+                 stuck_max: int = 64, stuck_per_tenant: int = 4,
+                 preload: tuple[str, ...] = ("worker.tools",)) -> None:
         self.timeout_s = timeout_s
         self._threads = _Threads(stuck_max, stuck_per_tenant)
-        self._processes = _Processes(processes, preload)
+        self._processes = _Processes(processes, processes_per_tenant, preload)
 
     @classmethod
     def from_settings(cls, s: Settings) -> ToolExecutor:
-        return cls(timeout_s=s.tool_timeout_s, processes=s.tool_processes, stuck_max=s.tool_stuck_threads_max,
+        return cls(timeout_s=s.tool_timeout_s, processes=s.tool_processes,
+                   processes_per_tenant=s.tool_processes_per_tenant, stuck_max=s.tool_stuck_threads_max,
                    stuck_per_tenant=s.tool_stuck_threads_per_tenant,
                    preload=("worker.tools", *s.tool_modules))
 
@@ -83,11 +88,15 @@ class ToolExecutor:
             return Called(f"Error: {tool.name} cannot run inline", "error", "not_inline")
         timeout_s = tool.timeout_s or self.timeout_s
         if tool.isolation == "process":
-            return self._processes.call(tool, args, timeout_s)
+            return self._processes.call(tool, args, timeout_s, tenant)
         return self._threads.call(tool, args, timeout_s, tenant)
 
     def stuck_threads(self) -> int:
         return self._threads.total
+
+    def process_calls(self, tenant: str) -> int:
+        """The tenant's calls waiting for or holding a tool process."""
+        return self._processes.calls(tenant)
 
     def close(self) -> None:
         self._processes.close()
@@ -161,14 +170,34 @@ class _Child:
 
 
 class _Processes:
-    def __init__(self, size: int, preload: tuple[str, ...]) -> None:
+    def __init__(self, size: int, per_tenant: int, preload: tuple[str, ...]) -> None:
         self._ctx: Any = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(list(preload))
         self._free = threading.BoundedSemaphore(size)
+        self.per_tenant = per_tenant
         self._lock = threading.Lock()
         self._idle: list[_Child] = []
+        self._calls: Counter[str] = Counter()  # tenant -> its calls waiting for or holding a process
 
-    def call(self, tool: Tool, args: BaseModel, timeout_s: float) -> Called:
+    def call(self, tool: Tool, args: BaseModel, timeout_s: float, tenant: str) -> Called:
+        with self._lock:
+            if self._calls[tenant] >= self.per_tenant:
+                return Called(f"Error: {tool.name} is busy with {self._calls[tenant]} earlier call(s) of yours; "
+                              "try again when they have answered.", "error", "busy")
+            self._calls[tenant] += 1
+        try:
+            return self._call(tool, args, timeout_s)
+        finally:
+            with self._lock:
+                self._calls[tenant] -= 1
+                if not self._calls[tenant]:
+                    del self._calls[tenant]
+
+    def calls(self, tenant: str) -> int:
+        with self._lock:
+            return self._calls[tenant]
+
+    def _call(self, tool: Tool, args: BaseModel, timeout_s: float) -> Called:
         deadline = time.monotonic() + timeout_s
         if not self._free.acquire(timeout=timeout_s):  # every process busy for the whole deadline
             return timed_out(tool.name, timeout_s)
@@ -216,6 +245,7 @@ def _serve(conn: Connection) -> None:
     process may use is capped at what it has used plus the call's deadline (and a second): past it the
     kernel ends the process even if no worker is left to kill it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.nice(10)
     while True:
         try:
             func, name, args, timeout_s = conn.recv()
@@ -235,8 +265,8 @@ _shared: dict[tuple[Any, ...], ToolExecutor] = {}
 def shared_executor(s: Settings) -> ToolExecutor:
     """The process's executor for these settings (one in a worker: stuck-thread counts and the process
     pool are per process, whatever the number of runtimes in it)."""
-    key = (s.tool_timeout_s, s.tool_processes, s.tool_stuck_threads_max, s.tool_stuck_threads_per_tenant,
-           tuple(s.tool_modules))
+    key = (s.tool_timeout_s, s.tool_processes, s.tool_processes_per_tenant, s.tool_stuck_threads_max,
+           s.tool_stuck_threads_per_tenant, tuple(s.tool_modules))
     with _lock:
         if key not in _shared:
             _shared[key] = ToolExecutor.from_settings(s)
