@@ -9,17 +9,21 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from tests import tool_bodies as body
 from tests.fixtures_cluster import Cluster
+from tests.harness import call, final
 from tests.waiting import wait_for
-from worker.core.models import Observation
+from worker import metrics
+from worker.core.models import Observation, RunStatus
+from worker.core.outcome import Outcome
 from worker.runtime.tool_exec import ToolExecutor
 from worker.store.runs import RunStore
-from worker.tools import Tool
+from worker.tools import REGISTRY, Tool, ToolRegistry
 
 
 def make(name: str, func, **fields) -> Tool:
@@ -79,7 +83,9 @@ def test_stuck_threads_are_capped_per_tenant_and_per_process(executor: ToolExecu
     assert (refused.outcome, refused.error_type) == ("error", "busy")
     assert refused.content.startswith("Error: stuck is not answering (2 earlier call(s) still running")
     assert executor.call(stuck, ARGS, "other").outcome == "timeout"  # another tenant has its own count ...
-    assert executor.call(stuck, ARGS, "third").error_type == "busy"  # ... under the process's cap of 3
+    full = executor.call(stuck, ARGS, "third")  # ... under the process's cap of 3
+    assert (full.error_type, full.content) == ("busy", "Error: stuck cannot run now (this worker has 3 calls "
+                                                       "still running past their deadline); try again later.")
     assert executor.stuck_threads() == 3
     gate.set()
     wait_for("the stuck threads to end", executor.stuck_threads, 30, until=lambda n: n == 0)
@@ -140,6 +146,28 @@ def test_tool_fields_are_checked() -> None:
         make("t", body.echo, isolation="fork")
     with pytest.raises(ValueError, match="timeout_s must be above 0"):
         make("t", body.echo, timeout_s=0)
+
+
+# --- the step path (in process): a timed-out call is an observation, counted, and the run goes on ------
+
+def test_a_call_past_its_deadline_becomes_a_timeout_observation_and_the_run_goes_on(make_harness: Any) -> None:
+    harness = make_harness()
+    tools = ToolRegistry()
+    for t in REGISTRY.all():
+        tools.register(t)
+    tools.register(make("hang", lambda a: threading.Event().wait() or "never", timeout_s=0.3))
+    harness.rt.tools = tools  # this runtime's registry (REGISTRY itself is left as it is)
+    before = (metrics.TOOL_FAILURES.labels("hang", "timeout")._value.get(),
+              metrics.TOOL_CALLS.labels("hang", "timeout")._value.get())
+    harness.llm.script(call("hang", {"input": "x"}), final("The service did not answer."))
+    run_id = harness.submit("Ask the service")
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    [obs] = harness.steps(run_id)[0].observations
+    assert (obs.outcome, obs.content) == ("timeout", "Error: hang took longer than 0.3 s and was stopped.")
+    assert harness.run(run_id).status == RunStatus.SUCCEEDED
+    assert any("hang took longer than 0.3 s" in str(m.get("content")) for m in harness.llm.requests[1])
+    assert (metrics.TOOL_FAILURES.labels("hang", "timeout")._value.get(),
+            metrics.TOOL_CALLS.labels("hang", "timeout")._value.get()) == (before[0] + 1, before[1] + 1)
 
 
 # --- a real worker: another tenant's bombs do not hold up plain runs ---------------------------------

@@ -113,8 +113,11 @@ class _Threads:
         key = (tool.name, tenant)
         with self._lock:
             stuck = self._stuck[key]
-            if stuck >= self.stuck_per_tenant or self.total >= self.stuck_max:
-                return Called(f"Error: {tool.name} is not answering ({max(stuck, 1)} earlier call(s) still "
+            if stuck >= self.stuck_per_tenant:
+                return Called(f"Error: {tool.name} is not answering ({stuck} earlier call(s) still running "
+                              "past their deadline); try again later.", "error", "busy")
+            if self.total >= self.stuck_max:
+                return Called(f"Error: {tool.name} cannot run now (this worker has {self.total} calls still "
                               "running past their deadline); try again later.", "error", "busy")
         assert tool.func is not None
         func = tool.func
