@@ -172,9 +172,10 @@ def test_a_call_past_its_deadline_becomes_a_timeout_observation_and_the_run_goes
 
 # --- a real worker: another tenant's bombs do not hold up plain runs ---------------------------------
 
+DEADLINE_S = 45  # spin's and hang's: the plain runs all end long before (generous on a loaded machine)
 BOMBS = {
-    "spin": ("call spin with 1", "timeout", "Error: spin took longer than 30 s and was stopped."),
-    "hang": ("call hang with 1", "timeout", "Error: hang took longer than 30 s and was stopped."),
+    "spin": ("call spin with 1", "timeout", f"Error: spin took longer than {DEADLINE_S} s and was stopped."),
+    "hang": ("call hang with 1", "timeout", f"Error: hang took longer than {DEADLINE_S} s and was stopped."),
     "round": ("call calculator with round(1, -10**9)", "error", "Error: round digits out of range"),
     "power": ("call calculator with (10**4000)**10000", "error", "Error: result has more than 4000 digits"),
     "modpow": ("call calculator with pow(10**3999+7, 10**3999+1, 10**3999+9)", "error",
@@ -195,13 +196,13 @@ def results(out: Path) -> dict[str, dict]:
 
 @pytest.mark.integration
 def test_bombs_and_hung_tools_of_one_tenant_do_not_hold_up_another(cluster: Cluster, tmp_path: Path) -> None:
-    """Tenant acme's GIL-holding and hung tools run (30 s deadline) while tenant default's plain runs all
+    """Tenant acme's GIL-holding and hung tools run (a 45 s deadline) while tenant default's plain runs all
     finish on the same worker; acme's runs then end with clear observations, and the process pool, its
     spinning process killed, still serves calls."""
     markers = tmp_path / "markers"
     markers.mkdir()
     cluster.start_worker(queues="steps", concurrency=8, REACTQ_TOOL_MODULES='["tests.hostile_tools"]',
-                         REACTQ_TEST_MARKERS=str(markers))
+                         REACTQ_TEST_MARKERS=str(markers), REACTQ_TEST_TOOL_TIMEOUT_S=str(DEADLINE_S))
     bombs = cluster.start_batch(write_batch(tmp_path / "bombs.jsonl", "acme", {k: v[0] for k, v in BOMBS.items()}),
                                 tmp_path / "bombs.out")
     wait_for("spin and hang to be running", lambda: {p.name for p in markers.iterdir()} >= {"spin", "hang"}, 120)
