@@ -24,6 +24,7 @@ import logging
 import math
 import multiprocessing
 import os
+import queue
 import resource
 import signal
 import threading
@@ -103,11 +104,18 @@ class ToolExecutor:
 
 
 class _Threads:
+    """Calls on threads of their own, reused: a thread whose call has answered (in time or not) waits for
+    the next one; at most IDLE_THREADS wait, the others end."""
+
+    IDLE_THREADS = 64
+
     def __init__(self, stuck_max: int, stuck_per_tenant: int) -> None:
         self.stuck_max, self.stuck_per_tenant = stuck_max, stuck_per_tenant
         self._lock = threading.Lock()
         self._stuck: Counter[tuple[str, str]] = Counter()
         self.total = 0
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0  # threads waiting on _jobs, each counted until a job is put for it
 
     def call(self, tool: Tool, args: BaseModel, timeout_s: float, tenant: str) -> Called:
         key = (tool.name, tenant)
@@ -125,8 +133,7 @@ class _Threads:
         done = threading.Event()
         abandoned = False
 
-        def work() -> None:
-            nonlocal abandoned
+        def job() -> None:
             try:
                 box.append(_guarded(func, tool.name, args))
             finally:
@@ -135,7 +142,7 @@ class _Threads:
                     if abandoned:
                         self._unstick(key)
 
-        threading.Thread(target=work, name=f"reactq-tool-{tool.name}", daemon=True).start()
+        self._start(job)
         if done.wait(timeout_s):
             return box[0]
         with self._lock:
@@ -148,6 +155,23 @@ class _Threads:
         log.warning("tool %s passed its %g s deadline; its thread is abandoned", tool.name, timeout_s,
                     extra={"tool": tool.name, "tenant": tenant})
         return timed_out(tool.name, timeout_s)
+
+    def _start(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            reuse = self._idle > 0
+            if reuse:
+                self._idle -= 1
+        self._jobs.put(job)
+        if not reuse:
+            threading.Thread(target=self._serve, name="reactq-tool", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._jobs.get()()
+            with self._lock:
+                if self._idle >= self.IDLE_THREADS:
+                    return
+                self._idle += 1
 
     def _unstick(self, key: tuple[str, str]) -> None:
         self._stuck[key] -= 1
