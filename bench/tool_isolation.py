@@ -14,6 +14,7 @@ created_at.
 2. bombed: tenant a submits 2 `spin` runs (one holds a tool process, its share; the other is refused
    "busy"), 4 `hang` runs (the per-tenant stuck-thread cap) and 6 calculator bombs (round(1, -10**9), (10**4000)**10000,
    pow(10**3999+7, ...)); once spin and hang have started and the rest has ended, b's runs as in 1.
+   (--without-spin: no spin runs.)
 3. quiet again, once a's runs have ended (drift check).
 With --gil-thread, 4. on a second worker: the same spin function registered as a *thread* tool (what an
 inline tool was before), to show what the process pool buys: b's runs get 60 s to finish.
@@ -52,6 +53,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="measurements per phase (the median is reported)")
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--gil-thread", action="store_true", help="also measure a GIL-holding thread tool")
+    ap.add_argument("--without-spin", action="store_true",
+                    help="bomb without the spin calls (what the spinning tool process's CPU costs)")
     ap.add_argument("--loglevel", default="WARNING")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -143,10 +146,12 @@ def main() -> int:
         start_worker("worker", logdir / "markers")
         measured("warm-up")
         quiet = measured("quiet", args.rounds)
-        bombs = batch("a", BOMBS)
-        wait_started(logdir / "markers", {"spin", "hang"})
-        settle = time.monotonic() + 60  # the bombs refused at once (calculator, the second spin) end first
-        while unfinished(bombs) > 5 and time.monotonic() < settle:
+        chosen = [q for q in BOMBS if not (args.without_spin and "spin" in q)]
+        bombs = batch("a", chosen)
+        wait_started(logdir / "markers", {"hang"} if args.without_spin else {"spin", "hang"})
+        lasting = 4 if args.without_spin else 5  # hang's 4 calls and one spin; the rest is refused at once
+        settle = time.monotonic() + 60
+        while unfinished(bombs) > lasting and time.monotonic() < settle:
             time.sleep(0.05)
         bombed = measured("bombed", args.rounds)
         in_flight = unfinished(bombs)

@@ -6,6 +6,7 @@ Celery worker: another tenant's calculator bombs, GIL-holding and hung tools do 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +98,11 @@ def test_stuck_threads_are_capped_per_tenant_and_per_process(executor: ToolExecu
 def test_a_process_tool_past_its_deadline_is_killed_and_replaced(executor: ToolExecutor) -> None:
     pid = make("pid", body.pid, isolation="process", timeout_s=60)
     first = int(executor.call(pid, ARGS, "acme").content)
+    # below the worker's priority, and a CPU-time cap of its own (here: the call's 60 s, and a second)
+    assert os.getpriority(os.PRIO_PROCESS, first) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+    cpu_limit = next(line for line in Path(f"/proc/{first}/limits").read_text().splitlines()
+                     if line.startswith("Max cpu time")).split()[3]
+    assert 60 < int(cpu_limit) <= 64
     spun = executor.call(make("spin", body.spin, isolation="process", timeout_s=1), ARGS, "acme")
     assert (spun.outcome, spun.content) == ("timeout", "Error: spin took longer than 1 s and was stopped.")
     assert not alive(first)  # the GIL-holding call's process is gone, not left spinning

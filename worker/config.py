@@ -89,6 +89,7 @@ class Settings(BaseSettings):
     tool_timeout_s: float = Field(30.0, gt=0)  # a call's deadline, unless its tool sets timeout_s
     tool_processes: int = Field(2, ge=1)  # per step worker: processes for isolation="process" tools ...
     tool_processes_per_tenant: int = Field(1, ge=1)  # ... of which one tenant's calls hold at most this many
+    tool_process_nice: int = Field(10, ge=0, le=19)  # their CPU priority below the worker's
     tool_stuck_threads_max: int = Field(64, ge=1)  # threads of calls past their deadline still running ...
     tool_stuck_threads_per_tenant: int = Field(4, ge=1)  # ... and per (tool, tenant): past either, calls are
     # refused at once ("busy") until some of those threads end

@@ -11,9 +11,9 @@ own thread unbounded:
   the worker (forkserver children, so never a fork of the threaded worker). A call past its deadline has
   its process SIGKILLed; the next call starts a fresh one. A call waits for a free process within its own
   deadline; one tenant holds at most REACTQ_TOOL_PROCESSES_PER_TENANT of them at once (further calls are
-  refused, "busy"), so others keep a process. The processes run at nice 10, so a spinning call yields
-  the CPU to the worker's own threads, and each caps its CPU time per call (RLIMIT_CPU), so one whose
-  worker was SIGKILLed mid-call dies on its own.
+  refused, "busy"), so others keep a process. The processes run at REACTQ_TOOL_PROCESS_NICE (10), so a
+  spinning call yields the CPU to the worker's own threads, and each caps its CPU time per call
+  (RLIMIT_CPU), so one whose worker was SIGKILLed mid-call dies on its own.
 Either way the step gets a `Called` result: ok, error (a ToolError's message, or the class name of an
 unexpected exception) or timeout, and the run goes on with its next step.
 """
@@ -71,17 +71,17 @@ def _guarded(func: Callable[[Any], str], name: str, args: BaseModel) -> Called:
 
 class ToolExecutor:
     def __init__(self, *, timeout_s: float = 30.0, processes: int = 2, processes_per_tenant: int = 1,
-                 stuck_max: int = 64, stuck_per_tenant: int = 4,
+                 stuck_max: int = 64, stuck_per_tenant: int = 4, nice: int = 10,
                  preload: tuple[str, ...] = ("worker.tools",)) -> None:
         self.timeout_s = timeout_s
         self._threads = _Threads(stuck_max, stuck_per_tenant)
-        self._processes = _Processes(processes, processes_per_tenant, preload)
+        self._processes = _Processes(processes, processes_per_tenant, preload, nice)
 
     @classmethod
     def from_settings(cls, s: Settings) -> ToolExecutor:
         return cls(timeout_s=s.tool_timeout_s, processes=s.tool_processes,
                    processes_per_tenant=s.tool_processes_per_tenant, stuck_max=s.tool_stuck_threads_max,
-                   stuck_per_tenant=s.tool_stuck_threads_per_tenant,
+                   stuck_per_tenant=s.tool_stuck_threads_per_tenant, nice=s.tool_process_nice,
                    preload=("worker.tools", *s.tool_modules))
 
     def call(self, tool: Tool, args: BaseModel, tenant: str) -> Called:
@@ -184,9 +184,9 @@ class _Threads:
 class _Child:
     """One process serving calls over a pipe, one at a time."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, nice: int) -> None:
         self.conn, theirs = multiprocessing.Pipe()
-        self.process = ctx.Process(target=_serve, args=(theirs,), name="reactq-tool-process", daemon=True)
+        self.process = ctx.Process(target=_serve, args=(theirs, nice), name="reactq-tool-process", daemon=True)
         self.process.start()
         theirs.close()
 
@@ -197,7 +197,8 @@ class _Child:
 
 
 class _Processes:
-    def __init__(self, size: int, per_tenant: int, preload: tuple[str, ...]) -> None:
+    def __init__(self, size: int, per_tenant: int, preload: tuple[str, ...], nice: int) -> None:
+        self.nice = nice
         self._ctx: Any = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(list(preload))
         self._free = threading.BoundedSemaphore(size)
@@ -233,7 +234,7 @@ class _Processes:
             with self._lock:
                 child = self._idle.pop() if self._idle else None
             if child is None:
-                child = _Child(self._ctx)
+                child = _Child(self._ctx, self.nice)
             child.conn.send((tool.func, tool.name, args, timeout_s))
             if not child.conn.poll(max(0.0, deadline - time.monotonic())):
                 child.kill()
@@ -267,12 +268,12 @@ class _Processes:
             child.kill()
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection, nice: int) -> None:
     """A tool process: run calls until the worker closes the pipe. Before each call, the CPU time this
     process may use is capped at what it has used plus the call's deadline (and a second): past it the
     kernel ends the process even if no worker is left to kill it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.nice(10)
+    os.nice(nice)
     while True:
         try:
             func, name, args, timeout_s = conn.recv()
@@ -293,7 +294,7 @@ def shared_executor(s: Settings) -> ToolExecutor:
     """The process's executor for these settings (one in a worker: stuck-thread counts and the process
     pool are per process, whatever the number of runtimes in it)."""
     key = (s.tool_timeout_s, s.tool_processes, s.tool_processes_per_tenant, s.tool_stuck_threads_max,
-           s.tool_stuck_threads_per_tenant, tuple(s.tool_modules))
+           s.tool_stuck_threads_per_tenant, s.tool_process_nice, tuple(s.tool_modules))
     with _lock:
         if key not in _shared:
             _shared[key] = ToolExecutor.from_settings(s)
