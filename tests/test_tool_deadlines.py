@@ -142,6 +142,19 @@ def test_errors_and_crashes_of_process_tools(executor: ToolExecutor) -> None:
     assert executor.call(make("echo", body.echo, isolation="process", timeout_s=60), ARGS, "a").content == "echo x"
 
 
+def test_a_process_tools_memory_is_capped() -> None:
+    """2 GiB asked of a 256 MB cap: the call fails with a MemoryError, its process serves the next call."""
+    ex = ToolExecutor(processes=1, memory_mb=256, preload=("worker.tools", "tests.tool_bodies"))
+    try:
+        hog = ex.call(make("hog", body.hog, isolation="process", timeout_s=60), ARGS, "acme")
+        assert (hog.content, hog.error_type) == ("Error: hog failed (MemoryError)", "exception")
+        pid = make("pid", body.pid, isolation="process", timeout_s=60)
+        first = ex.call(pid, ARGS, "acme").content
+        assert ex.call(pid, ARGS, "acme").content == first
+    finally:
+        ex.close()
+
+
 def test_a_process_tool_whose_function_cannot_be_sent_fails_cleanly(executor: ToolExecutor) -> None:
     called = executor.call(make("local", lambda a: "x", isolation="process", timeout_s=60), ARGS, "acme")
     assert called.outcome == "error" and called.content.startswith("Error: local failed (")

@@ -54,5 +54,9 @@ def boom(args: Input) -> str:
     raise RuntimeError("internal detail /srv/secret.conf")
 
 
+def hog(args: Input) -> str:
+    return str(len(bytearray(2 * 2**30)))
+
+
 def crash(args: Input) -> str:
     os._exit(3)

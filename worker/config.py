@@ -90,6 +90,7 @@ class Settings(BaseSettings):
     tool_processes: int = Field(2, ge=1)  # per step worker: processes for isolation="process" tools ...
     tool_processes_per_tenant: int = Field(1, ge=1)  # ... of which one tenant's calls hold at most this many
     tool_process_nice: int = Field(10, ge=0, le=19)  # their CPU priority below the worker's
+    tool_process_memory_mb: int = Field(1024, ge=0)  # their address-space cap (RLIMIT_AS); 0: none
     tool_stuck_threads_max: int = Field(64, ge=1)  # threads of calls past their deadline still running ...
     tool_stuck_threads_per_tenant: int = Field(4, ge=1)  # ... and per (tool, tenant): past either, calls are
     # refused at once ("busy") until some of those threads end

@@ -12,8 +12,9 @@ own thread unbounded:
   its process SIGKILLed; the next call starts a fresh one. A call waits for a free process within its own
   deadline; one tenant holds at most REACTQ_TOOL_PROCESSES_PER_TENANT of them at once (further calls are
   refused, "busy"), so others keep a process. The processes run at REACTQ_TOOL_PROCESS_NICE (10), so a
-  spinning call yields the CPU to the worker's own threads, and each caps its CPU time per call
-  (RLIMIT_CPU), so one whose worker was SIGKILLed mid-call dies on its own.
+  spinning call yields the CPU to the worker's own threads, with an address-space cap of
+  REACTQ_TOOL_PROCESS_MEMORY_MB (1024), and each caps its CPU time per call (RLIMIT_CPU), so one whose
+  worker was SIGKILLed mid-call dies on its own.
 Either way the step gets a `Called` result: ok, error (a ToolError's message, or the class name of an
 unexpected exception) or timeout, and the run goes on with its next step.
 """
@@ -71,18 +72,18 @@ def _guarded(func: Callable[[Any], str], name: str, args: BaseModel) -> Called:
 
 class ToolExecutor:
     def __init__(self, *, timeout_s: float = 30.0, processes: int = 2, processes_per_tenant: int = 1,
-                 stuck_max: int = 64, stuck_per_tenant: int = 4, nice: int = 10,
+                 stuck_max: int = 64, stuck_per_tenant: int = 4, nice: int = 10, memory_mb: int = 1024,
                  preload: tuple[str, ...] = ("worker.tools",)) -> None:
         self.timeout_s = timeout_s
         self._threads = _Threads(stuck_max, stuck_per_tenant)
-        self._processes = _Processes(processes, processes_per_tenant, preload, nice)
+        self._processes = _Processes(processes, processes_per_tenant, preload, (nice, memory_mb))
 
     @classmethod
     def from_settings(cls, s: Settings) -> ToolExecutor:
         return cls(timeout_s=s.tool_timeout_s, processes=s.tool_processes,
                    processes_per_tenant=s.tool_processes_per_tenant, stuck_max=s.tool_stuck_threads_max,
                    stuck_per_tenant=s.tool_stuck_threads_per_tenant, nice=s.tool_process_nice,
-                   preload=("worker.tools", *s.tool_modules))
+                   memory_mb=s.tool_process_memory_mb, preload=("worker.tools", *s.tool_modules))
 
     def call(self, tool: Tool, args: BaseModel, tenant: str) -> Called:
         if tool.func is None:
@@ -184,9 +185,9 @@ class _Threads:
 class _Child:
     """One process serving calls over a pipe, one at a time."""
 
-    def __init__(self, ctx: Any, nice: int) -> None:
+    def __init__(self, ctx: Any, limits: tuple[int, int]) -> None:
         self.conn, theirs = multiprocessing.Pipe()
-        self.process = ctx.Process(target=_serve, args=(theirs, nice), name="reactq-tool-process", daemon=True)
+        self.process = ctx.Process(target=_serve, args=(theirs, *limits), name="reactq-tool-process", daemon=True)
         self.process.start()
         theirs.close()
 
@@ -197,8 +198,8 @@ class _Child:
 
 
 class _Processes:
-    def __init__(self, size: int, per_tenant: int, preload: tuple[str, ...], nice: int) -> None:
-        self.nice = nice
+    def __init__(self, size: int, per_tenant: int, preload: tuple[str, ...], limits: tuple[int, int]) -> None:
+        self.limits = limits  # the processes' nice and address-space cap (MB, 0: none)
         self._ctx: Any = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(list(preload))
         self._free = threading.BoundedSemaphore(size)
@@ -234,7 +235,7 @@ class _Processes:
             with self._lock:
                 child = self._idle.pop() if self._idle else None
             if child is None:
-                child = _Child(self._ctx, self.nice)
+                child = _Child(self._ctx, self.limits)
             child.conn.send((tool.func, tool.name, args, timeout_s))
             if not child.conn.poll(max(0.0, deadline - time.monotonic())):
                 child.kill()
@@ -268,12 +269,15 @@ class _Processes:
             child.kill()
 
 
-def _serve(conn: Connection, nice: int) -> None:
+def _serve(conn: Connection, nice: int, memory_mb: int) -> None:
     """A tool process: run calls until the worker closes the pipe. Before each call, the CPU time this
     process may use is capped at what it has used plus the call's deadline (and a second): past it the
     kernel ends the process even if no worker is left to kill it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(nice)
+    if memory_mb:  # an allocation past it is a MemoryError in the tool (its call fails, the process lives)
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, hard))
     while True:
         try:
             func, name, args, timeout_s = conn.recv()
@@ -294,7 +298,7 @@ def shared_executor(s: Settings) -> ToolExecutor:
     """The process's executor for these settings (one in a worker: stuck-thread counts and the process
     pool are per process, whatever the number of runtimes in it)."""
     key = (s.tool_timeout_s, s.tool_processes, s.tool_processes_per_tenant, s.tool_stuck_threads_max,
-           s.tool_stuck_threads_per_tenant, s.tool_process_nice, tuple(s.tool_modules))
+           s.tool_stuck_threads_per_tenant, s.tool_process_nice, s.tool_process_memory_mb, tuple(s.tool_modules))
     with _lock:
         if key not in _shared:
             _shared[key] = ToolExecutor.from_settings(s)
