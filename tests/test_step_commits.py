@@ -136,7 +136,7 @@ def test_the_calculator_is_idempotent_but_not_cached(make_harness: Any) -> None:
     first, second = harness.submit("What is 6 * 7?"), harness.submit("What is 6 times 7?")
     harness.drain()
     assert [harness.steps(r)[0].observations[0].outcome for r in (first, second)] == ["ok", "ok"]
-    assert list(harness.store.r.scan_iter(keys.tool_cache("calculator", "*"))) == []
+    assert list(harness.store.r.scan_iter(keys.tool_cache("*", "calculator", "*"))) == []
 
 
 def test_a_step_calling_only_idempotent_inline_tools_stores_no_reply_before_acting(harness: Harness) -> None:

@@ -129,12 +129,106 @@ ERROR_CASES = [
 
 @pytest.mark.parametrize(("expression", "error_type", "message"), ERROR_CASES)
 def test_calculator_errors(expression, error_type, message):
-    started = time.monotonic()
+    started = time.thread_time()
     with pytest.raises(ToolError) as info:
         calc.evaluate(expression)
-    assert time.monotonic() - started < 1.0  # huge powers are refused before they are computed
+    assert time.thread_time() - started < 1.0  # huge powers are refused before they are computed
     assert info.value.error_type == error_type
     assert message in str(info.value)
+
+
+# Expressions of at most 500 characters that took seconds to hours of CPU (holding the GIL) before the
+# calculator bounded each operation before computing it; each figure is what computing it costs.
+BOMBS = [
+    ("round(1, -10**7)", "round digits out of range"),  # 7 s: builds 10**(10**7)
+    ("round(1, -10**9)", "round digits out of range"),  # hours
+    ("round(10**3999, -10**6)", "round digits out of range"),
+    ("round(2.5, 10**30)", "round digits out of range"),
+    ("(10**4000)**10000", "more than 4000 digits"),  # > 30 s: passed the exponent check
+    ("(10**4000)**9999", "more than 4000 digits"),
+    ("(2**9999)**9999", "more than 4000 digits"),
+    ("((10**400)**10)**10", "more than 4000 digits"),
+    ("(10**50)**(10**3)", "more than 4000 digits"),
+    ("pow(10**4000, 10000)", "more than 4000 digits"),
+    ("pow(pow(10, 4000), pow(10, 4))", "more than 4000 digits"),
+    ("factorial(1000)**10", "more than 4000 digits"),
+    ("factorial(1000)**factorial(7)", "more than 4000 digits"),
+    ("factorial(1000)*factorial(1000)*factorial(1000)", "more than 4000 digits"),
+    ("10**4000*10**4000", "more than 4000 digits"),
+    ("(10**4000)*(10**4000)*(10**4000)*(10**4000)", "more than 4000 digits"),
+    ("10**4000*10**4000*10**4000*10**4000*10**4000*10**4000*10**4000*10**4000", "more than 4000 digits"),
+    ("floor(1e308)**100", "more than 4000 digits"),
+    ("(-10**4000)**9999", "more than 4000 digits"),
+    ("9**9**9**9", "power too large"),
+    ("2**2**2**2**2**2", "power too large"),
+    ("(10**4000)**(10**4000)", "power too large"),
+    ("10**(10**4000)", "power too large"),
+    ("2.0**(10**400)", "power too large"),
+    ("pow(10**3999+7, 10**3999+1, 10**3999+9)", "modular power too large"),  # 4 s
+    ("pow(2, 10**3999, 10**3999+9)", "modular power too large"),
+    ("pow(7, 2**4095+3, 2**4096-1)", "modular power too large"),  # 0.1 s
+    ("pow(3, 5, 10**400)", "modular power too large"),
+    ("factorial(10**9)", "max 1000"),
+    ("factorial(factorial(10))", "max 1000"),
+    ("factorial(1e300)", "max 1000"),
+    ("1e999", "too large"),
+    ("1e999 - 1e999", "too large"),
+    ("exp(10**4000)", "too large"),
+    ("sqrt(10**4000)", "too large"),
+    ("(10**4000)/3", "too large"),
+    ("factorial(1000)/factorial(1000)*1e308*10", "too large"),
+    ("round(1e400)", "too large"),
+]
+
+
+@pytest.mark.parametrize(("expression", "message"), BOMBS)
+def test_calculator_bombs_are_refused_before_they_are_computed(expression, message):
+    """Each is a `too_large` error within milliseconds of CPU time (this thread's, so a loaded machine does
+    not change it); computed, the slowest would hold a worker's GIL for hours."""
+    assert len(expression) <= calc.MAX_EXPRESSION_CHARS
+    started = time.thread_time()
+    with pytest.raises(ToolError) as info:
+        calc.evaluate(expression)
+    assert time.thread_time() - started < 0.05
+    assert info.value.error_type == "too_large"
+    assert message in str(info.value)
+
+
+def test_unsupported_shifts_and_comparisons_are_refused_unevaluated():
+    for expression in ("1 << 10**9", "10**9 >> 1", "2 ** 10 ** 9 > 1"):
+        with pytest.raises(ToolError) as info:
+            calc.evaluate(expression)
+        assert info.value.error_type in ("syntax", "too_large")
+
+
+BIG_BUT_FINE = [
+    ("round(10**3999 + 1, -3999)", 10**3999),
+    ("round(12345, -2)", 12300),
+    ("round(2.675, 4000)", 2.675),
+    ("round(1.5, -4000)", 0.0),
+    ("10**4000 // 10**3999", 10),
+    ("factorial(1000) // factorial(999)", 1000),
+    ("factorial(1000) * factorial(600) // factorial(600)", math.factorial(1000)),
+    ("3 ** 8000 % 1000", pow(3, 8000, 1000)),
+    ("pow(2**1023 + 1, 2**1023 + 3, 2**1024 - 1)", pow(2**1023 + 1, 2**1023 + 3, 2**1024 - 1)),
+    ("pow(10**3999, 65537, 2**1024 - 1)", pow(10**3999, 65537, 2**1024 - 1)),
+    ("(-1) ** (10**400)", 1),
+    ("0 ** (10**400)", 0),
+    ("1 ** (10**4000)", 1),
+    ("(10**400) ** 10", 10**4000),
+    ("2 ** 10000 - 2 ** 9999", 2**9999),
+    ("2 ** -10000", 0.0),
+    ("log(10**3999, 10)", 3999.0),
+    ("max(10**3999, 10**3998) - min(5, 6)", 10**3999 - 5),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), BIG_BUT_FINE)
+def test_large_ordinary_math_still_works(expression, expected):
+    started = time.thread_time()
+    result = calc.evaluate(expression)
+    assert time.thread_time() - started < 0.05
+    assert result == (expected if isinstance(expected, int) else pytest.approx(expected))
 
 
 def test_unknown_function_lists_every_known_function():
@@ -470,3 +564,31 @@ def test_builtin_tools_are_registered():
     assert search is not None and search.idempotent
     with pytest.raises(InvalidArguments, match="query"):
         search.validate({"query": ""})
+
+
+# --- the idempotent-tool cache, per tenant (real Redis, the in-process harness) -------------------
+
+
+def test_one_tenants_cached_result_never_answers_another_tenant(make_harness: Any) -> None:
+    """Tenant acme's search is computed afresh although tenant default's run cached the same call (a
+    shared cache would tell acme what default searched for); default's next run gets its own entry."""
+    from tests.harness import call, final
+    from worker.store import keys
+
+    harness = make_harness(tool_cache_ttl_s=60)
+    lookup = call("search", {"query": "capital of France"})
+    harness.llm.script(*[lookup, final("Paris")] * 3)
+    first = harness.submit("What is the capital of France?", tenant="default")
+    harness.drain()
+    [entry] = harness.store.r.scan_iter(keys.tool_cache("default", "search", "*"))
+    harness.store.r.set(entry, "what tenant default looked up", keepttl=True)  # marks default's entry
+
+    other = harness.submit("What is the capital of France?", tenant="acme")
+    harness.drain()
+    again = harness.submit("What is the capital of France?", tenant="default")
+    harness.drain()
+    seen = {run: harness.steps(run)[0].observations[0] for run in (first, other, again)}
+    assert [seen[r].outcome for r in (first, other, again)] == ["ok", "ok", "cached"]
+    assert seen[other].content == seen[first].content  # acme's own result, computed ...
+    assert seen[again].content == "what tenant default looked up"  # ... not default's entry
+    assert len(list(harness.store.r.scan_iter(keys.tool_cache("acme", "search", "*")))) == 1

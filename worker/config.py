@@ -91,6 +91,15 @@ class Settings(BaseSettings):
     webhook_retry_for_s: float = Field(86400.0, gt=0)  # a delivery is given up this long after it was created
 
     tool_modules: list[str] = Field(default_factory=list)  # users' tool modules, imported by workers
+    # inline tool deadlines (worker/runtime/tool_exec.py)
+    tool_timeout_s: float = Field(30.0, gt=0)  # a call's deadline, unless its tool sets timeout_s
+    tool_processes: int = Field(2, ge=1)  # per step worker: processes for isolation="process" tools ...
+    tool_processes_per_tenant: int = Field(1, ge=1)  # ... of which one tenant's calls hold at most this many
+    tool_process_nice: int = Field(10, ge=0, le=19)  # their CPU priority below the worker's
+    tool_process_memory_mb: int = Field(1024, ge=0)  # their address-space cap (RLIMIT_AS); 0: none
+    tool_stuck_threads_max: int = Field(64, ge=1)  # threads of calls past their deadline still running ...
+    tool_stuck_threads_per_tenant: int = Field(4, ge=1)  # ... and per (tool, tenant): past either, calls are
+    # refused at once ("busy") until some of those threads end
 
     # tenants, plans and prices
     tenants: list[str] = Field(default_factory=lambda: ["default"])  # single-operator tenants (no `tenant add`)

@@ -47,6 +47,8 @@ REAPER_ACTIONS = Counter("reactq_reaper_actions_total", "Stranded runs the reape
                          "and finished runs it dropped from the active set.", ["action"])
 APPROVALS = Counter("reactq_approvals_total", "Tool calls decided by a person (or expired), by outcome.",
                     ["outcome"])
+TOOL_STUCK_THREADS = Gauge("reactq_tool_stuck_threads", "Threads of inline tool calls past their deadline that "
+                           "still run (abandoned; see REACTQ_TOOL_STUCK_THREADS_MAX).", multiprocess_mode="livesum")
 QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queue"], multiprocess_mode="max")
 
 SAFEGUARD_KINDS = ("repeat_hint", "loop", "invalid_outputs", "observation_truncated", "context_compacted",

@@ -23,7 +23,7 @@ from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, Too
 from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
-from ..errors import BudgetExceeded, LLMError, ToolError
+from ..errors import BudgetExceeded, LLMError
 from ..names import STEP_TASK, STEPS_QUEUE
 from ..store import keys
 from ..store.cas import Command, Snapshot
@@ -35,6 +35,7 @@ from .approvals import Waiting
 from .context import Runtime
 from .finish_hooks import SendWebhook, after_finish
 from .sandbox_bridge import observation_from_sandbox
+from .tool_exec import Called, shared_executor
 
 log = logging.getLogger("reactq.step")
 
@@ -164,7 +165,8 @@ class StepRunner:
         from_cache: dict[str, str | None] = {}
         if store_reply or cacheable:
             ours, cached = self.store.prepare_act(run.id, d.index, reply if store_reply else None,
-                                                  [(p.tool, p.arguments) for p in cacheable], also=spend)
+                                                  [(p.tool, p.arguments) for p in cacheable], also=spend,
+                                                  tenant=run.spec.tenant)
             if not ours:
                 return FENCED  # another delivery, whose lease outlived ours, stored its reply first
             from_cache, spend = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}, []
@@ -176,8 +178,8 @@ class StepRunner:
             return WAITING
         step.observations, fresh = executed
         step.tools_ms = sum(o.duration_ms for o in step.observations)
-        return self._commit(snap, d, step, Outcome.TOOL_CALLS, also=self.store.cache_commands(fresh, ttl),
-                            spend=spend)
+        return self._commit(snap, d, step, Outcome.TOOL_CALLS,
+                            also=self.store.cache_commands(run.spec.tenant, fresh, ttl), spend=spend)
 
     def _acts_outside(self, run: Run, act: Act) -> bool:
         """Whether any call has effects beyond the run record: a sandbox run, a tool with effects, or a
@@ -238,7 +240,7 @@ class StepRunner:
                 obs = self._sandbox_result(run, d.index, planned)
                 pending = pending or obs is None
             elif obs is None:
-                obs = self._run_inline(planned, cached.get(planned.call.id))
+                obs = self._run_inline(planned, cached.get(planned.call.id), run.spec.tenant)
                 if not planned.idempotent:
                     obs = self.store.save_tool_result(run.id, d.index, obs)
                 elif planned.cached and obs.outcome == "ok":
@@ -263,29 +265,24 @@ class StepRunner:
             ordered.append(obs.model_copy(update={"content": content}))
         return ordered, fresh
 
-    def _run_inline(self, planned: PlannedCall, cached: str | None) -> Observation:
-        """Run one inline tool call, or take its result from the idempotent-tool cache."""
+    def _run_inline(self, planned: PlannedCall, cached: str | None, tenant: str) -> Observation:
+        """Run one inline tool call within its deadline (tool_exec), or take its result from the tenant's
+        idempotent-tool cache."""
         tool = self.rt.tools.get(planned.tool)
         assert tool is not None
         t0 = time.monotonic()
-        outcome = "ok"
         if cached is not None:
-            content, outcome = cached, "cached"
+            called = Called(cached, "cached")
         else:
-            try:
-                content = tool.run(tool.args_model.model_validate(planned.arguments))
-            except ToolError as exc:
-                content, outcome = f"Error: {exc}", "error"
-                metrics.TOOL_FAILURES.labels(tool.name, metrics.error_type_label(exc.error_type)).inc()
-            except Exception as exc:  # a bug in a tool: the model hears a short reason, the log has it all
-                log.exception("tool %s crashed", tool.name)
-                content, outcome = f"Error: {tool.name} failed ({exc.__class__.__name__})", "error"
-                metrics.TOOL_FAILURES.labels(tool.name, "exception").inc()
+            called = shared_executor(self.rt.settings).call(
+                tool, tool.args_model.model_validate(planned.arguments), tenant)
+            if called.error_type is not None:
+                metrics.TOOL_FAILURES.labels(tool.name, metrics.error_type_label(called.error_type)).inc()
         seconds = time.monotonic() - t0
-        metrics.TOOL_CALLS.labels(tool.name, outcome).inc()
+        metrics.TOOL_CALLS.labels(tool.name, called.outcome).inc()
         metrics.TOOL_DURATION.labels(tool.name).observe(seconds)
-        return Observation(call_id=planned.call.id, tool=tool.name, content=content, outcome=outcome,
-                           duration_ms=int(seconds * 1000))
+        return Observation(call_id=planned.call.id, tool=tool.name, content=called.content,
+                           outcome=called.outcome, duration_ms=int(seconds * 1000))
 
     def _sandbox_result(self, run: Run, index: int, planned: PlannedCall) -> Observation | None:
         raw = self.store.get_sandbox_result(run.id, index, planned.call.id)

@@ -47,8 +47,10 @@ def lease(run_id: str) -> str:
     return f"{PREFIX}:run:{run_id}:lease"
 
 
-def tool_cache(tool: str, digest: str) -> str:
-    return f"{PREFIX}:cache:{tool}:{digest}"
+def tool_cache(tenant: str, tool: str, digest: str) -> str:
+    """An idempotent tool's result for (tool, arguments digest), per tenant: one tenant's cache never
+    answers another's call, which would tell it what the other asked (tenant names have no ':')."""
+    return f"{PREFIX}:cache:{tenant}:{tool}:{digest}"
 
 
 ACTIVE_RUNS = f"{PREFIX}:active"  # zset: run id -> last progress time (the reaper scans it)

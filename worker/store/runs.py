@@ -384,28 +384,29 @@ class RunStore:
 
     def prepare_act(
         self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]],
-        also: list[Command] | None = None,
+        also: list[Command] | None = None, *, tenant: str,
     ) -> tuple[bool, list[str | None]]:
         """Before a step acts, in one round trip: store its `reply` unless one is stored already (None:
-        it came from the store), read the idempotent-tool cache for the `cacheable` (tool, arguments)
-        calls, and run the `also` writes. Returns whether our reply is the one that counts, and the
-        cached contents."""
+        it came from the store), read `tenant`'s idempotent-tool cache for the `cacheable` (tool,
+        arguments) calls, and run the `also` writes. Returns whether our reply is the one that counts,
+        and the cached contents."""
         pipe = self.r.pipeline(transaction=False)
         if reply is not None:
             pipe.set(keys.reply(run_id, step), reply.model_dump_json(), nx=True, ex=self.ttl)
         for tool, arguments in cacheable:
-            pipe.get(keys.tool_cache(tool, self._digest(arguments)))
+            pipe.get(keys.tool_cache(tenant, tool, self._digest(arguments)))
         for command in also or []:
             pipe.execute_command(*command)
         results = pipe.execute()[:len(cacheable) + (reply is not None)]
         stored = bool(results.pop(0)) if reply is not None else True
         return stored, [r.decode() if r else None for r in results]
 
-    def cache_commands(self, entries: list[tuple[str, dict[str, Any], str]], ttl_s: int) -> list[Command]:
-        """Writes that put (tool, arguments, content) results in the idempotent-tool cache."""
+    def cache_commands(self, tenant: str, entries: list[tuple[str, dict[str, Any], str]],
+                       ttl_s: int) -> list[Command]:
+        """Writes that put (tool, arguments, content) results in `tenant`'s idempotent-tool cache."""
         if ttl_s <= 0:
             return []
-        return [("SET", keys.tool_cache(tool, self._digest(arguments)), content, "EX", ttl_s)
+        return [("SET", keys.tool_cache(tenant, tool, self._digest(arguments)), content, "EX", ttl_s)
                 for tool, arguments, content in entries]
 
     def save_tool_result(self, run_id: str, step: int, obs: Observation) -> Observation:

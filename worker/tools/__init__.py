@@ -13,7 +13,11 @@ Register your own tool with a pydantic argument model::
         return f"sunny in {args.city}"
 
 and list its module in REACTQ_TOOL_MODULES so every worker imports it. Arguments are validated
-before the tool runs; a validation error becomes the observation.
+before the tool runs; a validation error becomes the observation. Every call has a deadline:
+`@tool(..., timeout_s=10)` (default REACTQ_TOOL_TIMEOUT_S, 30 s); a call past it becomes a `timeout`
+observation. A CPU-bound tool should say `isolation="process"`: it then runs in a small process pool
+beside the worker, where an overrunning call is killed (a thread cannot be; see
+worker/runtime/tool_exec.py).
 """
 
 from .registry import REGISTRY, Tool, ToolError, ToolRegistry, tool

@@ -26,7 +26,9 @@ class PythonArgs(BaseModel):
     code: str = Field(min_length=1, max_length=50_000, description="Python 3 code; print() the result")
 
 
-# Not cached: evaluating takes microseconds, less than the cache's Redis lookup and write would.
+# Not cached: evaluating takes microseconds, less than the cache's Redis lookup and write would. A thread
+# is enough: every expression is bounded before it is computed (calculator.py), so it finishes in
+# milliseconds; a process would cost a round trip per call for nothing.
 @tool("calculator", CalculatorArgs, "Evaluate arithmetic and math functions exactly.", idempotent=True,
       cached=False)
 def calculator(args: CalculatorArgs) -> str:

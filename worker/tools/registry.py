@@ -13,7 +13,13 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidArguments, ToolError
 
-__all__ = ["InvalidArguments", "Tool", "ToolError", "ToolRegistry", "REGISTRY", "tool"]
+__all__ = ["InvalidArguments", "Tool", "ToolError", "ToolRegistry", "REGISTRY", "tool", "ISOLATIONS"]
+
+# Where an inline tool's call runs (worker/runtime/tool_exec.py): "thread", a thread of its own that the step
+# stops waiting for at the deadline (for I/O-bound tools); "process", a small pool of processes beside the
+# worker, where a call past its deadline is killed (for CPU-bound tools: a thread cannot be stopped, and a
+# big-int or C loop holds the GIL).
+ISOLATIONS = ("thread", "process")
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,15 @@ class Tool:
     sandboxed: bool = False  # runs on the reactq.sandbox queue, not inside the step
     idempotent: bool = False  # no effects: a call may run again, and its result is recorded with the step
     requires_approval: bool = False  # each call waits for a person (`reactq approve`) before it runs
-    cached: bool = False  # results are shared across runs by (tool, arguments) for REACTQ_TOOL_CACHE_TTL_S
+    cached: bool = False  # results are shared across a tenant's runs by (tool, arguments) for REACTQ_TOOL_CACHE_TTL_S
+    timeout_s: float | None = None  # a call's deadline; None: REACTQ_TOOL_TIMEOUT_S (default 30 s)
+    isolation: str = "thread"  # one of ISOLATIONS; a "process" tool's func must be importable (module level)
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"tool {self.name!r}: isolation must be one of {ISOLATIONS}, not {self.isolation!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"tool {self.name!r}: timeout_s must be above 0")
 
     def openai_schema(self) -> dict[str, Any]:
         return _openai_schema(self.name, self.description, self.args_model)
@@ -121,14 +135,19 @@ def tool(
     idempotent: bool = False,
     requires_approval: bool = False,
     cached: bool | None = None,
+    timeout_s: float | None = None,
+    isolation: str = "thread",
     registry: ToolRegistry = REGISTRY,
 ) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
     """Decorator: register `func(args: args_model) -> str` as a tool. An idempotent tool's results are
-    cached unless `cached=False` (a call cheaper than the cache's Redis lookup, like the calculator)."""
+    cached unless `cached=False` (a call cheaper than the cache's Redis lookup, like the calculator).
+    A call has `timeout_s` (default REACTQ_TOOL_TIMEOUT_S) to answer; `isolation="process"` for a
+    CPU-bound tool, so that a call past it can be killed (see ISOLATIONS)."""
 
     def decorate(func: Callable[[Any], str]) -> Callable[[Any], str]:
         registry.register(Tool(name, args_model, description, func, sandboxed, idempotent, requires_approval,
-                               cached=idempotent if cached is None else cached and idempotent))
+                               cached=idempotent if cached is None else cached and idempotent,
+                               timeout_s=timeout_s, isolation=isolation))
         return func
 
     return decorate
