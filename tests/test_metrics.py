@@ -48,12 +48,20 @@ def exhaust_quota(redis_url: str, tier: str, tenant: str) -> None:
 
 
 def run_batch(cluster: Cluster, tmp_path: Path, lines: list[dict]) -> list[dict]:
-    infile, outfile = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    infile.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    result = cluster.reactq("batch", str(infile), "--out", str(outfile), timeout=180)
-    assert outfile.exists(), result.stderr
-    results = [json.loads(line) for line in outfile.read_text().splitlines()]
-    assert sorted(r["id"] for r in results) == sorted(line["id"] for line in lines), result.stderr
+    """Run `lines` as one `reactq batch` per tenant (a batch belongs to one tenant), together."""
+    tenants = sorted({line.get("tenant", "default") for line in lines})
+    batches = []
+    for tenant in tenants:
+        infile, outfile = tmp_path / f"in-{tenant}.jsonl", tmp_path / f"out-{tenant}.jsonl"
+        infile.write_text("".join(json.dumps(line) + "\n" for line in lines
+                                  if line.get("tenant", "default") == tenant))
+        batches.append((cluster.start_batch(infile, outfile), outfile))
+    results = []
+    for batch, outfile in batches:
+        log = cluster.finish_batch(batch, timeout=180)
+        assert outfile.exists(), log
+        results += [json.loads(line) for line in outfile.read_text().splitlines()]
+    assert sorted(r["id"] for r in results) == sorted(line["id"] for line in lines)
     return results
 
 
