@@ -7,42 +7,47 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from ..core.models import Mode, Run, RunSpec
+from ..core.models import Finite, Mode, Run, RunSpec, Text
 from ..core.views import run_json
 from ..errors import ApprovalConflict, InvalidRequest
 from ..runtime.approvals import record_decision
 from ..service.replay import replay
 from ..service.retention import delete_run
-from ..service.submit import cancel, submit
+from ..service.submit import MAX_DEADLINE_S, cancel, submit
 from ..store.streams import StreamSlots
 from ..tasks.steps import send_step
 from ..tenancy.admission import StreamSlot
 from ..tenancy.tenants import Policy
 from .app_state import Reads, RuntimeDep
-from .auth import CallerPolicy, CallerTenant, caller_tenant
-from .guards import check_id, owned_run
+from .auth import CallerPolicy, CallerTenant, bearer_scheme, caller_tenant
+from .guards import EVENT_ID, ID_PATTERN, Question, WebhookUrl, check_event_id, check_id, owned_run
+from .schemas import AUTHED, Deleted, RunView, RunWithTrace, errors, links
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(bearer_scheme)])
+RunId = Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})]  # checked by owned_run (400)
+_RUN = errors(*AUTHED, 400, 404)
+_CREATED_RUN = links(201, "run_id", {"get": "get_run", "cancel": "cancel_run", "approve": "decide_approval",
+                                     "replay": "replay_run", "delete": "delete_run_route"})
 
 
 class RunRequest(BaseModel, extra="forbid"):
-    question: str
-    tenant: str | None = None  # accepted only when it is the caller's own (the key decides)
-    tier: str | None = None  # default: the plan's default tier
-    max_steps: int | None = None
+    question: Question = Field(description="not blank; at most REACTQ_MAX_QUESTION_CHARS characters")
+    tenant: Text | None = Field(None, description="accepted only when it is the caller's own (the key decides)")
+    tier: Text | None = Field(None, description="one the plan allows; default: the plan's default tier")
+    max_steps: int | None = Field(None, ge=1, le=200)
     mode: Mode | None = None
-    model: str | None = None
-    id: str | None = None
-    max_tokens: int | None = None
-    max_cost_usd: float | None = None
-    deadline_s: float | None = None
-    webhook_url: str | None = None
+    model: Text | None = Field(None, description="the default model or one of REACTQ_MODELS")
+    id: Text | None = Field(None, description="the client's own id of the run, shown back as `id`")
+    max_tokens: int | None = Field(None, gt=0, description="the run's token budget")
+    max_cost_usd: Finite | None = Field(None, gt=0, description="the run's cost budget in USD")
+    deadline_s: Finite | None = Field(None, ge=1, le=MAX_DEADLINE_S, description="the run's wall time")
+    webhook_url: WebhookUrl | None = Field(None, description="called when the run finishes")
 
 
 def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) -> RunSpec:
@@ -54,31 +59,40 @@ def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None)
                    max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url)
 
 
-@router.post("/v1/runs", status_code=201)
+@router.post("/v1/runs", status_code=201, response_model=RunView,
+             responses={**errors(*AUTHED, 413, 429), **_CREATED_RUN})
 def create_run(body: RunRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
     [run] = submit(rt.store, [run_spec(body, policy, "")], rt.settings, send_step, interactive=True,
                    tenants=rt.fresh_tenants(), budgets=rt.budgets)
     return run_json(run)
 
 
-@router.get("/v1/runs/{run_id}")
-def get_run(run_id: str, tenant: CallerTenant, rt: RuntimeDep, trace: bool = False) -> dict:
+@router.get("/v1/runs/{run_id}", response_model=RunWithTrace, response_model_exclude_unset=True,
+            responses=_RUN)
+def get_run(run_id: RunId, tenant: CallerTenant, rt: RuntimeDep, trace: bool = False) -> dict:
     run = owned_run(rt.store, run_id, tenant)
     return run_json(run, rt.store.load_steps(run_id) if trace else None)
 
 
-@router.post("/v1/runs/{run_id}/cancel")
-def cancel_run(run_id: str, tenant: CallerTenant, rt: RuntimeDep) -> dict:
+@router.post("/v1/runs/{run_id}/cancel", response_model=RunView, responses=_RUN)
+def cancel_run(run_id: RunId, tenant: CallerTenant, rt: RuntimeDep) -> dict:
     owned_run(rt.store, run_id, tenant)
     run = cancel(rt.store, run_id, send_step)
     assert run is not None
     return run_json(run)
 
 
-@router.get("/v1/runs/{run_id}/events")
-async def run_events(run_id: str, request: Request, policy: CallerPolicy, reads: Reads) -> StreamingResponse:
+@router.get("/v1/runs/{run_id}/events", response_class=StreamingResponse, responses={
+    200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+          "description": "the run's events as server-sent events, until it finishes"},
+    **errors(*AUTHED, 400, 404, 429)}, openapi_extra={"parameters": [{
+        "name": "Last-Event-ID", "in": "header", "required": False,
+        "description": "resume after this event (the `id:` of the last one received)",
+        "schema": {"type": "string", "pattern": EVENT_ID.pattern}}]})
+async def run_events(run_id: RunId, request: Request, policy: CallerPolicy, reads: Reads) -> StreamingResponse:
     """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`.
     A tenant may hold its plan's number of streams open at once (429 past that)."""
+    check_event_id(request.headers.get("last-event-id"))
     raw = await reads.run(check_id(run_id))
     if raw is None or Run.model_validate_json(raw).spec.tenant != policy.tenant:
         raise HTTPException(404, f"no run {run_id!r}")
@@ -121,12 +135,12 @@ def _stream_id(text: str) -> tuple[int, int]:
 
 class ApprovalRequest(BaseModel, extra="forbid"):
     decision: Literal["approve", "reject"]
-    call_id: str | None = Field(None, max_length=200, description="the pending call; all of them when absent")
-    reason: str | None = Field(None, max_length=2000, description="told to the model when rejecting")
+    call_id: Text | None = Field(None, max_length=200, description="the pending call; all of them when absent")
+    reason: Text | None = Field(None, max_length=2000, description="told to the model when rejecting")
 
 
-@router.post("/v1/runs/{run_id}/approvals")
-def decide_approval(run_id: str, body: ApprovalRequest, rt: RuntimeDep,
+@router.post("/v1/runs/{run_id}/approvals", response_model=RunView, responses=errors(*AUTHED, 400, 404, 409, 413))
+def decide_approval(run_id: RunId, body: ApprovalRequest, rt: RuntimeDep,
                     tenant: str = Depends(caller_tenant)) -> dict:
     """Approve or reject the run's call awaiting approval (409 when there is none to decide)."""
     owned_run(rt.store, run_id, tenant)
@@ -140,12 +154,13 @@ def decide_approval(run_id: str, body: ApprovalRequest, rt: RuntimeDep,
 
 class ReplayRequest(BaseModel, extra="forbid"):
     from_step: int = Field(ge=1, description="the first step to run again, from 1 (as the trace numbers them)")
-    model: str | None = Field(None, max_length=200)
+    model: Text | None = Field(None, max_length=200)
     mode: Mode | None = None
 
 
-@router.post("/v1/runs/{run_id}/replay", status_code=201)
-def replay_run(run_id: str, body: ReplayRequest, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
+@router.post("/v1/runs/{run_id}/replay", status_code=201, response_model=RunView,
+             responses={**errors(*AUTHED, 400, 404, 413, 429), **_CREATED_RUN})
+def replay_run(run_id: RunId, body: ReplayRequest, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
     """A new run reusing this run's steps before `from_step` and continuing from there."""
     owned_run(rt.store, run_id, tenant)
     try:
@@ -155,8 +170,8 @@ def replay_run(run_id: str, body: ReplayRequest, rt: RuntimeDep, tenant: str = D
     return run_json(run)
 
 
-@router.delete("/v1/runs/{run_id}")
-def delete_run_route(run_id: str, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
+@router.delete("/v1/runs/{run_id}", response_model=Deleted, responses=_RUN)
+def delete_run_route(run_id: RunId, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
     """Remove the run and everything stored for it, now (an unfinished run is cancelled first)."""
     delete_run(rt.store, owned_run(rt.store, run_id, tenant))
     return {"deleted": run_id}
