@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ..config import Settings
 from ..errors import AdmissionRefused, InvalidRequest, TierNotAllowed, TooLarge
@@ -53,6 +54,15 @@ def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None) -> FastAP
     return app
 
 
+def _methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route of the request's path answers."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
+
+
 def _operation_id(route: APIRoute) -> str:
     """OpenAPI operation ids are the route functions' names (the links between operations name them)."""
     return route.name
@@ -69,7 +79,8 @@ def _document_settings(app: FastAPI, settings: Settings) -> None:
             models = schema["components"]["schemas"]
             run = models["RunRequest"]["properties"]
             _restrict(run["question"], maxLength=settings.max_question_chars)
-            _restrict(run["model"], enum=known_models(settings))
+            for name in ("RunRequest", "ReplayRequest"):
+                _restrict(models[name]["properties"]["model"], enum=known_models(settings))
             for name in ("RunRequest", "BatchRequest"):
                 _restrict(models[name]["properties"]["tier"], enum=known_tiers(settings))
             app.openapi_schema = schema
@@ -93,9 +104,11 @@ def _handle_errors(app: FastAPI) -> None:
     """Every error answers `{"error": {"message", "status"}}` with its status code."""
 
     @app.exception_handler(StarletteHTTPException)  # ours, and the framework's own (unknown route, wrong method)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         response = _error(exc.status_code, str(exc.detail))
         response.headers.update(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names the methods of the first route of the path only
+            response.headers["Allow"] = ", ".join(_methods(app, request))
         return response
 
     @app.exception_handler(TierNotAllowed)

@@ -36,7 +36,7 @@ class BatchRequest(BaseModel, extra="forbid"):
 
 
 @router.post("/v1/batches", status_code=201, response_model=BatchCreated, responses={
-    **errors(*AUTHED, 413, 429),
+    **errors(*AUTHED, 400, 413, 429),
     **links(201, "batch_id", {"get": "get_batch", "cancel": "cancel_batch_route", "delete": "delete_batch_route"})})
 def create_batch(body: BatchRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
     """Every item is checked before anything is written (422 naming each bad item's index)."""

@@ -60,7 +60,7 @@ def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None)
 
 
 @router.post("/v1/runs", status_code=201, response_model=RunView,
-             responses={**errors(*AUTHED, 413, 429), **_CREATED_RUN})
+             responses={**errors(*AUTHED, 400, 413, 429), **_CREATED_RUN})
 def create_run(body: RunRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
     [run] = submit(rt.store, [run_spec(body, policy, "")], rt.settings, send_step, interactive=True,
                    tenants=rt.fresh_tenants(), budgets=rt.budgets)

@@ -25,7 +25,7 @@ class ErrorBody(BaseModel):
 
 
 _WHY = {
-    400: "a malformed run or batch id (ids are 1-64 letters, digits, '-' or '_')",
+    400: "a malformed run or batch id (ids are 1-64 letters, digits, '-' or '_'), or a body that is not UTF-8",
     401: "no API key, or an unknown one (`Authorization: Bearer KEY`)",
     403: "a revoked key, a tenant other than the key's, or a tier the plan does not allow",
     404: "no such run or batch for this tenant (another tenant's answers the same)",
