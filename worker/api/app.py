@@ -47,18 +47,19 @@ def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None) -> FastAP
     app = FastAPI(title="reactq", version="0.1.0", lifespan=lifespan, generate_unique_id_function=_operation_id)
     attach(app, runtime, no_auth_tenant)
     app.add_middleware(BodyLimit, max_bytes=runtime.settings.max_body_bytes)
-    for module in (routes_tenancy, routes_runs, routes_batches, routes_monitoring):
-        app.include_router(module.router)
-    _handle_errors(app)
+    routers = [m.router for m in (routes_tenancy, routes_runs, routes_batches, routes_monitoring)]
+    for router in routers:
+        app.include_router(router)
+    _handle_errors(app, [r for router in routers for r in router.routes if isinstance(r, APIRoute)])
     _document_settings(app, runtime.settings)
     return app
 
 
-def _methods(app: FastAPI, request: Request) -> list[str]:
+def _methods(routes: list[APIRoute], request: Request) -> list[str]:
     """Every method some route of the request's path answers."""
     methods: set[str] = set()
-    for route in app.router.routes:
-        if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+    for route in routes:
+        if route.matches(request.scope)[0] != Match.NONE:
             methods |= route.methods
     return sorted(methods)
 
@@ -100,7 +101,7 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "status": status}})
 
 
-def _handle_errors(app: FastAPI) -> None:
+def _handle_errors(app: FastAPI, routes: list[APIRoute]) -> None:
     """Every error answers `{"error": {"message", "status"}}` with its status code."""
 
     @app.exception_handler(StarletteHTTPException)  # ours, and the framework's own (unknown route, wrong method)
@@ -108,7 +109,7 @@ def _handle_errors(app: FastAPI) -> None:
         response = _error(exc.status_code, str(exc.detail))
         response.headers.update(exc.headers or {})
         if exc.status_code == 405:  # Starlette names the methods of the first route of the path only
-            response.headers["Allow"] = ", ".join(_methods(app, request))
+            response.headers["Allow"] = ", ".join(_methods(routes, request))
         return response
 
     @app.exception_handler(TierNotAllowed)
