@@ -16,8 +16,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -60,7 +60,7 @@ def _methods(routes: list[APIRoute], request: Request) -> list[str]:
     methods: set[str] = set()
     for route in routes:
         if route.matches(request.scope)[0] != Match.NONE:
-            methods |= route.methods
+            methods |= route.methods or set()
     return sorted(methods)
 
 

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, Field
 
 from ..core.models import Text
-
 from ..runtime.finish_hooks import batch_may_be_finished
 from ..runtime.webhooks import validate_url
 from ..service.retention import cancel_batch, delete_batch
