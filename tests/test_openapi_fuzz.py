@@ -7,6 +7,7 @@ random, and printed on failure (`--seed N` replays it)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,11 @@ import pytest
 
 from tests.fixtures_api import make_key, start_api
 from tests.fixtures_cluster import Cluster
-
-pytestmark = pytest.mark.integration
+from worker.api.guards import NOT_BLANK
+from worker.api.schemas import DeliveryView, RunView, RunWithTrace
+from worker.core.deliveries import Delivery, Event
+from worker.core.models import Run, RunSpec
+from worker.core.views import run_json
 
 # The exceptions to Schemathesis's defaults, each for a reason no JSON Schema can state:
 CONFIG = """
@@ -37,6 +41,7 @@ expected-statuses = ["2xx", "401", "403", "404", "409", "422", "429"]
 EXAMPLES = 25  # per operation and phase: about a minute on a loaded 2-CPU machine
 
 
+@pytest.mark.integration
 def test_schemathesis_finds_nothing(cluster: Cluster, tmp_path: Path) -> None:
     key = make_key(cluster, "default")
     api = start_api(cluster)
@@ -63,6 +68,7 @@ def test_schemathesis_finds_nothing(cluster: Cluster, tmp_path: Path) -> None:
         api.stop()
 
 
+@pytest.mark.integration
 def test_the_document_states_every_route_and_its_errors(cluster: Cluster) -> None:
     """Every route but /healthz and /metrics needs the bearer key, and states its error statuses."""
     make_key(cluster, "default")  # `reactq api` starts only once a tenant has a key
@@ -94,3 +100,20 @@ def test_the_document_states_every_route_and_its_errors(cluster: Cluster) -> Non
     run = document["components"]["schemas"]["RunRequest"]["properties"]
     assert run["question"]["maxLength"] == 8000  # REACTQ_MAX_QUESTION_CHARS's default
     assert run["tier"]["anyOf"][0]["enum"] == ["free", "pro", "standard"]
+
+
+def test_the_response_models_carry_every_field_the_routes_build() -> None:
+    """A field added to a run's JSON or a delivery without its response model would be dropped from
+    the answer (FastAPI returns what the model declares): the models must name them all."""
+    run = Run(spec=RunSpec(question="q"))
+    assert set(run_json(run)) == set(RunView.model_fields)
+    assert set(run_json(run, [])) == set(RunWithTrace.model_fields)
+    delivery = Delivery(tenant="t", event=Event.RUN_FINISHED, subject_id="r", url="https://example.com/", body="{}")
+    assert set(delivery.public()) == set(DeliveryView.model_fields)
+
+
+def test_the_stated_question_pattern_is_what_submission_checks() -> None:
+    """The document's pattern for a question (not blank) holds for a character exactly when `strip()`, as
+    the submission's check uses it, keeps it."""
+    pattern = re.compile(NOT_BLANK.pattern)
+    assert all(bool(pattern.search(c)) == bool(c.strip()) for c in map(chr, range(sys.maxunicode + 1)))
