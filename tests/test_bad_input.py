@@ -81,6 +81,13 @@ def test_max_cost_usd_must_be_a_finite_number(api: httpx.Client, value: str) -> 
     refused(api.post("/v1/runs", content=body, headers=JSON), "body.deadline_s")
 
 
+@pytest.mark.parametrize(("field", "value"), [("max_cost_usd", "true"), ("max_cost_usd", '"1.5"'),
+                                              ("max_steps", "true"), ("max_tokens", '"100"')])
+def test_a_number_must_be_a_json_number(api: httpx.Client, field: str, value: str) -> None:
+    body = f'{{"question": "hi", "{field}": {value}}}'.encode()
+    refused(api.post("/v1/runs", content=body, headers=JSON), f"body.{field}", "should be a number")
+
+
 def test_a_finite_max_cost_usd_is_kept(api: httpx.Client, module_cluster: Cluster) -> None:
     created = api.post("/v1/runs", json={"question": "hi", "max_cost_usd": 0.25})
     assert created.status_code == 201, created.text

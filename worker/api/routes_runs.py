@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from ..core.models import Finite, Mode, Run, RunSpec, Text
+from ..core.models import Count, Finite, Mode, Run, RunSpec, Text
 from ..core.views import run_json
 from ..errors import ApprovalConflict, InvalidRequest
 from ..runtime.approvals import record_decision
@@ -40,11 +40,11 @@ class RunRequest(BaseModel, extra="forbid"):
     question: Question = Field(description="not blank; at most REACTQ_MAX_QUESTION_CHARS characters")
     tenant: Text | None = Field(None, description="accepted only when it is the caller's own (the key decides)")
     tier: Text | None = Field(None, description="one the plan allows; default: the plan's default tier")
-    max_steps: int | None = Field(None, ge=1, le=200)
+    max_steps: Count | None = Field(None, ge=1, le=200)
     mode: Mode | None = None
     model: Text | None = Field(None, description="the default model or one of REACTQ_MODELS")
     id: Text | None = Field(None, description="the client's own id of the run, shown back as `id`")
-    max_tokens: int | None = Field(None, gt=0, description="the run's token budget")
+    max_tokens: Count | None = Field(None, gt=0, description="the run's token budget")
     max_cost_usd: Finite | None = Field(None, gt=0, description="the run's cost budget in USD")
     deadline_s: Finite | None = Field(None, ge=1, le=MAX_DEADLINE_S, description="the run's wall time")
     webhook_url: WebhookUrl | None = Field(None, description="called when the run finishes")
@@ -153,7 +153,7 @@ def decide_approval(run_id: RunId, body: ApprovalRequest, rt: RuntimeDep,
 
 
 class ReplayRequest(BaseModel, extra="forbid"):
-    from_step: int = Field(ge=1, description="the first step to run again, from 1 (as the trace numbers them)")
+    from_step: Count = Field(ge=1, description="the first step to run again, from 1 (as the trace numbers them)")
     model: Text | None = Field(None, max_length=200)
     mode: Mode | None = None
 

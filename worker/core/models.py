@@ -8,7 +8,7 @@ import uuid
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AllowInfNan, BaseModel, Field
+from pydantic import AfterValidator, AllowInfNan, BaseModel, BeforeValidator, Field
 
 
 def _utf8(text: str) -> str:
@@ -20,8 +20,16 @@ def _utf8(text: str) -> str:
     return text
 
 
+def _number(value: Any) -> Any:
+    """A JSON number: pydantic's lax mode would read `true` as 1 and `"1.5"` as 1.5."""
+    if isinstance(value, bool | str):
+        raise ValueError("should be a number, not a boolean or a string")
+    return value
+
+
 Text = Annotated[str, AfterValidator(_utf8)]  # every string a user submits
-Finite = Annotated[float, AllowInfNan(False)]  # NaN, Infinity (and 1e400, which parses as Infinity) refused
+Finite = Annotated[float, BeforeValidator(_number), AllowInfNan(False)]  # NaN, Infinity, 1e400 (=Infinity) refused
+Count = Annotated[int, BeforeValidator(_number)]
 
 
 class RunStatus(StrEnum):
@@ -136,12 +144,12 @@ class RunSpec(BaseModel):
     question: Text
     tenant: Text = "default"
     tier: Text = "standard"
-    max_steps: int | None = None
+    max_steps: Count | None = None
     mode: Mode | None = None
     model: Text | None = None
     batch_id: str | None = None
     client_id: Text | None = None  # the `id` of a batch input line
-    max_tokens: int | None = None  # the run's token budget (prompt + completion, all its calls)
+    max_tokens: Count | None = None  # the run's token budget (prompt + completion, all its calls)
     max_cost_usd: Finite | None = None  # the run's cost budget
     deadline_s: Finite | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
     webhook_url: Text | None = None  # called when the run finishes (worker/runtime/webhooks.py)
