@@ -8,7 +8,7 @@ import uuid
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AllowInfNan, BaseModel, BeforeValidator, Field
+from pydantic import AfterValidator, AllowInfNan, BaseModel, Field, Strict
 
 
 def _utf8(text: str) -> str:
@@ -20,16 +20,11 @@ def _utf8(text: str) -> str:
     return text
 
 
-def _number(value: Any) -> Any:
-    """A JSON number: pydantic's lax mode would read `true` as 1 and `"1.5"` as 1.5."""
-    if isinstance(value, bool | str):
-        raise ValueError("should be a number, not a boolean or a string")
-    return value
-
-
 Text = Annotated[str, AfterValidator(_utf8)]  # every string a user submits
-Finite = Annotated[float, BeforeValidator(_number), AllowInfNan(False)]  # NaN, Infinity, 1e400 (=Infinity) refused
-Count = Annotated[int, BeforeValidator(_number)]
+# Numbers are JSON numbers (strict: lax mode would read `true` as 1 and "1.5" as 1.5); a float is finite:
+# NaN, Infinity and 1e400 (which parses as Infinity) are refused
+Finite = Annotated[float, Strict(), AllowInfNan(False)]
+Count = Annotated[int, Strict()]
 
 
 class RunStatus(StrEnum):
