@@ -11,9 +11,9 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from ..core.models import Count, Finite, Mode, Run, RunSpec, Text
+from ..core.models import Finite, Mode, Run, RunSpec, Text, json_integer
 from ..core.views import run_json
 from ..errors import ApprovalConflict, InvalidRequest
 from ..runtime.approvals import record_decision
@@ -40,14 +40,16 @@ class RunRequest(BaseModel, extra="forbid"):
     question: Question = Field(description="not blank; at most REACTQ_MAX_QUESTION_CHARS characters")
     tenant: Text | None = Field(None, description="accepted only when it is the caller's own (the key decides)")
     tier: Text | None = Field(None, description="one the plan allows; default: the plan's default tier")
-    max_steps: Count | None = Field(None, ge=1, le=200)
+    max_steps: int | None = Field(None, ge=1, le=200)
     mode: Mode | None = None
     model: Text | None = Field(None, description="the default model or one of REACTQ_MODELS")
     id: Text | None = Field(None, description="the client's own id of the run, shown back as `id`")
-    max_tokens: Count | None = Field(None, gt=0, description="the run's token budget")
+    max_tokens: int | None = Field(None, gt=0, description="the run's token budget")
     max_cost_usd: Finite | None = Field(None, gt=0, description="the run's cost budget in USD")
     deadline_s: Finite | None = Field(None, ge=1, le=MAX_DEADLINE_S, description="the run's wall time")
     webhook_url: WebhookUrl | None = Field(None, description="called when the run finishes")
+
+    _integers = field_validator("max_steps", "max_tokens", mode="before")(json_integer)
 
 
 def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) -> RunSpec:
@@ -153,9 +155,11 @@ def decide_approval(run_id: RunId, body: ApprovalRequest, rt: RuntimeDep,
 
 
 class ReplayRequest(BaseModel, extra="forbid"):
-    from_step: Count = Field(ge=1, description="the first step to run again, from 1 (as the trace numbers them)")
+    from_step: int = Field(ge=1, description="the first step to run again, from 1 (as the trace numbers them)")
     model: Text | None = Field(None, max_length=200)
     mode: Mode | None = None
+
+    _integers = field_validator("from_step", mode="before")(json_integer)
 
 
 @router.post("/v1/runs/{run_id}/replay", status_code=201, response_model=RunView,

@@ -21,10 +21,17 @@ def _utf8(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]  # every string a user submits
-# Numbers are JSON numbers (strict: lax mode would read `true` as 1 and "1.5" as 1.5); a float is finite:
-# NaN, Infinity and 1e400 (which parses as Infinity) are refused
+# A JSON number (strict: lax mode would read `true` as 1.0 and "1.5" as 1.5) that is finite: NaN, Infinity
+# and 1e400 (which parses as Infinity) are refused
 Finite = Annotated[float, Strict(), AllowInfNan(False)]
-Count = Annotated[int, Strict()]
+
+
+def json_integer(value: Any) -> Any:
+    """For a `mode="before"` validator of an int field: JSON's integers include 2.0, which strict mode
+    refuses, and not `true` or "2", which lax mode takes."""
+    if isinstance(value, bool | str):
+        raise ValueError("should be an integer, not a boolean or a string")
+    return value
 
 
 class RunStatus(StrEnum):
@@ -139,12 +146,12 @@ class RunSpec(BaseModel):
     question: Text
     tenant: Text = "default"
     tier: Text = "standard"
-    max_steps: Count | None = None
+    max_steps: int | None = None
     mode: Mode | None = None
     model: Text | None = None
     batch_id: str | None = None
     client_id: Text | None = None  # the `id` of a batch input line
-    max_tokens: Count | None = None  # the run's token budget (prompt + completion, all its calls)
+    max_tokens: int | None = None  # the run's token budget (prompt + completion, all its calls)
     max_cost_usd: Finite | None = None  # the run's cost budget
     deadline_s: Finite | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
     webhook_url: Text | None = None  # called when the run finishes (worker/runtime/webhooks.py)
