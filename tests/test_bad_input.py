@@ -95,6 +95,12 @@ def test_a_finite_max_cost_usd_is_kept(api: httpx.Client, module_cluster: Cluste
     assert run is not None and run.spec.max_cost_usd == 0.25 and run.spec.max_steps == 3
 
 
+def test_an_empty_tier_is_refused(api: httpx.Client) -> None:
+    """Not the plan's default tier (which is what "" once meant): the document lists the tiers."""
+    refused(api.post("/v1/runs", json={"question": "hi", "tier": ""}), "body.tier")
+    refused(api.post("/v1/batches", json={"runs": [{"question": "hi"}], "tier": ""}), "body.tier")
+
+
 @pytest.mark.parametrize("cursor", ["nan", "nan_abc", "inf_abc", "1e999_abc", "12_a:b"])
 def test_a_malformed_cursor_is_refused(api: httpx.Client, cursor: str) -> None:
     refused(api.get("/v1/runs", params={"cursor": cursor}), "query.cursor", "next_cursor of the previous page")

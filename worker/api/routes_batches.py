@@ -30,7 +30,7 @@ _BATCH = errors(*AUTHED, 400, 404)
 class BatchRequest(BaseModel, extra="forbid"):
     runs: list[RunRequest] = Field(min_length=1, max_length=10_000)
     tenant: Text | None = None
-    tier: Text | None = Field(None, description="the tier of runs that name none")
+    tier: Text | None = Field(None, min_length=1, description="the tier of runs that name none")
     webhook_url: WebhookUrl | None = Field(None, description="called once when the whole batch has finished")
 
 

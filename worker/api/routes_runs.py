@@ -39,7 +39,7 @@ _CREATED_RUN = links(201, "run_id", {"get": "get_run", "cancel": "cancel_run", "
 class RunRequest(BaseModel, extra="forbid"):
     question: Question = Field(description="not blank; at most REACTQ_MAX_QUESTION_CHARS characters")
     tenant: Text | None = Field(None, description="accepted only when it is the caller's own (the key decides)")
-    tier: Text | None = Field(None, description="one the plan allows; default: the plan's default tier")
+    tier: Text | None = Field(None, min_length=1, description="one the plan allows; default: the plan's default tier")
     max_steps: int | None = Field(None, ge=1, le=200)
     mode: Mode | None = None
     model: Text | None = Field(None, description="the default model or one of REACTQ_MODELS")
