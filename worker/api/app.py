@@ -11,17 +11,23 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from ..config import Settings
 from ..errors import AdmissionRefused, InvalidRequest, TierNotAllowed, TooLarge
 from ..runtime.context import Runtime
 from ..runtime.metrics_server import initialise
+from ..service.submit import known_models
 from ..store.connection import RedisError
+from ..tenancy.plans import known_tiers
 from . import routes_batches, routes_monitoring, routes_runs, routes_tenancy
 from .app_state import attach
 from .guards import BodyLimit
@@ -38,26 +44,72 @@ def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None) -> FastAP
         initialise(runtime)
         yield
 
-    app = FastAPI(title="reactq", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="reactq", version="0.1.0", lifespan=lifespan, generate_unique_id_function=_operation_id)
     attach(app, runtime, no_auth_tenant)
     app.add_middleware(BodyLimit, max_bytes=runtime.settings.max_body_bytes)
-    for module in (routes_tenancy, routes_runs, routes_batches, routes_monitoring):
-        app.include_router(module.router)
-    _handle_errors(app)
+    routers = [m.router for m in (routes_tenancy, routes_runs, routes_batches, routes_monitoring)]
+    for router in routers:
+        app.include_router(router)
+    _handle_errors(app, [r for router in routers for r in router.routes if isinstance(r, APIRoute)])
+    _document_settings(app, runtime.settings)
     return app
+
+
+def _methods(routes: list[APIRoute], request: Request) -> list[str]:
+    """Every method some route of the request's path answers."""
+    methods: set[str] = set()
+    for route in routes:
+        if route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return sorted(methods)
+
+
+def _operation_id(route: APIRoute) -> str:
+    """OpenAPI operation ids are the route functions' names (the links between operations name them)."""
+    return route.name
+
+
+def _document_settings(app: FastAPI, settings: Settings) -> None:
+    """State in the OpenAPI document the request rules that come from settings: the known tiers and
+    models, and the longest question (the routes check them; the document says what they accept)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            models = schema["components"]["schemas"]
+            run = models["RunRequest"]["properties"]
+            _restrict(run["question"], maxLength=settings.max_question_chars)
+            for name in ("RunRequest", "ReplayRequest"):
+                _restrict(models[name]["properties"]["model"], enum=known_models(settings))
+            for name in ("RunRequest", "BatchRequest", "ReplayRequest"):
+                _restrict(models[name]["properties"]["tier"], enum=known_tiers(settings))
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _restrict(prop: dict[str, Any], **rules: Any) -> None:
+    """Add `rules` to a property's string schema (the string branch of an optional one)."""
+    for branch in prop.get("anyOf", [prop]):
+        if branch.get("type") == "string":
+            branch.update(rules)
 
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "status": status}})
 
 
-def _handle_errors(app: FastAPI) -> None:
+def _handle_errors(app: FastAPI, routes: list[APIRoute]) -> None:
     """Every error answers `{"error": {"message", "status"}}` with its status code."""
 
     @app.exception_handler(StarletteHTTPException)  # ours, and the framework's own (unknown route, wrong method)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         response = _error(exc.status_code, str(exc.detail))
         response.headers.update(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names the methods of the first route of the path only
+            response.headers["Allow"] = ", ".join(_methods(routes, request))
         return response
 
     @app.exception_handler(TierNotAllowed)

@@ -13,12 +13,16 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPBearer
 
 from ..store.async_reads import AsyncReads
 from ..tenancy.tenants import KeyStatus, Policy, Tenants
 from .app_state import Reads, RuntimeDep, no_auth_tenant_of
 
-__all__ = ["CallerPolicy", "CallerTenant", "caller_policy", "caller_tenant", "key_refusal"]
+__all__ = ["CallerPolicy", "CallerTenant", "bearer_scheme", "caller_policy", "caller_tenant", "key_refusal"]
+
+# The scheme as OpenAPI states it (a router's dependency); `caller_tenant` does the checking.
+bearer_scheme = HTTPBearer(auto_error=False, description="an API key: `reactq key create TENANT`")
 
 
 def _unauthorized(message: str) -> HTTPException:

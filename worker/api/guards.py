@@ -1,17 +1,66 @@
-"""Guards in front of the HTTP API's routes: a request body limit (413), id validation (400) and
-ownership (another tenant's run or batch is a 404, exactly like an unknown one)."""
+"""Guards in front of the HTTP API's routes: a request body limit (413), id validation (400), ownership
+(another tenant's run or batch is a 404, exactly like an unknown one), and the checked types of request
+fields and parameters whose rules the OpenAPI document states as patterns (each is enforced by the same
+pattern it publishes, so what a client or a fuzzer reads is what the API accepts)."""
 
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 from fastapi import HTTPException
+from pydantic import AfterValidator, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..core.models import Run
+from ..core.models import Run, Text
+from ..runtime.webhooks import MAX_URL_CHARS, validate_url
 from ..store.runs import RunStore
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ID_PATTERN = "^" + RUN_ID.pattern + "$"
+
+# Not only whitespace: a character other than str.isspace()'s, which `validate_spec` strips (spelled out,
+# not \s: JSON Schema's \s is ECMAScript's, another set)
+_BLANK = r"\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NOT_BLANK = re.compile(f"[^{_BLANK}]")
+_PORT = "(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+WEBHOOK_URL = re.compile(f"^https?://[A-Za-z0-9.-]+(?::{_PORT})?(?:[/?#][!-~]*)?$")
+# a Redis stream entry id, `ms` or `ms-seq` (15 digits each stay far below Redis's 64-bit limit)
+EVENT_ID = re.compile(r"^[0-9]{1,15}(?:-[0-9]{1,15})?$")
+# `next_cursor` of GET /v1/runs: a finite creation time, '_', a run id
+CURSOR = re.compile(r"^-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:[eE][-+]?[0-9]{1,2})?_[A-Za-z0-9-]{0,64}$")
+MAX_OFFSET = 2**53 - 1  # the largest integer every JSON client reads exactly; no batch is near it
+
+
+def _webhook_url(url: str) -> str:
+    validate_url(url)  # its messages say what is wrong (InvalidRequest is a ValueError)
+    if not WEBHOOK_URL.match(url):
+        raise ValueError("webhook_url must be http(s)://HOST[:PORT][/PATH], the host letters, digits, '.' or '-', "
+                         "the rest printable ASCII")
+    return url
+
+
+# checked by validate_spec, which reports every bad run of a batch at once ("runs[1]: the question is empty")
+Question = Annotated[Text, Field(json_schema_extra={"pattern": NOT_BLANK.pattern})]
+WebhookUrl = Annotated[Text, AfterValidator(_webhook_url),
+                       Field(json_schema_extra={"pattern": WEBHOOK_URL.pattern, "maxLength": MAX_URL_CHARS})]
+
+
+def check_cursor(cursor: str | None) -> str | None:
+    if cursor is not None and not CURSOR.match(cursor):
+        raise ValueError(f"invalid cursor {cursor[:80]!r}: pass the next_cursor of the previous page")
+    return cursor
+
+
+def check_event_id(value: str | None) -> str:
+    """The `Last-Event-ID` header of an event stream (absent: from the start), or 422 before the stream
+    opens (inside it, a bad id would only end the stream after its headers)."""
+    if value is None:
+        return "0"
+    if not EVENT_ID.match(value):
+        raise HTTPException(422, f"header Last-Event-ID: {value[:80]!r} is not an event id; send the `id:` "
+                                 "of the last event received (`MS` or `MS-SEQ`, digits)")
+    return value
 
 
 def check_id(value: str, what: str = "run") -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, Field
 
+from ..core.models import Text
 from ..runtime.finish_hooks import batch_may_be_finished
 from ..runtime.webhooks import validate_url
 from ..service.retention import cancel_batch, delete_batch
@@ -16,21 +17,26 @@ from ..store.batch_view import batch_view
 from ..tasks.steps import send_step, sending_together
 from ..tasks.webhooks import send_delivery
 from .app_state import RuntimeDep
-from .auth import CallerPolicy, CallerTenant, caller_tenant
-from .guards import owned_batch
+from .auth import CallerPolicy, CallerTenant, bearer_scheme, caller_tenant
+from .guards import ID_PATTERN, MAX_OFFSET, WebhookUrl, owned_batch
 from .routes_runs import RunRequest, run_spec
+from .schemas import AUTHED, BatchCancelled, BatchCreated, BatchDeleted, BatchView, errors, links
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(bearer_scheme)])
+BatchId = Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})]  # checked by owned_batch (400)
+_BATCH = errors(*AUTHED, 400, 404)
 
 
 class BatchRequest(BaseModel, extra="forbid"):
     runs: list[RunRequest] = Field(min_length=1, max_length=10_000)
-    tenant: str | None = None
-    tier: str | None = None
-    webhook_url: str | None = None  # called once when the whole batch has finished
+    tenant: Text | None = None
+    tier: Text | None = Field(None, min_length=1, description="the tier of runs that name none")
+    webhook_url: WebhookUrl | None = Field(None, description="called once when the whole batch has finished")
 
 
-@router.post("/v1/batches", status_code=201)
+@router.post("/v1/batches", status_code=201, response_model=BatchCreated, responses={
+    **errors(*AUTHED, 400, 413, 429),
+    **links(201, "batch_id", {"get": "get_batch", "cancel": "cancel_batch_route", "delete": "delete_batch_route"})})
 def create_batch(body: BatchRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
     """Every item is checked before anything is written (422 naming each bad item's index)."""
     if body.tenant is not None and body.tenant != policy.tenant:
@@ -53,8 +59,9 @@ def create_batch(body: BatchRequest, policy: CallerPolicy, rt: RuntimeDep) -> di
     return {"batch_id": batch_id, "run_ids": [r.id for r in runs]}
 
 
-@router.get("/v1/batches/{batch_id}")
-def get_batch(batch_id: str, tenant: CallerTenant, rt: RuntimeDep, offset: Annotated[int, Query(ge=0)] = 0,
+@router.get("/v1/batches/{batch_id}", response_model=BatchView, responses=_BATCH)
+def get_batch(batch_id: BatchId, tenant: CallerTenant, rt: RuntimeDep,
+              offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
               limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> dict:
     """The batch's figures and a page of its run ids (`next_offset` is the next page's, null at the end)."""
     store = rt.store
@@ -67,15 +74,15 @@ def get_batch(batch_id: str, tenant: CallerTenant, rt: RuntimeDep, offset: Annot
     return {**view, "run_ids": run_ids, "next_offset": offset + len(run_ids) if more else None}
 
 
-@router.post("/v1/batches/{batch_id}/cancel")
-def cancel_batch_route(batch_id: str, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
+@router.post("/v1/batches/{batch_id}/cancel", response_model=BatchCancelled, responses=_BATCH)
+def cancel_batch_route(batch_id: BatchId, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
     """Cancel every unfinished run of the batch (each stops at its next step)."""
     owned_batch(rt.store, batch_id, tenant)
     return {"batch_id": batch_id, **cancel_batch(rt.store, batch_id, send_step)}
 
 
-@router.delete("/v1/batches/{batch_id}")
-def delete_batch_route(batch_id: str, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
+@router.delete("/v1/batches/{batch_id}", response_model=BatchDeleted, responses=_BATCH)
+def delete_batch_route(batch_id: BatchId, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
     """Remove the batch and all its runs, now."""
     owned_batch(rt.store, batch_id, tenant)
     return {"deleted": batch_id, "runs": delete_batch(rt.store, batch_id)}

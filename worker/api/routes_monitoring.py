@@ -8,11 +8,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import metrics
 from .app_state import RuntimeDep, async_reads_of
+from .schemas import Health, errors
 
 router = APIRouter()
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health, responses=errors(503))
 async def healthz(request: Request) -> dict:
     try:
         await (await async_reads_of(request)).ping()
@@ -21,7 +22,8 @@ async def healthz(request: Request) -> dict:
     return {"status": "ok"}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses={
+    200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus exposition"}})
 def metrics_endpoint(rt: RuntimeDep) -> Response:
     try:
         for queue, depth in rt.cluster.queue_depths().items():

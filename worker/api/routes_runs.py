@@ -6,46 +6,52 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from ..core.models import Mode, Run, RunSpec
+from ..core.models import Finite, Mode, Run, RunSpec, Text, json_integer
 from ..core.views import run_json
 from ..errors import ApprovalConflict
 from ..runtime.approvals import record_decision
 from ..service.replay import replay
 from ..service.retention import delete_run
-from ..service.submit import cancel, submit
+from ..service.submit import MAX_DEADLINE_S, cancel, submit
 from ..store.async_reads import AsyncReads
 from ..store.streams import StreamSlots
 from ..tasks.steps import send_step
 from ..tenancy.admission import StreamSlot
 from ..tenancy.tenants import Policy
 from .app_state import RuntimeDep, stream_gate_of, stream_reads_of
-from .auth import CallerPolicy, CallerTenant, caller_tenant, key_refusal
-from .guards import check_id, owned_run
+from .auth import CallerPolicy, CallerTenant, bearer_scheme, caller_tenant, key_refusal
+from .guards import EVENT_ID, ID_PATTERN, Question, WebhookUrl, check_event_id, check_id, owned_run
+from .schemas import AUTHED, Deleted, RunView, RunWithTrace, errors, links
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(bearer_scheme)])
+RunId = Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})]  # checked by owned_run (400)
+_RUN = errors(*AUTHED, 400, 404)
+_CREATED_RUN = links(201, "run_id", {"get": "get_run", "cancel": "cancel_run", "approve": "decide_approval",
+                                     "replay": "replay_run", "delete": "delete_run_route"})
 
 
 class RunRequest(BaseModel, extra="forbid"):
-    question: str
-    tenant: str | None = None  # accepted only when it is the caller's own (the key decides)
-    tier: str | None = None  # default: the plan's default tier
-    max_steps: int | None = None
+    question: Question = Field(description="not blank; at most REACTQ_MAX_QUESTION_CHARS characters")
+    tenant: Text | None = Field(None, description="accepted only when it is the caller's own (the key decides)")
+    tier: Text | None = Field(None, min_length=1, description="one the plan allows; default: the plan's default tier")
+    max_steps: int | None = Field(None, ge=1, le=200)
     mode: Mode | None = None
-    model: str | None = None
-    id: str | None = None
-    max_tokens: int | None = None
-    max_cost_usd: float | None = None
-    deadline_s: float | None = None
-    webhook_url: str | None = None
+    model: Text | None = Field(None, description="the default model or one of REACTQ_MODELS")
+    id: Text | None = Field(None, description="the client's own id of the run, shown back as `id`")
+    max_tokens: int | None = Field(None, gt=0, description="the run's token budget")
+    max_cost_usd: Finite | None = Field(None, gt=0, description="the run's cost budget in USD")
+    deadline_s: Finite | None = Field(None, ge=1, le=MAX_DEADLINE_S, description="the run's wall time")
+    webhook_url: WebhookUrl | None = Field(None, description="called when the run finishes")
+
+    _integers = field_validator("max_steps", "max_tokens", mode="before")(json_integer)
 
 
 def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) -> RunSpec:
@@ -57,21 +63,23 @@ def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None)
                    max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url)
 
 
-@router.post("/v1/runs", status_code=201)
+@router.post("/v1/runs", status_code=201, response_model=RunView,
+             responses={**errors(*AUTHED, 400, 413, 429), **_CREATED_RUN})
 def create_run(body: RunRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
     [run] = submit(rt.store, [run_spec(body, policy, "")], rt.settings, send_step, interactive=True,
                    tenants=rt.fresh_tenants(), budgets=rt.budgets)
     return run_json(run)
 
 
-@router.get("/v1/runs/{run_id}")
-def get_run(run_id: str, tenant: CallerTenant, rt: RuntimeDep, trace: bool = False) -> dict:
+@router.get("/v1/runs/{run_id}", response_model=RunWithTrace, response_model_exclude_unset=True,
+            responses=_RUN)
+def get_run(run_id: RunId, tenant: CallerTenant, rt: RuntimeDep, trace: bool = False) -> dict:
     run = owned_run(rt.store, run_id, tenant)
     return run_json(run, rt.store.load_steps(run_id) if trace else None)
 
 
-@router.post("/v1/runs/{run_id}/cancel")
-def cancel_run(run_id: str, tenant: CallerTenant, rt: RuntimeDep) -> dict:
+@router.post("/v1/runs/{run_id}/cancel", response_model=RunView, responses=_RUN)
+def cancel_run(run_id: RunId, tenant: CallerTenant, rt: RuntimeDep) -> dict:
     owned_run(rt.store, run_id, tenant)
     run = cancel(rt.store, run_id, send_step)
     assert run is not None
@@ -79,7 +87,6 @@ def cancel_run(run_id: str, tenant: CallerTenant, rt: RuntimeDep) -> dict:
 
 
 READ_BLOCK_MS = 5000  # an open stream re-checks its key (and renews its slot) at least this often
-_ENTRY_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
 
 
 @dataclass
@@ -93,13 +100,13 @@ class EventStream:
 
 
 async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy,
-                            last_event_id: Annotated[str | None, Header(max_length=100)] = None
+                            last_event_id: Annotated[str | None, Header(
+                                max_length=100, description="resume after this event (the `id:` of the last "
+                                "one received)", json_schema_extra={"pattern": EVENT_ID.pattern})] = None
                             ) -> AsyncIterator[EventStream]:
     """Admit a stream before its headers go out: 422 for a malformed `Last-Event-ID`, 429 past the process's
     cap or the tenant's plan, 404 for another tenant's run. Its place and slot are given back when it ends."""
-    last = (last_event_id or "").strip() or "0"
-    if not _ENTRY_ID.fullmatch(last):
-        raise HTTPException(422, "Last-Event-ID must be an event id this stream sent (like 1700000000000-0)")
+    last = check_event_id(last_event_id.strip() if last_event_id else None)
     check_id(run_id)
     with stream_gate_of(request).held():
         reads = stream_reads_of(request)
@@ -114,8 +121,11 @@ async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy,
             await asyncio.shield(slot.close())
 
 
-@router.get("/v1/runs/{run_id}/events", response_class=EventSourceResponse)
-async def run_events(request: Request, stream: Annotated[EventStream, Depends(open_event_stream)]
+@router.get("/v1/runs/{run_id}/events", response_class=EventSourceResponse, responses={
+    200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+          "description": "the run's events as server-sent events, until it finishes"},
+    **errors(*AUTHED, 400, 404, 422, 429)})
+async def run_events(run_id: RunId, request: Request, stream: Annotated[EventStream, Depends(open_event_stream)]
                      ) -> AsyncIterator[ServerSentEvent]:
     """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`.
     A tenant may hold its plan's number of streams open at once, and an API process
@@ -156,12 +166,12 @@ def _stream_id(text: str) -> tuple[int, int]:
 
 class ApprovalRequest(BaseModel, extra="forbid"):
     decision: Literal["approve", "reject"]
-    call_id: str | None = Field(None, max_length=200, description="the pending call; all of them when absent")
-    reason: str | None = Field(None, max_length=2000, description="told to the model when rejecting")
+    call_id: Text | None = Field(None, max_length=200, description="the pending call; all of them when absent")
+    reason: Text | None = Field(None, max_length=2000, description="told to the model when rejecting")
 
 
-@router.post("/v1/runs/{run_id}/approvals")
-def decide_approval(run_id: str, body: ApprovalRequest, rt: RuntimeDep,
+@router.post("/v1/runs/{run_id}/approvals", response_model=RunView, responses=errors(*AUTHED, 400, 404, 409, 413))
+def decide_approval(run_id: RunId, body: ApprovalRequest, rt: RuntimeDep,
                     tenant: str = Depends(caller_tenant)) -> dict:
     """Approve or reject the run's call awaiting approval (409 when there is none to decide)."""
     owned_run(rt.store, run_id, tenant)
@@ -175,13 +185,16 @@ def decide_approval(run_id: str, body: ApprovalRequest, rt: RuntimeDep,
 
 class ReplayRequest(BaseModel, extra="forbid"):
     from_step: int = Field(ge=1, description="the first step to run again, from 1 (as the trace numbers them)")
-    model: str | None = Field(None, max_length=200)
+    model: Text | None = Field(None, max_length=200)
     mode: Mode | None = None
-    tier: str | None = Field(None, max_length=200, description="default: the source run's, if the plan allows it")
+    tier: Text | None = Field(None, max_length=200, description="default: the source run's, if the plan allows it")
+
+    _integers = field_validator("from_step", mode="before")(json_integer)
 
 
-@router.post("/v1/runs/{run_id}/replay", status_code=201)
-def replay_run(run_id: str, body: ReplayRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
+@router.post("/v1/runs/{run_id}/replay", status_code=201, response_model=RunView,
+             responses={**errors(*AUTHED, 400, 403, 404, 413, 429), **_CREATED_RUN})
+def replay_run(run_id: RunId, body: ReplayRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
     """A new run reusing this run's steps before `from_step` and continuing from there. It is admitted as a
     submission is: the caller's plan as it is now, its budgets and admission limits (403, 422, 429)."""
     owned_run(rt.store, run_id, policy.tenant)
@@ -190,8 +203,8 @@ def replay_run(run_id: str, body: ReplayRequest, policy: CallerPolicy, rt: Runti
     return run_json(run)
 
 
-@router.delete("/v1/runs/{run_id}")
-def delete_run_route(run_id: str, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
+@router.delete("/v1/runs/{run_id}", response_model=Deleted, responses=_RUN)
+def delete_run_route(run_id: RunId, rt: RuntimeDep, tenant: str = Depends(caller_tenant)) -> dict:
     """Remove the run and everything stored for it, now (an unfinished run is cancelled first)."""
     delete_run(rt.store, owned_run(rt.store, run_id, tenant))
     return {"deleted": run_id}

@@ -6,9 +6,32 @@ from __future__ import annotations
 import time
 import uuid
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, AllowInfNan, BaseModel, Field, Strict
+
+
+def _utf8(text: str) -> str:
+    """JSON may spell a lone UTF-16 surrogate (`"\\ud800"`): no UTF-8 text, so no stored record, can hold one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode text: a lone surrogate at character {exc.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]  # every string a user submits
+# A JSON number (strict: lax mode would read `true` as 1.0 and "1.5" as 1.5) that is finite: NaN, Infinity
+# and 1e400 (which parses as Infinity) are refused
+Finite = Annotated[float, Strict(), AllowInfNan(False)]
+
+
+def json_integer(value: Any) -> Any:
+    """For a `mode="before"` validator of an int field: JSON's integers include 2.0, which strict mode
+    refuses, and not `true` or "2", which lax mode takes."""
+    if isinstance(value, bool | str):
+        raise ValueError("should be an integer, not a boolean or a string")
+    return value
 
 
 class RunStatus(StrEnum):
@@ -120,18 +143,18 @@ class Approval(BaseModel):
 class RunSpec(BaseModel):
     """What a user submits."""
 
-    question: str
-    tenant: str = "default"
-    tier: str = "standard"
+    question: Text
+    tenant: Text = "default"
+    tier: Text = "standard"
     max_steps: int | None = None
     mode: Mode | None = None
-    model: str | None = None
+    model: Text | None = None
     batch_id: str | None = None
-    client_id: str | None = None  # the `id` of a batch input line
+    client_id: Text | None = None  # the `id` of a batch input line
     max_tokens: int | None = None  # the run's token budget (prompt + completion, all its calls)
-    max_cost_usd: float | None = None  # the run's cost budget
-    deadline_s: float | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
-    webhook_url: str | None = None  # called when the run finishes (worker/runtime/webhooks.py)
+    max_cost_usd: Finite | None = None  # the run's cost budget
+    deadline_s: Finite | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
+    webhook_url: Text | None = None  # called when the run finishes (worker/runtime/webhooks.py)
 
 
 class Run(BaseModel):

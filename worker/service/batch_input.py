@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from ..config import Settings
-from ..core.models import RunSpec
+from ..core.models import Finite, RunSpec
 from ..errors import InvalidRequest
 from ..evals.scoring import MatchMode, check_expected
 from ..tenancy.plans import known_tiers
@@ -41,8 +41,8 @@ class BatchLine(BaseModel, extra="forbid"):
     max_steps: int | None = None
     model: str | None = None
     max_tokens: int | None = None
-    max_cost_usd: float | None = None
-    deadline_s: float | None = None
+    max_cost_usd: Finite | None = None  # NaN and Infinity (1e400) are refused: they would mean no budget
+    deadline_s: Finite | None = None
     expected: str | list[str] | None = None  # evaluation sets (`reactq eval`); not used by the engine
     match: MatchMode | None = None  # how `expected` is compared (default: contains)
     webhook_url: str | None = None

@@ -57,12 +57,12 @@ class SubmissionStore:
         for run in runs:
             commands += [("SET", keys.run(run.id), run.model_dump_json(), "EX", self.ttl),
                          event_command(run.id, "queued", "{}"), ("EXPIRE", keys.events(run.id), self.ttl)]
-        commands.append(("ZADD", keys.ACTIVE_RUNS, *_scored(runs, lambda r: now)))
+        commands += _variadic("ZADD", keys.ACTIVE_RUNS, _scored(runs, lambda r: now), 2)
         for tenant, group in by_tenant.items():
-            commands += [("ZADD", keys.tenant_runs(tenant), *_scored(group, lambda r: r.created_at)),
-                         ("SADD", keys.tenant_inflight(tenant), *[r.id for r in group])]
+            commands += _variadic("ZADD", keys.tenant_runs(tenant), _scored(group, lambda r: r.created_at), 2)
+            commands += _variadic("SADD", keys.tenant_inflight(tenant), [r.id for r in group])
         if batch_id:
-            commands.append(("RPUSH", keys.batch_runs(batch_id), *[r.id for r in runs]))
+            commands += _variadic("RPUSH", keys.batch_runs(batch_id), [r.id for r in runs])
             commands += [("EXPIRE", key, self.batch_ttl) for key in batch_keys(batch_id)]
         counted = list(by_tenant) if count_window_s is not None else []
         for tenant in counted:
@@ -104,6 +104,13 @@ def _count_commands(tenant: str, count: int, window_s: int, now: float | None) -
     minute = int((now or time.time()) // 60)
     buckets = [keys.tenant_submitted(tenant, minute - i) for i in range(max(2, window_s // 60))]
     return [("INCRBY", buckets[0], count), ("EXPIRE", buckets[0], window_s + 60), ("MGET", *buckets[1:])]
+
+
+def _variadic(name: str, key: str, args: list[Any], per_member: int = 1) -> list[Command]:
+    """One command over many members as several of at most 1,000 members each: the script passes a
+    command's arguments through Lua's `unpack`, which fails past about 8,000 values (a 10,000-run batch)."""
+    step = 1000 * per_member
+    return [(name, key, *args[i:i + step]) for i in range(0, len(args), step)]
 
 
 def _scored(runs: list[Run], score: Callable[[Run], float]) -> list[Any]:
