@@ -106,7 +106,7 @@ async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy,
                             ) -> AsyncIterator[EventStream]:
     """Admit a stream before its headers go out: 422 for a malformed `Last-Event-ID`, 429 past the process's
     cap or the tenant's plan, 404 for another tenant's run. Its place and slot are given back when it ends."""
-    last = check_event_id(last_event_id.strip() if last_event_id else None)
+    last = check_event_id(last_event_id)
     check_id(run_id)
     with stream_gate_of(request).held():
         reads = stream_reads_of(request)
