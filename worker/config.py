@@ -82,7 +82,6 @@ class Settings(BaseSettings):
 
     # webhooks
     webhook_allow_private: bool = False  # deliver to loopback/private/link-local addresses (SSRF guard off)
-    webhook_timeout_s: float = Field(10.0, gt=0)  # unused since webhook_deadline_s (kept: old settings files load)
     webhook_deadline_s: float = Field(10.0, gt=0)  # one attempt in total: connect, headers, body; then it failed
     webhook_max_response_bytes: int = Field(64 * 1024, ge=0)  # of a receiver's answer read, then the connection closes
     webhook_concurrency: int = Field(8, ge=0)  # threads of the webhook worker each step worker starts (0: none)

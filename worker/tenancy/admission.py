@@ -17,7 +17,7 @@ from .budgets import TenantBudgets
 from .tenants import Policy
 
 INFLIGHT_RETRY_S = 5  # no clock says when a run will finish: ask again soon
-STREAM_LEASE_S = 60  # an open stream renews its slot on every keep-alive (15 s); a dead API process's lapse
+STREAM_LEASE_S = 60  # an open stream renews its slot after every read (at most 5 s apart); a dead API process's lapse
 
 
 def quota(budgets: TenantBudgets, policy: Policy, count: int, now: float | None = None) -> Quota:
