@@ -57,12 +57,12 @@ __all__ = ["PARSE_ERROR_KINDS", "PARSE_WARNINGS", "TEXT_STOP_SEQUENCES", "Parsed
 
 PARSE_ERROR_KINDS: tuple[str, ...] = (
     "empty", "garbage", "no_action", "missing_action_name", "missing_action_input",
-    "invalid_action_input", "empty_final_answer",
+    "invalid_action_input", "empty_final_answer", "no_tool", "text_after_bracket",
 )  # fmt: skip
 PARSE_WARNINGS: tuple[str, ...] = (
     "hallucinated_observation", "action_and_final_answer", "multiple_actions", "numbered_labels",
     "bracket_action", "json_action", "plain_string_input", "python_literal_input", "trailing_text",
-    "unlabelled_action_input", "invalid_tool_arguments",
+    "unlabelled_action_input", "invalid_tool_arguments", "call_syntax_action", "partial_stop_sequence",
 )  # fmt: skip
 # The OpenAI API accepts at most four stop sequences.
 TEXT_STOP_SEQUENCES: list[str] = ["\nObservation:", "\n观察:", "\n观察："]
@@ -85,19 +85,26 @@ _FORMAT_HINT = (
 )
 _LABEL = re.compile(
     r"[ \t]{0,16}(?P<pre>[*_#>\-][*_#>\- \t]{0,7})?"
-    r"(?P<label>final[ \t_]{0,3}answer|action[ \t_]{0,3}input|action|act|thoughts?|observations?|obs"
-    r"|最终答案|行动输入|行动|思考|观察)"
+    r"(?P<label>final[ \t_]{0,3}answer|action[ \t_]{0,3}(?:input|param(?:eter)?s)|action|act|thoughts?"
+    r"|observations?|obs|最终答案|行动输入|行动|动作输入|动作|输入|思考|观察)"
     r"[ \t]{0,3}(?P<num>\d{1,3})?[ \t]{0,3}(?P<close>[*_]{1,3})?[ \t]{0,3}[:：]"
     r"(?P<post>[ \t]{0,3}[*_]{1,3}(?![*_]))?(?P<rest>.*)",
     re.IGNORECASE,
 )
 _KINDS = {
     "finalanswer": "final", "最终答案": "final", "actioninput": "input", "行动输入": "input",
-    "action": "action", "act": "action", "行动": "action", "thought": "thought",
+    "actionparams": "input", "actionparameters": "input", "动作输入": "input", "输入": "input",
+    "action": "action", "act": "action", "行动": "action", "动作": "action", "thought": "thought",
     "thoughts": "thought", "思考": "thought", "observation": "obs", "observations": "obs",
     "obs": "obs", "观察": "obs",
 }  # fmt: skip
-_BRACKET = re.compile(r"(?P<name>[A-Za-z_][\w.\-]{0,63})[ \t]{0,3}\[(?P<arg>.*)\]")
+_BRACKET = re.compile(r"(?P<name>[^\W\d][\w.\-]{0,63})[ \t]{0,3}\[(?P<arg>.*)\]")
+_BRACKET_TAIL = re.compile(r"(?P<name>[^\W\d][\w.\-]{0,63})[ \t]{0,3}\[(?P<arg>.*)\](?P<tail>[^\]]+)")
+_CALL = re.compile(r"(?P<name>[^\W\d][\w.\-]{0,63})[ \t]{0,3}\((?P<arg>.*)\)")
+_QUOTES = {'"': '"', "'": "'", "“": "”", "‘": "’", "「": "」", "『": "』", "«": "»"}
+# An Action that names no tool: the model meant to answer.
+_NO_TOOL = frozenset({"none", "null", "nil", "n/a", "na", "no", "nothing", "no tool", "no action", "no_tool",
+                      "no-tool", "无", "没有", "不需要"})  # fmt: skip
 _FENCE_LANG = re.compile(r"[A-Za-z0-9_+\-]{1,15}[ \t]*\n|json[ \t]+", re.IGNORECASE)
 _NAME_STRIP = " \t*`'\""
 _LITERAL_MAX = 20_000  # ast.literal_eval is slow and recursive: only for small inputs
@@ -219,10 +226,13 @@ def parse_text(text: str | None) -> ParsedTurn:
     """Parse one reply in the Thought / Action / Action Input / Final Answer text format."""
     if text is None or not text.strip():
         return _error("empty", "Invalid format: your reply was empty. " + _FORMAT_HINT)
-    lines = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    lines = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n").rstrip().split("\n")
+    warnings: list[str] = []
+    if len(lines) > 1 and _partial_stop(lines[-1]):
+        lines.pop()
+        warnings.append("partial_stop_sequence")
     preamble: list[str] = []
     blocks: list[_Block] = []
-    warnings: list[str] = []
     numbered = decided = False
     for line in lines:
         found = _label(line)
@@ -258,34 +268,40 @@ def parse_text(text: str | None) -> ParsedTurn:
     return _action(decisive, later, thought, warnings)
 
 
+def _partial_stop(line: str) -> bool:
+    """A last line that is the start of a stop sequence (`Obs`, `Observ`, `Observation`, `观`, `观察`): the
+    reply was cut inside it (a token limit, a provider that ends early), so it is not part of the input."""
+    word = line.strip(" \t*_#").rstrip("0123456789 \t")
+    return word in ("观", "观察") or (len(word) >= 3 and word[0] == "O" and "observation".startswith(word.lower()))
+
+
 def _action(block: _Block, later: list[_Block], thought: str | None, warnings: list[str]) -> ParsedTurn:
     content = block.text
     blob = _json_action(content, thought, warnings)
     if blob is not None:
         return blob
     first, _, extra = content.partition("\n")
-    bracket = _BRACKET.fullmatch(first.strip(_NAME_STRIP))
+    line = first.strip(_NAME_STRIP).rstrip(".;,。").strip(_NAME_STRIP)
+    bracket = _BRACKET.fullmatch(line)
     if bracket:
         warnings.append("bracket_action")
         if bracket["name"].lower() == "finish":
             return _final(bracket["arg"].strip(), thought, warnings)
-        call = ToolCall(id="text-0", name=bracket["name"], arguments=bracket["arg"].strip())
+        if bracket["name"].lower() in _NO_TOOL:
+            return _no_tool(bracket["name"], thought, warnings)
+        call = ToolCall(id="text-0", name=bracket["name"], arguments=_bracket_argument(bracket["arg"]))
         return ParsedTurn(thought=thought, calls=[call], warnings=warnings)
 
     stop = next((i for i, b in enumerate(later) if b.kind in ("action", "final")), len(later))
     inputs = next((b for b in later[:stop] if b.kind == "input"), None)
+    brace = first.find("{")
+    if _clean_name(first[:brace] if brace >= 0 else first).lower() in _NO_TOOL:
+        return _no_tool(_clean_name(first), thought, warnings)
     if inputs is not None:
         name, raw = first, inputs.text
+    elif brace < 0 and not extra.lstrip().startswith(("{", "```")):
+        return _without_input(line, extra, thought, warnings)
     else:
-        brace = first.find("{")
-        if brace < 0 and not extra.lstrip().startswith(("{", "```")):
-            name = _clean_name(first)
-            if not name:
-                return _no_name(thought, warnings)
-            return _error("missing_action_input", f"Invalid format: 'Action: {name[:64]}' is not followed by "
-                          "an 'Action Input:' line. Give the tool's arguments as a JSON object on an "
-                          "'Action Input:' line ({} for a tool without arguments). " + _FORMAT_HINT,
-                          thought, warnings)  # fmt: skip
         warnings.append("unlabelled_action_input")
         name, raw = (first[:brace], content[brace:]) if brace >= 0 else (first, extra)
     name = _clean_name(name)
@@ -300,9 +316,73 @@ def _action(block: _Block, later: list[_Block], thought: str | None, warnings: l
                       warnings=warnings)  # fmt: skip
 
 
+def _without_input(line: str, extra: str, thought: str | None, warnings: list[str]) -> ParsedTurn:
+    """An Action line with no Action Input: a `name("text")` call, or an error saying what is wrong."""
+    call = _CALL.fullmatch(line)
+    if call:
+        argument = _unquote(call["arg"].strip())
+        if argument is not None:
+            warnings.append("call_syntax_action")
+            return ParsedTurn(thought=thought, calls=[ToolCall(id="text-0", name=call["name"], arguments=argument)],
+                              warnings=warnings)  # fmt: skip
+    tail = _BRACKET_TAIL.fullmatch(line)
+    if tail:
+        return _error("text_after_bracket", "Invalid format: unexpected text after the closing bracket: "
+                      f"{tail['tail'].strip()[:80]!r}. Put the whole argument inside the brackets, e.g.\n"
+                      f"Action: {tail['name']}[<argument>]", thought, warnings)  # fmt: skip
+    name = _clean_name(line)
+    if not name:
+        return _no_name(thought, warnings)
+    if any(c.isspace() for c in name):
+        return _error("missing_action_input", f"Invalid format: 'Action: {name[:64]}' is not a tool name. Write "
+                      "one tool name on the 'Action:' line and its arguments as JSON on an 'Action Input:' "
+                      "line. " + _FORMAT_HINT, thought, warnings)  # fmt: skip
+    after = " (the text after it has no 'Action Input:' label)" if extra.strip() else ""
+    return _error("missing_action_input", f"Invalid format: 'Action: {name[:64]}' is not followed by an "
+                  f"'Action Input:' line{after}. Give the tool's arguments as a JSON object on an 'Action "
+                  "Input:' line ({} for a tool without arguments). " + _FORMAT_HINT, thought,
+                  warnings)  # fmt: skip
+
+
+def _unquote(arg: str) -> str | None:
+    """The text inside one pair of matching quotes ("", '', “”, 「」 ...), else None."""
+    if len(arg) < 2 or _QUOTES.get(arg[0]) != arg[-1]:
+        return None
+    if arg[0] == '"':
+        try:
+            value = _DECODER.decode(arg)  # "say \"hi\"": JSON escapes
+            return value if isinstance(value, str) else None
+        except ValueError:
+            pass
+    inner = arg[1:-1]
+    return None if arg[-1] in inner else inner
+
+
+def _bracket_argument(arg: str) -> dict[str, Any] | str:
+    """`Name[arg]`: a JSON object as arguments, a quoted string without its quotes, else the text."""
+    arg = arg.strip()
+    if arg.startswith("{"):
+        try:
+            value, end = _DECODER.raw_decode(arg)
+            if isinstance(value, dict) and not arg[end:].strip():
+                return value
+        except (ValueError, RecursionError):
+            pass
+    unquoted = _unquote(arg)
+    return arg if unquoted is None else unquoted
+
+
 def _clean_name(name: str) -> str:
-    name = name.strip().strip(_NAME_STRIP).rstrip(".:;,").strip(_NAME_STRIP)
-    return name[:-2].rstrip() if name.endswith("()") else name
+    """The tool name, cut at a copied signature or description: `search(query: str)`, `add - adds`."""
+    name = name.strip().strip(_NAME_STRIP)
+    for cut in ("(", "（", " - ", " — ", " – "):
+        name = name.partition(cut)[0]
+    return name.strip().strip(_NAME_STRIP).rstrip(".:;,。").strip(_NAME_STRIP)
+
+
+def _no_tool(name: str, thought: str | None, warnings: list[str]) -> ParsedTurn:
+    return _error("no_tool", f"Invalid format: 'Action: {name[:64]}' means no tool: give a Final Answer "
+                  "instead, e.g.\nThought: ...\nFinal Answer: <answer>", thought, warnings)  # fmt: skip
 
 
 def _no_name(thought: str | None, warnings: list[str]) -> ParsedTurn:
