@@ -17,6 +17,10 @@ import httpx
 import pytest
 from pydantic import BaseModel, Field
 
+from worker.core.engine import Act, Limits, decide
+from worker.core.models import Run, RunSpec
+from worker.core.models import ToolCall as ToolCallModel
+from worker.core.parser import parse_text, parse_tool_reply
 from worker.tools import REGISTRY
 from worker.tools import calculator as calc
 from worker.tools.registry import InvalidArguments, Tool, ToolError, ToolRegistry, tool
@@ -564,6 +568,92 @@ def test_builtin_tools_are_registered():
     assert search is not None and search.idempotent
     with pytest.raises(InvalidArguments, match="query"):
         search.validate({"query": ""})
+
+
+def test_aliases_reach_the_tool_in_any_case_and_are_never_listed():
+    reg = ToolRegistry()
+    t = reg.register(Tool("calculator", PairArgs, "math", aliases=("calc", "Calculate")))
+    for name in ("calculator", "Calculator", "CALC", " calculate ", "Calculate"):
+        assert reg.get(name) is t, name
+    assert reg.get("calculus") is None
+    assert reg.names() == ["calculator"]
+    assert [x.name for x in reg.all()] == ["calculator"]
+
+
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [
+        (Tool("maths", PairArgs, "x", aliases=("calc",)), "'calc' is already the name or an alias of tool 'calc"),
+        (Tool("calc", PairArgs, "x"), "'calc' is already the name or an alias of tool 'calculator'"),
+        (Tool("maths", PairArgs, "x", aliases=("Calculator",)), "'calculator' is already the name"),
+        (Tool("maths", PairArgs, "x", aliases=("",)), "an alias is empty"),
+    ],
+)
+def test_an_alias_clash_is_refused_at_registration(second, message):
+    reg = ToolRegistry()
+    first = reg.register(Tool("calculator", PairArgs, "math", aliases=("calc",)))
+    with pytest.raises(ValueError, match=message):
+        reg.register(second)
+    assert reg.get("calc") is first and reg.names() == ["calculator"]  # nothing half-registered
+
+
+def test_a_new_tools_alias_may_not_take_an_existing_name():
+    reg = ToolRegistry()
+    reg.register(Tool("search", PairArgs, "s"))
+    with pytest.raises(ValueError, match="'search' is already the name or an alias of tool 'search'"):
+        reg.register(Tool("web", PairArgs, "w", aliases=("search",)))
+
+
+def test_replacing_a_tool_replaces_its_aliases():
+    reg = ToolRegistry()
+    reg.register(Tool("calculator", PairArgs, "old", aliases=("calc", "math")))
+    new = reg.register(Tool("Calculator", PairArgs, "new", aliases=("calc",)))
+    assert reg.get("calc") is new and reg.get("math") is None
+    reg.register(Tool("math", PairArgs, "the alias is free again"))
+
+
+def test_tool_decorator_takes_aliases():
+    reg = ToolRegistry()
+
+    @tool("weather", WeatherArgs, "Current weather.", aliases=("forecast", "天气"), registry=reg)
+    def weather(args: WeatherArgs) -> str:
+        return args.city
+
+    assert reg.get("Forecast") is reg.get("天气") is reg.get("weather")
+    assert reg.get("weather").aliases == ("forecast", "天气")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [("Calculator", "calculator"), ("Calculate", "calculator"), ("calc", "calculator"), ("math", "calculator"),
+     ("Search", "search"), ("lookup", "search"), ("web_search", "search"), ("搜索", "search"),
+     ("python_repl", "python"), ("py", "python"), ("code", "python")],
+)  # fmt: skip
+def test_builtin_aliases(alias, name):
+    found = REGISTRY.get(alias)
+    assert found is not None and found.name == name
+    assert alias.lower() not in {n.lower() for n in REGISTRY.names()} - {name}
+
+
+def test_the_engine_resolves_aliases_in_text_and_tools_mode():
+    """A model's alias reaches the tool; the unknown-tool reply lists only real names."""
+    run = Run(spec=RunSpec(question="q"))
+    text = parse_text('Thought: 现在计算年龄\nAction: Calculator["2024 - 1982"]')
+    tools_mode = parse_tool_reply(None, [ToolCallModel(id="c1", name="calc", arguments='{"expression": "6*7"}')])
+    for turn, expression, result in ((text, "2024 - 1982", "42"), (tools_mode, "6*7", "42")):
+        decision = decide(run, [], turn, REGISTRY, Limits())
+        assert isinstance(decision, Act) and decision.rejected == []
+        [planned] = decision.planned
+        assert (planned.tool, planned.arguments) == ("calculator", {"expression": expression})
+        calculator = REGISTRY.get(planned.tool)
+        assert calculator is not None
+        assert calculator.run(calculator.validate(planned.arguments)) == result
+    unknown = decide(run, [], parse_text("Action: wikipedia[x]"), REGISTRY, Limits())
+    assert isinstance(unknown, Act)
+    [obs] = unknown.rejected
+    assert obs.outcome == "unknown_tool"
+    listed = obs.content.split("Available tools: ")[1].rstrip(".").split(", ")
+    assert listed == REGISTRY.names() and "calc" not in listed and "lookup" not in listed
 
 
 # --- the idempotent-tool cache, per tenant (real Redis, the in-process harness) -------------------

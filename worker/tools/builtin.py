@@ -30,7 +30,7 @@ class PythonArgs(BaseModel):
 # is enough: every expression is bounded before it is computed (calculator.py), so it finishes in
 # milliseconds; a process would cost a round trip per call for nothing.
 @tool("calculator", CalculatorArgs, "Evaluate arithmetic and math functions exactly.", idempotent=True,
-      cached=False)
+      cached=False, aliases=("calc", "calculate", "math", "计算器", "计算"))
 def calculator(args: CalculatorArgs) -> str:
     return calc.format_number(calc.evaluate(args.expression))
 
@@ -40,7 +40,8 @@ def _http_client() -> httpx.Client:
     return httpx.Client(timeout=10.0)
 
 
-@tool("search", SearchArgs, "Look up facts in the knowledge base / on the web.", idempotent=True)
+@tool("search", SearchArgs, "Look up facts in the knowledge base / on the web.", idempotent=True,
+      aliases=("lookup", "web_search", "google", "搜索"))
 def search(args: SearchArgs) -> str:
     key = get_settings().serpapi_api_key
     results = (
@@ -49,6 +50,7 @@ def search(args: SearchArgs) -> str:
     return web.format_results(args.query, results)
 
 
-@tool("python", PythonArgs, "Run Python 3 code in a sandbox and return what it prints.", sandboxed=True)
+@tool("python", PythonArgs, "Run Python 3 code in a sandbox and return what it prints.", sandboxed=True,
+      aliases=("python_repl", "python3", "py", "code", "code_interpreter", "代码"))
 def python(args: PythonArgs) -> str:  # pragma: no cover - sandboxed tools never run inline
     raise ToolError("python runs in the sandbox", "not_inline")

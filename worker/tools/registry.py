@@ -34,6 +34,7 @@ class Tool:
     cached: bool = False  # results are shared across a tenant's runs by (tool, arguments) for REACTQ_TOOL_CACHE_TTL_S
     timeout_s: float | None = None  # a call's deadline; None: REACTQ_TOOL_TIMEOUT_S (default 30 s)
     isolation: str = "thread"  # one of ISOLATIONS; a "process" tool's func must be importable (module level)
+    aliases: tuple[str, ...] = ()  # other names a model may call it by (`calc`); never offered to the model
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -99,13 +100,28 @@ def _openai_schema(name: str, description: str, args_model: type[BaseModel]) -> 
 class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self._aliases: dict[str, str] = {}  # alias (lower case) -> the tool's key in _tools
 
     def register(self, t: Tool) -> Tool:
-        self._tools[t.name.lower()] = t
+        """Add `t`, replacing a tool of the same name. A name or alias that is already another tool's
+        name or alias is refused (ValueError): a call must never reach a tool it did not mean."""
+        key = t.name.strip().lower()
+        aliases = {a.strip().lower() for a in t.aliases} - {key}
+        if "" in aliases:
+            raise ValueError(f"tool {t.name!r}: an alias is empty")
+        for n in sorted({key} | aliases):
+            owner = n if n in self._tools else self._aliases.get(n)
+            if owner is not None and owner != key:
+                raise ValueError(f"tool {t.name!r}: {n!r} is already the name or an alias of tool "
+                                 f"{self._tools[owner].name!r}")
+        self._aliases = {a: k for a, k in self._aliases.items() if k != key} | dict.fromkeys(aliases, key)
+        self._tools[key] = t
         return t
 
     def get(self, name: str) -> Tool | None:
-        return self._tools.get(name.strip().lower())
+        """The tool called `name` or having it as an alias, in any case."""
+        key = name.strip().lower()
+        return self._tools.get(self._aliases.get(key, key))
 
     def names(self) -> list[str]:
         return sorted(t.name for t in self._tools.values())
@@ -137,17 +153,19 @@ def tool(
     cached: bool | None = None,
     timeout_s: float | None = None,
     isolation: str = "thread",
+    aliases: tuple[str, ...] = (),
     registry: ToolRegistry = REGISTRY,
 ) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
     """Decorator: register `func(args: args_model) -> str` as a tool. An idempotent tool's results are
     cached unless `cached=False` (a call cheaper than the cache's Redis lookup, like the calculator).
     A call has `timeout_s` (default REACTQ_TOOL_TIMEOUT_S) to answer; `isolation="process"` for a
-    CPU-bound tool, so that a call past it can be killed (see ISOLATIONS)."""
+    CPU-bound tool, so that a call past it can be killed (see ISOLATIONS). `aliases` are other names
+    that reach the tool (`Calculate`, `calc`); the model is only ever shown `name`."""
 
     def decorate(func: Callable[[Any], str]) -> Callable[[Any], str]:
         registry.register(Tool(name, args_model, description, func, sandboxed, idempotent, requires_approval,
                                cached=idempotent if cached is None else cached and idempotent,
-                               timeout_s=timeout_s, isolation=isolation))
+                               timeout_s=timeout_s, isolation=isolation, aliases=tuple(aliases)))
         return func
 
     return decorate
