@@ -327,6 +327,10 @@ def test_huge_inputs_complete():
         "Thought 1 :" * (one_mb // 11),
         "```" * (one_mb // 3),
         "Final Answer: " + "\n" * one_mb + "done",
+        "Action: a[" + "]b" * (one_mb // 2),
+        "Action: a(" + ")b" * (one_mb // 2),
+        'Action: a["' + '"' * one_mb + "]",
+        "Action: a\nAction Input: x\n" + " " * one_mb + "Obs",
     ]
     for text in texts:
         turn = parse_text(text)
@@ -429,11 +433,13 @@ _PIECES = [
     "Thought", "Action", "Action Input", "Final Answer", "Observation", "Act 1", "Obs", "思考", "行动",
     "行动输入", "观察", "最终答案", "Finish", "Search", ":", "：", "**", "[", "]", "{", "}", '"', "'",
     "`", "```", "```json", "\n", "\r\n", "\r", " ", "\t", "1", "x", "é", "🗼", "\x00", "\\", ",", "null",
-    '{"query": "x"}', "{'a': 1}", "()", ".",
+    '{"query": "x"}', "{'a': 1}", "()", ".", "Action_Params", "动作", "输入", "“", "”", "「", "」", "(", ")",
+    "None", "Obs", "观", " - ",
 ]  # fmt: skip
 
 
-_LABELS = ["Thought", "Action", "Action Input", "Final Answer", "Observation", "行动", "行动输入", "**Action"]
+_LABELS = ["Thought", "Action", "Action Input", "Final Answer", "Observation", "行动", "行动输入", "**Action",
+           "Action_Params", "动作", "输入"]
 
 
 def test_fuzz_never_raises():

@@ -6,10 +6,13 @@ every regex is anchored at a line start with bounded quantifiers.
 Text mode (`parse_text`), the classic ReAct format: `Thought:` / `Action: <tool>` / `Action Input:
 <JSON>` / `Final Answer:`. Labels count only at a line start: any case, extra spaces, numbered
 (`Action Input 2:`), markdown (`**Action:**`, `- Thought:`, `### Final Answer:`), `:` or `：`,
-`_` for a space, the ReAct-paper `Act`/`Obs`, and 思考 / 行动 / 行动输入 / 观察 / 最终答案.
-A label's text runs to the next label line; `\r\n` and `\r` end lines. The rules, in order:
+`_` for a space, the ReAct-paper `Act`/`Obs`, `Action_Params:` (the first seed article) for `Action
+Input:`, and 思考 / 行动 / 动作 / 行动输入 / 动作输入 / 输入 / 观察 / 最终答案. A label's text runs to the
+next label line; `\r\n` and `\r` end lines. The rules, in order:
 
-1. None, empty or whitespace -> "empty"; no label at all (prose, binary junk) -> "garbage".
+1. None, empty or whitespace -> "empty"; no label at all (prose, binary junk) -> "garbage". A last line
+   that is the start of a stop sequence (`Obs`, `Observ`, `Observation` without colon, `观`, `观察`: the
+   reply was cut inside it) is dropped ("partial_stop_sequence").
 2. The first Observation after an Action or Final Answer is the model's invention: it and all
    after it are cut off ("hallucinated_observation"). An Observation before any Action is ignored.
 3. Whichever of Action / Final Answer comes first wins: an Action followed by a Final Answer is
@@ -19,10 +22,13 @@ A label's text runs to the next label line; `\r\n` and `\r` end lines. The rules
 4. The thought is the last Thought before that label, else the text before the first label
    (chatter before a `Thought:` is dropped). A Final Answer keeps all its lines, trimmed; an
    empty one -> "empty_final_answer".
-5. `Action: Name[arg]` (ReAct paper) is a call with the string `arg` ("bracket_action");
-   `Finish[answer]` is the final answer. `{"action": ..., "action_input": ...}` (LangChain) is
-   read too ("json_action"). Otherwise the line is the tool name, with quotes, backticks, `*`,
-   trailing punctuation and `()` dropped; no name -> "missing_action_name".
+5. `Action: Name[arg]` (ReAct paper) is a call with the string `arg` ("bracket_action"), without one
+   pair of surrounding quotes ("", '', “”, 「」; `Calculator["2024 - 1982"]`), or a JSON object arg as
+   the arguments; `Finish[answer]` is the final answer; text after the `]` -> "text_after_bracket".
+   `{"action": ..., "action_input": ...}` (LangChain) is read too ("json_action"). Otherwise the line
+   is the tool name, with quotes, backticks, `*` and trailing punctuation dropped and cut at a `(` or
+   ` - ` (a copied listing line `search(query: str) - ...`); no name -> "missing_action_name". A name
+   that means no tool (`None`, `N/A`, 无) -> "no_tool": the model should give a Final Answer.
 6. The Action Input is the first one after the Action and before any other Action / Final
    Answer. Code fences and backticks are removed; text after a closing fence or a complete JSON
    value is dropped ("trailing_text"). JSON object -> dict; JSON string -> str; a Python dict
@@ -31,7 +37,8 @@ A label's text runs to the next label line; `\r\n` and `\r` end lines. The rules
    code) -> that text as str, outer quotes stripped. A str input warns "plain_string_input".
    `Action Input:` with nothing after it -> `{}` (a tool without arguments; the tool's argument
    validation reports anything missing). No Action Input line -> "missing_action_input", unless
-   the Action line goes on with a JSON object or a code fence ("unlabelled_action_input").
+   the Action line goes on with a JSON object or a code fence ("unlabelled_action_input") or is a
+   call with one quoted string, `search("x")` ("call_syntax_action").
    The one call of a text turn has id "text-0".
 
 Native function calling (`parse_tool_reply`): string arguments are decoded as JSON ("" is `{}`);
