@@ -113,7 +113,7 @@ class ToolRegistry:
             owner = n if n in self._tools else self._aliases.get(n)
             if owner is not None and owner != key:
                 raise ValueError(f"tool {t.name!r}: {n!r} is already the name or an alias of tool "
-                                 f"{self._tools[owner].name!r}")
+                                 f"{self._tools[owner].name!r}; choose another name or alias")
         self._aliases = {a: k for a, k in self._aliases.items() if k != key} | dict.fromkeys(aliases, key)
         self._tools[key] = t
         return t
