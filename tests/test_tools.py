@@ -682,3 +682,32 @@ def test_one_tenants_cached_result_never_answers_another_tenant(make_harness: An
     assert seen[other].content == seen[first].content  # acme's own result, computed ...
     assert seen[again].content == "what tenant default looked up"  # ... not default's entry
     assert len(list(harness.store.r.scan_iter(keys.tool_cache("acme", "search", "*")))) == 1
+
+
+@pytest.mark.parametrize("mode", ["text", "tools"])
+def test_a_run_calling_a_tool_by_alias_gets_its_result(make_harness: Any, mode: str) -> None:
+    """The articles' `Calculator["2024 - 1982"]` (text mode) and `calc` (tools mode) run the calculator."""
+    from tests.harness import call, final
+    from worker.core.models import LLMReply
+
+    harness = make_harness(mode=mode)
+    if mode == "text":
+        harness.llm.script(LLMReply(content='Thought: 现在计算年龄\nAction: Calculator["2024 - 1982"]'),
+                           LLMReply(content="Thought: 42 岁\nFinal Answer: 42"))  # fmt: skip
+    else:
+        harness.llm.script(call("Calc", {"expression": "2024 - 1982"}), final("42"))
+    run_id = harness.submit("How old is Chloé Zhao in 2024?")
+    harness.drain()
+    [first, _] = harness.steps(run_id)
+    [obs] = first.observations
+    assert (obs.tool, obs.outcome, obs.content) == ("calculator", "ok", "42")
+    assert harness.run(run_id).answer == "42"
+
+
+def test_a_plan_refuses_a_tool_called_by_its_alias_under_its_real_name() -> None:
+    from worker.tenancy.plans import AllowedTools, load_plans
+
+    free = AllowedTools(REGISTRY, load_plans()["free"])  # calculator and search, no python
+    assert free.get("py") is None and free.get("calc") is REGISTRY.get("calculator")
+    assert free.refusal("python_repl") == ("tool 'python' is not allowed on this tenant's plan ('free'); "
+                                           "available tools: calculator, search")
