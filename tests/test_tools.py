@@ -584,7 +584,6 @@ def test_aliases_reach_the_tool_in_any_case_and_are_never_listed():
     ("second", "message"),
     [
         (Tool("maths", PairArgs, "x", aliases=("calc",)), "'calc' is already the name or an alias of tool 'calc"),
-        (Tool("calc", PairArgs, "x"), "'calc' is already the name or an alias of tool 'calculator'"),
         (Tool("maths", PairArgs, "x", aliases=("Calculator",)), "'calculator' is already the name"),
         (Tool("maths", PairArgs, "x", aliases=("",)), "an alias is empty"),
     ],
@@ -595,6 +594,14 @@ def test_an_alias_clash_is_refused_at_registration(second, message):
     with pytest.raises(ValueError, match=message):
         reg.register(second)
     assert reg.get("calc") is first and reg.names() == ["calculator"]  # nothing half-registered
+
+
+def test_a_name_wins_over_another_tools_alias():
+    reg = ToolRegistry()
+    calculator = reg.register(Tool("calculator", PairArgs, "math", aliases=("calc", "math")))
+    calc = reg.register(Tool("calc", PairArgs, "a user's own tool called calc"))
+    assert reg.get("calc") is calc and reg.get("math") is calculator
+    assert reg.names() == ["calc", "calculator"]
 
 
 def test_a_new_tools_alias_may_not_take_an_existing_name():

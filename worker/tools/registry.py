@@ -103,18 +103,20 @@ class ToolRegistry:
         self._aliases: dict[str, str] = {}  # alias (lower case) -> the tool's key in _tools
 
     def register(self, t: Tool) -> Tool:
-        """Add `t`, replacing a tool of the same name. A name or alias that is already another tool's
-        name or alias is refused (ValueError): a call must never reach a tool it did not mean."""
+        """Add `t`, replacing a tool of the same name. A name wins over another tool's alias (which is
+        dropped: a user's tool called `lookup` is not refused for the built-in search's alias); an alias that
+        is already another tool's name or alias is refused (ValueError): a call must never reach a tool it
+        did not mean."""
         key = t.name.strip().lower()
         aliases = {a.strip().lower() for a in t.aliases} - {key}
         if "" in aliases:
             raise ValueError(f"tool {t.name!r}: an alias is empty")
-        for n in sorted({key} | aliases):
+        for n in sorted(aliases):
             owner = n if n in self._tools else self._aliases.get(n)
             if owner is not None and owner != key:
                 raise ValueError(f"tool {t.name!r}: {n!r} is already the name or an alias of tool "
                                  f"{self._tools[owner].name!r}; choose another name or alias")
-        self._aliases = {a: k for a, k in self._aliases.items() if k != key} | dict.fromkeys(aliases, key)
+        self._aliases = {a: k for a, k in self._aliases.items() if k != key and a != key} | dict.fromkeys(aliases, key)
         self._tools[key] = t
         return t
 
