@@ -103,18 +103,18 @@ def print_summary(target: Console, s: Summary) -> None:
     target.print(worst)
 
 
-def statuses(s: Summary) -> str:
-    return ", ".join(f"{status} {count}" for status, count in s.statuses.items())
+def statuses(s: Summary, sep: str = ", ") -> str:
+    return sep.join(f"{status} {count}" for status, count in s.statuses.items())
 
 
 def print_categories(target: Console, s: Summary) -> None:
     """The figures of the summary table, one row per category (lines without one: "uncategorised")."""
     table = Table(title="per category")
-    for column in ("category", "success rate", "statuses", "turns mean / p95", "tokens / q", "USD / q",
-                   "latency p50 / p95"):
-        table.add_column(column, overflow="fold")
+    table.add_column("category", no_wrap=True)
+    for column in ("correct", "statuses", "turns mean/p95", "tokens/q", "USD/q", "latency p50/p95"):
+        table.add_column(column, overflow="fold", min_width=13 if column == "statuses" else None)
     for name, c in s.categories.items():
-        table.add_row(literal(name), f"{c.correct}/{c.questions} ({c.success_rate:.1%})", literal(statuses(c)),
+        table.add_row(literal(name), f"{c.correct}/{c.questions} ({c.success_rate:.1%})", literal(statuses(c, "\n")),
                       f"{c.turns_mean:.2f} / {c.turns_p95:g}", f"{c.tokens_per_question:.1f}",
                       f"{c.usd_per_question:.6f}", f"{c.latency_p50_s:.2f}s / {c.latency_p95_s:.2f}s")
     target.print(table)
