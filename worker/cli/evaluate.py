@@ -36,7 +36,8 @@ CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
               "run of an earlier invocation for the same --out")
 def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report: Path | None, as_json: bool,
                  tenant: str | None, tier: str | None, fresh: bool) -> None:
-    """Run an evaluation set (batch lines plus `expected` and `match`) and score it."""
+    """Run an evaluation set (batch lines plus `expected`, `match` and an optional `category`) and score
+    it; every figure is also given per category (lines without one: "uncategorised")."""
     from ..evals.report import write_report
     from ..evals.summary import summarise
     from ..evals.table import BASE, EvalTable
