@@ -44,12 +44,28 @@ def test_bundled_set_scores_fully_resumes_compares_and_reports(cluster: Cluster,
     assert summary["latency_p95_s"] >= summary["latency_p50_s"] > 0
     lines = [json.loads(t) for t in results.read_text().splitlines()]
     assert len(lines) == total and all(line["correct"] and line["expected"] is not None for line in lines)
+    # every figure per category: each line's category (from the set), and each category's summary
+    dataset = [json.loads(t) for t in BUNDLED.read_text().splitlines()]
+    wanted = {d["id"]: d["category"] for d in dataset}
+    assert {line["id"]: line["category"] for line in lines} == wanted
+    categories = list(dict.fromkeys(wanted.values()))
+    assert list(summary["categories"]) == categories and len(categories) >= 2
+    for name, figures in summary["categories"].items():
+        size = sum(c == name for c in wanted.values())
+        assert figures["questions"] == figures["correct"] == size and figures["statuses"] == {"succeeded": size}
+        assert figures["tokens_per_question"] > 0 and figures["usd_per_question"] > 0
+        assert figures["turns_mean"] >= 2 and figures["latency_p95_s"] >= figures["latency_p50_s"] > 0
+    assert summary["statuses"] == {"succeeded": total}
 
     # the same command again runs nothing and scores the whole file
     again = cluster.reactq("eval", str(BUNDLED), "--out", str(results))
     assert again.returncode == 0, again.stderr
     assert f"0 runs to follow, {total} already in" in again.stderr
     assert f"{total}/{total} (100.0%)" in again.stdout
+    table = again.stdout.split("per category")[1].split("worst questions")[0]
+    for name in categories:
+        size = sum(c == name for c in wanted.values())
+        assert f"│ {name} " in table and f"{size}/{size}" in table, table
 
     # a change for the worse (one step only) on a few questions: each is flagged as a regression
     subset = tmp_path / "subset.jsonl"
@@ -63,10 +79,26 @@ def test_bundled_set_scores_fully_resumes_compares_and_reports(cluster: Cluster,
     assert comparison["new"]["correct"] == 0 and comparison["base"]["correct"] == total
     failures = json.loads(worse.stdout)["summary"]["failures"]
     assert [(f["status"], f["count"]) for f in failures] == [("max_steps", 4)]
+    first = [d["category"] for d in dataset[:4]]
+    assert set(comparison["categories"]) == set(categories)  # the baseline's other questions count too
+    assert {name: c["regressions"] for name, c in comparison["categories"].items()} == \
+        {name: first.count(name) for name in categories}
+    worse_figures = json.loads(worse.stdout)["summary"]["categories"][first[0]]
+    assert worse_figures["statuses"] == {"max_steps": first.count(first[0])}
 
     text = cluster.reactq("eval", str(subset), "--out", str(tmp_path / "worse.jsonl"), "--compare", str(results),
                           "--report", str(tmp_path / "diff.html"))
-    assert "4 regression(s)" in text.stdout
+    assert "4 regression(s)" in text.stdout and "per category, compared" in text.stdout
+
+    # a line with a bad category is refused by its line number; the others run
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(BUNDLED.read_text().splitlines()[0] + "\n"
+                   + json.dumps({"id": "bad", "question": "What is 1 + 1?", "expected": "2", "category": "no spaces"})
+                   + "\n")
+    refused = cluster.reactq("eval", str(bad), "--out", str(tmp_path / "bad.results.jsonl"), "--json")
+    assert refused.returncode == 1, refused.stderr
+    assert "line 2: category: Value error, a category is 1 to 40 letters" in refused.stderr.replace("\n", " ")
+    assert json.loads(refused.stdout)["summary"]["questions"] == 1
 
     dom = dump_dom(report, tmp_path)
     assert "id=\"turns-histogram\"" in dom and "id=\"tokens-per-question\"" in dom
@@ -74,5 +106,13 @@ def test_bundled_set_scores_fully_resumes_compares_and_reports(cluster: Cluster,
     assert f"data-figure=\"correct\">{total}</td>" in dom and ">100.0%</td>" in dom
     bars = sum(int(part.split("\"")[0]) for part in dom.split("data-count=\"")[1:])
     assert bars == total  # the histogram accounts for every run
+    for name in categories:
+        size = sum(c == name for c in wanted.values())
+        row = dom.split(f"<tr data-category=\"{name}\">")[1].split("</tr>")[0]
+        assert f"data-figure=\"questions\">{size}</td>" in row and f"data-figure=\"correct\">{size}</td>" in row
+        assert "data-figure=\"success rate\">100.0%</td>" in row and f"succeeded {size}" in row
     diff_dom = dump_dom(tmp_path / "diff.html", tmp_path)
     assert diff_dom.count("data-change=\"regression\"") == 4 and "4 regression(s)" in diff_dom
+    row = diff_dom.split(f"<tr data-category=\"{first[0]}\">")[1].split("</tr>")[0]
+    assert "data-figure=\"base success rate\">100.0%</td>" in row
+    assert f"data-figure=\"regressions\">{first.count(first[0])}</td>" in row

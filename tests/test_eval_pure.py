@@ -4,10 +4,21 @@ HTML report, and the bundled set's shape."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from worker.evals.categories import (
+    BUNDLED_CATEGORIES,
+    MAX_CATEGORIES,
+    MAX_CATEGORY_CHARS,
+    OTHER,
+    UNCATEGORISED,
+    Buckets,
+    category_of,
+    check_category,
+)
 from worker.evals.compare import Change, compare
 from worker.evals.report import render
 from worker.evals.scoring import MatchMode, check_expected, matches, normalise
@@ -248,3 +259,135 @@ def test_only_the_start_of_a_very_long_answer_is_scored() -> None:
     assert len(normalise("a " * (MAX_TOKENS * 3))) == MAX_TOKENS
     assert matches("x " * 10 + "42", "42", "contains")
     assert not matches("x " * MAX_TOKENS + "42", "42", "contains")
+
+
+# --- categories --------------------------------------------------------------------------------
+
+def test_every_figure_is_reported_per_category() -> None:
+    lines = [
+        {**line("a", True, steps=2, tokens=(100, 20), cost=0.001, latency=1.0), "category": "single_tool"},
+        {**line("b", False, steps=8, tokens=(900, 100), cost=0.009, latency=9.0, status="max_steps",
+                error="reached max_steps (8)", answer=None), "category": "dependent"},
+        {**line("c", True, steps=3, tokens=(200, 40), cost=0.002, latency=2.0), "category": "single_tool"},
+        line("d", False, steps=1, tokens=(50, 0), cost=0.0, latency=0.5, status="failed", error="LLM gave up"),
+        {**line("e", True, steps=4), "category": "no spaces allowed"},  # a bad name read back: uncategorised
+    ]
+    s = summarise(lines)
+    assert list(s.categories) == ["single_tool", "dependent", UNCATEGORISED]  # in order of first appearance
+    assert s.statuses == {"succeeded": 3, "failed": 1, "max_steps": 1}
+    single, dependent, none = (s.categories[name] for name in s.categories)
+    assert (single.questions, single.correct, single.success_rate, single.statuses) == (2, 2, 1.0, {"succeeded": 2})
+    assert single.turns_mean == 2.5 and single.turns_p95 == 3 and single.total_tokens == 360
+    assert single.usd_per_question == pytest.approx(0.0015) and (single.latency_p50_s, single.latency_p95_s) == (1, 2)
+    assert (dependent.questions, dependent.correct, dependent.statuses) == (1, 0, {"max_steps": 1})
+    assert [(f.status, f.reason, f.ids) for f in dependent.failures] == [("max_steps", "reached max_steps (8)", ["b"])]
+    assert (none.questions, none.correct, none.statuses) == (2, 1, {"failed": 1, "succeeded": 1})
+    # each category's figures are those of its lines summarised alone
+    alone = summarise([lines[0], lines[2]], worst=0)
+    assert {k: v for k, v in single.to_json().items() if k != "categories"} == \
+        {k: v for k, v in alone.to_json().items() if k != "categories"}
+    data = json.loads(json.dumps(s.to_json()))
+    assert data["categories"]["dependent"]["statuses"] == {"max_steps": 1}
+    assert "worst" not in data["categories"]["dependent"] and "categories" not in data["categories"]["dependent"]
+    assert sum(c["questions"] for c in data["categories"].values()) == 5
+
+
+def test_categories_are_capped_and_the_rest_pooled_under_other() -> None:
+    lines = [{**line(f"q{i}", i % 2 == 0), "category": f"c{i % (MAX_CATEGORIES + 30)}"} for i in range(400)]
+    s = summarise(lines)
+    assert len(s.categories) == MAX_CATEGORIES and list(s.categories)[-1] == OTHER
+    assert list(s.categories)[: MAX_CATEGORIES - 1] == [f"c{i}" for i in range(MAX_CATEGORIES - 1)]
+    assert sum(c.questions for c in s.categories.values()) == 400
+    kept = sum(s.categories[f"c{i}"].questions for i in range(MAX_CATEGORIES - 1))
+    assert s.categories[OTHER].questions == 400 - kept == 31 * 5  # c49..c79, five lines each
+
+
+def test_buckets_pool_past_the_limit() -> None:
+    buckets: Buckets[list[int]] = Buckets(list, limit=3)
+    for i, name in enumerate(["a", "b", "c", "a", "d", OTHER]):
+        buckets.get(name).append(i)
+    assert dict(buckets.items()) == {"a": [0, 3], "b": [1], OTHER: [2, 4, 5]}
+    with pytest.raises(ValueError):
+        Buckets(list, limit=1)
+
+
+@pytest.mark.parametrize(("name", "good"), [
+    ("single_tool", True), ("chinese", True), ("A-1_b", True), ("x" * MAX_CATEGORY_CHARS, True),
+    ("", False), ("x" * (MAX_CATEGORY_CHARS + 1), False), ("two words", False), ("中文", False),
+    ("a/b", False), ("<b>", False), ("tab\t", False),
+])
+def test_category_names(name: str, good: bool) -> None:
+    if good:
+        assert check_category(name) == name and category_of({"category": name}) == name
+    else:
+        with pytest.raises(ValueError, match="1 to 40 letters"):
+            check_category(name)
+        assert category_of({"category": name}) == UNCATEGORISED
+    assert category_of({}) == category_of({"category": 7}) == UNCATEGORISED
+
+
+def test_a_bad_category_is_a_line_error(tmp_path: Path) -> None:
+    from worker.config import Settings
+    from worker.service.batch_input import ParsedLine, iter_input
+
+    infile = tmp_path / "set.jsonl"
+    rows = [{"id": "ok", "question": "What is 2 + 2?", "expected": "4", "category": "single_tool"},
+            {"id": "spaces", "question": "q", "expected": "4", "category": "no spaces"},
+            {"id": "long", "question": "q", "category": "x" * 41},
+            {"id": "number", "question": "q", "category": 3},
+            {"id": "none", "question": "What is 2 + 2?"}]
+    infile.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    parsed = list(iter_input(infile, Settings(), None, None))
+    assert isinstance(parsed[0], ParsedLine) and parsed[0].category == "single_tool"
+    assert parsed[0].expected == ("4", MatchMode.CONTAINS)
+    assert [str(p) for p in parsed[1:3]] == [
+        f"line {n}: category: Value error, a category is 1 to 40 letters, digits, '_' or '-'" for n in (2, 3)]
+    assert str(parsed[3]).startswith("line 4: category: Input should be a valid string")
+    assert isinstance(parsed[4], ParsedLine) and parsed[4].category is None
+
+
+def test_compare_counts_changes_per_category() -> None:
+    base = [{**line("a", True), "category": "x"}, {**line("b", False), "category": "y"},
+            {**line("c", True), "category": "x"}, line("gone", True)]
+    new = [{**line("a", False, answer="no"), "category": "x"}, {**line("b", True), "category": "y"},
+           {**line("c", False, answer="no"), "category": "x"}]
+    c = compare(new, base)
+    assert {name: (k.regressions, k.improvements) for name, k in c.categories.items()} == \
+        {"x": (2, 0), "y": (0, 1), UNCATEGORISED: (0, 0)}  # "gone" counts under its base line's category
+    assert (c.base.categories["x"].correct, c.new.categories["x"].correct) == (2, 0)
+    data = c.to_json()
+    assert data["categories"]["x"] == {"regressions": 2, "improvements": 0}
+    assert data["new"]["categories"]["y"]["correct"] == 1 and data["base"]["categories"]["y"]["correct"] == 0
+
+
+def test_report_has_a_row_of_figures_per_category() -> None:
+    lines = [{**line("a", True), "category": "single_tool"}, {**line("b", False, answer="no"), "category": "dependent"},
+             line("c", True)]
+    html = render("t", summarise(lines), lines)
+    assert "id=categories" in html
+    for name in ("single_tool", "dependent", UNCATEGORISED):
+        assert f"<tr data-category='{name}'><th>{name}</th>" in html
+    row = html.split("<tr data-category='dependent'>")[1].split("</tr>")[0]
+    assert "data-figure='questions'>1<" in row and "data-figure='success rate'>0.0%<" in row
+    assert "data-figure='statuses'>succeeded 1<" in row and "data-figure='turns p95'>2<" in row
+    assert "<p id=statuses>runs by status: succeeded 3</p>" in html
+    assert "<td>dependent</td>" in html  # the per-question table names each line's category
+    base = [{**line("a", True), "category": "single_tool"}, {**line("b", True), "category": "dependent"}]
+    diff = render("t", summarise(lines), lines, compare(lines, base))
+    row = diff.split("<tr data-category='dependent'>")[1].split("</tr>")[0]
+    assert "data-figure='base success rate'>100.0%<" in row and "data-figure='regressions'>1<" in row
+    assert "data-figure='base success rate'>–<" in diff.split(f"<tr data-category='{UNCATEGORISED}'>")[1]
+
+
+def test_bundled_lines_each_have_a_category_of_the_articles_list() -> None:
+    items = [json.loads(t) for t in (ROOT / "worker/data/eval_set.jsonl").read_text().splitlines()]
+    assert all(check_category(i["category"]) in BUNDLED_CATEGORIES for i in items), \
+        [i["id"] for i in items if i.get("category") not in BUNDLED_CATEGORIES]
+    found = {i["category"] for i in items}
+    assert {"single_tool", "multi_tool"} <= found
+    # the stub makes one tool call per independent part of a question: a multi-part one is never single_tool
+    def multi_part(question: str) -> bool:
+        return question.count(" and ") >= 2 or re.search(r"\band (?:what|who|when|how)\b", question) is not None
+
+    assert not [i["id"] for i in items if i["category"] == "single_tool" and multi_part(i["question"])]
+    assert sum(i["category"] == "multi_tool" and multi_part(i["question"]) for i in items) >= 10

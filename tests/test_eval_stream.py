@@ -11,6 +11,9 @@ import random
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
+from worker.evals.categories import MAX_CATEGORIES
 from worker.evals.compare import Change, compare_pairs
 from worker.evals.report import PER_QUESTION_LIMIT, write_report
 from worker.evals.scoring import MatchMode
@@ -50,6 +53,26 @@ def test_table_rescores_against_the_dataset_keeps_the_last_line_and_skips_junk(t
         assert lines[1]["match"] == "normalised" and lines[1]["expected"] == "41"
         assert [line["id"] for line in table.all_lines(NEW)] == ["a", "x", "b"]  # file order, x kept
         assert next(line for line in table.all_lines(NEW) if line["id"] == "x")["correct"]  # its own verdict
+
+
+def test_the_dataset_decides_a_results_line_category(tmp_path: Path) -> None:
+    """A results file is re-read with the dataset's categories (an old file may have none, or others);
+    a line of a question the dataset does not have keeps its own."""
+    results = write_jsonl(tmp_path / "r.jsonl", [
+        {**result("a", "1"), "category": "stale"}, result("b", "2"), {**result("c", "3"), "category": "kept"},
+        {**result("x", "4"), "category": "its_own"}])
+    with EvalTable() as table:
+        table.add_question("a", ("1", MatchMode.CONTAINS), "single_tool")
+        table.add_question("b", ("2", MatchMode.CONTAINS), "dependent")
+        table.add_question("c", ("3", MatchMode.CONTAINS))
+        assert table.question("b") == (True, ("2", MatchMode.CONTAINS), "dependent")
+        assert table.question("nope") == (False, None, None) and table.category("c") is None
+        table.load_results(NEW, results)
+        assert [line.get("category") for line in table.lines(NEW)] == ["single_tool", "dependent", None]
+        assert [line.get("category") for line in table.all_lines(NEW)][-1] == "its_own"
+        s = summarise(table.lines(NEW))
+        assert {name: c.questions for name, c in s.categories.items()} == \
+            {"single_tool": 1, "dependent": 1, "uncategorised": 1}
 
 
 def test_pairs_follow_the_dataset_then_the_baseline_only_questions(tmp_path: Path) -> None:
@@ -114,10 +137,14 @@ def test_report_of_a_large_set_stays_a_page_a_browser_opens(tmp_path: Path) -> N
     assert f"{n - PER_QUESTION_LIMIT} more questions" in html
 
 
-def test_scoring_summarising_and_reporting_30k_lines_keeps_python_memory_flat(tmp_path: Path) -> None:
+@pytest.mark.parametrize("categories", [6, 30_000])
+def test_scoring_summarising_and_reporting_30k_lines_keeps_python_memory_flat(tmp_path: Path, categories: int
+                                                                               ) -> None:
     """The Python heap's peak while loading, summarising and reporting on 30,000 results: per-line
-    state is 8 bytes of floats (turns, latency) plus a transient sort for a percentile (~1 MB here);
-    everything else is on disk. Holding the lines as dicts (as before) took ~40 MB for as many."""
+    state is 8 bytes of floats (turns, latency) for the whole set and as much again in the line's
+    category, plus a transient sort for a percentile (~1 MB here); everything else is on disk. Holding
+    the lines as dicts (as before) took ~40 MB for as many. A set of 30,000 distinct categories costs no
+    more: past MAX_CATEGORIES they are pooled under "other"."""
     n = 30_000
     path = tmp_path / "new.jsonl"
     with path.open("w") as f:
@@ -126,11 +153,13 @@ def test_scoring_summarising_and_reporting_30k_lines_keeps_python_memory_flat(tm
     with EvalTable() as table:
         tracemalloc.start()
         for i in range(n):
-            table.add_question(f"q{i}", (f"answer {i}", MatchMode.CONTAINS))
+            table.add_question(f"q{i}", (f"answer {i}", MatchMode.CONTAINS), f"category-{i % categories}")
         table.load_results(NEW, path)
         summary = summarise(table.lines(NEW))
         write_report(io.StringIO(), "big", summary, table.lines)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     assert summary.questions == n and summary.correct == n
+    assert len(summary.categories) == min(categories, MAX_CATEGORIES)
+    assert sum(c.questions for c in summary.categories.values()) == n
     assert peak < 4 * 2**20, f"peak {peak / 2**20:.1f} MiB"

@@ -36,7 +36,8 @@ CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
               "run of an earlier invocation for the same --out")
 def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report: Path | None, as_json: bool,
                  tenant: str | None, tier: str | None, fresh: bool) -> None:
-    """Run an evaluation set (batch lines plus `expected` and `match`) and score it."""
+    """Run an evaluation set (batch lines plus `expected`, `match` and an optional `category`) and score
+    it; every figure is also given per category (lines without one: "uncategorised")."""
     from ..evals.report import write_report
     from ..evals.summary import summarise
     from ..evals.table import BASE, EvalTable
@@ -82,9 +83,11 @@ def print_summary(target: Console, s: Summary) -> None:
         ("tokens per question", f"{s.tokens_per_question:.1f}"),
         ("USD per question", f"{s.usd_per_question:.6f}"),
         ("latency p50 / p95", f"{s.latency_p50_s:.2f}s / {s.latency_p95_s:.2f}s"),
+        ("runs by status", statuses(s)),
     ):
-        table.add_row(name, value)
+        table.add_row(name, literal(value))
     target.print(table)
+    print_categories(target, s)
     if s.failures:
         failures = Table(title="failures")
         for column in ("status", "reason", "count", "ids"):
@@ -101,6 +104,23 @@ def print_summary(target: Console, s: Summary) -> None:
     target.print(worst)
 
 
+def statuses(s: Summary, sep: str = ", ") -> str:
+    return sep.join(f"{status} {count}" for status, count in s.statuses.items())
+
+
+def print_categories(target: Console, s: Summary) -> None:
+    """The figures of the summary table, one row per category (lines without one: "uncategorised")."""
+    table = Table(title="per category")
+    table.add_column("category", no_wrap=True)
+    for column in ("correct", "statuses", "turns mean/p95", "tokens/q", "USD/q", "latency p50/p95"):
+        table.add_column(column, overflow="fold", min_width=13 if column == "statuses" else None)
+    for name, c in s.categories.items():
+        table.add_row(literal(name), f"{c.correct}/{c.questions} ({c.success_rate:.1%})", literal(statuses(c, "\n")),
+                      f"{c.turns_mean:.2f} / {c.turns_p95:g}", f"{c.tokens_per_question:.1f}",
+                      f"{c.usd_per_question:.6f}", f"{c.latency_p50_s:.2f}s / {c.latency_p95_s:.2f}s")
+    target.print(table)
+
+
 def print_comparison(target: Console, c: Comparison) -> None:
     totals = Table(title="compared with the earlier results")
     for column in ("figure", "before", "now"):
@@ -114,6 +134,15 @@ def print_comparison(target: Console, c: Comparison) -> None:
     ):
         totals.add_row(name, before, now)
     target.print(totals)
+    categories = Table(title="per category, compared")
+    for column in ("category", "success rate before", "now", "regressions", "improvements"):
+        categories.add_column(column, overflow="fold")
+    for name, changes in c.categories.items():
+        base, new = c.base.categories.get(name), c.new.categories.get(name)
+        categories.add_row(literal(name), "–" if base is None else f"{base.correct}/{base.questions}",
+                           "–" if new is None else f"{new.correct}/{new.questions}",
+                           str(changes.regressions), str(changes.improvements))
+    target.print(categories)
     changed = [r for r in islice((r for r in c.rows() if r.change != Change.SAME), CHANGES_SHOWN + 1)]
     if changed:
         rows = Table(title="questions that changed", caption=(

@@ -30,11 +30,12 @@ def bundled_set_path() -> Path:
     return Path(str(resources.files("worker").joinpath("data/eval_set.jsonl")))
 
 
-def scored_line(run: Run, expected: Expected | None) -> dict[str, Any]:
-    """A batch output line plus the question, what was expected, whether it matched, and the latency."""
+def scored_line(run: Run, expected: Expected | None, category: str | None = None) -> dict[str, Any]:
+    """A batch output line plus the question, its category, what was expected, whether it matched, and
+    the latency."""
     latency = None if run.finished_at is None else round(run.finished_at - run.created_at, 3)
-    line = {**run.result_line(), "question": run.spec.question, "expected": None, "match": MatchMode.CONTAINS.value,
-            "correct": False, "latency_s": latency}
+    line = {**run.result_line(), "question": run.spec.question, "category": category, "expected": None,
+            "match": MatchMode.CONTAINS.value, "correct": False, "latency_s": latency}
     return rescored(line, expected)
 
 
@@ -53,10 +54,11 @@ def run_eval(rt: Runtime, dataset: Path, outfile: Path, send_step: Callable[[str
     from .batch_progress import run_batch_file
 
     def seen(line: ParsedLine) -> None:
-        table.add_question(line.spec.client_id or "", line.expected)
+        table.add_question(line.spec.client_id or "", line.expected, line.category)
 
     def line_for(run: Run) -> dict[str, Any]:
-        return scored_line(run, table.expected(run.spec.client_id or ""))
+        _, expected, category = table.question(run.spec.client_id or "")
+        return scored_line(run, expected, category)
 
     code = run_batch_file(rt, dataset, outfile, tenant, tier, send_step, console, line_for=line_for, on_line=seen,
                           fresh=fresh)

@@ -1,7 +1,9 @@
 """Two evaluation results files side by side (pure): per question and in total, regressions flagged.
 
 `base` is the earlier results file (`--compare OTHER.jsonl`), `new` the one just produced. A regression
-is a question `base` answered correctly and `new` does not.
+is a question `base` answered correctly and `new` does not. Regressions and improvements are also
+counted per category (the new line's, else the base line's; see worker/evals/categories.py), beside the
+per-category figures both summaries carry.
 
 The per-question rows are not kept: a `Comparison` holds the two summaries, the counts, and a way to
 read the pairs of lines again (`pairs()`), so 100,000 questions cost no more memory than 40. The CLI
@@ -11,13 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from .categories import Buckets, category_of
 from .summary import Summary, summarise, tokens_of
 
-__all__ = ["Change", "Comparison", "Pair", "QuestionDiff", "compare", "compare_pairs"]
+__all__ = ["CategoryChanges", "Change", "Comparison", "Pair", "QuestionDiff", "compare", "compare_pairs"]
 
 Line = dict[str, Any]
 Pair = tuple[Line | None, Line | None]  # (base, new): one question, either side possibly missing
@@ -73,6 +76,12 @@ def diff(base: Line | None, new: Line | None) -> QuestionDiff:
     )
 
 
+@dataclass
+class CategoryChanges:
+    regressions: int = 0
+    improvements: int = 0
+
+
 @dataclass(frozen=True)
 class Comparison:
     base: Summary
@@ -80,6 +89,7 @@ class Comparison:
     regression_count: int
     improvement_count: int
     pairs: Callable[[], Iterable[Pair]]  # every question again, in new's order then base-only ones
+    categories: dict[str, CategoryChanges] = field(default_factory=dict)  # per category, in order of appearance
 
     def rows(self) -> Iterator[QuestionDiff]:
         return (diff(base, new) for base, new in self.pairs())
@@ -103,6 +113,7 @@ class Comparison:
                 first = False
 
         yield f'{{"base": {json.dumps(self.base.to_json())}, "new": {json.dumps(self.new.to_json())}, '
+        yield f'"categories": {json.dumps({name: asdict(c) for name, c in self.categories.items()})}, '
         yield '"regressions": ['
         yield from ids(self.regressions())
         yield '], "improvements": ['
@@ -120,11 +131,15 @@ class Comparison:
 def compare_pairs(pairs: Callable[[], Iterable[Pair]], base: Summary, new: Summary) -> Comparison:
     """A comparison over pairs that can be read again (one pass here to count the changes)."""
     regressions = improvements = 0
+    categories: Buckets[CategoryChanges] = Buckets(CategoryChanges)
     for b, n in pairs():
         change = _change(b, n)
+        counts = categories.get(category_of(n if n is not None else b or {}))
+        counts.regressions += change == Change.REGRESSION
+        counts.improvements += change == Change.IMPROVEMENT
         regressions += change == Change.REGRESSION
         improvements += change == Change.IMPROVEMENT
-    return Comparison(base, new, regressions, improvements, pairs)
+    return Comparison(base, new, regressions, improvements, pairs, dict(categories.items()))
 
 
 def compare(new_lines: Sequence[Line], base_lines: Sequence[Line]) -> Comparison:

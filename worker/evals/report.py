@@ -1,6 +1,7 @@
-"""One self-contained HTML file for an evaluation (pure): the summary table, a histogram of turns and
-tokens per question as inline SVG, and the per-question table (or the diff against another results
-file). No script, no stylesheet or font from the network: it opens from a file on an offline machine.
+"""One self-contained HTML file for an evaluation (pure): the summary table, the same figures per
+category, a histogram of turns and tokens per question as inline SVG, and the per-question table (or the
+diff against another results file). No script, no stylesheet or font from the network: it opens from a
+file on an offline machine.
 
 Written piece by piece to a stream, reading the lines again for each part, so a set of any size costs
 flat memory. A page a browser can open is the other limit: past PER_QUESTION_LIMIT questions the tokens
@@ -16,6 +17,7 @@ from html import escape
 from itertools import chain, islice
 from typing import Any, TextIO
 
+from .categories import category_of
 from .compare import Change, Comparison, QuestionDiff
 from .summary import Summary, tokens_of
 
@@ -61,6 +63,31 @@ def _summary_table(summary: Summary, base: Summary | None) -> str:
         for name, value in _summary_rows(summary)
     )
     return f"<table id=summary>{head}{rows}</table>"
+
+
+def _statuses(s: Summary) -> str:
+    return ", ".join(f"{status} {count}" for status, count in s.statuses.items())
+
+
+def _categories(summary: Summary, comparison: Comparison | None) -> str:
+    """One row per category, one column per figure of the summary table (and, against a baseline, the
+    base success rate and the category's regressions and improvements)."""
+    figures = [name for name, _ in _summary_rows(summary)]
+    extra = ("base success rate", "regressions", "improvements") if comparison else ()
+    head = "".join(f"<th>{_e(name)}</th>" for name in ("category", *figures, "statuses", *extra))
+    rows = []
+    for category, s in summary.categories.items():
+        cells = [f"<td class=num data-figure='{_e(name)}'>{_e(value)}</td>" for name, value in _summary_rows(s)]
+        cells.append(f"<td data-figure='statuses'>{_e(_statuses(s))}</td>")
+        if comparison is not None:
+            base = comparison.base.categories.get(category)
+            changes = comparison.categories.get(category)
+            cells += [f"<td class=num data-figure='{_e(name)}'>{_e(value)}</td>" for name, value in (
+                ("base success rate", "–" if base is None else f"{base.success_rate:.1%}"),
+                ("regressions", changes.regressions if changes else 0),
+                ("improvements", changes.improvements if changes else 0))]
+        rows.append(f"<tr data-category='{_e(category)}'><th>{_e(category)}</th>{''.join(cells)}</tr>")
+    return f"<table id=categories><tr>{head}</tr>{''.join(rows)}</table>"
 
 
 def _failures(summary: Summary) -> str:
@@ -133,10 +160,10 @@ def _more(shown: int, total: int) -> str:
 
 
 def _questions(lines: Lines, questions: int) -> Iterator[str]:
-    yield ("<table id=questions><tr><th>id</th><th>question</th><th>expected</th><th>answer</th><th>status</th>"
-           "<th>turns</th><th>tokens</th><th>ok</th></tr>")
+    yield ("<table id=questions><tr><th>id</th><th>category</th><th>question</th><th>expected</th><th>answer</th>"
+           "<th>status</th><th>turns</th><th>tokens</th><th>ok</th></tr>")
     for line in islice(lines(), PER_QUESTION_LIMIT):
-        yield (f"<tr><td>{_e(line.get('id'))}</td><td>{_e(line.get('question'))}</td>"
+        yield (f"<tr><td>{_e(line.get('id'))}</td><td>{_e(category_of(line))}</td><td>{_e(line.get('question'))}</td>"
                f"<td>{_e(line.get('expected'))}</td><td>{_e(line.get('answer') or line.get('error'))}</td>"
                f"<td>{_e(line.get('status'))}</td><td class=num>{_e(line.get('steps'))}</td>"
                f"<td class=num>{tokens_of(line)}</td>"
@@ -172,6 +199,8 @@ def write_report(stream: TextIO, title: str, summary: Summary, lines: Lines,
     stream.write(f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
                  f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>")
     for part in ("<h2>Summary</h2>", _summary_table(summary, comparison.base if comparison else None),
+                 f"<p id=statuses>runs by status: {_e(_statuses(summary))}</p>",
+                 "<h2>Per category</h2>", _categories(summary, comparison),
                  "<h2>Failures</h2>", _failures(summary),
                  "<h2>Turns</h2>", _histogram(lines),
                  "<h2>Tokens per question</h2>", _tokens_chart(lines, summary.questions)):

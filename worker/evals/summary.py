@@ -1,5 +1,6 @@
 """The figures of one evaluation results file (pure): success rate, turns, tokens and USD per question,
-latency, failures grouped by status and reason, and the worst questions.
+latency, counts by status, failures grouped by status and reason, the worst questions, and the same
+figures per category (`categories`: see worker/evals/categories.py).
 
 A results line is a batch output line plus `question`, `expected`, `match`, `correct` and `latency_s`
 (what `reactq eval` writes)."""
@@ -12,6 +13,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .categories import Buckets, category_of
 
 __all__ = ["Failure", "Summary", "SummaryBuilder", "percentile", "summarise", "tokens_of", "WRONG_ANSWER"]
 
@@ -55,9 +58,14 @@ class Summary:
     total_usd: float
     failures: list[Failure] = field(default_factory=list)
     worst: list[dict[str, Any]] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)  # runs per status, most first
+    categories: dict[str, Summary] = field(default_factory=dict)  # the figures of each category's lines
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for figures in data["categories"].values():  # a category's own: no worst lines, no nesting
+            del figures["worst"], figures["categories"]
+        return data
 
 
 def _reason(line: dict[str, Any]) -> tuple[str, str]:
@@ -77,15 +85,22 @@ def _badness(line: dict[str, Any]) -> tuple[int, int, int, float]:
 FAILURE_IDS = 10  # ids kept per failure group (the table shows a few; the results file has them all)
 FAILURE_GROUPS = 100  # distinct (status, reason) groups kept; later reasons are counted under OTHER_REASONS
 OTHER_REASONS = "other reasons"
+CATEGORY_FAILURE_GROUPS = 10  # the same, in each category's figures
+STATUS_KINDS = 20  # distinct statuses counted apart (a run has one of 9); later ones count under OTHER_STATUS
+OTHER_STATUS = "other"
 
 
 class SummaryBuilder:
     """The figures of a stream of results lines, with memory flat in their number: counts and sums, one
     float per line for the percentiles (4 bytes each), a bounded heap of the worst lines, and at most
-    FAILURE_GROUPS failure groups of FAILURE_IDS ids each."""
+    FAILURE_GROUPS failure groups of FAILURE_IDS ids each. With `by_category`, one more builder per
+    category (no worst lines, CATEGORY_FAILURE_GROUPS groups), at most MAX_CATEGORIES of them."""
 
-    def __init__(self, worst: int = 5) -> None:
+    def __init__(self, worst: int = 5, by_category: bool = True, groups: int = FAILURE_GROUPS) -> None:
         self._worst = worst
+        self._group_limit = groups
+        self._statuses: dict[str, int] = {}
+        self._categories: Buckets[SummaryBuilder] | None = Buckets(_category_builder) if by_category else None
         self._heap: list[tuple[tuple[int, int, int, float], int, dict[str, Any]]] = []
         self._n = self._correct = self._tokens = 0
         self._usd = 0.0
@@ -96,6 +111,9 @@ class SummaryBuilder:
     def add(self, line: dict[str, Any]) -> None:
         self._n += 1
         self._correct += bool(line.get("correct"))
+        self._count_status(line)
+        if self._categories is not None:
+            self._categories.get(category_of(line)).add(line)
         self._turns.append(float(line.get("steps") or 0))
         self._tokens += tokens_of(line)
         self._usd += float(line.get("cost_usd") or 0.0)
@@ -103,7 +121,7 @@ class SummaryBuilder:
             self._latency.append(float(line["latency_s"]))
         if not line.get("correct"):
             key = _reason(line)
-            if key not in self._groups and len(self._groups) >= FAILURE_GROUPS:
+            if key not in self._groups and len(self._groups) >= self._group_limit:
                 key = (key[0], OTHER_REASONS)
             count, ids = self._groups.get(key, (0, []))
             if len(ids) < FAILURE_IDS:
@@ -116,6 +134,12 @@ class SummaryBuilder:
                 heapq.heappush(self._heap, item)
             elif item[:2] > self._heap[0][:2]:
                 heapq.heapreplace(self._heap, item)
+
+    def _count_status(self, line: dict[str, Any]) -> None:
+        status = str(line.get("status") or "unknown")
+        if status not in self._statuses and len(self._statuses) >= STATUS_KINDS:
+            status = OTHER_STATUS
+        self._statuses[status] = self._statuses.get(status, 0) + 1
 
     def build(self) -> Summary:
         n = self._n
@@ -136,7 +160,13 @@ class SummaryBuilder:
             total_usd=self._usd,
             failures=failures,
             worst=worst,
+            statuses=dict(sorted(self._statuses.items(), key=lambda kv: (-kv[1], kv[0]))),
+            categories={} if self._categories is None else {name: b.build() for name, b in self._categories.items()},
         )
+
+
+def _category_builder() -> SummaryBuilder:
+    return SummaryBuilder(worst=0, by_category=False, groups=CATEGORY_FAILURE_GROUPS)
 
 
 _WORST_FIELDS = ("id", "question", "status", "answer", "expected", "correct", "steps")

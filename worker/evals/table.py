@@ -2,11 +2,12 @@
 temporary SQLite database, so scoring, summaries, comparisons and reports read them back one line at a
 time with memory flat in the set's size (SQLite's page cache is bounded, ~2 MB; the rest stays on disk).
 
-- `dataset(id, pos, expected, match)`: one row per good dataset line, `pos` its order; `expected` is
-  JSON (a string or a list) or NULL for a line without one.
+- `dataset(id, pos, expected, match, category)`: one row per good dataset line, `pos` its order;
+  `expected` is JSON (a string or a list) or NULL for a line without one; `category` NULL for none.
 - `results(src, id, pos, line)`: one row per id of a results file (`src` is `new` or `base`; a later
   line of the same id replaces an earlier one), re-scored on load against the dataset's expectations
-  when the dataset has the id (so a plain `reactq batch` output can be a `--compare` baseline).
+  when the dataset has the id (so a plain `reactq batch` output can be a `--compare` baseline), and
+  given the dataset's category (the dataset decides a question's category, not an old results file).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ __all__ = ["BASE", "NEW", "EvalTable", "Expected", "rescored"]
 NEW, BASE = "new", "base"
 Expected = tuple[str | list[str], MatchMode]
 _SCHEMA = """
-CREATE TABLE dataset (id TEXT PRIMARY KEY, pos INTEGER NOT NULL, expected TEXT, match TEXT);
+CREATE TABLE dataset (id TEXT PRIMARY KEY, pos INTEGER NOT NULL, expected TEXT, match TEXT, category TEXT);
 CREATE TABLE results (src TEXT NOT NULL, id TEXT NOT NULL, pos INTEGER NOT NULL, line TEXT NOT NULL,
                       PRIMARY KEY (src, id));
 CREATE INDEX results_pos ON results (src, pos);
@@ -68,10 +69,11 @@ class EvalTable:
 
     # --- the dataset -------------------------------------------------------------------------------
 
-    def add_question(self, line_id: str, expected: Expected | None) -> None:
+    def add_question(self, line_id: str, expected: Expected | None, category: str | None = None) -> None:
         """A good dataset line, in the dataset's order."""
         want, mode = (None, None) if expected is None else (json.dumps(expected[0]), expected[1].value)
-        self.db.execute("INSERT OR REPLACE INTO dataset VALUES (?, ?, ?, ?)", (line_id, self._positions, want, mode))
+        self.db.execute("INSERT OR REPLACE INTO dataset VALUES (?, ?, ?, ?, ?)",
+                        (line_id, self._positions, want, mode, category))
         self._positions += 1
 
     @property
@@ -83,10 +85,17 @@ class EvalTable:
         return int(self.db.execute("SELECT count(*) FROM dataset WHERE expected IS NOT NULL").fetchone()[0])
 
     def expected(self, line_id: str) -> Expected | None:
-        row = self.db.execute("SELECT expected, match FROM dataset WHERE id = ?", (line_id,)).fetchone()
-        if row is None or row[0] is None:
-            return None
-        return json.loads(row[0]), MatchMode(row[1])
+        return self.question(line_id)[1]
+
+    def category(self, line_id: str) -> str | None:
+        return self.question(line_id)[2]
+
+    def question(self, line_id: str) -> tuple[bool, Expected | None, str | None]:
+        """(whether the dataset has the id, its expected answer, its category)."""
+        row = self.db.execute("SELECT expected, match, category FROM dataset WHERE id = ?", (line_id,)).fetchone()
+        if row is None:
+            return False, None, None
+        return True, (None if row[0] is None else (json.loads(row[0]), MatchMode(row[1]))), row[2]
 
     # --- results files -----------------------------------------------------------------------------
 
@@ -102,7 +111,10 @@ class EvalTable:
                 if not isinstance(line, dict) or "id" not in line:
                     continue
                 line_id = str(line["id"])
-                line = rescored(line, self.expected(line_id))
+                known, expected, category = self.question(line_id)
+                line = rescored(line, expected)
+                if known:
+                    line = {**line, "category": category}
                 self.db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)",
                                 (src, line_id, pos, json.dumps(line, ensure_ascii=False)))
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from ..config import Settings
 from ..core.models import Finite, RunSpec
 from ..errors import InvalidRequest
+from ..evals.categories import Category
 from ..evals.scoring import MatchMode, check_expected
 from ..tenancy.plans import known_tiers
 from ..tenancy.tenants import Policy, Tenants
@@ -45,6 +46,7 @@ class BatchLine(BaseModel, extra="forbid"):
     deadline_s: Finite | None = None
     expected: str | list[str] | None = None  # evaluation sets (`reactq eval`); not used by the engine
     match: MatchMode | None = None  # how `expected` is compared (default: contains)
+    category: Category | None = None  # evaluation sets: the figures of `reactq eval` per category
     webhook_url: str | None = None
 
 
@@ -64,6 +66,7 @@ Expected = tuple[str | list[str], MatchMode]
 class ParsedLine:
     spec: RunSpec  # spec.client_id is the line's id (or line-N)
     expected: Expected | None = None
+    category: str | None = None
 
 
 def digest(text: str) -> int:
@@ -232,8 +235,10 @@ def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_dupli
     except InvalidRequest as exc:
         return LineError(number, str(exc))
     if line.expected is None:
-        return LineError(number, "`match` without `expected`") if line.match is not None else ParsedLine(spec)
+        if line.match is not None:
+            return LineError(number, "`match` without `expected`")
+        return ParsedLine(spec, None, line.category)
     mode = line.match or MatchMode.CONTAINS
     if (unscorable := check_expected(line.expected, mode)) is not None:
         return LineError(number, unscorable)
-    return ParsedLine(spec, (line.expected, mode))
+    return ParsedLine(spec, (line.expected, mode), line.category)
