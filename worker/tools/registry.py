@@ -34,6 +34,8 @@ class Tool:
     cached: bool = False  # results are shared across a tenant's runs by (tool, arguments) for REACTQ_TOOL_CACHE_TTL_S
     timeout_s: float | None = None  # a call's deadline; None: REACTQ_TOOL_TIMEOUT_S (default 30 s)
     isolation: str = "thread"  # one of ISOLATIONS; a "process" tool's func must be importable (module level)
+    returns: str = ""  # what a call gives back, for the system prompt
+    when: str = ""  # when the model should use it, for the system prompt
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -137,17 +139,20 @@ def tool(
     cached: bool | None = None,
     timeout_s: float | None = None,
     isolation: str = "thread",
+    returns: str = "",
+    when: str = "",
     registry: ToolRegistry = REGISTRY,
 ) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
     """Decorator: register `func(args: args_model) -> str` as a tool. An idempotent tool's results are
     cached unless `cached=False` (a call cheaper than the cache's Redis lookup, like the calculator).
     A call has `timeout_s` (default REACTQ_TOOL_TIMEOUT_S) to answer; `isolation="process"` for a
-    CPU-bound tool, so that a call past it can be killed (see ISOLATIONS)."""
+    CPU-bound tool, so that a call past it can be killed (see ISOLATIONS). `returns` and `when` tell the
+    model what a call gives back and when to make one (the system prompt lists them)."""
 
     def decorate(func: Callable[[Any], str]) -> Callable[[Any], str]:
         registry.register(Tool(name, args_model, description, func, sandboxed, idempotent, requires_approval,
                                cached=idempotent if cached is None else cached and idempotent,
-                               timeout_s=timeout_s, isolation=isolation))
+                               timeout_s=timeout_s, isolation=isolation, returns=returns, when=when))
         return func
 
     return decorate
