@@ -1,4 +1,6 @@
-"""Prompt building: message shapes in both modes, reflection, compaction to the context budget."""
+"""Prompt building: the system templates (variables, examples, an operator's override, StrictUndefined),
+message shapes in both modes, reflection, compaction to the context budget; and, through a real worker and
+the stub, that `reactq trace --prompt` prints what the model was sent."""
 
 from __future__ import annotations
 
@@ -8,14 +10,16 @@ import pytest
 from pydantic import BaseModel
 
 from worker.core.models import Mode, Observation, Step, ToolCall
+from worker.config import Settings
 from worker.core.prompts import (
     REFLECTION,
-    TOOLS_SYSTEM,
+    PromptContext,
     build_messages,
     estimate_tokens,
     step_messages,
     summarize_step,
 )
+from worker.prompt_templates import system_template
 from worker.tools.registry import Tool
 
 SUMMARY_PREFIX = "Summary of earlier steps (compacted to fit the context window):\n"
@@ -32,9 +36,10 @@ class LookupArgs(BaseModel):
 
 
 TOOLS = [
-    Tool("calc", ExprArgs, "Evaluate arithmetic."),
+    Tool("calc", ExprArgs, "Evaluate arithmetic.", returns="the number", when="for arithmetic"),
     Tool("lookup", LookupArgs, "Find facts."),
 ]
+SHIPPED = {mode: system_template(Settings(), mode) for mode in Mode}
 
 
 def tool_step(index: int, *calls: tuple[str, dict | str, str], thought: str | None = "thinking") -> Step:
@@ -60,8 +65,216 @@ def many_steps(n: int, obs_chars: int = 1500) -> list[Step]:
     ]
 
 
-def build(mode: Mode, steps, budget: int = BIG, **kw):
-    return build_messages(mode, "What is 6 * 7?", steps, TOOLS, context_budget_tokens=budget, **kw)
+def build(mode: Mode, steps, budget: int = BIG, tools=TOOLS, **kw):
+    return build_messages(mode, "What is 6 * 7?", steps, tools, context_budget_tokens=budget,
+                          system_template=SHIPPED[mode], **kw)
+
+
+# --- the system templates --------------------------------------------------------------------------
+
+CONTEXT = PromptContext(agent_name="Athena-7", date="2031-02-03", max_steps=11, max_retries=5, repeat_limit=2,
+                        plan_instructions="Cite the source.", run_instructions="Answer in French.")
+
+
+def system_of(mode: Mode, tools=None, context: PromptContext = CONTEXT, template=None) -> str:
+    messages, _ = build_messages(mode, "q", [], TOOLS if tools is None else tools, context_budget_tokens=BIG,
+                                 system_template=template or SHIPPED[mode], prompt=context)
+    return messages[0]["content"]
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_every_variable_reaches_the_prompt(mode):
+    content = system_of(mode)
+    assert content.startswith("You are Athena-7, ")
+    assert "Today's date is 2031-02-03 (UTC)." in content
+    assert "at most 11 steps" in content
+    assert "at most 5 " in content and "more than 2 times" in content
+    assert "Instructions from the operator:\nCite the source." in content
+    assert "Instructions for this run (they do not override the rules above):\nAnswer in French." in content
+    for tool in TOOLS:
+        assert tool.name in content and tool.description in content
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_every_shipped_template_uses_every_variable(mode):
+    """A variable the builder fills but no template reads is advice the model never gets."""
+    import jinja2
+    from jinja2 import meta
+
+    from worker.core.prompts import prompt_variables
+    from worker.prompt_templates import template_path
+
+    source = template_path(mode).read_text()
+    used = meta.find_undeclared_variables(jinja2.Environment().parse(source))
+    unused = set(prompt_variables(mode, [], PromptContext())) - used
+    assert unused == ({"mode", "tool_names"} if mode == Mode.TOOLS else {"mode"})
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_the_rules_are_in_both_modes(mode):
+    content = system_of(mode).lower()
+    for rule in ("if you are unsure", "look it up", "answer only from", "stop as soon as you have enough",
+                 "after two failed", "give your best answer", "if no tool fits, rephrase"):
+        assert rule in content, rule
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_no_instructions_no_section(mode):
+    content = system_of(mode, context=PromptContext())
+    assert "Instructions" not in content
+    assert "Today's date is 1970-01-01 (UTC)." in content
+
+
+def test_text_mode_examples_are_what_the_parser_reads():
+    """The three worked examples (a tool call, a direct answer, a recovery from an error) parse as the
+    calls and answers they show, with the tool names of the listing."""
+    from worker.core.parser import parse_text
+    from worker.tools import REGISTRY
+
+    content = system_of(Mode.TEXT, tools=[REGISTRY.get("calculator"), REGISTRY.get("search")],
+                        context=PromptContext())
+    examples = content.split("Examples:\n", 1)[1].split("\nQuestion: ")
+    turns = [turn for example in examples if example.strip() for turn in example.split("\nObservation: ")]
+    parsed = [parse_text(turn[turn.index("Thought:"):]) for turn in turns]
+    calls = [(r.calls[0].name, r.calls[0].arguments) for r in parsed if r.calls]
+    assert calls == [("calculator", {"expression": "17 * 23"}), ("search", {"query": ""}),
+                     ("search", {"query": "Nomadland director"})]
+    assert [r.final_answer for r in parsed if r.final_answer] == ["391", "merci", "Chloé Zhao"]
+    assert "Observation: invalid arguments for search" in content  # the recovery shows the error it fixes
+
+
+def test_text_mode_names_only_offered_tools():
+    """The stub (and a model) read tool names from the system prompt: examples use only offered tools."""
+    import re
+
+    from worker.tools import REGISTRY
+
+    content = system_of(Mode.TEXT, tools=[REGISTRY.get("calculator")], context=PromptContext()).lower()
+    assert "calculator" in content
+    assert not re.search(r"\b(search|python)\b", content)
+    generic = system_of(Mode.TEXT, tools=[TOOLS[1]], context=PromptContext())
+    assert "Action: lookup\nAction Input: {\"query\": \"...\"}" in generic
+    assert "calculator" not in generic
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_no_tools_still_renders(mode):
+    assert "no tools" in system_of(mode, tools=[])
+
+
+def test_builtin_tools_say_what_they_return_and_when():
+    from worker.tools import REGISTRY
+
+    content = system_of(Mode.TEXT, tools=REGISTRY.all())
+    for name in ("calculator", "search", "python"):
+        tool = REGISTRY.get(name)
+        assert tool.returns and tool.when
+        assert f"Tool: {name}\n" in content
+        assert f"  Returns: {tool.returns}\n" in content
+    assert 'Example Action Input: {"expression": "(17 + 25) * 3"}' in content
+
+
+def write(path, text: str):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_an_operator_replaces_the_templates(tmp_path):
+    write(tmp_path / "tools.j2", "I am {{ agent_name }} on {{ date }}; tools: {{ tool_names | join(',') }}\n")
+    write(tmp_path / "text.j2", "TEXT {{ agent_name }}: {% for t in tools %}{{ t.name }}={{ t.example }} {% endfor %}")
+    settings = Settings(prompt_templates_dir=str(tmp_path))
+    assert system_of(Mode.TOOLS, template=system_template(settings, Mode.TOOLS)) == \
+        "I am Athena-7 on 2031-02-03; tools: calc,lookup"
+    assert system_of(Mode.TEXT, template=system_template(settings, Mode.TEXT)) == \
+        'TEXT Athena-7: calc={"expression": "..."} lookup={"query": "..."}'
+    one = write(tmp_path / "one.j2", "only {{ mode }}")
+    settings = Settings(prompt_templates_dir=str(tmp_path), prompt_text_template=str(one))
+    assert system_of(Mode.TEXT, template=system_template(settings, Mode.TEXT)) == "only text"
+    assert system_of(Mode.TOOLS, template=system_template(settings, Mode.TOOLS)).startswith("I am Athena-7")
+
+
+def test_templates_are_compiled_once(tmp_path):
+    write(tmp_path / "tools.j2", "a")
+    write(tmp_path / "text.j2", "b")
+    settings = Settings(prompt_templates_dir=str(tmp_path))
+    assert system_template(settings, Mode.TOOLS) is system_template(settings, Mode.TOOLS)
+    assert system_template(Settings(), Mode.TEXT) is SHIPPED[Mode.TEXT]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("Hi {{ agent_nme }}", "'agent_nme' is undefined; the variables are agent_name, date,"),
+        ("{% for t in tools %}{{ t.nme }}{% endfor %}", "has no attribute 'nme'"),
+        ("Hi {{ agent_name ", "line 1: unexpected end of template"),
+        ("{{ max_steps / 0 }}", "fails to render: ZeroDivisionError"),
+    ],
+)
+def test_a_broken_template_is_refused_when_the_settings_load(tmp_path, text, message):
+    from pydantic import ValidationError
+
+    write(tmp_path / "tools.j2", "fine")
+    write(tmp_path / "text.j2", text)
+    with pytest.raises(ValidationError) as caught:
+        Settings(prompt_templates_dir=str(tmp_path))
+    assert "prompt template " + str(tmp_path / "text.j2") in str(caught.value)
+    assert message in str(caught.value)
+
+
+def test_a_missing_template_file_is_refused(tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="cannot read prompt template .*tools.j2: No such file"):
+        Settings(prompt_templates_dir=str(tmp_path))
+
+
+def test_the_date_is_the_runs_utc_day_unless_overridden():
+    from worker.core.prompts import run_date
+
+    assert run_date(0.0) == "1970-01-01"
+    assert run_date(1_700_000_000.0) == "2023-11-14"  # 22:13 UTC
+    assert run_date(1_700_000_000.0, "2024-05-01") == "2024-05-01"
+    assert Settings(prompt_date="2024-05-01").prompt_date.isoformat() == "2024-05-01"
+    with pytest.raises(ValueError):
+        Settings(prompt_date="yesterday")
+
+
+def test_a_plan_names_the_agent_and_adds_instructions():
+    from worker.errors import PlanConfigError
+    from worker.tenancy.plans import parse_plans
+
+    base = "[plans.p]\ntiers = ['free']\n[plans.p.limits]\nruns_in_flight = 1\nsubmissions_per_minute = 1\nsse_streams = 1\n"
+    plain = parse_plans(base)["p"]
+    assert plain.agent_name is None and plain.instructions == ""
+    named = parse_plans(base.replace("tiers", "agent_name = 'FinBot'\ninstructions = 'Quote sources.'\ntiers"))["p"]
+    assert (named.agent_name, named.instructions) == ("FinBot", "Quote sources.")
+    with pytest.raises(PlanConfigError, match="instructions: String should have at most 4000"):
+        parse_plans(base.replace("tiers", f"instructions = '{'x' * 4001}'\ntiers"))
+    with pytest.raises(PlanConfigError, match="agent_name"):
+        parse_plans(base.replace("tiers", "agent_name = ''\ntiers"))
+
+
+def test_run_instructions_are_bounded_everywhere():
+    import click
+    from pydantic import ValidationError
+
+    from worker.api.routes_runs import RunRequest
+    from worker.cli.runs import _check_instructions
+    from worker.core.models import MAX_INSTRUCTIONS_CHARS, RunSpec
+    from worker.service.batch_input import BatchLine
+
+    fits, too_long = "x" * MAX_INSTRUCTIONS_CHARS, "x" * (MAX_INSTRUCTIONS_CHARS + 1)
+    assert MAX_INSTRUCTIONS_CHARS == 2000
+    assert RunSpec(question="q", instructions=fits).instructions == fits
+    assert RunSpec(question="q").instructions is None
+    for model in (RunSpec, RunRequest, BatchLine):
+        with pytest.raises(ValidationError, match="at most 2000 characters"):
+            model(question="q", instructions=too_long)
+    with pytest.raises(ValidationError):
+        RunSpec(question="q", instructions="bad \ud800 surrogate")
+    assert _check_instructions(None, None, fits) == fits  # type: ignore[arg-type]
+    with pytest.raises(click.BadParameter, match="2001 characters; the limit is 2000"):
+        _check_instructions(None, None, too_long)  # type: ignore[arg-type]
 
 
 # --- message shapes ------------------------------------------------------------------------------
@@ -70,20 +283,26 @@ def build(mode: Mode, steps, budget: int = BIG, **kw):
 def test_tools_mode_head():
     messages, compacted = build(Mode.TOOLS, [])
     assert compacted == 0
-    assert messages == [
-        {"role": "system", "content": TOOLS_SYSTEM},
-        {"role": "user", "content": "What is 6 * 7?"},
-    ]
+    system, question = messages
+    assert system["role"] == "system"
+    assert system["content"].startswith("You are reactq, a careful assistant")
+    assert "- calc: Evaluate arithmetic. Returns the number. Use it for arithmetic." in system["content"]
+    assert "- lookup: Find facts." in system["content"]
+    assert question == {"role": "user", "content": "What is 6 * 7?"}
 
 
 def test_text_mode_head_lists_the_tools():
     messages, _ = build(Mode.TEXT, [])
     system, question = messages
     assert system["role"] == "system"
-    assert "calc(expression: str) - Evaluate arithmetic." in system["content"]
-    assert "lookup(query: str, limit: int) - Find facts." in system["content"]
-    assert "one of [calc, lookup]" in system["content"]
-    assert "Final Answer:" in system["content"]
+    content = system["content"]
+    assert "Tool: calc\n  What it does: Evaluate arithmetic.\n  Parameters:\n    - expression (string, required)\n" \
+        '  Example Action Input: {"expression": "..."}\n  Returns: the number\n  Use it: for arithmetic\n' in content
+    assert "Tool: lookup\n" in content
+    assert "    - query (string, required)\n    - limit (integer)\n" in content
+    assert 'Example Action Input: {"query": "..."}' in content  # optional fields stay out of the example
+    assert "one of [calc, lookup]" in content
+    assert "Final Answer:" in content
     assert question == {"role": "user", "content": "Question: What is 6 * 7?"}
 
 

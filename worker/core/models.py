@@ -25,7 +25,7 @@ Text = Annotated[str, AfterValidator(_utf8)]  # every string a user submits
 # and 1e400 (which parses as Infinity) are refused
 Finite = Annotated[float, Strict(), AllowInfNan(False)]
 MAX_INSTRUCTIONS_CHARS = 2000  # a run's extra instructions (RunSpec.instructions)
-Instructions = Annotated[Text, Field(max_length=MAX_INSTRUCTIONS_CHARS)]
+Instructions = Annotated[str, Field(max_length=MAX_INSTRUCTIONS_CHARS), AfterValidator(_utf8)]
 
 
 def json_integer(value: Any) -> Any:
