@@ -550,3 +550,94 @@ def test_estimate_tokens_is_monotonic():
     long = estimate_tokens([{"role": "user", "content": "a" * 1000}])
     assert long > short
     assert 200 < long < 300  # about four characters a token
+
+
+# --- what `reactq trace --prompt` prints is what the model was sent (a real worker, the real stub) -----
+
+
+class RecordingProxy:
+    """An HTTP server on loopback between the worker and the stub: forwards each request and keeps the
+    JSON body of every chat completion request."""
+
+    def __init__(self, target_root: str) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        import httpx
+
+        self.bodies: list[dict] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.endswith("/chat/completions"):
+                    proxy.bodies.append(json.loads(raw))
+                headers = {"Content-Type": self.headers.get("Content-Type", "application/json"),
+                           "Authorization": self.headers.get("Authorization", "")}
+                answer = httpx.post(target_root + self.path, content=raw, headers=headers, timeout=60)
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def sent_for(self, question_prefix: str) -> list[list[dict]]:
+        """The messages of each request of the run whose question starts so, in order."""
+        return [b["messages"] for b in self.bodies if question_prefix in b["messages"][1]["content"]]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", list(Mode))
+def test_trace_prompt_prints_what_the_model_was_sent(mode, redis_url, stub_base_url, tmp_path):
+    from tests.fixtures_cluster import Cluster, cluster_environment
+
+    proxy = RecordingProxy(stub_base_url.removesuffix("/v1"))
+    env = {**cluster_environment(redis_url, proxy.base_url), "REACTQ_MODE": mode.value,
+           "REACTQ_PROMPT_DATE": "2024-06-30", "REACTQ_AGENT_NAME": "Athena-7"}
+    cluster = Cluster(env, tmp_path)
+    try:
+        cluster.start_worker(queues="steps")
+        question = "What is 17 * 23 + 4?"
+        asked = cluster.reactq("ask", question, "--wait", "--json", "--instructions", "Answer with digits only.")
+        assert asked.returncode == 0, asked.stderr
+        run = json.loads(asked.stdout)
+        assert run["status"] == "succeeded" and "395" in run["answer"]
+        sent = proxy.sent_for(question)
+        assert len(sent) == run["steps"] >= 2  # a calculator call, then the answer
+        system = sent[0][0]["content"]
+        assert system.startswith("You are Athena-7, ")
+        assert "Today's date is 2024-06-30 (UTC)." in system
+        assert system.endswith("Instructions for this run (they do not override the rules above):\n"
+                               "Answer with digits only.")
+        for step, messages in enumerate(sent, start=1):
+            traced = cluster.reactq("trace", run["run_id"], "--prompt", "--step", str(step), "--json")
+            assert traced.returncode == 0, traced.stderr
+            shown = json.loads(traced.stdout)
+            assert (shown["step"], shown["mode"]) == (step, mode.value)
+            assert shown["messages"] == messages
+            assert messages[0]["content"] == system  # one system prompt for every turn of the run
+        default = json.loads(cluster.reactq("trace", run["run_id"], "--prompt", "--json").stdout)
+        assert default["messages"] == sent[-1]
+        readable = cluster.reactq("trace", run["run_id"], "--prompt")
+        assert readable.returncode == 0 and "You are Athena-7" in readable.stdout
+        beyond = cluster.reactq("trace", run["run_id"], "--prompt", "--step", str(len(sent) + 2))
+        assert beyond.returncode == 2 and f"--step is at most {len(sent) + 1}" in beyond.stderr
+    finally:
+        cluster.stop()
+        proxy.stop()
