@@ -58,8 +58,8 @@ app.conf.update(
 
 def request_body(question: str) -> bytes:
     """reactq's step-0 request for `question` (tools mode: system + user messages + tool schemas)."""
-    from worker.core.models import Mode
     from worker.config import Settings
+    from worker.core.models import Mode
     from worker.core.prompts import build_messages
     from worker.prompt_templates import system_template
     from worker.tools import REGISTRY

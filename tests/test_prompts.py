@@ -9,8 +9,8 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from worker.core.models import Mode, Observation, Step, ToolCall
 from worker.config import Settings
+from worker.core.models import Mode, Observation, Step, ToolCall
 from worker.core.prompts import (
     REFLECTION,
     PromptContext,
@@ -243,7 +243,8 @@ def test_a_plan_names_the_agent_and_adds_instructions():
     from worker.errors import PlanConfigError
     from worker.tenancy.plans import parse_plans
 
-    base = "[plans.p]\ntiers = ['free']\n[plans.p.limits]\nruns_in_flight = 1\nsubmissions_per_minute = 1\nsse_streams = 1\n"
+    base = ("[plans.p]\ntiers = ['free']\n"
+            "[plans.p.limits]\nruns_in_flight = 1\nsubmissions_per_minute = 1\nsse_streams = 1\n")
     plain = parse_plans(base)["p"]
     assert plain.agent_name is None and plain.instructions == ""
     named = parse_plans(base.replace("tiers", "agent_name = 'FinBot'\ninstructions = 'Quote sources.'\ntiers"))["p"]
