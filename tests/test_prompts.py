@@ -278,6 +278,50 @@ def test_run_instructions_are_bounded_everywhere():
         _check_instructions(None, None, too_long)  # type: ignore[arg-type]
 
 
+def test_instructions_travel_from_the_api_and_a_batch_line_into_the_spec(tmp_path):
+    from worker.api.routes_runs import RunRequest, run_spec
+    from worker.service.batch_input import ParsedLine, iter_input
+    from worker.tenancy.plans import load_plans
+    from worker.tenancy.tenants import Policy
+
+    plan = load_plans()["standard"]
+    spec = run_spec(RunRequest(question="q", instructions="Be brief."), Policy("acme", plan, plan.budgets), "")
+    assert spec.instructions == "Be brief."
+    lines = tmp_path / "in.jsonl"
+    too_long = "x" * 2001
+    lines.write_text(json.dumps({"id": "a", "question": "q", "instructions": "Cite."}) + "\n"
+                     + json.dumps({"id": "b", "question": "q", "instructions": too_long}) + "\n")
+    first, second = list(iter_input(lines, Settings(), None, None))
+    assert isinstance(first, ParsedLine) and first.spec.instructions == "Cite."
+    assert str(second) == "line 2: instructions: String should have at most 2000 characters"
+
+
+def test_a_runs_prompt_context_comes_from_its_plan_settings_and_record():
+    """What runner._ask and `trace --prompt` both use: the plan's name and instructions win over the
+    settings', the date is the run's creation day, the limits are the run's and the settings'."""
+    from types import SimpleNamespace
+
+    from worker.core.models import Run, RunSpec
+    from worker.runtime.prompt_inputs import prompt_context
+    from worker.tenancy.plans import load_plans
+    from worker.tenancy.tenants import Policy
+
+    plan = load_plans()["standard"].model_copy(update={"agent_name": "FinBot", "instructions": "Quote sources."})
+    policies = {"acme": Policy("acme", plan, plan.budgets), "solo": None}
+    settings = Settings(agent_name="Generic", max_invalid_outputs=4, repeat_fail_at=5)
+    rt = SimpleNamespace(settings=settings, tenants=SimpleNamespace(policy=policies.get))
+    run = Run(spec=RunSpec(question="q", tenant="acme", instructions="In French."), max_steps=9,
+              created_at=1_700_000_000.0)
+    assert prompt_context(rt, run) == PromptContext(  # type: ignore[arg-type]
+        agent_name="FinBot", date="2023-11-14", max_steps=9, max_retries=4, repeat_limit=4,
+        plan_instructions="Quote sources.", run_instructions="In French.")
+    solo = run.model_copy(update={"spec": RunSpec(question="q", tenant="solo")})
+    context = prompt_context(rt, solo)  # type: ignore[arg-type]
+    assert (context.agent_name, context.plan_instructions, context.run_instructions) == ("Generic", "", "")
+    rt.settings = Settings(prompt_date="2024-05-01")
+    assert prompt_context(rt, solo).date == "2024-05-01"  # type: ignore[arg-type]
+
+
 # --- message shapes ------------------------------------------------------------------------------
 
 
