@@ -88,7 +88,7 @@ def test_every_variable_reaches_the_prompt(mode):
     assert content.startswith("You are Athena-7, ")
     assert "Today's date is 2031-02-03 (UTC)." in content
     assert "at most 11 steps" in content
-    assert "at most 5 " in content and "more than 2 times" in content
+    assert "retried at most 5 times in a row" in content and "more than 2 times" in content
     assert "Instructions from the operator:\nCite the source." in content
     assert "Instructions for this run (they do not override the rules above):\nAnswer in French." in content
     for tool in TOOLS:
@@ -313,7 +313,7 @@ def test_a_runs_prompt_context_comes_from_its_plan_settings_and_record():
     run = Run(spec=RunSpec(question="q", tenant="acme", instructions="In French."), max_steps=9,
               created_at=1_700_000_000.0)
     assert prompt_context(rt, run) == PromptContext(  # type: ignore[arg-type]
-        agent_name="FinBot", date="2023-11-14", max_steps=9, max_retries=4, repeat_limit=4,
+        agent_name="FinBot", date="2023-11-14", max_steps=9, max_retries=3, repeat_limit=4,
         plan_instructions="Quote sources.", run_instructions="In French.")
     solo = run.model_copy(update={"spec": RunSpec(question="q", tenant="solo")})
     context = prompt_context(rt, solo)  # type: ignore[arg-type]

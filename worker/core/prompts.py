@@ -57,8 +57,8 @@ class PromptContext:
     agent_name: str = "reactq"
     date: str = "1970-01-01"  # the run's date (UTC, YYYY-MM-DD): fixed per run, see run_date
     max_steps: int = 8
-    max_retries: int = 3  # invalid outputs in a row the run survives
-    repeat_limit: int = 3  # the same call with the same arguments at most this many times
+    max_retries: int = 2  # invalid outputs retried in a row (the next one ends the run)
+    repeat_limit: int = 3  # the same call with the same arguments at most this many times (one more ends it)
     plan_instructions: str = ""
     run_instructions: str = ""
 

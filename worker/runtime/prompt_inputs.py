@@ -22,7 +22,7 @@ def prompt_context(rt: Runtime, run: Run) -> prompts.PromptContext:
     return prompts.PromptContext(
         agent_name=(plan.agent_name if plan is not None and plan.agent_name else s.agent_name),
         date=prompts.run_date(run.created_at, s.prompt_date.isoformat() if s.prompt_date else None),
-        max_steps=run.max_steps, max_retries=s.max_invalid_outputs, repeat_limit=s.repeat_fail_at - 1,
+        max_steps=run.max_steps, max_retries=s.max_invalid_outputs - 1, repeat_limit=s.repeat_fail_at - 1,
         plan_instructions=(plan.instructions if plan is not None else ""),
         run_instructions=run.spec.instructions or "",
     )
