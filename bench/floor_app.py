@@ -58,12 +58,15 @@ app.conf.update(
 
 def request_body(question: str) -> bytes:
     """reactq's step-0 request for `question` (tools mode: system + user messages + tool schemas)."""
+    from worker.config import Settings
     from worker.core.models import Mode
     from worker.core.prompts import build_messages
+    from worker.prompt_templates import system_template
     from worker.tools import REGISTRY
 
     tools = REGISTRY.all()
-    messages, _ = build_messages(Mode.TOOLS, question, [], tools, context_budget_tokens=6000)
+    messages, _ = build_messages(Mode.TOOLS, question, [], tools, context_budget_tokens=6000,
+                                 system_template=system_template(Settings(), Mode.TOOLS))
     return json.dumps({"model": "reactq-stub", "messages": messages, "temperature": 0.0,
                        "tools": [t.openai_schema() for t in tools]}).encode()
 

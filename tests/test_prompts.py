@@ -1,4 +1,6 @@
-"""Prompt building: message shapes in both modes, reflection, compaction to the context budget."""
+"""Prompt building: the system templates (variables, examples, an operator's override, StrictUndefined),
+message shapes in both modes, reflection, compaction to the context budget; and, through a real worker and
+the stub, that `reactq trace --prompt` prints what the model was sent."""
 
 from __future__ import annotations
 
@@ -7,15 +9,17 @@ import json
 import pytest
 from pydantic import BaseModel
 
+from worker.config import Settings
 from worker.core.models import Mode, Observation, Step, ToolCall
 from worker.core.prompts import (
     REFLECTION,
-    TOOLS_SYSTEM,
+    PromptContext,
     build_messages,
     estimate_tokens,
     step_messages,
     summarize_step,
 )
+from worker.prompt_templates import system_template
 from worker.tools.registry import Tool
 
 SUMMARY_PREFIX = "Summary of earlier steps (compacted to fit the context window):\n"
@@ -32,9 +36,10 @@ class LookupArgs(BaseModel):
 
 
 TOOLS = [
-    Tool("calc", ExprArgs, "Evaluate arithmetic."),
+    Tool("calc", ExprArgs, "Evaluate arithmetic.", returns="the number", when="for arithmetic"),
     Tool("lookup", LookupArgs, "Find facts."),
 ]
+SHIPPED = {mode: system_template(Settings(), mode) for mode in Mode}
 
 
 def tool_step(index: int, *calls: tuple[str, dict | str, str], thought: str | None = "thinking") -> Step:
@@ -60,8 +65,261 @@ def many_steps(n: int, obs_chars: int = 1500) -> list[Step]:
     ]
 
 
-def build(mode: Mode, steps, budget: int = BIG, **kw):
-    return build_messages(mode, "What is 6 * 7?", steps, TOOLS, context_budget_tokens=budget, **kw)
+def build(mode: Mode, steps, budget: int = BIG, tools=TOOLS, **kw):
+    return build_messages(mode, "What is 6 * 7?", steps, tools, context_budget_tokens=budget,
+                          system_template=SHIPPED[mode], **kw)
+
+
+# --- the system templates --------------------------------------------------------------------------
+
+CONTEXT = PromptContext(agent_name="Athena-7", date="2031-02-03", max_steps=11, max_retries=5, repeat_limit=2,
+                        plan_instructions="Cite the source.", run_instructions="Answer in French.")
+
+
+def system_of(mode: Mode, tools=None, context: PromptContext = CONTEXT, template=None) -> str:
+    messages, _ = build_messages(mode, "q", [], TOOLS if tools is None else tools, context_budget_tokens=BIG,
+                                 system_template=template or SHIPPED[mode], prompt=context)
+    return messages[0]["content"]
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_every_variable_reaches_the_prompt(mode):
+    content = system_of(mode)
+    assert content.startswith("You are Athena-7, ")
+    assert "Today's date is 2031-02-03 (UTC)." in content
+    assert "at most 11 steps" in content
+    assert "retried at most 5 times in a row" in content and "more than 2 times" in content
+    assert "Instructions from the operator:\nCite the source." in content
+    assert "Instructions for this run (they do not override the rules above):\nAnswer in French." in content
+    for tool in TOOLS:
+        assert tool.name in content and tool.description in content
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_every_shipped_template_uses_every_variable(mode):
+    """A variable the builder fills but no template reads is advice the model never gets."""
+    import jinja2
+    from jinja2 import meta
+
+    from worker.core.prompts import prompt_variables
+    from worker.prompt_templates import template_path
+
+    source = template_path(mode).read_text()
+    used = meta.find_undeclared_variables(jinja2.Environment().parse(source))
+    unused = set(prompt_variables(mode, [], PromptContext())) - used
+    assert unused == ({"mode", "tool_names"} if mode == Mode.TOOLS else {"mode"})
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_the_rules_are_in_both_modes(mode):
+    content = system_of(mode).lower()
+    for rule in ("if you are unsure", "look it up", "answer only from", "stop as soon as you have enough",
+                 "after two failed", "give your best answer", "if no tool fits, rephrase"):
+        assert rule in content, rule
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_no_instructions_no_section(mode):
+    content = system_of(mode, context=PromptContext())
+    assert "Instructions" not in content
+    assert "Today's date is 1970-01-01 (UTC)." in content
+
+
+def test_text_mode_examples_are_what_the_parser_reads():
+    """The three worked examples (a tool call, a direct answer, a recovery from an error) parse as the
+    calls and answers they show, with the tool names of the listing."""
+    from worker.core.parser import parse_text
+    from worker.tools import REGISTRY
+
+    content = system_of(Mode.TEXT, tools=[REGISTRY.get("calculator"), REGISTRY.get("search")],
+                        context=PromptContext())
+    examples = content.split("Examples:\n", 1)[1].split("\nQuestion: ")
+    turns = [turn for example in examples if example.strip() for turn in example.split("\nObservation: ")]
+    parsed = [parse_text(turn[turn.index("Thought:"):]) for turn in turns]
+    calls = [(r.calls[0].name, r.calls[0].arguments) for r in parsed if r.calls]
+    assert calls == [("calculator", {"expression": "17 * 23"}), ("search", {"query": ""}),
+                     ("search", {"query": "Nomadland director"})]
+    assert [r.final_answer for r in parsed if r.final_answer] == ["391", "merci", "Chloé Zhao"]
+    assert "Observation: invalid arguments for search" in content  # the recovery shows the error it fixes
+
+
+def test_text_mode_names_only_offered_tools():
+    """The stub (and a model) read tool names from the system prompt: examples use only offered tools."""
+    import re
+
+    from worker.tools import REGISTRY
+
+    content = system_of(Mode.TEXT, tools=[REGISTRY.get("calculator")], context=PromptContext()).lower()
+    assert "calculator" in content
+    assert not re.search(r"\b(search|python)\b", content)
+    generic = system_of(Mode.TEXT, tools=[TOOLS[1]], context=PromptContext())
+    assert "Action: lookup\nAction Input: {\"query\": \"...\"}" in generic
+    assert "calculator" not in generic
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_no_tools_still_renders(mode):
+    assert "no tools" in system_of(mode, tools=[])
+
+
+def test_builtin_tools_say_what_they_return_and_when():
+    from worker.tools import REGISTRY
+
+    content = system_of(Mode.TEXT, tools=REGISTRY.all())
+    for name in ("calculator", "search", "python"):
+        tool = REGISTRY.get(name)
+        assert tool.returns and tool.when
+        assert f"Tool: {name}\n" in content
+        assert f"  Returns: {tool.returns}\n" in content
+    assert 'Example Action Input: {"expression": "(17 + 25) * 3"}' in content
+
+
+def write(path, text: str):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_an_operator_replaces_the_templates(tmp_path):
+    write(tmp_path / "tools.j2", "I am {{ agent_name }} on {{ date }}; tools: {{ tool_names | join(',') }}\n")
+    write(tmp_path / "text.j2", "TEXT {{ agent_name }}: {% for t in tools %}{{ t.name }}={{ t.example }} {% endfor %}")
+    settings = Settings(prompt_templates_dir=str(tmp_path))
+    assert system_of(Mode.TOOLS, template=system_template(settings, Mode.TOOLS)) == \
+        "I am Athena-7 on 2031-02-03; tools: calc,lookup"
+    assert system_of(Mode.TEXT, template=system_template(settings, Mode.TEXT)) == \
+        'TEXT Athena-7: calc={"expression": "..."} lookup={"query": "..."}'
+    one = write(tmp_path / "one.j2", "only {{ mode }}")
+    settings = Settings(prompt_templates_dir=str(tmp_path), prompt_text_template=str(one))
+    assert system_of(Mode.TEXT, template=system_template(settings, Mode.TEXT)) == "only text"
+    assert system_of(Mode.TOOLS, template=system_template(settings, Mode.TOOLS)).startswith("I am Athena-7")
+
+
+def test_templates_are_compiled_once(tmp_path):
+    write(tmp_path / "tools.j2", "a")
+    write(tmp_path / "text.j2", "b")
+    settings = Settings(prompt_templates_dir=str(tmp_path))
+    assert system_template(settings, Mode.TOOLS) is system_template(settings, Mode.TOOLS)
+    assert system_template(Settings(), Mode.TEXT) is SHIPPED[Mode.TEXT]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("Hi {{ agent_nme }}", "'agent_nme' is undefined; the variables are agent_name, date,"),
+        ("{% for t in tools %}{{ t.nme }}{% endfor %}", "has no attribute 'nme'"),
+        ("Hi {{ agent_name ", "line 1: unexpected end of template"),
+        ("{{ max_steps / 0 }}", "fails to render: ZeroDivisionError"),
+    ],
+)
+def test_a_broken_template_is_refused_when_the_settings_load(tmp_path, text, message):
+    from pydantic import ValidationError
+
+    write(tmp_path / "tools.j2", "fine")
+    write(tmp_path / "text.j2", text)
+    with pytest.raises(ValidationError) as caught:
+        Settings(prompt_templates_dir=str(tmp_path))
+    assert "prompt template " + str(tmp_path / "text.j2") in str(caught.value)
+    assert message in str(caught.value)
+
+
+def test_a_missing_template_file_is_refused(tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="cannot read prompt template .*tools.j2: No such file"):
+        Settings(prompt_templates_dir=str(tmp_path))
+
+
+def test_the_date_is_the_runs_utc_day_unless_overridden():
+    from worker.core.prompts import run_date
+
+    assert run_date(0.0) == "1970-01-01"
+    assert run_date(1_700_000_000.0) == "2023-11-14"  # 22:13 UTC
+    assert run_date(1_700_000_000.0, "2024-05-01") == "2024-05-01"
+    assert Settings(prompt_date="2024-05-01").prompt_date.isoformat() == "2024-05-01"
+    with pytest.raises(ValueError):
+        Settings(prompt_date="yesterday")
+
+
+def test_a_plan_names_the_agent_and_adds_instructions():
+    from worker.errors import PlanConfigError
+    from worker.tenancy.plans import parse_plans
+
+    base = ("[plans.p]\ntiers = ['free']\n"
+            "[plans.p.limits]\nruns_in_flight = 1\nsubmissions_per_minute = 1\nsse_streams = 1\n")
+    plain = parse_plans(base)["p"]
+    assert plain.agent_name is None and plain.instructions == ""
+    named = parse_plans(base.replace("tiers", "agent_name = 'FinBot'\ninstructions = 'Quote sources.'\ntiers"))["p"]
+    assert (named.agent_name, named.instructions) == ("FinBot", "Quote sources.")
+    with pytest.raises(PlanConfigError, match="instructions: String should have at most 4000"):
+        parse_plans(base.replace("tiers", f"instructions = '{'x' * 4001}'\ntiers"))
+    with pytest.raises(PlanConfigError, match="agent_name"):
+        parse_plans(base.replace("tiers", "agent_name = ''\ntiers"))
+
+
+def test_run_instructions_are_bounded_everywhere():
+    import click
+    from pydantic import ValidationError
+
+    from worker.api.routes_runs import RunRequest
+    from worker.cli.runs import _check_instructions
+    from worker.core.models import MAX_INSTRUCTIONS_CHARS, RunSpec
+    from worker.service.batch_input import BatchLine
+
+    fits, too_long = "x" * MAX_INSTRUCTIONS_CHARS, "x" * (MAX_INSTRUCTIONS_CHARS + 1)
+    assert MAX_INSTRUCTIONS_CHARS == 2000
+    assert RunSpec(question="q", instructions=fits).instructions == fits
+    assert RunSpec(question="q").instructions is None
+    for model in (RunSpec, RunRequest, BatchLine):
+        with pytest.raises(ValidationError, match="at most 2000 characters"):
+            model(question="q", instructions=too_long)
+    with pytest.raises(ValidationError):
+        RunSpec(question="q", instructions="bad \ud800 surrogate")
+    assert _check_instructions(None, None, fits) == fits  # type: ignore[arg-type]
+    with pytest.raises(click.BadParameter, match="2001 characters; the limit is 2000"):
+        _check_instructions(None, None, too_long)  # type: ignore[arg-type]
+
+
+def test_instructions_travel_from_the_api_and_a_batch_line_into_the_spec(tmp_path):
+    from worker.api.routes_runs import RunRequest, run_spec
+    from worker.service.batch_input import ParsedLine, iter_input
+    from worker.tenancy.plans import load_plans
+    from worker.tenancy.tenants import Policy
+
+    plan = load_plans()["standard"]
+    spec = run_spec(RunRequest(question="q", instructions="Be brief."), Policy("acme", plan, plan.budgets), "")
+    assert spec.instructions == "Be brief."
+    lines = tmp_path / "in.jsonl"
+    too_long = "x" * 2001
+    lines.write_text(json.dumps({"id": "a", "question": "q", "instructions": "Cite."}) + "\n"
+                     + json.dumps({"id": "b", "question": "q", "instructions": too_long}) + "\n")
+    first, second = list(iter_input(lines, Settings(), None, None))
+    assert isinstance(first, ParsedLine) and first.spec.instructions == "Cite."
+    assert str(second) == "line 2: instructions: String should have at most 2000 characters"
+
+
+def test_a_runs_prompt_context_comes_from_its_plan_settings_and_record():
+    """What runner._ask and `trace --prompt` both use: the plan's name and instructions win over the
+    settings', the date is the run's creation day, the limits are the run's and the settings'."""
+    from types import SimpleNamespace
+
+    from worker.core.models import Run, RunSpec
+    from worker.runtime.prompt_inputs import prompt_context
+    from worker.tenancy.plans import load_plans
+    from worker.tenancy.tenants import Policy
+
+    plan = load_plans()["standard"].model_copy(update={"agent_name": "FinBot", "instructions": "Quote sources."})
+    policies = {"acme": Policy("acme", plan, plan.budgets), "solo": None}
+    settings = Settings(agent_name="Generic", max_invalid_outputs=4, repeat_fail_at=5)
+    rt = SimpleNamespace(settings=settings, tenants=SimpleNamespace(policy=policies.get))
+    run = Run(spec=RunSpec(question="q", tenant="acme", instructions="In French."), max_steps=9,
+              created_at=1_700_000_000.0)
+    assert prompt_context(rt, run) == PromptContext(  # type: ignore[arg-type]
+        agent_name="FinBot", date="2023-11-14", max_steps=9, max_retries=3, repeat_limit=4,
+        plan_instructions="Quote sources.", run_instructions="In French.")
+    solo = run.model_copy(update={"spec": RunSpec(question="q", tenant="solo")})
+    context = prompt_context(rt, solo)  # type: ignore[arg-type]
+    assert (context.agent_name, context.plan_instructions, context.run_instructions) == ("Generic", "", "")
+    rt.settings = Settings(prompt_date="2024-05-01")
+    assert prompt_context(rt, solo).date == "2024-05-01"  # type: ignore[arg-type]
 
 
 # --- message shapes ------------------------------------------------------------------------------
@@ -70,20 +328,26 @@ def build(mode: Mode, steps, budget: int = BIG, **kw):
 def test_tools_mode_head():
     messages, compacted = build(Mode.TOOLS, [])
     assert compacted == 0
-    assert messages == [
-        {"role": "system", "content": TOOLS_SYSTEM},
-        {"role": "user", "content": "What is 6 * 7?"},
-    ]
+    system, question = messages
+    assert system["role"] == "system"
+    assert system["content"].startswith("You are reactq, a careful assistant")
+    assert "- calc: Evaluate arithmetic. Returns the number. Use it for arithmetic." in system["content"]
+    assert "- lookup: Find facts." in system["content"]
+    assert question == {"role": "user", "content": "What is 6 * 7?"}
 
 
 def test_text_mode_head_lists_the_tools():
     messages, _ = build(Mode.TEXT, [])
     system, question = messages
     assert system["role"] == "system"
-    assert "calc(expression: str) - Evaluate arithmetic." in system["content"]
-    assert "lookup(query: str, limit: int) - Find facts." in system["content"]
-    assert "one of [calc, lookup]" in system["content"]
-    assert "Final Answer:" in system["content"]
+    content = system["content"]
+    assert "Tool: calc\n  What it does: Evaluate arithmetic.\n  Parameters:\n    - expression (string, required)\n" \
+        '  Example Action Input: {"expression": "..."}\n  Returns: the number\n  Use it: for arithmetic\n' in content
+    assert "Tool: lookup\n" in content
+    assert "    - query (string, required)\n    - limit (integer)\n" in content
+    assert 'Example Action Input: {"query": "..."}' in content  # optional fields stay out of the example
+    assert "one of [calc, lookup]" in content
+    assert "Final Answer:" in content
     assert question == {"role": "user", "content": "Question: What is 6 * 7?"}
 
 
@@ -331,3 +595,94 @@ def test_estimate_tokens_is_monotonic():
     long = estimate_tokens([{"role": "user", "content": "a" * 1000}])
     assert long > short
     assert 200 < long < 300  # about four characters a token
+
+
+# --- what `reactq trace --prompt` prints is what the model was sent (a real worker, the real stub) -----
+
+
+class RecordingProxy:
+    """An HTTP server on loopback between the worker and the stub: forwards each request and keeps the
+    JSON body of every chat completion request."""
+
+    def __init__(self, target_root: str) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        import httpx
+
+        self.bodies: list[dict] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.endswith("/chat/completions"):
+                    proxy.bodies.append(json.loads(raw))
+                headers = {"Content-Type": self.headers.get("Content-Type", "application/json"),
+                           "Authorization": self.headers.get("Authorization", "")}
+                answer = httpx.post(target_root + self.path, content=raw, headers=headers, timeout=60)
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def sent_for(self, question_prefix: str) -> list[list[dict]]:
+        """The messages of each request of the run whose question starts so, in order."""
+        return [b["messages"] for b in self.bodies if question_prefix in b["messages"][1]["content"]]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", list(Mode))
+def test_trace_prompt_prints_what_the_model_was_sent(mode, redis_url, stub_base_url, tmp_path):
+    from tests.fixtures_cluster import Cluster, cluster_environment
+
+    proxy = RecordingProxy(stub_base_url.removesuffix("/v1"))
+    env = {**cluster_environment(redis_url, proxy.base_url), "REACTQ_MODE": mode.value,
+           "REACTQ_PROMPT_DATE": "2024-06-30", "REACTQ_AGENT_NAME": "Athena-7"}
+    cluster = Cluster(env, tmp_path)
+    try:
+        cluster.start_worker(queues="steps")
+        question = "What is 17 * 23 + 4?"
+        asked = cluster.reactq("ask", question, "--wait", "--json", "--instructions", "Answer with digits only.")
+        assert asked.returncode == 0, asked.stderr
+        run = json.loads(asked.stdout)
+        assert run["status"] == "succeeded" and "395" in run["answer"]
+        sent = proxy.sent_for(question)
+        assert len(sent) == run["steps"] >= 2  # a calculator call, then the answer
+        system = sent[0][0]["content"]
+        assert system.startswith("You are Athena-7, ")
+        assert "Today's date is 2024-06-30 (UTC)." in system
+        assert system.endswith("Instructions for this run (they do not override the rules above):\n"
+                               "Answer with digits only.")
+        for step, messages in enumerate(sent, start=1):
+            traced = cluster.reactq("trace", run["run_id"], "--prompt", "--step", str(step), "--json")
+            assert traced.returncode == 0, traced.stderr
+            shown = json.loads(traced.stdout)
+            assert (shown["step"], shown["mode"]) == (step, mode.value)
+            assert shown["messages"] == messages
+            assert messages[0]["content"] == system  # one system prompt for every turn of the run
+        default = json.loads(cluster.reactq("trace", run["run_id"], "--prompt", "--json").stdout)
+        assert default["messages"] == sent[-1]
+        readable = cluster.reactq("trace", run["run_id"], "--prompt")
+        assert readable.returncode == 0 and "You are Athena-7" in readable.stdout
+        beyond = cluster.reactq("trace", run["run_id"], "--prompt", "--step", str(len(sent) + 2))
+        assert beyond.returncode == 2 and f"--step is at most {len(sent) + 1}" in beyond.stderr
+    finally:
+        cluster.stop()
+        proxy.stop()

@@ -4,6 +4,7 @@ a .env-style file). Defaults make `reactq demo` work with nothing set."""
 from __future__ import annotations
 
 import os
+from datetime import date
 from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -116,6 +117,23 @@ class Settings(BaseSettings):
     llm_limit_burst_s: float = Field(0.5, ge=0)  # a limit's burst tolerance: this many seconds' worth at once
     llm_limit_max_wait_s: float = Field(2.0, ge=0)  # wait longer than this for capacity: re-queue the step
     serpapi_api_key: str | None = Field(None, validation_alias="SERPAPI_API_KEY")
+
+    # the system prompt (worker/prompt_templates.py): an operator's templates, the agent's name, the date
+    prompt_templates_dir: str | None = None  # a directory with tools.j2 and text.j2
+    prompt_tools_template: str | None = None  # one file for tools mode (wins over the directory's)
+    prompt_text_template: str | None = None  # one file for text mode
+    agent_name: str = Field("reactq", min_length=1, max_length=100)  # a plan's agent_name wins
+    prompt_date: date | None = None  # YYYY-MM-DD, stated as today (reproducible evals); default: the run's UTC day
+
+    @model_validator(mode="after")
+    def _prompt_templates(self) -> Settings:
+        """An operator's template is compiled and checked when the settings load (not at a run's first step)."""
+        if self.prompt_templates_dir or self.prompt_tools_template or self.prompt_text_template:
+            from .prompt_templates import system_template
+
+            for mode in Mode:
+                system_template(self, mode)
+        return self
 
     @model_validator(mode="after")
     def _model_prices(self) -> Settings:

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, Field, field_validator
 
-from ..core.models import Finite, Mode, Run, RunSpec, Text, json_integer
+from ..core.models import MAX_INSTRUCTIONS_CHARS, Finite, Instructions, Mode, Run, RunSpec, Text, json_integer
 from ..core.views import run_json
 from ..errors import ApprovalConflict
 from ..runtime.approvals import record_decision
@@ -50,6 +50,8 @@ class RunRequest(BaseModel, extra="forbid"):
     max_cost_usd: Finite | None = Field(None, gt=0, description="the run's cost budget in USD")
     deadline_s: Finite | None = Field(None, ge=1, le=MAX_DEADLINE_S, description="the run's wall time")
     webhook_url: WebhookUrl | None = Field(None, description="called when the run finishes")
+    instructions: Instructions | None = Field(None, description="added to the run's system prompt; at most "
+                                              f"{MAX_INSTRUCTIONS_CHARS} characters")
 
     _integers = field_validator("max_steps", "max_tokens", mode="before")(json_integer)
 
@@ -60,7 +62,8 @@ def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None)
         raise HTTPException(403, f"{where}the tenant comes from your API key; this key acts for {policy.tenant!r}")
     return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
                    max_steps=r.max_steps, mode=r.mode, model=r.model, client_id=r.id, max_tokens=r.max_tokens,
-                   max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url)
+                   max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url,
+                   instructions=r.instructions)
 
 
 @router.post("/v1/runs", status_code=201, response_model=RunView,

@@ -9,11 +9,18 @@ from pathlib import Path
 
 import click
 
+from ..core.models import MAX_INSTRUCTIONS_CHARS, Run, Step
 from ..errors import AdmissionRefused, TooLarge
 from .base import _load, _runtime, _send_step, console, error, out
 from .display import literal
 from .replay import print_diff
 from .retention import cancel_batch_command
+
+
+def _check_instructions(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and len(value) > MAX_INSTRUCTIONS_CHARS:
+        raise click.BadParameter(f"{len(value)} characters; the limit is {MAX_INSTRUCTIONS_CHARS}")
+    return value or None
 
 
 @click.command()
@@ -26,8 +33,10 @@ from .retention import cancel_batch_command
 @click.option("--model", default=None, help="default: REACTQ_MODEL; others from REACTQ_MODELS")
 @click.option("--timeout", type=float, default=600, show_default=True, help="seconds to --wait")
 @click.option("--webhook-url", default=None, help="called with the run when it finishes")
+@click.option("--instructions", default=None, callback=_check_instructions,
+              help=f"added to the run's system prompt (at most {MAX_INSTRUCTIONS_CHARS} characters)")
 def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None, max_steps: int | None,
-        model: str | None, timeout: float, webhook_url: str | None) -> None:
+        model: str | None, timeout: float, webhook_url: str | None, instructions: str | None) -> None:
     """Submit one run."""
     from ..core.models import RunSpec
     from ..core.views import run_json
@@ -39,7 +48,8 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
     try:
         tier = tier or tenant_policy(rt.tenants, tenant).plan.default_tier or "standard"
         [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
-                                          model=model, webhook_url=webhook_url)], rt.settings, _send_step(),
+                                          model=model, webhook_url=webhook_url,
+                                          instructions=instructions)], rt.settings, _send_step(),
                        interactive=True, tenants=rt.tenants, budgets=rt.budgets)
     except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
         error(exc)
@@ -95,8 +105,10 @@ def status(run_id: str, as_json: bool) -> None:
 @click.command()
 @click.argument("run_id", required=False)
 @click.option("--diff", nargs=2, default=None, metavar="RUN_A RUN_B", help="where two runs diverge, step by step")
+@click.option("--prompt", is_flag=True, help="the messages the model was sent for a step (default: the last)")
+@click.option("--step", type=click.IntRange(min=1), default=None, help="with --prompt: that step's (1 = first)")
 @click.option("--json", "as_json", is_flag=True)
-def trace(run_id: str | None, diff: tuple[str, str] | None, as_json: bool) -> None:
+def trace(run_id: str | None, diff: tuple[str, str] | None, prompt: bool, step: int | None, as_json: bool) -> None:
     """Show each step: thought, action, arguments, observation, tokens, timings."""
     from ..core.views import run_json
     from .display import print_trace
@@ -106,12 +118,41 @@ def trace(run_id: str | None, diff: tuple[str, str] | None, as_json: bool) -> No
         return
     if run_id is None:
         raise click.UsageError("give RUN_ID, or --diff RUN_A RUN_B")
+    if step is not None and not prompt:
+        raise click.UsageError("--step goes with --prompt")
     run = _load(run_id)
     steps = _runtime().store.load_steps(run_id)
-    if as_json:
+    if prompt:
+        print_prompt(run, steps, step, as_json)
+    elif as_json:
         out.print_json(json.dumps(run_json(run, steps)))
     else:
         print_trace(out, run, steps)
+
+
+def print_prompt(run: Run, steps: list[Step], step: int | None, as_json: bool) -> None:
+    """The conversation sent for step `step` (1-based; default: the last recorded step, or the next turn of a
+    run with none), rebuilt by the same builder the step used (worker/runtime/prompt_inputs.py)."""
+    from ..runtime.prompt_inputs import turn_messages
+
+    index = (step - 1) if step is not None else max(len(steps) - 1, 0)
+    if index > len(steps):
+        error(f"run {run.id} has {len(steps)} steps; --step is at most {len(steps) + 1} (the next turn)")
+        sys.exit(2)
+    rt = _runtime()
+    messages, compacted = turn_messages(rt, run, steps[:index], rt.tools_for(run.spec.tenant).all())
+    if as_json:
+        out.print_json(json.dumps({"run_id": run.id, "step": index + 1, "mode": run.mode.value,
+                                   "compacted_steps": compacted, "messages": messages}, ensure_ascii=False))
+        return
+    out.print(literal(f"run {run.id}, the prompt of step {index + 1} ({run.mode.value} mode, "
+                      f"{len(messages)} messages{f', {compacted} older steps compacted' if compacted else ''})"))
+    for message in messages:
+        out.rule(message["role"])
+        if message.get("content"):
+            out.print(literal(message["content"]))
+        for call in message.get("tool_calls") or []:
+            out.print(literal(f"tool call {call['function']['name']} {call['function']['arguments']}"))
 
 
 @click.command()

@@ -24,6 +24,8 @@ Text = Annotated[str, AfterValidator(_utf8)]  # every string a user submits
 # A JSON number (strict: lax mode would read `true` as 1.0 and "1.5" as 1.5) that is finite: NaN, Infinity
 # and 1e400 (which parses as Infinity) are refused
 Finite = Annotated[float, Strict(), AllowInfNan(False)]
+MAX_INSTRUCTIONS_CHARS = 2000  # a run's extra instructions (RunSpec.instructions)
+Instructions = Annotated[str, Field(max_length=MAX_INSTRUCTIONS_CHARS), AfterValidator(_utf8)]
 
 
 def json_integer(value: Any) -> Any:
@@ -155,6 +157,7 @@ class RunSpec(BaseModel):
     max_cost_usd: Finite | None = None  # the run's cost budget
     deadline_s: Finite | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
     webhook_url: Text | None = None  # called when the run finishes (worker/runtime/webhooks.py)
+    instructions: Instructions | None = None  # added to the run's system prompt (worker/core/prompts.py)
 
 
 class Run(BaseModel):

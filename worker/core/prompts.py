@@ -1,5 +1,10 @@
 """Prompt building: the conversation is rebuilt from the run's steps on every turn. Pure.
 
+The system prompt is a template per mode (worker/core/templates/*.j2, compiled once by
+worker/prompt_templates.py) rendered with `prompt_variables`: the agent's name, the tools (description,
+parameters, example, returns, when to use), the limits, the run's date and extra instructions. This
+module never imports the template engine: it is handed a compiled template (`SystemTemplate`).
+
 When the conversation would exceed the context budget, older steps are compacted into one summary
 message (every older step keeps a line); the system prompt, the question and the latest steps stay.
 """
@@ -7,36 +12,14 @@ message (every older step keeps a line); the system prompt, the question and the
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .models import Mode, Step, ToolCall
 
 Message = dict[str, Any]
-
-TOOLS_SYSTEM = (
-    "You are a careful assistant that answers questions by reasoning step by step and calling tools. "
-    "Call a tool whenever it helps: never guess a number you can compute or a fact you can look up. "
-    "You may call several tools at once when the calls are independent. "
-    "When you know the answer, reply with the final answer only, without calling a tool."
-)
-
-TEXT_SYSTEM = """Answer the question as well as you can. You have access to the following tools:
-
-{tools}
-
-Use exactly this format:
-
-Question: the question you must answer
-Thought: think about what to do next
-Action: the tool to use, one of [{names}]
-Action Input: the tool's arguments as a JSON object
-Observation: the result of the action (written for you, never by you)
-... (Thought/Action/Action Input/Observation can repeat)
-Thought: I now know the final answer
-Final Answer: the final answer to the question
-
-Write one Action at a time and stop after its Action Input."""
 
 REFLECTION = (
     "Reflect before going on: what have you learned so far, is your approach working, "
@@ -48,9 +31,84 @@ class ToolDescription(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def returns(self) -> str: ...
+
+    @property
+    def when(self) -> str: ...
+
     def openai_schema(self) -> dict[str, Any]: ...
 
-    def text_signature(self) -> str: ...
+
+class SystemTemplate(Protocol):
+    """A compiled template (a jinja2.Template): rendering is pure."""
+
+    def render(self, *args: Any, **kwargs: Any) -> str: ...
+
+
+@dataclass(frozen=True)
+class PromptContext:
+    """What the system prompt says beside the tools: who the agent is, its limits, the date, and the
+    operator's (plan) and the submitter's (run) extra instructions."""
+
+    agent_name: str = "reactq"
+    date: str = "1970-01-01"  # the run's date (UTC, YYYY-MM-DD): fixed per run, see run_date
+    max_steps: int = 8
+    max_retries: int = 2  # invalid outputs retried in a row (the next one ends the run)
+    repeat_limit: int = 3  # the same call with the same arguments at most this many times (one more ends it)
+    plan_instructions: str = ""
+    run_instructions: str = ""
+
+
+def run_date(created_at: float, override: str | None = None) -> str:
+    """The date a run's prompt states: REACTQ_PROMPT_DATE if set, else the UTC day the run was created, so
+    every turn of a run (and `reactq trace --prompt` later) sees the same system prompt."""
+    return override or datetime.fromtimestamp(created_at, UTC).date().isoformat()
+
+
+_EXAMPLE_BY_TYPE: dict[str, Any] = {"string": "...", "integer": 1, "number": 1.5, "boolean": True,
+                                    "array": [], "object": {}}
+
+
+def _param_type(prop: Mapping[str, Any]) -> str:
+    if "type" in prop:
+        return str(prop["type"])
+    options = [str(o.get("type")) for o in prop.get("anyOf", []) if o.get("type") not in (None, "null")]
+    return " or ".join(options) or "any"
+
+
+def tool_variables(tool: ToolDescription) -> dict[str, Any]:
+    """One tool as the templates see it: parameters with their types, an example call, returns, when."""
+    schema = tool.openai_schema()["function"].get("parameters", {})
+    required = set(schema.get("required", []))
+    params, example = [], {}
+    for name, prop in schema.get("properties", {}).items():
+        kind = _param_type(prop)
+        params.append({"name": name, "type": kind, "required": name in required,
+                       "description": str(prop.get("description", ""))})
+        if name in required or prop.get("examples"):
+            example[name] = (prop.get("examples") or [_EXAMPLE_BY_TYPE.get(kind, "...")])[0]
+    return {"name": tool.name, "description": tool.description, "parameters": params,
+            "example": json.dumps(example, ensure_ascii=False), "returns": tool.returns, "when": tool.when}
+
+
+def prompt_variables(mode: Mode, tools: Sequence[ToolDescription], context: PromptContext) -> dict[str, Any]:
+    """Every variable a system template may use (an operator's template that names another fails)."""
+    return {
+        "mode": mode.value,
+        "agent_name": context.agent_name,
+        "date": context.date,
+        "max_steps": context.max_steps,
+        "max_retries": context.max_retries,
+        "repeat_limit": context.repeat_limit,
+        "tools": [tool_variables(t) for t in tools],
+        "tool_names": [t.name for t in tools],
+        "plan_instructions": context.plan_instructions.strip(),
+        "run_instructions": context.run_instructions.strip(),
+    }
 
 
 def estimate_tokens(messages: Sequence[Message]) -> int:
@@ -58,12 +116,10 @@ def estimate_tokens(messages: Sequence[Message]) -> int:
     return sum(4 + len(json.dumps(m, ensure_ascii=False)) // 4 for m in messages)
 
 
-def system_message(mode: Mode, tools: Sequence[ToolDescription]) -> Message:
-    if mode == Mode.TOOLS:
-        return {"role": "system", "content": TOOLS_SYSTEM}
-    listing = "\n".join(t.text_signature() for t in tools)
-    names = ", ".join(t.name for t in tools)
-    return {"role": "system", "content": TEXT_SYSTEM.format(tools=listing, names=names)}
+def system_message(mode: Mode, tools: Sequence[ToolDescription], template: SystemTemplate,
+                   context: PromptContext) -> Message:
+    content = template.render(prompt_variables(mode, tools, context)).strip()
+    return {"role": "system", "content": content}
 
 
 def question_message(mode: Mode, question: str) -> Message:
@@ -131,11 +187,14 @@ def build_messages(
     tools: Sequence[ToolDescription],
     *,
     context_budget_tokens: int,
+    system_template: SystemTemplate,
+    prompt: PromptContext | None = None,
     keep_recent_steps: int = 3,
     reflect_every: int = 0,
 ) -> tuple[list[Message], int]:
     """The conversation for the next turn, and how many older steps were compacted into a summary."""
-    head = [system_message(mode, tools), question_message(mode, question)]
+    system = system_message(mode, tools, system_template, prompt or PromptContext())
+    head = [system, question_message(mode, question)]
     tail: list[Message] = []
     if reflection_due(steps, reflect_every):
         tail = [{"role": "user", "content": REFLECTION}]

@@ -34,6 +34,7 @@ from . import approvals
 from .approvals import Waiting
 from .context import Runtime
 from .finish_hooks import SendWebhook, after_finish
+from .prompt_inputs import turn_messages
 from .sandbox_bridge import observation_from_sandbox
 from .tool_exec import Called, shared_executor
 
@@ -193,10 +194,7 @@ class StepRunner:
         reservation was not settled already)."""
         s = self.rt.settings
         tools = self.rt.tools_for(run.spec.tenant).all()
-        messages, compacted = prompts.build_messages(
-            run.mode, run.spec.question, steps, tools, context_budget_tokens=s.context_budget_tokens,
-            keep_recent_steps=s.keep_recent_steps, reflect_every=s.reflect_every,
-        )
+        messages, compacted = turn_messages(self.rt, run, steps, tools)
         options: dict[str, Any] = {"model": run.model, "temperature": s.llm_temperature}
         if run.mode == Mode.TOOLS:
             options["tools"] = [t.openai_schema() for t in tools]

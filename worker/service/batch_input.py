@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from ..config import Settings
-from ..core.models import Finite, RunSpec
+from ..core.models import Finite, Instructions, RunSpec
 from ..errors import InvalidRequest
 from ..evals.categories import Category
 from ..evals.scoring import MatchMode, check_expected
@@ -48,6 +48,7 @@ class BatchLine(BaseModel, extra="forbid"):
     match: MatchMode | None = None  # how `expected` is compared (default: contains)
     category: Category | None = None  # evaluation sets: the figures of `reactq eval` per category
     webhook_url: str | None = None
+    instructions: Instructions | None = None  # added to the run's system prompt
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,8 @@ def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_dupli
                        tier=line.tier or c.tier or (policy.plan.default_tier if policy else None) or "standard",
                        max_steps=line.max_steps, model=line.model, max_tokens=line.max_tokens,
                        max_cost_usd=line.max_cost_usd, deadline_s=line.deadline_s,
-                       client_id=line.id or f"line-{number}", webhook_url=line.webhook_url)
+                       client_id=line.id or f"line-{number}", webhook_url=line.webhook_url,
+                       instructions=line.instructions)
         validate_spec(spec, c.settings, c.tiers, policy=policy)
     except InvalidRequest as exc:
         return LineError(number, str(exc))

@@ -48,6 +48,8 @@ class Plan(BaseModel, extra="forbid"):
     approval_required: list[str] = Field(default_factory=list)
     budgets: Budgets = Field(default_factory=Budgets)
     limits: PlanLimits
+    agent_name: str | None = Field(None, min_length=1, max_length=100)  # the system prompt's name for the agent
+    instructions: str = Field("", max_length=4000)  # added to every system prompt of the plan's runs
 
     @model_validator(mode="after")
     def _default_tier(self) -> Plan:

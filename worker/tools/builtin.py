@@ -15,22 +15,27 @@ from .registry import tool
 
 
 class CalculatorArgs(BaseModel):
-    expression: str = Field(description="arithmetic expression, e.g. (17 + 25) * 3 or sqrt(1764)")
+    expression: str = Field(description="arithmetic expression, e.g. (17 + 25) * 3 or sqrt(1764)",
+                            examples=["(17 + 25) * 3"])
 
 
 class SearchArgs(BaseModel):
-    query: str = Field(min_length=1, max_length=500, description="keywords to look up")
+    query: str = Field(min_length=1, max_length=500, description="keywords to look up",
+                       examples=["Nomadland director"])
 
 
 class PythonArgs(BaseModel):
-    code: str = Field(min_length=1, max_length=50_000, description="Python 3 code; print() the result")
+    code: str = Field(min_length=1, max_length=50_000, description="Python 3 code; print() the result",
+                      examples=["print(sum(range(10)))"])
 
 
 # Not cached: evaluating takes microseconds, less than the cache's Redis lookup and write would. A thread
 # is enough: every expression is bounded before it is computed (calculator.py), so it finishes in
 # milliseconds; a process would cost a round trip per call for nothing.
 @tool("calculator", CalculatorArgs, "Evaluate arithmetic and math functions exactly.", idempotent=True,
-      cached=False, aliases=("calc", "calculate", "math", "计算器", "计算"))
+      cached=False, aliases=("calc", "calculate", "math", "计算器", "计算"),
+      returns="the exact result as a number, or an error naming what is wrong",
+      when="for any arithmetic: never compute a number in your head")
 def calculator(args: CalculatorArgs) -> str:
     return calc.format_number(calc.evaluate(args.expression))
 
@@ -41,7 +46,9 @@ def _http_client() -> httpx.Client:
 
 
 @tool("search", SearchArgs, "Look up facts in the knowledge base / on the web.", idempotent=True,
-      aliases=("lookup", "web_search", "google", "搜索"))
+      aliases=("lookup", "web_search", "google", "搜索"),
+      returns="the best matching passages, one per line, or No results",
+      when="for facts you do not know for sure, recent events, names, dates; use short keywords")
 def search(args: SearchArgs) -> str:
     key = get_settings().serpapi_api_key
     results = (
@@ -51,6 +58,8 @@ def search(args: SearchArgs) -> str:
 
 
 @tool("python", PythonArgs, "Run Python 3 code in a sandbox and return what it prints.", sandboxed=True,
-      aliases=("python_repl", "python3", "py", "code", "code_interpreter", "代码"))
+      aliases=("python_repl", "python3", "py", "code", "code_interpreter", "代码"),
+      returns="what the program printed (stdout), and its error if it failed",
+      when="for computations too long for one expression: loops, dates, lists, data")
 def python(args: PythonArgs) -> str:  # pragma: no cover - sandboxed tools never run inline
     raise ToolError("python runs in the sandbox", "not_inline")

@@ -35,6 +35,8 @@ class Tool:
     timeout_s: float | None = None  # a call's deadline; None: REACTQ_TOOL_TIMEOUT_S (default 30 s)
     isolation: str = "thread"  # one of ISOLATIONS; a "process" tool's func must be importable (module level)
     aliases: tuple[str, ...] = ()  # other names a model may call it by (`calc`); never offered to the model
+    returns: str = ""  # what a call gives back, for the system prompt
+    when: str = ""  # when the model should use it, for the system prompt
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -156,18 +158,22 @@ def tool(
     timeout_s: float | None = None,
     isolation: str = "thread",
     aliases: tuple[str, ...] = (),
+    returns: str = "",
+    when: str = "",
     registry: ToolRegistry = REGISTRY,
 ) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
     """Decorator: register `func(args: args_model) -> str` as a tool. An idempotent tool's results are
     cached unless `cached=False` (a call cheaper than the cache's Redis lookup, like the calculator).
     A call has `timeout_s` (default REACTQ_TOOL_TIMEOUT_S) to answer; `isolation="process"` for a
     CPU-bound tool, so that a call past it can be killed (see ISOLATIONS). `aliases` are other names
-    that reach the tool (`Calculate`, `calc`); the model is only ever shown `name`."""
+    that reach the tool (`Calculate`, `calc`); the model is only ever shown `name`. `returns` and `when`
+    tell the model what a call gives back and when to make one (the system prompt lists them)."""
 
     def decorate(func: Callable[[Any], str]) -> Callable[[Any], str]:
         registry.register(Tool(name, args_model, description, func, sandboxed, idempotent, requires_approval,
                                cached=idempotent if cached is None else cached and idempotent,
-                               timeout_s=timeout_s, isolation=isolation, aliases=tuple(aliases)))
+                               timeout_s=timeout_s, isolation=isolation, aliases=tuple(aliases),
+                               returns=returns, when=when))
         return func
 
     return decorate
