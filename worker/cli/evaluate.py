@@ -78,6 +78,7 @@ def print_summary(target: Console, s: Summary) -> None:
     table = Table(title="evaluation", show_header=False)
     for name, value in (
         ("success rate", f"{s.correct}/{s.questions} ({s.success_rate:.1%})"),
+        ("partial answers", f"{s.partial} at a limit, {s.partial_correct} of them matching"),
         ("turns mean / p95", f"{s.turns_mean:.2f} / {s.turns_p95:g}"),
         ("tokens per question", f"{s.tokens_per_question:.1f}"),
         ("USD per question", f"{s.usd_per_question:.6f}"),

@@ -159,8 +159,8 @@ def precheck(run: Run, now: float, limits: Limits, history: Sequence[Step] = ())
     (recorded as its `limit`, the run kept going for its best-effort answer), then the run's limits."""
     if run.status == RunStatus.CANCELLED:
         return End(RunStatus.CANCELLED, run.error or "cancelled")
-    if history and history[-1].limit and not history[-1].best_effort:
-        last = history[-1]
+    last = history[-1] if history else None
+    if last is not None and last.limit and not last.best_effort:
         if last.error:
             return End(RunStatus.FAILED, last.error, last.limit)
         stalled = check_progress(history[:-1], last.observations, limits).end  # no error: a tool step

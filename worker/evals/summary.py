@@ -55,6 +55,8 @@ class Summary:
     total_usd: float
     failures: list[Failure] = field(default_factory=list)
     worst: list[dict[str, Any]] = field(default_factory=list)
+    partial: int = 0  # best-effort answers given at a limit (never counted correct) ...
+    partial_correct: int = 0  # ... of which matched what was expected
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +89,7 @@ class SummaryBuilder:
     def __init__(self, worst: int = 5) -> None:
         self._worst = worst
         self._heap: list[tuple[tuple[int, int, int, float], int, dict[str, Any]]] = []
-        self._n = self._correct = self._tokens = 0
+        self._n = self._correct = self._tokens = self._partial = self._partial_correct = 0
         self._usd = 0.0
         self._turns = array("f")
         self._latency = array("f")
@@ -96,6 +98,8 @@ class SummaryBuilder:
     def add(self, line: dict[str, Any]) -> None:
         self._n += 1
         self._correct += bool(line.get("correct"))
+        self._partial += bool(line.get("partial"))
+        self._partial_correct += bool(line.get("partial") and line.get("partial_correct"))
         self._turns.append(float(line.get("steps") or 0))
         self._tokens += tokens_of(line)
         self._usd += float(line.get("cost_usd") or 0.0)
@@ -136,10 +140,12 @@ class SummaryBuilder:
             total_usd=self._usd,
             failures=failures,
             worst=worst,
+            partial=self._partial,
+            partial_correct=self._partial_correct,
         )
 
 
-_WORST_FIELDS = ("id", "question", "status", "answer", "expected", "correct", "steps")
+_WORST_FIELDS = ("id", "question", "status", "answer", "partial", "expected", "correct", "steps")
 
 
 def summarise(lines: Iterable[dict[str, Any]], worst: int = 5) -> Summary:

@@ -222,9 +222,10 @@ class StepRunner:
             log.info("no best-effort answer: %s", exc, extra={"run_id": run.id, "step": d.index})
             return self._end(run, end, d.index, Outcome.ENDED)
         model = reply.routed_model or run.model
+        price = cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok)
         step = Step(
             index=d.index, raw_output=reply.content, final_answer=best_effort.answer_from(run.mode, reply),
-            best_effort=True, usage=reply.usage, cost_usd=cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok),
+            best_effort=True, usage=reply.usage, cost_usd=price,
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
         if step.final_answer is not None:
