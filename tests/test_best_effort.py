@@ -148,3 +148,11 @@ def test_the_same_thought_again_and_again_is_hinted_then_stopped(harness: Harnes
     assert "same thought" not in steps[1].observations[-1].content
     run = harness.run(run_id)
     assert run.status == RunStatus.FAILED and run.partial and harness.outcomes[-1][2].safeguard == "repeated_thought"
+
+
+def test_a_repeated_call_gets_one_hint_not_two(harness: Harness) -> None:
+    harness.llm.script(*[_search("moon mass", f"c{i}") for i in range(3)], final("7.3e22 kg"))
+    run_id = harness.submit("What is the moon's mass?")
+    harness.drain()
+    third = harness.steps(run_id)[2].observations[0].content
+    assert "same arguments 3 times" in third and "returned the same observation" not in third

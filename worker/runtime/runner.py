@@ -180,16 +180,17 @@ class StepRunner:
             return WAITING
         step.observations, fresh = executed
         step.tools_ms = sum(o.duration_ms for o in step.observations)
-        end = self._no_progress(d, step)
+        end = self._no_progress(d, step, hinted=act.hint is not None or any(p.hint for p in act.planned))
         return self._commit(snap, d, step, Outcome.TOOL_CALLS, end=end,
                             also=self.store.cache_commands(run.spec.tenant, fresh, ttl), spend=spend)
 
-    def _no_progress(self, d: Delivery, step: Step) -> End | None:
-        """The step returned what the steps before it did: hint the model, or stop the run."""
+    def _no_progress(self, d: Delivery, step: Step, hinted: bool) -> End | None:
+        """The step returned what the steps before it did: hint the model (unless another hint already
+        says so: a repeated call), or stop the run."""
         progress = engine.check_progress(d.steps, step.observations, self.rt.limits)
         if progress.end is not None:
             return self._stop_at(step, progress.end)
-        if progress.hint is not None and step.observations:
+        if progress.hint is not None and not hinted:
             metrics.SAFEGUARDS.labels("no_progress_hint").inc()
             last = step.observations[-1]
             step.observations[-1] = last.model_copy(update={"content": f"{last.content}\n{progress.hint}"})
