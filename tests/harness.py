@@ -59,12 +59,14 @@ class ScriptedLLM:
     def __init__(self) -> None:
         self.queue: deque[Scripted] = deque()
         self.requests: list[list[Message]] = []  # the messages of every call, in order
+        self.options: list[dict[str, Any]] = []  # ... and its options (model, tools, tool_choice, stop, ...)
 
     def script(self, *replies: Scripted) -> None:
         self.queue.extend(replies)
 
     def chat(self, messages: list[Message], **options: Any) -> LLMReply:
         self.requests.append(messages)
+        self.options.append(options)
         if not self.queue:
             raise AssertionError(f"the model was asked a turn nobody scripted (call {len(self.requests)})")
         entry = self.queue.popleft()

@@ -1,5 +1,5 @@
 """The pure engine's limits and bookkeeping: precheck, after_step, truncation of observations, call ids,
-pricing (the step decision itself is tests/test_engine.py)."""
+pricing, loop control (repeated thoughts, no-progress steps); the step decision itself is tests/test_engine.py."""
 
 from __future__ import annotations
 
@@ -10,15 +10,21 @@ import pytest
 from tests.test_engine import LIMITS, run_
 from worker.core.engine import (
     TRUNCATION_MARKER,
+    Act,
     End,
     Limits,
+    Progress,
     after_step,
+    check_progress,
+    decide,
     finish_observation,
     precheck,
+    repeated_thought,
     truncate,
     unique_call_ids,
 )
-from worker.core.models import RunStatus, Step, ToolCall, Usage
+from worker.core.models import Observation, RunStatus, Step, ToolCall, Usage
+from worker.core.parser import ParsedTurn
 from worker.core.pricing import cost_usd
 
 # --- precheck ----------------------------------------------------------------------------------
@@ -202,3 +208,176 @@ def test_cost_per_million_tokens():
     assert cost_usd("m", usage, prices) == pytest.approx(6.0)
     assert cost_usd("other", usage, prices) == 0.0
     assert cost_usd("m", Usage(), prices) == 0.0
+
+
+# --- loop control: repeated thoughts, no-progress steps ------------------------------------------
+
+
+def _thinking(*thoughts: str | None, reflection_at: int | None = None) -> list[Step]:
+    return [Step(index=i, thought=t, reflection=i == reflection_at) for i, t in enumerate(thoughts)]
+
+
+@pytest.mark.parametrize(("history", "thought", "count"), [
+    ([], "look it up", 1),
+    (["look it up"], "look it up", 2),
+    (["look it up", "look it up"], "look it up", 3),
+    (["other", "look it up"], "look it up", 2),  # only the steps in a row count
+    (["look it up", "other"], "look it up", 1),
+    (["look it up", None], "look it up", 1),  # a step without a thought breaks the run
+    (["Look  it\nUP"], "look it up", 2),  # whitespace and case aside
+    (["look it up"], "", 0),  # no thought, nothing to repeat
+    (["look it up"], None, 0),
+    (["look it up"], "   ", 0),
+])
+def test_repeated_thought_counts_the_steps_in_a_row(history, thought, count):
+    assert repeated_thought(_thinking(*history), thought) == count
+
+
+def test_a_reflection_step_does_not_break_a_run_of_thoughts():
+    history = _thinking("same", "a reflection in prose", "same", reflection_at=1)
+    assert repeated_thought(history, "same") == 3
+
+
+class _Tools:
+    """The smallest ToolLookup: every name is an idempotent inline tool taking anything."""
+
+    class _T:
+        def __init__(self, name: str) -> None:
+            self.name, self.sandboxed, self.idempotent, self.cached = name, False, True, False
+
+        def validate(self, arguments):
+            from pydantic import create_model
+            return create_model("A", x=(str, ""))(x=str(arguments))
+
+    def get(self, name):
+        return self._T(name)
+
+    def names(self):
+        return ["t"]
+
+    def refusal(self, name):
+        return None
+
+
+def _turn(thought: str, i: int) -> ParsedTurn:
+    return ParsedTurn(thought=thought, calls=[ToolCall(id=f"c{i}", name="t", arguments={"q": str(i)})])
+
+
+@pytest.mark.parametrize(("earlier", "hint", "ends"), [(0, False, False), (1, False, False), (2, True, False),
+                                                      (3, False, True), (7, False, True)])
+def test_the_same_thought_is_hinted_then_ends_the_run(earlier, hint, ends):
+    history = _thinking(*["stuck"] * earlier)
+    decision = decide(run_(), history, _turn("stuck", earlier), _Tools(), LIMITS)
+    if ends:
+        assert isinstance(decision, End) and decision.status == RunStatus.FAILED
+        assert decision.safeguard == "repeated_thought" and f"{earlier + 1} times in a row" in decision.reason
+    else:
+        assert isinstance(decision, Act) and (decision.hint is not None) == hint
+        if hint:
+            assert "same thought 3 times" in decision.hint and decision.hint.startswith("Note: ")
+
+
+def test_thought_limits_are_configurable():
+    limits = Limits(thought_hint_at=2, thought_fail_at=3)
+    assert decide(run_(), _thinking("x"), _turn("x", 1), _Tools(), limits).hint is not None
+    assert isinstance(decide(run_(), _thinking("x", "x"), _turn("x", 2), _Tools(), limits), End)
+
+
+def test_different_thoughts_never_hint():
+    history = _thinking("a", "b", "c", "d", "e")
+    decision = decide(run_(), history, _turn("f", 5), _Tools(), LIMITS)
+    assert isinstance(decision, Act) and decision.hint is None
+
+
+def _obs(*contents: str) -> list[Observation]:
+    return [Observation(call_id=f"c{i}", tool="t", content=c) for i, c in enumerate(contents)]
+
+
+def _observed(*steps: tuple[str, ...] | None) -> list[Step]:
+    """One step per entry: its observations' contents, or None for a step without any (an invalid output)."""
+    return [Step(index=i, observations=_obs(*s) if s else [], error=None if s else "bad")
+            for i, s in enumerate(steps)]
+
+
+@pytest.mark.parametrize(("history", "now", "streak"), [
+    ([], ("4",), 1),
+    ([("4",)], ("4",), 2),
+    ([("4",), ("4",)], ("4",), 3),
+    ([("5",), ("4",)], ("4",), 2),
+    ([("4",), ("5",)], ("4",), 1),
+    ([("4",), None, ("4",)], ("4",), 3),  # a step without observations is skipped, not progress
+    ([("4", "x")], ("4", "x"), 2),  # a step's observations compare as a whole ...
+    ([("4", "x")], ("4",), 1),
+    ([("x", "4")], ("4", "x"), 1),  # ... in order
+    ([], (), 0),
+])
+def test_no_progress_counts_the_same_observations_in_a_row(history, now, streak):
+    assert check_progress(_observed(*history), _obs(*now), LIMITS).streak == streak
+
+
+@pytest.mark.parametrize(("earlier", "hint", "ends"), [(1, False, False), (2, True, False), (3, False, True),
+                                                      (9, False, True)])
+def test_no_progress_is_hinted_then_ends_the_run(earlier, hint, ends):
+    progress = check_progress(_observed(*[("No results.",)] * earlier), _obs("No results."), LIMITS)
+    assert (progress.hint is not None) == hint
+    if hint:
+        assert progress.hint.startswith("Note: ") and "last 3 steps returned the same observation" in progress.hint
+    if ends:
+        assert progress.end is not None and progress.end.safeguard == "no_progress"
+        assert progress.end.status == RunStatus.FAILED and f"{earlier + 1} steps in a row" in progress.end.reason
+    else:
+        assert progress.end is None
+
+
+def test_earlier_hints_do_not_hide_the_same_observation():
+    """The stored observations carry the hints given then (repeat, thought, no progress): they are not
+    what the tool returned, so they do not count as a difference."""
+    limits = LIMITS
+    plain = "No results."
+    with_hints = [
+        finish_observation(plain, "Note: you have called t with these same arguments 3 times. x", limits),
+        plain + "\nNote: you have written this same thought 3 times in a row. y",
+        plain + "\n" + check_progress(_observed((plain,), (plain,)), _obs(plain), limits).hint,
+    ]
+    history = [Step(index=i, observations=_obs(c)) for i, c in enumerate(with_hints)]
+    assert check_progress(history, _obs(plain), limits).streak == 4
+
+
+def test_a_tool_result_that_merely_mentions_a_note_still_differs():
+    history = _observed(("a\nNote: something else",))
+    assert check_progress(history, _obs("a\nNote: another thing"), LIMITS).streak == 1
+
+
+def test_no_progress_limits_are_configurable():
+    limits = Limits(no_progress_hint_at=2, no_progress_fail_at=5)
+    assert check_progress(_observed(("x",)), _obs("x"), limits).hint is not None
+    assert check_progress(_observed(*[("x",)] * 3), _obs("x"), limits).end is None
+    assert check_progress(_observed(*[("x",)] * 4), _obs("x"), limits).end is not None
+    assert Progress(0) == check_progress([], [], limits)
+
+
+# --- precheck of a step after a loop stopped the run (its best-effort answer) --------------------
+
+
+def test_precheck_turns_a_marked_step_back_into_its_end():
+    history = [Step(index=0, error="the model repeated the same action t(x) 4 times; stopped as a loop",
+                    limit="loop")]
+    end = precheck(run_(current_step=1), 0, LIMITS, history)
+    assert end == End(RunStatus.FAILED, history[0].error, "loop")
+
+
+def test_precheck_rebuilds_the_no_progress_reason_from_the_observations():
+    history = _observed(*[("x",)] * 3) + [Step(index=3, observations=_obs("x"), limit="no_progress")]
+    end = precheck(run_(current_step=4), 0, LIMITS, history)
+    assert end is not None and end.safeguard == "no_progress" and "4 steps in a row" in end.reason
+
+
+def test_precheck_a_marked_step_comes_after_a_cancel_and_before_max_steps():
+    history = [Step(index=0, error="loop", limit="loop")]
+    assert precheck(run_(status=RunStatus.CANCELLED), 0, LIMITS, history).status == RunStatus.CANCELLED
+    assert precheck(run_(current_step=1, max_steps=1), 0, LIMITS, history).safeguard == "loop"
+
+
+def test_precheck_ignores_the_mark_once_the_best_effort_step_is_recorded():
+    history = [Step(index=0, error="loop", limit="loop"), Step(index=1, best_effort=True, final_answer="a")]
+    assert precheck(run_(current_step=2, max_steps=8), 0, LIMITS, history) is None

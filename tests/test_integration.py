@@ -80,7 +80,11 @@ def test_limits_end_runs_with_their_status(cluster: Cluster, stub_control) -> No
                                           REACTQ_RUN_DEADLINE_S="1").stdout)
     assert timed_out["status"] == "timeout" and "deadline" in timed_out["error"]
     capped = json.loads(cluster.reactq("ask", "What is 3 * 4?", "--wait", "--json", "--max-steps", "1").stdout)
-    assert capped["status"] == "max_steps" and capped["steps"] == 1 and "max_steps=1" in capped["error"]
+    assert capped["status"] == "max_steps" and "max_steps=1" in capped["error"]
+    # the step cap is followed by one last call, tools disabled, for the best answer from what was gathered
+    assert capped["steps"] == 2 and capped["partial"] is True and capped["answer"], capped
+    trace = json.loads(cluster.reactq("trace", capped["run_id"], "--json").stdout)["trace"]
+    assert [s["best_effort"] for s in trace] == [False, True] and trace[1]["final_answer"] == capped["answer"]
 
 
 def test_llm_call_timeout_is_enforced(cluster: Cluster, stub_control) -> None:

@@ -275,7 +275,7 @@ def test_safeguards_are_counted(cluster: Cluster, tmp_path: Path) -> None:
         {"id": "long", "question": "Who wrote Pride and Prejudice?"},  # search results exceed 100 chars
     ]
     results = {r["id"]: r for r in run_batch(cluster, tmp_path, lines)}
-    assert results["capped"]["status"] == "max_steps"
+    assert results["capped"]["status"] == "max_steps" and results["capped"]["partial"] is True  # batch output line
     trace = json.loads(cluster.reactq("trace", results["long"]["run_id"], "--json", check=True).stdout)["trace"]
     truncated = sum(1 for step in trace for obs in step["observations"] if "…[truncated " in obs["content"])
     assert truncated > 0

@@ -131,7 +131,8 @@ def test_garbage_from_the_model_ends_the_run_failed_after_three_invalid_outputs(
     assert run["status"] == "failed"
     assert "3 invalid model outputs in a row" in run["error"], run["error"]
     trace = json.loads(cluster.reactq("trace", run["run_id"], "--json").stdout)["trace"]
-    assert len(trace) == 3 and all(step["error"] for step in trace)
+    assert len(trace) == 4 and all(step["error"] for step in trace[:3])
+    assert trace[3]["best_effort"] and not trace[3]["tool_calls"]  # the last call, for a best-effort answer
 
 
 def test_batch_rerun_submits_only_what_is_missing(

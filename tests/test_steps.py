@@ -253,20 +253,25 @@ def test_the_llm_failing_for_good_ends_the_run_with_the_reason(harness: Harness)
     assert run.status == RunStatus.FAILED and "3 attempt(s)" in (run.error or "")
 
 
-def test_invalid_outputs_in_a_row_end_the_run_with_their_safeguard(harness: Harness) -> None:
+def test_invalid_outputs_in_a_row_end_the_run_with_their_safeguard(make_harness: Any) -> None:
+    harness = make_harness(best_effort_answer=False)
     harness.llm.script(*[final("")] * 3)
     run_id = harness.submit("What is 6 * 7?")
     assert harness.drain() == [Outcome.INVALID_OUTPUT, Outcome.INVALID_OUTPUT, Outcome.ENDED]
     assert harness.outcomes[-1][2].safeguard == "invalid_outputs"
-    assert harness.run(run_id).status == RunStatus.FAILED
+    run = harness.run(run_id)
+    assert run.status == RunStatus.FAILED and run.answer is None and not run.partial
 
 
-def test_the_step_cap_ends_the_run_with_its_safeguard(harness: Harness) -> None:
+def test_the_step_cap_ends_the_run_with_its_safeguard(make_harness: Any) -> None:
+    harness = make_harness(best_effort_answer=False)
     harness.llm.script(SIX_BY_SEVEN)
     run_id = harness.submit("What is 6 * 7?", max_steps=1)
     assert harness.drain() == [Outcome.TOOL_CALLS]
     assert harness.outcomes[-1][2].safeguard == "max_steps" and harness.outcomes[-1][2].next_step is None
-    assert harness.run(run_id).status == RunStatus.MAX_STEPS
+    run = harness.run(run_id)
+    assert run.status == RunStatus.MAX_STEPS and run.answer is None and not run.partial
+    assert len(harness.llm.requests) == 1  # switched off: no last call
 
 
 def test_time_spent_waiting_in_the_queue_does_not_use_up_the_deadline(make_harness: Any) -> None:

@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     max_invalid_outputs: int = Field(3, ge=1)  # invalid outputs in a row before the run fails
     repeat_hint_at: int = Field(3, ge=2)  # the same call this many times gets a hint ...
     repeat_fail_at: int = Field(4, ge=2)  # ... and this many times ends the run
+    thought_hint_at: int = Field(3, ge=2)  # the same thought this many steps in a row gets a hint ...
+    thought_fail_at: int = Field(4, ge=2)  # ... and this many ends the run
+    no_progress_hint_at: int = Field(3, ge=2)  # the same observations this many steps in a row: a hint ...
+    no_progress_fail_at: int = Field(4, ge=2)  # ... and this many end the run
+    best_effort_answer: bool = True  # a run stopped at a limit makes one last call for its best answer
     observation_max_chars: int = Field(4000, ge=100)
     context_budget_tokens: int = Field(6000, ge=500)
     keep_recent_steps: int = Field(3, ge=1)

@@ -52,10 +52,11 @@ TOOL_STUCK_THREADS = Gauge("reactq_tool_stuck_threads", "Threads of inline tool 
 QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queue"], multiprocess_mode="max")
 
 SAFEGUARD_KINDS = ("repeat_hint", "loop", "invalid_outputs", "observation_truncated", "context_compacted",
-                   "max_steps", "deadline", "token_budget")
+                   "max_steps", "deadline", "token_budget",
+                   "thought_hint", "repeated_thought", "no_progress_hint", "no_progress", "best_effort_answer")
 # Recorded steps by what they did, and "ended" for a run stopped between steps (limit, LLM failure).
 STEP_OUTCOMES = (Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER, Outcome.REFLECTION, Outcome.INVALID_OUTPUT,
-                 Outcome.ENDED)
+                 Outcome.ENDED, Outcome.BEST_EFFORT)
 LLM_OUTCOMES = ("ok", "rate_limited", "server_error", "client_error", "timeout", "connection_error")
 
 

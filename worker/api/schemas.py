@@ -68,6 +68,7 @@ class RunView(BaseModel):
     run_id: str
     status: RunStatus
     answer: str | None
+    partial: bool = Field(False, description="`answer` is a best-effort answer given at a limit (see `status`)")
     steps: int = Field(description="steps taken so far")
     usage: Usage
     cost_usd: float

@@ -65,13 +65,14 @@ def print_trace(console: Console, run: Run, steps: list[Step]) -> None:
         if step.error:
             console.print(labelled("error:", "red", step.error))
         if step.final_answer is not None:
-            console.print(labelled("final answer:", "bold green", step.final_answer))
+            console.print(labelled("best-effort answer (at a limit, tools disabled):" if step.best_effort
+                                   else "final answer:", "bold green", step.final_answer))
     for approval in (a for a in run.approvals if a.step >= len(steps)):
         console.print(labelled("approval:", "yellow", _approval_line(run, approval)))
     if run.error:
         console.print(labelled("reason:", "red", run.error))
     if run.answer is not None:
-        console.print(labelled("answer:", "bold", run.answer))
+        console.print(labelled("answer (partial):" if run.partial else "answer:", "bold", run.answer))
 
 
 def _approval_line(run: Run, a: Approval) -> str:

@@ -79,6 +79,7 @@ def print_summary(target: Console, s: Summary) -> None:
     table = Table(title="evaluation", show_header=False)
     for name, value in (
         ("success rate", f"{s.correct}/{s.questions} ({s.success_rate:.1%})"),
+        ("partial answers", f"{s.partial} at a limit, {s.partial_correct} of them matching"),
         ("turns mean / p95", f"{s.turns_mean:.2f} / {s.turns_p95:g}"),
         ("tokens per question", f"{s.tokens_per_question:.1f}"),
         ("USD per question", f"{s.usd_per_question:.6f}"),
@@ -112,10 +113,11 @@ def print_categories(target: Console, s: Summary) -> None:
     """The figures of the summary table, one row per category (lines without one: "uncategorised")."""
     table = Table(title="per category")
     table.add_column("category", no_wrap=True)
-    for column in ("correct", "statuses", "turns mean/p95", "tokens/q", "USD/q", "latency p50/p95"):
+    for column in ("correct", "partial", "statuses", "turns mean/p95", "tokens/q", "USD/q", "latency p50/p95"):
         table.add_column(column, overflow="fold", min_width=13 if column == "statuses" else None)
     for name, c in s.categories.items():
-        table.add_row(literal(name), f"{c.correct}/{c.questions} ({c.success_rate:.1%})", literal(statuses(c, "\n")),
+        table.add_row(literal(name), f"{c.correct}/{c.questions} ({c.success_rate:.1%})",
+                      f"{c.partial} ({c.partial_correct} matching)", literal(statuses(c, "\n")),
                       f"{c.turns_mean:.2f} / {c.turns_p95:g}", f"{c.tokens_per_question:.1f}",
                       f"{c.usd_per_question:.6f}", f"{c.latency_p50_s:.2f}s / {c.latency_p95_s:.2f}s")
     target.print(table)

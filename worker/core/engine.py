@@ -9,6 +9,8 @@ the run with a status and a reason.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,6 +57,10 @@ class Limits:
     repeat_fail_at: int = 4
     observation_max_chars: int = 4000
     max_tokens_per_run: int = 0  # 0: no budget
+    thought_hint_at: int = 3  # the same thought this many steps in a row gets a hint ...
+    thought_fail_at: int = 4  # ... and this many ends the run
+    no_progress_hint_at: int = 3  # the same observations this many steps in a row get a hint ...
+    no_progress_fail_at: int = 4  # ... and this many end the run
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class Act:
 
     planned: list[PlannedCall]
     rejected: list[Observation] = field(default_factory=list)
+    hint: str | None = None  # appended to the step's last observation (the thought repeats earlier ones)
 
 
 @dataclass(frozen=True)
@@ -147,10 +154,17 @@ def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
     return out
 
 
-def precheck(run: Run, now: float, limits: Limits) -> End | None:
-    """Limits checked before a step calls the model."""
+def precheck(run: Run, now: float, limits: Limits, history: Sequence[Step] = ()) -> End | None:
+    """Limits checked before a step calls the model: a cancel, a loop the previous step stopped at
+    (recorded as its `limit`, the run kept going for its best-effort answer), then the run's limits."""
     if run.status == RunStatus.CANCELLED:
         return End(RunStatus.CANCELLED, run.error or "cancelled")
+    last = history[-1] if history else None
+    if last is not None and last.limit and not last.best_effort:
+        if last.error:
+            return End(RunStatus.FAILED, last.error, last.limit)
+        stalled = check_progress(history[:-1], last.observations, limits).end  # no error: a tool step
+        return stalled or End(RunStatus.FAILED, f"stopped by the {last.limit} safeguard", last.limit)
     return _limit_reached(run, run.current_step, now, limits)
 
 
@@ -186,6 +200,11 @@ def decide(
             return End(RunStatus.FAILED, f"{streak} invalid model outputs in a row; last: {error}",
                        "invalid_outputs")
         return Retry(error, turn.error_kind or "empty")
+
+    same_thought = repeated_thought(history, turn.thought)
+    if same_thought >= limits.thought_fail_at:
+        return End(RunStatus.FAILED, f"the model wrote the same thought {same_thought} times in a row; "
+                   "stopped as a loop", "repeated_thought")
 
     seen: dict[str, int] = {}
     for step in history:
@@ -229,14 +248,39 @@ def decide(
         hint = None
         if occurrence >= limits.repeat_hint_at:
             hint = (
-                f"Note: you have called {tool.name} with these same arguments {occurrence} times. "
+                f"{HINT_PREFIX} you have called {tool.name} with these same arguments {occurrence} times. "
                 "Use the observations you already have or try something different; "
                 "one more repetition ends the run."
             )
         planned.append(
             PlannedCall(call, tool.name, args.model_dump(), tool.sandboxed, tool.idempotent, hint, tool.cached)
         )
-    return Act(planned, rejected)
+    thought_hint = None
+    if same_thought >= limits.thought_hint_at:
+        thought_hint = (f"{HINT_PREFIX} you have written this same thought {same_thought} times in a row. "
+                        "Think again from the observations you have, or give your Final Answer; "
+                        "one more repetition ends the run.")
+    return Act(planned, rejected, thought_hint)
+
+
+def _normal(text: str | None) -> str:
+    return " ".join((text or "").split()).casefold()
+
+
+def repeated_thought(history: Sequence[Step], thought: str | None) -> int:
+    """How many steps in a row, this turn included, wrote `thought` (whitespace and case aside; a
+    reflection step is skipped, a step without a thought breaks the run). 0 for no thought."""
+    wanted = _normal(thought)
+    if not wanted:
+        return 0
+    count = 1
+    for step in reversed(history):
+        if step.reflection:
+            continue
+        if _normal(step.thought) != wanted:
+            break
+        count += 1
+    return count
 
 
 def _effective_signature(call: ToolCall, tools: ToolLookup) -> str:
@@ -260,6 +304,51 @@ def truncate(text: str, max_chars: int) -> str:
 def finish_observation(content: str, hint: str | None, limits: Limits) -> str:
     text = truncate(content, limits.observation_max_chars)
     return f"{text}\n{hint}" if hint else text
+
+
+# Every hint the engine appends to an observation starts with this; `_HINTS` finds them again, so that
+# comparing observations (no progress) is not fooled by the hints of earlier steps.
+HINT_PREFIX = "Note:"
+_HINTS = re.compile(r"\nNote: (?:you have called |you have written this same thought |"
+                    r"your last \d+ steps returned the same)")
+
+
+def _seen(step_observations: Sequence[Observation]) -> tuple[str, ...]:
+    return tuple(_HINTS.split(o.content, maxsplit=1)[0] for o in step_observations)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Whether a step with tool calls moved the run on: `streak` steps in a row (this one included)
+    returned the same observations; past the limits a hint, then an end."""
+
+    streak: int
+    hint: str | None = None
+    end: End | None = None
+
+
+def check_progress(history: Sequence[Step], observations: Sequence[Observation], limits: Limits) -> Progress:
+    """Steps without observations (invalid outputs, reflections) are skipped: they are no progress either."""
+    seen = _seen(observations)
+    if not seen:
+        return Progress(0)
+    streak = 1
+    for step in reversed(history):
+        if not step.observations:
+            continue
+        if _seen(step.observations) != seen:
+            break
+        streak += 1
+    if streak >= limits.no_progress_fail_at:
+        return Progress(streak, end=End(
+            RunStatus.FAILED, f"{streak} steps in a row returned the same observation; stopped as making "
+            "no progress", "no_progress"))
+    if streak >= limits.no_progress_hint_at:
+        return Progress(streak, hint=(
+            f"{HINT_PREFIX} your last {streak} steps returned the same observation. Do not try again the "
+            "same way: use what you have and give your Final Answer, or try a different tool or input; "
+            "one more such step ends the run."))
+    return Progress(streak)
 
 
 # A tool call the infrastructure could not run (no sandbox backend answered in time): the run ends failed

@@ -111,6 +111,8 @@ class Step(BaseModel):
     final_answer: str | None = None
     error: str | None = None  # format error shown to the model as observation
     reflection: bool = False  # the model's answer to a reflection prompt: `thought` holds it
+    limit: str | None = None  # the loop safeguard that stopped the run here; the next step is its best effort
+    best_effort: bool = False  # the last call at a limit, tools disabled: `final_answer` is the best answer
     usage: Usage = Field(default_factory=Usage)
     cost_usd: float = 0.0
     llm_ms: int = 0
@@ -171,6 +173,7 @@ class Run(BaseModel):
     mode: Mode = Mode.TOOLS
     model: str = ""
     answer: str | None = None
+    partial: bool = False  # `answer` is a best-effort answer given at a limit (the status says which)
     error: str | None = None
     usage: Usage = Field(default_factory=Usage)
     cost_usd: float = 0.0
@@ -192,6 +195,7 @@ class Run(BaseModel):
             "run_id": self.id,
             "status": self.status.value,
             "answer": self.answer,
+            "partial": self.partial,
             "steps": self.current_step,
             "usage": self.usage.model_dump(),
             "cost_usd": round(self.cost_usd, 8),

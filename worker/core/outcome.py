@@ -18,6 +18,7 @@ class Outcome(StrEnum):
     REFLECTION = "reflection"  # the model answered a reflection prompt in prose; the run goes on
     INVALID_OUTPUT = "invalid_output"  # the model's output was unusable; the error is its observation
     ENDED = "ended"  # a limit or a loop ended the run
+    BEST_EFFORT = "best_effort"  # the run's last call at a limit, tools disabled, for its best answer
     LLM_FAILED = "llm_failed"  # the LLM call failed after its retries; the run ended failed
     BUDGET_EXCEEDED = "budget_exceeded"  # the next call could overshoot a run or tenant budget: run ended
 

@@ -43,6 +43,7 @@ def _summary_rows(s: Summary) -> list[tuple[str, str]]:
         ("questions", str(s.questions)),
         ("correct", str(s.correct)),
         ("success rate", f"{s.success_rate:.1%}"),
+        ("partial answers (matching)", f"{s.partial} ({s.partial_correct})"),
         ("turns mean", f"{s.turns_mean:.2f}"),
         ("turns p95", f"{s.turns_p95:g}"),
         ("tokens per question", f"{s.tokens_per_question:.1f}"),
@@ -165,7 +166,8 @@ def _questions(lines: Lines, questions: int) -> Iterator[str]:
     for line in islice(lines(), PER_QUESTION_LIMIT):
         yield (f"<tr><td>{_e(line.get('id'))}</td><td>{_e(category_of(line))}</td><td>{_e(line.get('question'))}</td>"
                f"<td>{_e(line.get('expected'))}</td><td>{_e(line.get('answer') or line.get('error'))}</td>"
-               f"<td>{_e(line.get('status'))}</td><td class=num>{_e(line.get('steps'))}</td>"
+               f"<td>{_e(line.get('status'))}{' (partial)' if line.get('partial') else ''}</td>"
+               f"<td class=num>{_e(line.get('steps'))}</td>"
                f"<td class=num>{tokens_of(line)}</td>"
                f"<td class={'ok' if line.get('correct') else 'bad'}>{'✓' if line.get('correct') else '✗'}</td></tr>")
     yield "</table>" + _more(min(questions, PER_QUESTION_LIMIT), questions)

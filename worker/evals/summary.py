@@ -60,6 +60,8 @@ class Summary:
     worst: list[dict[str, Any]] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)  # runs per status, most first
     categories: dict[str, Summary] = field(default_factory=dict)  # the figures of each category's lines
+    partial: int = 0  # best-effort answers given at a limit (never counted correct) ...
+    partial_correct: int = 0  # ... of which matched what was expected
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -102,7 +104,7 @@ class SummaryBuilder:
         self._statuses: dict[str, int] = {}
         self._categories: Buckets[SummaryBuilder] | None = Buckets(_category_builder) if by_category else None
         self._heap: list[tuple[tuple[int, int, int, float], int, dict[str, Any]]] = []
-        self._n = self._correct = self._tokens = 0
+        self._n = self._correct = self._tokens = self._partial = self._partial_correct = 0
         self._usd = 0.0
         self._turns = array("f")
         self._latency = array("f")
@@ -114,6 +116,8 @@ class SummaryBuilder:
         self._count_status(line)
         if self._categories is not None:
             self._categories.get(category_of(line)).add(line)
+        self._partial += bool(line.get("partial"))
+        self._partial_correct += bool(line.get("partial") and line.get("partial_correct"))
         self._turns.append(float(line.get("steps") or 0))
         self._tokens += tokens_of(line)
         self._usd += float(line.get("cost_usd") or 0.0)
@@ -162,6 +166,8 @@ class SummaryBuilder:
             worst=worst,
             statuses=dict(sorted(self._statuses.items(), key=lambda kv: (-kv[1], kv[0]))),
             categories={} if self._categories is None else {name: b.build() for name, b in self._categories.items()},
+            partial=self._partial,
+            partial_correct=self._partial_correct,
         )
 
 
@@ -169,7 +175,7 @@ def _category_builder() -> SummaryBuilder:
     return SummaryBuilder(worst=0, by_category=False, groups=CATEGORY_FAILURE_GROUPS)
 
 
-_WORST_FIELDS = ("id", "question", "status", "answer", "expected", "correct", "steps")
+_WORST_FIELDS = ("id", "question", "status", "answer", "partial", "expected", "correct", "steps")
 
 
 def summarise(lines: Iterable[dict[str, Any]], worst: int = 5) -> Summary:

@@ -40,7 +40,10 @@ def rescored(line: dict[str, Any], expected: Expected | None) -> dict[str, Any]:
         return line
     want, mode = expected
     ok = line.get("status") == "succeeded" and matches(line.get("answer"), want, mode)
-    return {**line, "expected": want, "match": mode.value, "correct": ok}
+    scored = {**line, "expected": want, "match": mode.value, "correct": ok}
+    if line.get("partial"):  # a best-effort answer at a limit is never correct; whether it matched is told apart
+        scored["partial_correct"] = matches(line.get("answer"), want, mode)
+    return scored
 
 
 class EvalTable:

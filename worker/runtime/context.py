@@ -100,6 +100,8 @@ class Runtime:
             max_invalid_outputs=s.max_invalid_outputs, repeat_hint_at=s.repeat_hint_at,
             repeat_fail_at=s.repeat_fail_at, observation_max_chars=s.observation_max_chars,
             max_tokens_per_run=s.max_tokens_per_run,
+            thought_hint_at=s.thought_hint_at, thought_fail_at=s.thought_fail_at,
+            no_progress_hint_at=s.no_progress_hint_at, no_progress_fail_at=s.no_progress_fail_at,
         )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics
-from ..core import engine, prompts
+from ..core import best_effort, engine, prompts
 from ..core.engine import Act, End, Final, PlannedCall, Reflect, Retry
 from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
 from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
@@ -103,7 +103,9 @@ class StepRunner:
     def _run_step(self, snap: Snapshot, d: Delivery) -> StepOutcome:
         run, limits = snap.run, self.rt.limits
         started = time.time()
-        if (end := engine.precheck(run, started, limits)) is not None:
+        if (end := engine.precheck(run, started, limits, d.steps)) is not None:
+            if self.rt.settings.best_effort_answer and best_effort.eligible(end):
+                return self._best_effort(snap, d, end, started)
             return self._end(run, end, d.index, Outcome.ENDED)
         # A queued run becomes running with its first recorded step, in that step's one write (its
         # deadline counted from when the step began): no write of its own before the model call.
@@ -146,7 +148,7 @@ class StepRunner:
             metrics.PARSE_ERRORS.labels(turn.error_kind or "loop").inc()
             step.error = decision.reason
             step.tool_calls = turn.calls
-            return self._commit(snap, d, step, Outcome.ENDED, end=decision, spend=spend)
+            return self._commit(snap, d, step, Outcome.ENDED, end=self._stop_at(step, decision), spend=spend)
 
         step.tool_calls = turn.calls
         return self._act(snap, d, step, decision, reply, spend)
@@ -179,8 +181,58 @@ class StepRunner:
             return WAITING
         step.observations, fresh = executed
         step.tools_ms = sum(o.duration_ms for o in step.observations)
-        return self._commit(snap, d, step, Outcome.TOOL_CALLS,
+        end = self._no_progress(d, step, hinted=act.hint is not None or any(p.hint for p in act.planned))
+        return self._commit(snap, d, step, Outcome.TOOL_CALLS, end=end,
                             also=self.store.cache_commands(run.spec.tenant, fresh, ttl), spend=spend)
+
+    def _no_progress(self, d: Delivery, step: Step, hinted: bool) -> End | None:
+        """The step returned what the steps before it did: hint the model (unless another hint already
+        says so: a repeated call), or stop the run."""
+        progress = engine.check_progress(d.steps, step.observations, self.rt.limits)
+        if progress.end is not None:
+            return self._stop_at(step, progress.end)
+        if progress.hint is not None and not hinted:
+            metrics.SAFEGUARDS.labels("no_progress_hint").inc()
+            last = step.observations[-1]
+            step.observations[-1] = last.model_copy(update={"content": f"{last.content}\n{progress.hint}"})
+        return None
+
+    # --- the best-effort answer at a limit ------------------------------------------------------
+    def _stop_at(self, step: Step, end: End) -> End | None:
+        """How a loop `end` found at `step` ends the run: at once, or (best-effort answers on) with the
+        step marked, so that the next step asks for the answer (engine.precheck turns the mark back
+        into `end`)."""
+        if self.rt.settings.best_effort_answer and best_effort.eligible(end):
+            step.limit = end.safeguard
+            return None
+        return end
+
+    def _best_effort(self, snap: Snapshot, d: Delivery, end: End, started: float) -> StepOutcome:
+        """The run stops at `end`: one last call, tools disabled, for the best answer from what was
+        gathered, recorded as a step (fenced on its index like any: a redelivery after the commit does
+        not ask again). No room left (deadline, budget) or a failed call: the run ends without one."""
+        run = snap.run
+        if not best_effort.has_room(run, started, self.rt.limits):
+            return self._end(run, end, d.index, Outcome.ENDED)
+        spend: list[Command] = []
+        try:
+            if d.stored_reply is not None:
+                reply = d.stored_reply
+            else:
+                reply, spend = self._ask(run, d.steps, d.index, final=end)
+        except (LLMError, BudgetExceeded) as exc:
+            log.info("no best-effort answer: %s", exc, extra={"run_id": run.id, "step": d.index})
+            return self._end(run, end, d.index, Outcome.ENDED)
+        model = reply.routed_model or run.model
+        price = cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok)
+        step = Step(
+            index=d.index, raw_output=reply.content, final_answer=best_effort.answer_from(run.mode, reply),
+            best_effort=True, usage=reply.usage, cost_usd=price,
+            llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
+        )
+        if step.final_answer is not None:
+            metrics.SAFEGUARDS.labels("best_effort_answer").inc()
+        return self._commit(snap, d, step, Outcome.BEST_EFFORT, end=end, spend=spend)
 
     def _acts_outside(self, run: Run, act: Act) -> bool:
         """Whether any call has effects beyond the run record: a sandbox run, a tool with effects, or a
@@ -189,9 +241,11 @@ class StepRunner:
                    for p in act.planned)
 
     # --- the LLM reply ----------------------------------------------------------------------
-    def _ask(self, run: Run, steps: list[Step], index: int) -> tuple[LLMReply, list[Command]]:
-        """Ask the model for step `index`'s turn; the reply and the writes that count its spend (if the
-        reservation was not settled already)."""
+    def _ask(self, run: Run, steps: list[Step], index: int,
+             final: End | None = None) -> tuple[LLMReply, list[Command]]:
+        """Ask the model for step `index`'s turn (`final`: the best-effort answer at that limit, tools
+        disabled); the reply and the writes that count its spend (if the reservation was not settled
+        already)."""
         s = self.rt.settings
         tools = self.rt.tools_for(run.spec.tenant).all()
         messages, compacted = turn_messages(self.rt, run, steps, tools)
@@ -200,6 +254,8 @@ class StepRunner:
             options["tools"] = [t.openai_schema() for t in tools]
         else:
             options["stop"] = TEXT_STOP_SEQUENCES[:4]
+        if final is not None:
+            messages, options = best_effort.final_request(run.mode, messages, options, final)
         with reserve_call(s, self.rt.tenants, self.rt.budgets, run, messages, options) as budget:
             reply = self.rt.llm.chat(messages, **options, max_tokens=budget.max_tokens)
             model = reply.routed_model or run.model  # a fallback's tokens are priced at its own price
@@ -261,6 +317,9 @@ class StepRunner:
                 metrics.SAFEGUARDS.labels("repeat_hint").inc()
             content = engine.finish_observation(obs.content, hints.get(call_id), limits)
             ordered.append(obs.model_copy(update={"content": content}))
+        if act.hint and ordered:
+            metrics.SAFEGUARDS.labels("thought_hint").inc()
+            ordered[-1] = ordered[-1].model_copy(update={"content": f"{ordered[-1].content}\n{act.hint}"})
         return ordered, fresh
 
     def _run_inline(self, planned: PlannedCall, cached: str | None, tenant: str) -> Observation:
@@ -323,9 +382,15 @@ class StepRunner:
         step.finished_at = time.time()
         limits = self.rt.limits
 
+        best = self.rt.settings.best_effort_answer
+
         def conclude(r: Run) -> End | None:
-            """The run's end once `r` (the stored record, the step's usage added) records the step."""
-            return end or engine.after_step(r, step, step.finished_at, limits)
+            """The run's end once `r` (the stored record, the step's usage added) records the step. At
+            max_steps with best-effort answers on, the run goes on to a step that asks for the answer."""
+            found = end or engine.after_step(r, step, step.finished_at, limits)
+            if found is not None and found is not end and best and found.status == RunStatus.MAX_STEPS:
+                return None
+            return found
 
         steps = d.steps + [step]
         to_send = self.dispatch.step_commands
