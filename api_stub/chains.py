@@ -170,6 +170,7 @@ _EXTRACT = {
 }
 _BORN = [re.compile(r"\b(?:born|birth year)\b[^.\n]*?" + _YEAR), re.compile(_YEAR + r"\s*年[^。，\n]{0,12}出生"),
          re.compile(r"出生(?:于|在)?[^。\n\d]{0,12}" + _YEAR)]
+_TITLE = re.compile(r"^\s*\d+\.\s*[^:\n]{1,200}:")
 _ERROR = re.compile(r"^\s*(?:error|no results|exit code|timed out|timeout|invalid|unknown tool)\b", re.I)
 
 
@@ -178,10 +179,12 @@ def extract(hop: str, observation: str, entity: str, lang: str = "en") -> str | 
     reads Chinese statements first (the results may hold both)."""
     if _ERROR.search(observation):
         return None
-    if hop == "birth_year":  # the entity's own year: lines naming it, if any do
+    if hop == "birth_year":  # the entity's own year: the result titled with it first, then lines naming it
+        key = entity.lower()
         lines = [line for line in observation.splitlines() if line.strip()]
-        named = [line for line in lines if entity.lower() in line.lower()]
-        for line in named or lines:
+        titled = [line for line in lines if key in (_TITLE.match(line) or [""])[0].lower()]
+        named = [line for line in lines if key in line.lower() and line not in titled]
+        for line in titled + named or lines:
             for pattern in _BORN:
                 found = pattern.search(line)
                 if found:
