@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from api_stub.answers import answer_part, combine, is_error
-from api_stub.chains import parse_chain, next_step
+from api_stub.chains import next_step, parse_chain
 from api_stub.planner import Action, plan
 from api_stub.tokens import message_text
 

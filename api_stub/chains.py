@@ -124,7 +124,8 @@ def _zh_base(question: str, hops: Sequence[str]) -> str | None:
     return base if base and len(base) <= 40 else None
 
 
-_ZH_COMPARE = re.compile(r"^(?:请问|对比一下|比较一下|对比|比较)?\s*([\u4e00-\u9fff]{2,8}?)(?:和|与|跟)([\u4e00-\u9fff]{2,8}?)的"
+_ZH_COMPARE = re.compile(r"^(?:请问|对比一下|比较一下|对比|比较)?\s*([\u4e00-\u9fff]{2,8}?)(?:和|与|跟)"
+                         r"([\u4e00-\u9fff]{2,8}?)的"
                          r"([\u4e00-\u9fff]{2,10}?)(?:相差|差|之差|的差)")
 _EN_COMPARE = re.compile(r"difference between the (.+?) (?:of|in) ([A-Z]\w+) and (?:of |in )?([A-Z]\w+)", re.I)
 
@@ -228,7 +229,8 @@ def _answer(chain: Chain, found: list[tuple[str, str]], age: str | None) -> str:
     subject = chain.base
     for hop, value in found:
         if hop == "best_picture":
-            facts.append(f"{subject}年奥斯卡最佳影片是《{value}》" if zh else f"the {subject} Best Picture winner is {value}")
+            facts.append(f"{subject}年奥斯卡最佳影片是《{value}》" if zh else
+                         f"the {subject} Best Picture winner is {value}")
         elif hop == "birth_year":
             facts.append(f"{subject}出生于{value}年" if zh else f"{subject} was born in {value}")
         else:
@@ -257,7 +259,8 @@ def _value_of(quantity: str, entity: str, observation: str) -> str | None:
     for line in lines:
         at = line.lower().find(quantity.lower())
         if at >= 0 and (number := re.search(r"-?\d+(?:\.\d+)?", line[at + len(quantity):])):
-            unit = re.match(r"\s*(摄氏度|°C|度|%|亿元|万人|米|km|kilometres|metres)?", line[at + len(quantity) + number.end():])
+            rest = line[at + len(quantity) + number.end():]
+            unit = re.match(r"\s*(摄氏度|°C|度|%|亿元|万人|米|km|kilometres|metres)?", rest)
             return number[0] + (unit[1] or "" if unit else "")
     return None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-__all__ = ["has_cjk", "split_parts", "expression", "search_query", "answer", "decimals"]
+__all__ = ["has_cjk", "split_parts", "expression", "search_query", "answer", "decimals", "number_answer"]
 
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 _NUM = r"(\d+(?:\.\d+)?)"
@@ -52,8 +52,8 @@ def expression(part: str) -> str | None:
             return build(found)
     text = re.sub(r"^(?:请|帮我)?(?:计算|算一下|算算|求)\s*[:：]?", "", part.strip())
     text = re.sub(r"(?:等于|是)?多少|等于几|的结果|的值|[=＝]\s*$|保留.*$", "", text).strip(" ？?，,。")
-    for pattern, repl in _ZH_OPS:
-        text = re.sub(pattern, repl, text)
+    for word, repl in _ZH_OPS:
+        text = re.sub(word, repl, text)
     text = re.sub(r"(\d+(?:\.\d+)?)\s*__SQRT__", r"sqrt(\1)", text)
     if not text or has_cjk(text) or not re.search(r"\d", text):
         return None

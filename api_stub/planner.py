@@ -14,7 +14,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from api_stub import chinese
+from api_stub.chinese import expression as zh_expression
+from api_stub.chinese import has_cjk
+from api_stub.chinese import search_query as zh_search_query
+from api_stub.chinese import split_parts as zh_split_parts
 
 __all__ = ["Action", "plan", "split_parts", "to_expression", "python_code", "search_query", "keywords"]
 
@@ -221,17 +224,17 @@ def _calculation(expression: str, part: str, tools: frozenset[str]) -> Action | 
 
 
 def _chinese_action(part: str, tools: frozenset[str]) -> Action | None:
-    expression = chinese.expression(part)
+    expression = zh_expression(part)
     if expression is not None:
         return _calculation(expression, part, tools)
-    query = chinese.search_query(part)
+    query = zh_search_query(part)
     if query is not None and "search" in tools:
         return Action("search", query, part)
     return None
 
 
 def _part_action(part: str, tools: frozenset[str]) -> Action | None:
-    if chinese.has_cjk(part):
+    if has_cjk(part):
         return _chinese_action(part, tools)
     code = python_code(part)
     if code is not None:
@@ -262,7 +265,7 @@ def plan(question: str, tools: frozenset[str]) -> list[Action]:
     if block is not None:
         return [Action("python", block[1], "the given code")] if "python" in tools else []
     actions = []
-    parts = chinese.split_parts(question) if chinese.has_cjk(question) else split_parts(question)
+    parts = zh_split_parts(question) if has_cjk(question) else split_parts(question)
     for part in parts:
         action = _part_action(part, tools)
         if action is not None:

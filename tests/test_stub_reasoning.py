@@ -100,7 +100,8 @@ def test_oscar_director_age_takes_four_dependent_calls(mode: str) -> None:
 def test_musk_mother_in_chinese(mode: str) -> None:
     answer, calls = RUNNERS[mode]("特斯拉CEO马斯克的妈妈是谁？她到2024年多大年纪？")
     assert [a for _, a, _ in calls] == ["特斯拉 CEO", "埃隆·马斯克的母亲", "梅耶·马斯克出生年份", "2024 - 1948"]
-    assert answer == "特斯拉的CEO是埃隆·马斯克，埃隆·马斯克的母亲是梅耶·马斯克，梅耶·马斯克出生于1948年，到2024年是76岁。"
+    assert answer == ("特斯拉的CEO是埃隆·马斯克，埃隆·马斯克的母亲是梅耶·马斯克，"
+                      "梅耶·马斯克出生于1948年，到2024年是76岁。")
 
 
 def test_the_next_query_follows_whatever_the_observation_said() -> None:
@@ -198,7 +199,8 @@ def test_final_only_answers_from_what_was_gathered() -> None:
     assert not reply.tool_calls and "Chloé Zhao" in (reply.content or "")
     text = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Question: What is 2+2?"},
             {"role": "assistant", "content": 'Thought: x\nAction: search\nAction Input: {"query": "2+2"}'},
-            {"role": "user", "content": "Observation: No results.\nYou have no steps left: give your Final Answer now."}]
+            {"role": "user",
+             "content": "Observation: No results.\nYou have no steps left: give your Final Answer now."}]
     assert "Final Answer:" in (respond(text).content or "")
 
 
@@ -229,7 +231,8 @@ def test_chinese_plans() -> None:
 
 
 def test_chinese_text_reply_keeps_its_characters() -> None:
-    reply = respond([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Question: 北京的气候怎么样？"}])
+    reply = respond([{"role": "system", "content": SYSTEM},
+                     {"role": "user", "content": "Question: 北京的气候怎么样？"}])
     assert isinstance(reply, Reply) and 'Action Input: {"query": "北京气候"}' in (reply.content or "")
 
 

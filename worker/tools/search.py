@@ -107,7 +107,7 @@ def load_corpus_file(path: str, max_bytes: int) -> list[dict[str, str]]:
             continue
         try:
             doc = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise CorpusFileError(f"search corpus {path} line {number}: not JSON ({exc.msg})") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("title"), str) or not isinstance(doc.get("text"), str):
             raise CorpusFileError(f'search corpus {path} line {number}: expected {{"title": str, "text": str}}')
