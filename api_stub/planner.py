@@ -210,6 +210,8 @@ def search_query(part: str) -> str | None:
 
 
 def _calculation(expression: str, part: str, tools: frozenset[str]) -> Action | None:
+    """A calculator call in Python syntax; first as the question writes it when its notation differs
+    (× ² √ …), with the fix as the fallback the brain sends after the calculator's error."""
     written = as_written(part) or (expression if _NOTATION.search(expression) else None)
     fixed = to_expression(expression)
     if fixed is None:
@@ -241,14 +243,7 @@ def _part_action(part: str, tools: frozenset[str]) -> Action | None:
         return Action("python", code, part) if "python" in tools else None
     expression = to_expression(part)
     if expression is not None:
-        if "calculator" in tools:
-            written = as_written(part)
-            if written is not None and written != expression:
-                return Action("calculator", written, part, fallback=expression)
-            return Action("calculator", expression, part)
-        if "python" in tools:
-            return Action("python", f"from math import *\nprint({expression})", part)
-        return None
+        return _calculation(expression, part, tools)
     query = search_query(part)
     if query is not None and "search" in tools:
         return Action("search", query, part)

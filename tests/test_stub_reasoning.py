@@ -12,6 +12,7 @@ import pytest
 from api_stub.brain import DONT_KNOW, Reply, respond
 from api_stub.chains import Chain, extract, next_step, parse_chain
 from api_stub.planner import plan
+from tests.test_stub_brain import ALL, SYSTEM, TOOLS
 from worker.core.parser import parse_text
 from worker.errors import ToolError
 from worker.evals.scoring import matches
@@ -19,13 +20,6 @@ from worker.tools.calculator import evaluate, format_number
 from worker.tools.search import bundled_corpus, format_results
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL = frozenset({"calculator", "search", "python"})
-TOOLS = [{"type": "function", "function": {"name": name, "description": f"the {name} tool",
-                                           "parameters": {"type": "object", "properties": {arg: {"type": "string"}},
-                                                          "required": [arg]}}}
-         for name, arg in (("calculator", "expression"), ("search", "query"), ("python", "code"))]
-SYSTEM = ("Answer the question using these tools: calculator, search, python.\nUse the format:\n"
-          "Thought: ...\nAction: <tool>\nAction Input: <json>\nObservation: ...\nFinal Answer: ...")
 TODAY = dt.date(2024, 10, 7)
 
 
