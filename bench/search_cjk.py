@@ -63,16 +63,17 @@ def per_query_us(terms) -> float:  # noqa: ANN001
 
 
 def import_cost(code: str) -> tuple[float, int]:
-    """Seconds and max RSS (KiB) of a fresh interpreter running `code`, less a bare interpreter's."""
+    """Seconds and resident memory (KiB, VmHWM: ru_maxrss would carry the parent's across exec) of a fresh
+    interpreter running `code`, less a bare interpreter's."""
     def run(snippet: str) -> tuple[float, int]:
-        probe = (f"import resource, time; t = time.perf_counter(); {snippet}; "
-                 "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+        probe = (f"import re, time; t = time.perf_counter(); {snippet}; s = time.perf_counter() - t; "
+                 "print(s, re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])")
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
         seconds, rss = out.split()
         return float(seconds), int(rss)
     base = run("pass")
     seconds, rss = run(code)
-    return seconds, rss - base[1]
+    return seconds, rss - base[1]  # KiB
 
 
 def main() -> None:
