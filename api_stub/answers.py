@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import re
 
+from api_stub.chinese import answer as zh_answer
+from api_stub.chinese import has_cjk
+from api_stub.chinese import number_answer as zh_number_answer
 from api_stub.planner import Action, keywords
 
 __all__ = ["is_error", "answer_part", "combine"]
@@ -93,16 +96,22 @@ def best_sentence(question: str, observation: str) -> str | None:
 def answer_part(action: Action, observation: str) -> str:
     """The answer to one question part given its tool's observation."""
     text = clean(observation)
+    zh = has_cjk(action.part)
     if action.tool == "search":
         if not text or re.match(r"^\s*no results\b", text, re.I) or _ERROR_START.search(text):
             detail = f" ({error_line(text)})" if _ERROR_START.search(text) else ""
+            if zh:
+                return f"我在搜索结果中没有找到“{action.part}”的答案{detail}。"
             return f"I could not find an answer to '{action.part}' in the search results{detail}."
+        if zh:
+            return zh_answer(action.part, text) or text
         return best_sentence(action.part, text) or text
     if is_error(action.tool, observation):
         return f"I could not compute it: {error_line(observation)}"
     if action.tool == "python":
         return _python_value(observation) or "The program printed nothing."
-    return text.splitlines()[0].strip() if text else text
+    value = text.splitlines()[0].strip() if text else text
+    return zh_number_answer(action.part, value) if zh and value else value
 
 
 def combine(actions: list[Action], answers: list[str]) -> str:

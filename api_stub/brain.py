@@ -19,14 +19,16 @@ ends in a final answer. Same messages in, same reply out (call ids included).
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from api_stub.answers import answer_part, combine, is_error
+from api_stub.chains import next_step, parse_chain
 from api_stub.planner import Action, plan
 from api_stub.tokens import message_text
 
@@ -235,6 +237,9 @@ def _call_id(question: str, index: int, action: Action) -> str:
 
 
 def _thought(action: Action) -> str:
+    if action.fixes is not None:
+        return (f"The calculator could not read {action.fixes!r}; I will rewrite it in its syntax as "
+                f"{action.argument}.")
     if action.tool == "calculator":
         return f"I need to compute {action.argument} with the calculator."
     if action.tool == "search":
@@ -249,11 +254,18 @@ def _final(answer: str, text_mode: bool) -> Reply:
     return Reply(content=answer, finish_reason="stop", mode="tools")
 
 
-def respond(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> Reply:
-    """One deterministic assistant turn for this conversation (never raises on odd input)."""
+def respond(messages: Sequence[Any], tools: Sequence[Any] | None = None, *, final_only: bool = False,
+            today: dt.date | None = None) -> Reply:
+    """One deterministic assistant turn for this conversation (never raises on odd input).
+
+    `final_only` (OpenAI's `tool_choice: "none"`, or a last message asking for the Final Answer now):
+    the best answer from what was observed, without a call. "This year" is the year of the date the
+    prompt states (a system message's "today's date is 2025-06-01"), else of `today`, else of the clock."""
     text_mode = not tools
     try:
-        return _respond([m for m in messages if isinstance(m, Mapping)], tools, text_mode)
+        usable = [m for m in messages if isinstance(m, Mapping)]
+        return _respond(usable, tools, text_mode, final_only or _asked_for_final(usable),
+                        _this_year(usable, today))
     except Exception as exc:  # noqa: BLE001 - a model answers something, whatever it is fed
         return _final(f"I could not understand the conversation ({type(exc).__name__}).", text_mode)
 
@@ -278,13 +290,76 @@ def _reflection(conv: _Conversation, pending: int, text_mode: bool) -> Reply:
                  finish_reason="stop", mode="text" if text_mode else "tools")
 
 
+_DATE = re.compile(r"(?:today|current date|date|今天|日期)[^\n\d]{0,40}((?:19|20)\d\d)-(\d\d?)-(\d\d?)", re.I)
+
+
+def _this_year(messages: list[Mapping[str, Any]], today: dt.date | None) -> int:
+    for message in messages:
+        if message.get("role") == "system":
+            found = _DATE.search(message_text(message))
+            if found:
+                return int(found[1])
+    return (today or dt.datetime.now(dt.UTC).date()).year
+
+
+_FINAL_NOW = re.compile(r"final answer\b.{0,40}\bnow\b|\bnow\b.{0,40}\bfinal answer|tools? (?:are|is) disabled",
+                        re.I | re.S)
+
+
+def _asked_for_final(messages: list[Mapping[str, Any]]) -> bool:
+    """The last message (after at least one reply) tells the model to answer now without tools."""
+    if len(messages) < 3 or messages[-1].get("role") not in ("user", "system"):
+        return False
+    return bool(_FINAL_NOW.search(message_text(messages[-1])[-400:]))
+
+
+def _chain_reply(conv: _Conversation, offered: dict[str, str], text_mode: bool, final_only: bool,
+                 year: int) -> Reply | None:
+    """The next turn of a dependent question (see api_stub/chains.py), or None if it is not one."""
+    chain = parse_chain(conv.question, year)
+    if chain is None or not {"search", "calculator"} <= set(offered):
+        return None
+    step = next_step(chain, [e.observation for e in conv.executed])
+    if step.tool is None:
+        return _final(step.argument, text_mode)
+    if final_only or len(conv.executed) > 12:
+        return _final(f"I could not finish: {step.thought}", text_mode)
+    arguments = json.dumps({offered[step.tool]: step.argument}, ensure_ascii=False)
+    if text_mode:
+        return Reply(content=f"Thought: {step.thought}\nAction: {step.tool}\nAction Input: {arguments}",
+                     finish_reason="stop", mode="text")
+    action = Action(step.tool, step.argument, conv.question)
+    call = ToolCall(id=_call_id(conv.question, len(conv.executed), action), name=step.tool, arguments=arguments)
+    return Reply(content=step.thought, tool_calls=(call,), finish_reason="tool_calls", mode="tools")
+
+
+def _with_fixes(actions: list[Action], executed: list[_Executed]) -> tuple[list[Action], list[str | None]]:
+    """Each action whose call failed and that has a corrected argument is replaced by the corrected call
+    (with its observation, if it was made)."""
+    observations = _match(actions, executed)
+    failed = [i for i, (a, o) in enumerate(zip(actions, observations, strict=True))
+              if o is not None and a.fallback is not None and is_error(a.tool, o)]
+    if not failed:
+        return actions, observations
+    fixed = [replace(actions[i], argument=actions[i].fallback or "", fallback=None, fixes=actions[i].argument)
+             for i in failed]
+    extra = _match(actions + fixed, executed)[len(actions):]
+    actions, observations = list(actions), list(observations)
+    for k, i in enumerate(failed):
+        actions[i], observations[i] = fixed[k], extra[k]
+    return actions, observations
+
+
 _FORCED = re.compile(r"call (\w+) with (.+)", re.I | re.S)
 
 
-def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, text_mode: bool) -> Reply:
+def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, text_mode: bool,
+             final_only: bool = False, year: int = 2024) -> Reply:
     conv = _read(messages)
     offered = _available(messages, tools)
     forced = _FORCED.fullmatch(conv.question.strip())
+    if not forced and (chained := _chain_reply(conv, offered, text_mode, final_only, year)) is not None:
+        return chained
     if forced:  # "call TOOL with ARGUMENT": that call, offered or not (tests of how the agent refuses it)
         tool = forced[1].lower()
         offered.setdefault(tool, DEFAULT_ARG.get(tool, "input"))
@@ -296,7 +371,7 @@ def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, tex
         return _reflection(conv, to_call, text_mode)
     if not actions:
         return _final(DONT_KNOW, text_mode)
-    observations = _match(actions, conv.executed)
+    actions, observations = _with_fixes(actions, conv.executed)
     for action, observation in zip(actions, observations, strict=True):
         if observation is not None and is_error(action.tool, observation) and action.tool != "search":
             # A failed call ends the run with an honest answer rather than a retry loop.
@@ -304,17 +379,17 @@ def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, tex
     pending = [(i, a) for i, a in enumerate(actions) if observations[i] is None]
     repeats = sum(1 for e in conv.executed if pending and e.tool == pending[0][1].tool
                   and e.argument == pending[0][1].argument)
-    if not pending or repeats >= _MAX_SAME_CALL or len(conv.executed) > 3 * len(actions) + 2:
+    if not pending or final_only or repeats >= _MAX_SAME_CALL or len(conv.executed) > 3 * len(actions) + 2:
         answers = [answer_part(a, o) if o is not None else "I could not find out."
                    for a, o in zip(actions, observations, strict=True)]
         return _final(combine(actions, answers), text_mode)
     if text_mode:
         index, action = pending[0]
-        arg_json = json.dumps({offered[action.tool]: action.argument})
+        arg_json = json.dumps({offered[action.tool]: action.argument}, ensure_ascii=False)
         content = f"Thought: {_thought(action)}\nAction: {action.tool}\nAction Input: {arg_json}"
         return Reply(content=content, finish_reason="stop", mode="text")
     calls = tuple(ToolCall(id=_call_id(conv.question, i, a), name=a.tool,
-                           arguments=json.dumps({offered[a.tool]: a.argument}))
+                           arguments=json.dumps({offered[a.tool]: a.argument}, ensure_ascii=False))
                   for i, a in pending)
     thought = " ".join(_thought(a) for _, a in pending)
     return Reply(content=thought, tool_calls=calls, finish_reason="tool_calls", mode="tools")

@@ -14,6 +14,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from api_stub.chinese import expression as zh_expression
+from api_stub.chinese import has_cjk
+from api_stub.chinese import search_query as zh_search_query
+from api_stub.chinese import split_parts as zh_split_parts
+
 __all__ = ["Action", "plan", "split_parts", "to_expression", "python_code", "search_query", "keywords"]
 
 
@@ -24,6 +29,8 @@ class Action:
     tool: str
     argument: str
     part: str
+    fallback: str | None = None  # the corrected argument to send if this one fails (a notation fix)
+    fixes: str | None = None  # the failed argument this call corrects
 
 
 _SPLIT = re.compile(r"\?\s+(?=\S)|\s*[,;]?\s+and\s+(?=(?:what|who|how|which|where|when)\b)", re.I)
@@ -118,9 +125,31 @@ _WORDS = [
 _EXPR_TOKEN = re.compile(r"\s*(\d+(?:\.\d+)?|\*\*|//|[-+*/%(),]|[a-z_][a-z0-9_]*)", re.I)
 
 
+_NOTATION = re.compile(r"[×÷²³√（）＋－＊／]")
+_FIX = str.maketrans({"（": "(", "）": ")", "＋": "+", "－": "-", "＊": "*", "／": "/", "×": "*", "÷": "/"})
+
+
+def fix_notation(text: str) -> str:
+    """Math as people write it, in Python syntax: × ÷ ² ³ √ and full-width operators."""
+    text = text.translate(_FIX).replace("²", " ** 2").replace("³", " ** 3")
+    return re.sub(r"√\s*(\(?[\d.]+\)?)", r"sqrt(\1)", text)
+
+
+def as_written(part: str) -> str | None:
+    """The expression of `part` exactly in its own notation, when that notation is not Python's
+    (what a model copies from the question before the calculator tells it otherwise)."""
+    text = part.strip().rstrip("?.!=？。 ")
+    for _ in range(2):
+        text = _LEAD.sub("", text)
+    text = re.sub(r"^(?:请|帮我)?(?:计算|算一下|求)\s*[:：]?", "", text).strip()
+    if not _NOTATION.search(text) or to_expression(text) is None:
+        return None
+    return text
+
+
 def to_expression(part: str) -> str | None:
     """A Python-syntax arithmetic expression for `part`, or None if it is not arithmetic."""
-    text = part.strip().rstrip("?.!= ")
+    text = fix_notation(part.strip().rstrip("?.!= "))
     for _ in range(2):
         text = _LEAD.sub("", text)
     text = re.sub(r"^(?:the\s+)?(?:value|result)\s+of\s+", "", text, flags=re.I)
@@ -180,17 +209,41 @@ def search_query(part: str) -> str | None:
     return query or None
 
 
+def _calculation(expression: str, part: str, tools: frozenset[str]) -> Action | None:
+    """A calculator call in Python syntax; first as the question writes it when its notation differs
+    (× ² √ …), with the fix as the fallback the brain sends after the calculator's error."""
+    written = as_written(part) or (expression if _NOTATION.search(expression) else None)
+    fixed = to_expression(expression)
+    if fixed is None:
+        return None
+    if "calculator" in tools:
+        if written is not None and written != fixed:
+            return Action("calculator", written, part, fallback=fixed)
+        return Action("calculator", fixed, part)
+    if "python" in tools:
+        return Action("python", f"from math import *\nprint({fixed})", part)
+    return None
+
+
+def _chinese_action(part: str, tools: frozenset[str]) -> Action | None:
+    expression = zh_expression(part)
+    if expression is not None:
+        return _calculation(expression, part, tools)
+    query = zh_search_query(part)
+    if query is not None and "search" in tools:
+        return Action("search", query, part)
+    return None
+
+
 def _part_action(part: str, tools: frozenset[str]) -> Action | None:
+    if has_cjk(part):
+        return _chinese_action(part, tools)
     code = python_code(part)
     if code is not None:
         return Action("python", code, part) if "python" in tools else None
     expression = to_expression(part)
     if expression is not None:
-        if "calculator" in tools:
-            return Action("calculator", expression, part)
-        if "python" in tools:
-            return Action("python", f"from math import *\nprint({expression})", part)
-        return None
+        return _calculation(expression, part, tools)
     query = search_query(part)
     if query is not None and "search" in tools:
         return Action("search", query, part)
@@ -207,7 +260,8 @@ def plan(question: str, tools: frozenset[str]) -> list[Action]:
     if block is not None:
         return [Action("python", block[1], "the given code")] if "python" in tools else []
     actions = []
-    for part in split_parts(question):
+    parts = zh_split_parts(question) if has_cjk(question) else split_parts(question)
+    for part in parts:
         action = _part_action(part, tools)
         if action is not None:
             actions.append(action)

@@ -253,7 +253,8 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
         function = offered.get("function") if isinstance(offered, dict) else None
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             state.tools_offered[function["name"]] += 1
-    reply = respond(messages, tools)
+    # tool_choice "none" (the engine's best-effort call at a limit): an answer from what was gathered
+    reply = respond(messages, tools, final_only=body.get("tool_choice") == "none")
     outcome = "ok"
     if decision.malformed:
         reply, outcome = malform(reply, decision.variant), "malformed"

@@ -122,6 +122,9 @@ class Settings(BaseSettings):
     llm_limit_burst_s: float = Field(0.5, ge=0)  # a limit's burst tolerance: this many seconds' worth at once
     llm_limit_max_wait_s: float = Field(2.0, ge=0)  # wait longer than this for capacity: re-queue the step
     serpapi_api_key: str | None = Field(None, validation_alias="SERPAPI_API_KEY")
+    # the offline search's documents: a JSONL file of {"title", "text"} lines (default: the bundled corpus)
+    search_corpus: str | None = None
+    search_corpus_max_bytes: int = Field(64 * 1024 * 1024, ge=1)  # a larger file is refused, not read
 
     # the system prompt (worker/prompt_templates.py): an operator's templates, the agent's name, the date
     prompt_templates_dir: str | None = None  # a directory with tools.j2 and text.j2
