@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from api_stub.answers import answer_part, combine, is_error
 from api_stub.chains import next_step, parse_chain
+from api_stub.knowledge import direct_answer
 from api_stub.planner import Action, plan
 from api_stub.tokens import message_text
 
@@ -358,6 +359,8 @@ def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, tex
     conv = _read(messages)
     offered = _available(messages, tools)
     forced = _FORCED.fullmatch(conv.question.strip())
+    if not forced and not conv.executed and (known := direct_answer(conv.question)) is not None:
+        return _final(known, text_mode)  # common knowledge: no tool needed
     if not forced and (chained := _chain_reply(conv, offered, text_mode, final_only, year)) is not None:
         return chained
     if forced:  # "call TOOL with ARGUMENT": that call, offered or not (tests of how the agent refuses it)

@@ -37,6 +37,10 @@ def test_demo_starts_what_is_missing_answers_the_bundled_set_and_cleans_up(tmp_p
     sample = (ROOT / "worker" / "data" / "eval_set.jsonl").read_text().splitlines()
     assert f"{len(sample)}/{len(sample)} correct" in result.stdout
     assert "starting redis-server" in result.stderr and "starting api_stub" in result.stderr
+    # the trace of a dependent run of 3+ steps (each built from the observation before), and Chinese questions
+    trace = result.stdout.split("a dependent run, step by step")[1]
+    assert "step 3" in trace and trace.count("observation") >= 2, trace
+    assert "半径为5的圆的面积" in result.stdout or "北京" in result.stdout
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == len(sample) and all(line["status"] == "succeeded" for line in lines)
     assert port_free(redis_port) and port_free(stub_port), "demo left a service running"

@@ -307,7 +307,7 @@ def test_same_call_twice_ends_the_run() -> None:
 
 
 def test_unknown_questions_get_a_polite_answer() -> None:
-    for question in ["Hello there", "What is your name?", "", "asdf qwer"]:
+    for question in ["Blorp the zingers", "What is your name?", "", "asdf qwer"]:
         assert respond([{"role": "user", "content": question}], TOOLS).content == DONT_KNOW
         assert respond([{"role": "user", "content": question}]).content.endswith(DONT_KNOW)
 

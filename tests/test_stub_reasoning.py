@@ -252,3 +252,18 @@ def test_eval_lines_score_with_reactqs_tools(item: dict, mode: str) -> None:
         assert len(calls) >= 3  # noqa: PLR2004 - three dependent steps at least
     if item["category"] == "recovery":
         assert calls[0][2].startswith("Error: ") and not calls[-1][2].startswith("Error: ")
+
+
+@pytest.mark.parametrize("text_mode", [False, True])
+@pytest.mark.parametrize(("question", "answer"), [("Say hello in French.", "Bonjour"), ("一周有几天？", "7"),
+                                                  ("Hello!", "Hello")])
+def test_common_knowledge_is_answered_without_a_tool(question: str, answer: str, text_mode: bool) -> None:
+    tools = None if text_mode else TOOLS
+    reply = respond([{"role": "system", "content": "Tools: calculator, search"}, {"role": "user", "content": question}],
+                    tools)
+    assert not reply.tool_calls and answer in reply.content and "Action:" not in reply.content
+
+
+def test_a_question_the_stub_does_not_know_still_plans_a_tool() -> None:
+    reply = respond([{"role": "user", "content": "What is the capital of France?"}], TOOLS)
+    assert [c.name for c in reply.tool_calls] == ["search"]

@@ -9,6 +9,7 @@
     ├── QuotaExceeded        the script recording runs found a quota full (becomes AdmissionRefused)
     ├── BudgetExceeded       a budget has no room for the next LLM call (the run ends `budget_exceeded`)
     ├── PlanConfigError      the plans file is missing or invalid (the operator's; named precisely)
+    ├── PromptTemplateError  an operator's prompt template cannot be read, compiled or rendered
     ├── StoreUnavailable     Redis cannot be reached (names the URL, never its password)
     ├── LLMError             the LLM endpoint gave no reply after retries (the run ends `failed`)
     ├── LLMThrottled         the shared provider limit has no capacity soon enough (the step is re-queued)
@@ -71,6 +72,10 @@ class BudgetExceeded(ReactqError):
 
 class PlanConfigError(ReactqError):
     """The plans file is missing, unreadable or invalid (an operator's mistake, named precisely)."""
+
+
+class PromptTemplateError(ReactqError, ValueError):
+    """An operator's prompt template cannot be read, compiled or rendered."""
 
 
 class StoreUnavailable(ReactqError):

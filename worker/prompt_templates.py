@@ -16,14 +16,10 @@ import jinja2
 
 from .core import prompts
 from .core.models import Mode
-from .errors import ReactqError
+from .errors import PromptTemplateError
 
 SHIPPED_DIR = Path(__file__).parent / "core" / "templates"
 FILE_NAMES = {Mode.TOOLS: "tools.j2", Mode.TEXT: "text.j2"}
-
-
-class PromptTemplateError(ReactqError, ValueError):
-    """An operator's prompt template cannot be read, compiled or rendered."""
 
 
 def template_path(mode: Mode, directory: str | None = None, file: str | None = None) -> Path:

@@ -19,9 +19,10 @@ from rich.text import Text
 from ..evals.summary import tokens_of
 from ..names import SANDBOX_QUEUE, STEPS_QUEUE
 from . import base
-from .display import literal
+from .display import literal, print_trace
 
 if TYPE_CHECKING:
+    from ..runtime.context import Runtime
     from .evaluation import EvalRun
     from .local_stack import Started
 
@@ -65,6 +66,7 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
         with EvalTable() as table:
             result = run_eval(rt, bundled_set_path(), outfile, send_step, console, table, fresh=True)
             _summary(out, result, time.monotonic() - t0, outfile)
+            _dependent_trace(out, rt, result)
         code = result.code
         if code == 0:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -91,6 +93,18 @@ def _summary(out: Console, result: EvalRun, elapsed: float, outfile: Path) -> No
     out.print(Text.assemble((f"{s.correct}/{result.questions} correct", "bold"), literal(
         f" · {s.questions} runs in {elapsed:.1f}s · {s.total_tokens} tokens · ${s.total_usd:.5f} · "
         f"results in {outfile}")))
+
+
+def _dependent_trace(out: Console, rt: Runtime, result: EvalRun) -> None:
+    """The trace of the longest dependent run: each step built from what the one before observed."""
+    dependent = [line for line in result.table.lines()
+                 if line.get("category") == "dependent" and line.get("run_id") and line.get("correct")]
+    if dependent:
+        line = max(dependent, key=lambda item: item.get("steps") or 0)
+        run = rt.store.load_run(line["run_id"])
+        if run is not None:
+            out.rule(f"a dependent run, step by step ({line['id']})")
+            print_trace(out, run, rt.store.load_steps(run.id))
 
 
 def register(group: click.Group) -> None:

@@ -53,7 +53,7 @@ def print_trace(console: Console, run: Run, steps: list[Step]) -> None:
         if step.thought:
             console.print(labelled("reflection:" if step.reflection else "thought:", "cyan", step.thought))
         for call in step.tool_calls:
-            args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+            args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments, ensure_ascii=False)
             console.print(Text.assemble(labelled("action:", "magenta", call.name), "  ",
                                         labelled("arguments:", "magenta", args)))
         for obs in step.observations:
