@@ -54,7 +54,8 @@ def test_bundled_set_scores_fully_resumes_compares_and_reports(cluster: Cluster,
         size = sum(c == name for c in wanted.values())
         assert figures["questions"] == figures["correct"] == size and figures["statuses"] == {"succeeded": size}
         assert figures["tokens_per_question"] > 0 and figures["usd_per_question"] > 0
-        assert figures["turns_mean"] >= 2 and figures["latency_p95_s"] >= figures["latency_p50_s"] > 0
+        assert figures["turns_mean"] >= (1 if name == "no_tool" else 2)  # a direct answer is one step
+        assert figures["latency_p95_s"] >= figures["latency_p50_s"] > 0
     assert summary["statuses"] == {"succeeded": total}
 
     # the same command again runs nothing and scores the whole file
