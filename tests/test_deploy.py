@@ -16,10 +16,10 @@ import yaml
 
 from tests.fixtures_api import make_key, start_api
 from tests.fixtures_cluster import ROOT, Cluster
+from tests.fixtures_k8s import kustomize
 from tests.fixtures_services import free_port, wait_for_port
 from tests.waiting import wait_for
 
-K8S = ROOT / "deploy" / "k8s"
 COMPOSE = ROOT / "docker-compose.yml"
 ROLES = {"api": "REDIS_API_PASSWORD", "step-worker": "REDIS_STEP_WORKER_PASSWORD",
          "sandbox-worker": "REDIS_SANDBOX_WORKER_PASSWORD", "exporter": "REDIS_EXPORTER_PASSWORD"}
@@ -62,13 +62,8 @@ def test_compose_closes_redis_metrics_and_grafana() -> None:
 
 
 def k8s_objects() -> list[dict[str, Any]]:
-    """Every object of the kustomization's resources (what `kubectl kustomize` would render, minus
-    the generated ConfigMaps, whose source files are checked to exist)."""
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    for generator in kustomization["configMapGenerator"]:
-        for entry in generator["files"]:
-            assert (K8S / entry.split("=")[-1]).exists(), entry
-    return [doc for name in kustomization["resources"] for doc in yaml.safe_load_all((K8S / name).read_text()) if doc]
+    """Every object `kubectl kustomize deploy/k8s/base` renders."""
+    return list(kustomize("base"))
 
 
 def _pod_specs(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

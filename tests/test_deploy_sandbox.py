@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _k8s_docs(name: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s" / name).read_text()) if d]
+    return [d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s" / "base" / name).read_text()) if d]
 
 
 def test_compose_gives_the_llm_key_to_model_callers_only() -> None:

@@ -1,60 +1,66 @@
-"""deploy/k8s, checked offline: every core manifest against the Kubernetes API schemas (kubernetes-validate),
-and the autoscaling overlays against what they scale (KEDA's CRDs have no schema in that package, so their
-references are checked here: targets exist, queue names are the ones the workers consume)."""
+"""deploy/k8s, built by the real kustomize (`kubectl kustomize`, no flags) for the base and each overlay: every
+rendered object against the Kubernetes API schemas (kubernetes-validate), every namespaced one in namespace
+reactq, and the autoscaling overlays against what they scale (KEDA's CRDs have no schema in that package, so
+their references are checked here: targets exist, queue names are the ones the workers consume)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 
-from tests.fixtures_cluster import ROOT
+from tests.fixtures_k8s import BUILDS, NAMESPACE, kustomize
 from worker.names import queue_lists
 from worker.tasks.app import SANDBOX_QUEUE, STEPS_QUEUE, app
 
-K8S = ROOT / "deploy" / "k8s"
 K8S_VERSION = "1.30.0"
+# Kinds these builds render that are not namespaced (everything else must land in namespace reactq).
+CLUSTER_SCOPED = {"Namespace"}
+
+CORE = list(kustomize("base"))
+KEDA = [d for d in kustomize("autoscale-keda") if d not in CORE]  # what the overlay adds or changes
+HPA = [d for d in kustomize("autoscale-hpa") if d not in CORE]
 
 
-def documents(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+def _id(build: str, doc: dict[str, Any]) -> str:
+    return f"{build}:{doc['kind']}/{doc['metadata']['name']}"
 
 
-def manifests(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """Every resource of a directory's kustomization (not kustomize's own files, not config data)."""
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    found = []
-    for name in kustomization["resources"]:
-        path = directory / name
-        if path.is_file():
-            found += [(path, d) for d in documents(path)]
-    return found
+RENDERED = [(b, d) for b in BUILDS for d in kustomize(b)]
 
 
-CORE = manifests(K8S)
-KEDA = manifests(K8S / "autoscale-keda")
-HPA = manifests(K8S / "autoscale-hpa")
-
-
-KEDA_CORE_KINDS = [(p, d) for p, d in KEDA if not d["apiVersion"].startswith("keda.sh/")]
-
-
-@pytest.mark.parametrize(("path", "doc"), [pytest.param(p, d, id=f"{p.name}:{d['kind']}/{d['metadata']['name']}")
-                                           for p, d in CORE + HPA + KEDA_CORE_KINDS])
-def test_core_manifest_is_valid_against_the_kubernetes_schema(path: Path, doc: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("build", "doc"), [pytest.param(b, d, id=_id(b, d)) for b, d in RENDERED
+                                            if not d["apiVersion"].startswith("keda.sh/")])
+def test_rendered_object_is_valid_against_the_kubernetes_schema(build: str, doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
+@pytest.mark.parametrize("build", BUILDS)
+def test_every_namespaced_object_of_a_build_is_in_namespace_reactq(build: str) -> None:
+    objects = kustomize(build)
+    outside = [_id(build, d) for d in objects
+               if d["kind"] not in CLUSTER_SCOPED and d["metadata"].get("namespace") != NAMESPACE]
+    assert not outside
+    assert [d["metadata"]["name"] for d in objects if d["kind"] == "Namespace"] == [NAMESPACE]
+    assert all("namespace" not in d["metadata"] for d in objects if d["kind"] in CLUSTER_SCOPED)
+
+
+def test_overlays_add_their_autoscalers_to_the_whole_base() -> None:
+    for build, kinds in (("autoscale-keda", {"ScaledObject", "TriggerAuthentication", "NetworkPolicy"}),
+                         ("autoscale-hpa", {"HorizontalPodAutoscaler"})):
+        objects = kustomize(build)
+        assert all(d in objects for d in CORE), build  # the base, unchanged
+        assert {d["kind"] for d in objects if d not in CORE} == kinds, build
+
+
 def deployments() -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for _, d in CORE if d["kind"] == "Deployment"}
+    return {d["metadata"]["name"]: d for d in CORE if d["kind"] == "Deployment"}
 
 
 def test_keda_scales_each_worker_on_the_queue_it_consumes() -> None:
-    objects = {d["metadata"]["name"]: d for _, d in KEDA if d["kind"] == "ScaledObject"}
-    auths = {d["metadata"]["name"] for _, d in KEDA if d["kind"] == "TriggerAuthentication"}
+    objects = {d["metadata"]["name"]: d for d in KEDA if d["kind"] == "ScaledObject"}
+    auths = {d["metadata"]["name"] for d in KEDA if d["kind"] == "TriggerAuthentication"}
     assert set(objects) == {"step-worker", "sandbox-worker"}
     expected_queue = {"step-worker": STEPS_QUEUE, "sandbox-worker": SANDBOX_QUEUE}
     for name, obj in objects.items():
@@ -76,22 +82,23 @@ def test_keda_scales_each_worker_on_the_queue_it_consumes() -> None:
 def test_keda_reads_redis_as_a_role_user_it_may_reach() -> None:
     """Redis has no default user (deploy/redis/acl.conf): KEDA logs in as a role that may read the broker's
     lists, with that role's password from Secret reactq-redis, and a NetworkPolicy lets its operator in."""
-    acl = (ROOT / "deploy" / "redis" / "acl.conf").read_text()
-    [auth] = [d for _, d in KEDA if d["kind"] == "TriggerAuthentication"]
+    [acl] = [d["data"]["acl.conf"] for d in CORE if d["kind"] == "ConfigMap"
+             and d["metadata"]["name"].startswith("redis-acl-")]  # as rendered from deploy/redis
+    [auth] = [d for d in KEDA if d["kind"] == "TriggerAuthentication"]
     [ref] = auth["spec"]["secretTargetRef"]
     assert (ref["parameter"], ref["name"]) == ("password", "reactq-redis")
     role = ref["key"]
     assert f"user {role} on " in acl and "~reactq.*" in next(line for line in acl.splitlines()
                                                              if line.startswith(f"user {role} "))
-    triggers = [t for _, d in KEDA if d["kind"] == "ScaledObject" for t in d["spec"]["triggers"]]
+    triggers = [t for d in KEDA if d["kind"] == "ScaledObject" for t in d["spec"]["triggers"]]
     assert {t["metadata"].get("username") for t in triggers} == {role}
-    [policy] = [d for _, d in KEDA if d["kind"] == "NetworkPolicy"]
+    [policy] = [d for d in KEDA if d["kind"] == "NetworkPolicy"]
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
     assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [6379]
 
 
 def test_hpa_targets_deployments_that_request_cpu() -> None:
-    hpas = [d for _, d in HPA if d["kind"] == "HorizontalPodAutoscaler"]
+    hpas = [d for d in HPA if d["kind"] == "HorizontalPodAutoscaler"]
     assert {h["spec"]["scaleTargetRef"]["name"] for h in hpas} == {"step-worker", "sandbox-worker"}
     for hpa in hpas:
         target = deployments()[hpa["spec"]["scaleTargetRef"]["name"]]

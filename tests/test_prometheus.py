@@ -28,7 +28,7 @@ from tests.waiting import wait_for
 
 GRAFANA_DIR = ROOT / "deploy" / "grafana"
 DASHBOARDS = sorted((GRAFANA_DIR / "dashboards").glob("*.json"))
-K8S_PROMETHEUS = ROOT / "deploy" / "k8s" / "prometheus" / "prometheus.yml"
+K8S_PROMETHEUS = ROOT / "deploy" / "k8s" / "base" / "prometheus" / "prometheus.yml"
 RULE_FILES = [PROMETHEUS_DIR / "recording.rules.yml", PROMETHEUS_DIR / "alerts.rules.yml"]
 
 # What Grafana substitutes in the dashboard's queries; the test's scrapes are 1 s apart.
