@@ -1,6 +1,7 @@
 """The deployment files keep Redis, metrics and dashboards closed: checked offline (compose rendered by
-the real docker-compose, Kubernetes manifests parsed), and the Redis role users of deploy/redis/acl.conf
-proven on a real redis-server running a real run (API, step worker, sandbox worker each as its user)."""
+the real docker-compose, deploy/k8s/base by the real kubectl kustomize), and the Redis role users of
+deploy/redis/acl.conf proven on a real redis-server running a real run (API, step worker, sandbox worker each
+as its user)."""
 
 from __future__ import annotations
 
