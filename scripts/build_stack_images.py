@@ -43,6 +43,7 @@ BASE_CHANGES = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
                 "LABEL org.reactq.stack.base=1"]
 SOURCE_DIRS = ["worker", "tools_sandbox", "api_stub"]
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+CONSTRAINTS = ROOT / "deploy" / "constraints.txt"  # the versions the suite passed with
 WHEEL_CACHE = Path.home() / ".cache" / "reactq" / "stack-wheels"
 
 
@@ -86,12 +87,12 @@ def build_base(client: docker.DockerClient, mirror: str, force: bool) -> str:
 
 def _wheelhouse(deps: list[str]) -> Path:
     """Every dependency as a wheel, built once per dependency list by the host's pip."""
-    target = WHEEL_CACHE / _digest(deps)
+    target = WHEEL_CACHE / _digest([*deps, CONSTRAINTS.read_bytes()])
     if (target / ".complete").exists():
         return target
     target.mkdir(parents=True, exist_ok=True)
     print(f"pip wheel {len(deps)} dependencies -> {target}", file=sys.stderr)
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(target), *deps], "pip wheel")
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(target), "-c", str(CONSTRAINTS), *deps], "pip wheel")
     (target / ".complete").touch()
     return target
 
@@ -120,7 +121,7 @@ def build_app_image(client: docker.DockerClient, base: str, force: bool) -> str:
     dockerfile = STACK_DIR / "app.Dockerfile"
     deps = _dependencies()
     sources = _source_files()
-    tag = "reactq:" + _digest([base, dockerfile.read_bytes(), *deps,
+    tag = "reactq:" + _digest([base, dockerfile.read_bytes(), *deps, CONSTRAINTS.read_bytes(),
                                *(str(p.relative_to(ROOT)) for p in sources), *(p.read_bytes() for p in sources)])
     if image_present(client, tag) and not force:
         return tag
@@ -131,6 +132,7 @@ def build_app_image(client: docker.DockerClient, base: str, force: bool) -> str:
         shutil.copytree(wheels, ctx / "wheels", ignore=shutil.ignore_patterns(".complete"))
         shutil.copy(CA_BUNDLE if CA_BUNDLE.exists() else certifi.where(), ctx / "ca.crt")
         (ctx / "requirements.txt").write_text("\n".join(deps) + "\n")
+        shutil.copy(CONSTRAINTS, ctx / "constraints.txt")
         # The project's own wheel, from a clean copy of the sources (no build output in the worktree).
         src = ctx / "src"
         src.mkdir()

@@ -8,11 +8,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
     REACTQ_METRICS_PORT=9808 PATH=/opt/reactq/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # Dependencies first, in their own layer: it is reused while pyproject.toml's dependencies are unchanged.
 COPY wheels /tmp/wheels
-COPY ca.crt requirements.txt /tmp/
+# constraints.txt: deploy/constraints.txt, the versions the test suite passed with.
+COPY ca.crt requirements.txt constraints.txt /tmp/
 RUN useradd --system --uid 10001 --home-dir /app --create-home reactq \
  && python3 -m venv /opt/reactq \
- && PIP_CERT=/tmp/ca.crt /opt/reactq/bin/pip install -q --find-links /tmp/wheels -r /tmp/requirements.txt \
- && rm -rf /tmp/wheels /tmp/ca.crt /tmp/requirements.txt
+ && PIP_CERT=/tmp/ca.crt /opt/reactq/bin/pip install -q --find-links /tmp/wheels -r /tmp/requirements.txt -c /tmp/constraints.txt \
+ && rm -rf /tmp/wheels /tmp/ca.crt /tmp/requirements.txt /tmp/constraints.txt
 COPY app /tmp/app
 RUN /opt/reactq/bin/pip install -q --no-index --no-deps /tmp/app/*.whl && rm -rf /tmp/app
 WORKDIR /app

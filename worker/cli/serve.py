@@ -13,7 +13,7 @@ from ..names import SANDBOX_QUEUE, STEPS_QUEUE
 from .base import _runtime, console
 
 
-@click.command()
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--queues", default="steps,sandbox", show_default=True,
               help="steps, sandbox, webhooks, or several (comma-separated); a step worker delivers webhooks "
                    "from a small worker process of its own (REACTQ_WEBHOOK_CONCURRENCY threads)")
@@ -26,10 +26,17 @@ from .base import _runtime, console
 @click.option("--loglevel", default="INFO", show_default=True)
 @click.option("--parent-pid", type=int, default=None, hidden=True,
               help="the webhook worker a step worker starts: stop when that process is gone")
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 def worker(queues: str, concurrency: int | None, metrics_port: int | None, processes: int, loglevel: str,
-           parent_pid: int | None) -> None:
-    """A Celery worker for the reactq queues (a threads pool: LLM calls and sandbox runs are waits)."""
+           parent_pid: int | None, celery_args: tuple[str, ...]) -> None:
+    """A Celery worker for the reactq queues (a threads pool: LLM calls and sandbox runs are waits).
+
+    Other options go to `celery worker` as they are (e.g. -E, --hostname NAME@%h), after reactq's own, so
+    they win; they apply to this worker only, not to the webhook worker it starts (whose name must differ)."""
     if processes > 1:
+        if celery_args:
+            raise click.UsageError(f"Celery's options ({' '.join(celery_args)}) need --processes 1: run one "
+                                   "`reactq worker` per process to give each its own")
         from .local_stack import supervise_workers
 
         port = get_settings().metrics_port if metrics_port is None else metrics_port
@@ -70,7 +77,7 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
         app.worker_main([
             "worker", "-Q", ",".join(selected), "-P", "threads", "-c", str(concurrency),
             "--loglevel", loglevel, "-n", f"reactq-{'-'.join(q.split('.')[-1] for q in selected)}-{os.getpid()}@%h",
-            "--without-gossip", "--without-mingle",
+            "--without-gossip", "--without-mingle", *celery_args,
         ])
     finally:
         if pool is not None:
