@@ -225,29 +225,24 @@ def _calculation(expression: str, part: str, tools: frozenset[str]) -> Action | 
     return None
 
 
-def _chinese_action(part: str, tools: frozenset[str]) -> Action | None:
-    expression = zh_expression(part)
+def _compute_or_look_up(part: str, tools: frozenset[str], expression: str | None,
+                        query: Callable[[str], str | None]) -> Action | None:
+    """A calculation when the part reads as arithmetic, else a search for its keywords."""
     if expression is not None:
         return _calculation(expression, part, tools)
-    query = zh_search_query(part)
-    if query is not None and "search" in tools:
-        return Action("search", query, part)
+    keywords = query(part)
+    if keywords is not None and "search" in tools:
+        return Action("search", keywords, part)
     return None
 
 
 def _part_action(part: str, tools: frozenset[str]) -> Action | None:
     if has_cjk(part):
-        return _chinese_action(part, tools)
+        return _compute_or_look_up(part, tools, zh_expression(part), zh_search_query)
     code = python_code(part)
     if code is not None:
         return Action("python", code, part) if "python" in tools else None
-    expression = to_expression(part)
-    if expression is not None:
-        return _calculation(expression, part, tools)
-    query = search_query(part)
-    if query is not None and "search" in tools:
-        return Action("search", query, part)
-    return None
+    return _compute_or_look_up(part, tools, to_expression(part), search_query)
 
 
 # "Run this python code: ```...```": the code is sent verbatim (tests drive the sandbox through the agent).

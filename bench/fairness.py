@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shlex
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.throughput import BIN, Bench  # noqa: E402
+from bench.throughput import BIN, Bench, finish  # noqa: E402
 
 
 def main() -> int:
@@ -134,14 +133,7 @@ def main() -> int:
         conn.release()
     finally:
         bench.procs.stop()
-    text = "\n".join([f"command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`", "", *report,
-                      *problems])
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if problems:
-        return 2
-    return 0 if ok else 1
+    return finish(report, problems, ok, args.out)
 
 
 if __name__ == "__main__":

@@ -365,6 +365,18 @@ class Bench:
         return res
 
 
+def finish(report: list[str], problems: list[str], ok: bool, out: str | None) -> int:
+    """Print a benchmark's report headed by its exact command (and write it to `out`); the exit code: 2 if
+    anything went wrong, else 0 when the target was met and 1 when it was missed."""
+    text = "\n".join([f"command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`", "", *report, *problems])
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
+    if problems:
+        return 2
+    return 0 if ok else 1
+
+
 def table(results: list[Result]) -> str:
     lines = ["| case | system | pool | procs x conc | in flight | stub latency | steps | window s | steps/s "
              "| CPU us/step: workers, stub, redis, bench |",

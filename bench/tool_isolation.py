@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shlex
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the
 # processes started (`reactq stub`, `reactq worker`) run this tree, installed or not
 
-from bench.throughput import BIN, Bench  # noqa: E402
+from bench.throughput import BIN, Bench, finish  # noqa: E402
 
 BOMBS = (["call spin with 1"] * 2 + ["call hang with 1"] * 4
          + ["call calculator with round(1, -10**9)", "call calculator with (10**4000)**10000",
@@ -189,14 +188,7 @@ def main() -> int:
         conn.release()
     finally:
         bench.procs.stop()
-    text = "\n".join([f"command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`", "", *report,
-                      *problems])
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if problems:
-        return 2
-    return 0 if ok else 1
+    return finish(report, problems, ok, args.out)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shlex
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.throughput import ROOT, Bench  # noqa: E402
+from bench.throughput import ROOT, Bench, finish  # noqa: E402
 
 Row = tuple[str, float, float, int, Counter, int]  # layout, idle s, with drips s, receiver calls, outcomes, longest ms
 
@@ -225,13 +224,7 @@ def main() -> int:
     if args.huge:
         report += ["", huge_answers(args, args.huge)]
     report += ["", f"target (isolated: tenant b within 2x idle): {'met' if ok else 'MISSED'}"]
-    text = "\n".join([f"command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`", "", *report, *problems])
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if problems:
-        return 2
-    return 0 if ok else 1
+    return finish(report, problems, ok, args.out)
 
 
 if __name__ == "__main__":
