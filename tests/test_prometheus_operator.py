@@ -5,7 +5,8 @@ Operator's own CRD schemas (v0.93.0, vendored in tests/schemas) and against the 
 - each ServiceMonitor selects exactly one metrics Service of the base, by a port that Service has, and names
   the job as deploy/prometheus/prometheus.yml does;
 - the PrometheusRule's groups are the rule files' groups (scripts/prometheus_rule.py writes it);
-- the worker-down alert matches the operator's job names too, and promtool accepts the PrometheusRule's rules.
+- promtool accepts the PrometheusRule's rules, and `promtool test rules` shows the alerts fit the operator's
+  labels: worker-down matches its job names too, runs-stuck keeps installations in different namespaces apart.
 """
 
 from __future__ import annotations
@@ -154,30 +155,52 @@ def test_the_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_worker_down_matches_the_job_names_of_every_deployment(tmp_path: Path) -> None:
-    """promtool's rule unit test: the alert fires for the workers' jobs as compose, the k8s base and these
-    ServiceMonitors name them, and as the operator names them by default (the Service's name, or
-    `<namespace>/<name>` for a PodMonitor), and never for other down targets."""
-    worker_jobs = ["reactq-step-worker", "reactq-sandbox-worker", "step-worker-metrics", "reactq/sandbox-worker"]
-    other_jobs = ["reactq-api", "reactq-stub", "api-metrics", "kube-apiserver"]
-    series = [{"series": f'up{{job="{job}", instance="i", namespace="reactq"}}', "values": "0x10"}
-              for job in worker_jobs + other_jobs]
-    firing = [{"exp_labels": {"alertname": "ReactqWorkerDown", "severity": "critical", "job": job, "instance": "i",
-                              "namespace": "reactq"}} for job in worker_jobs]
-    tests = {"rule_files": [str(PROMETHEUS_DIR / "alerts.rules.yml")], "evaluation_interval": "1m",
-             "tests": [{"interval": "1m", "input_series": series,
-                        "alert_rule_test": [{"eval_time": "5m", "alertname": "ReactqWorkerDown", "exp_alerts": [
-                            {**alert, "exp_annotations": _annotations(alert["exp_labels"]["job"])}
-                            for alert in firing]}]}]}
-    path = tmp_path / "worker-down.test.yml"
+def promtool_test(tmp_path: Path, alertname: str, series: dict[str, str], eval_time: str,
+                  expected: list[dict[str, str]]) -> None:
+    """`promtool test rules` on the shipped rule files: at eval_time exactly the `expected` alerts fire (their
+    labels; a `value` entry is the alert's value, rendered into its annotations)."""
+    alerts = [{"exp_labels": {"alertname": alertname, **{k: v for k, v in labels.items() if k != "value"}},
+               "exp_annotations": _annotations(alertname, labels)} for labels in expected]
+    tests = {"rule_files": [str(PROMETHEUS_DIR / "recording.rules.yml"), str(PROMETHEUS_DIR / "alerts.rules.yml")],
+             "evaluation_interval": "1m",
+             "tests": [{"interval": "1m", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                        "alert_rule_test": [{"eval_time": eval_time, "alertname": alertname, "exp_alerts": alerts}]}]}
+    path = tmp_path / f"{alertname}.test.yml"
     path.write_text(yaml.safe_dump(tests))
     done = subprocess.run([promtool_binary(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def _annotations(job: str) -> dict[str, str]:
-    """ReactqWorkerDown's annotations as Prometheus renders them for this job (instance "i")."""
+def _annotations(alertname: str, labels: dict[str, str]) -> dict[str, str]:
+    """The alert's annotations as Prometheus renders them for these labels (and `value`, if given)."""
     [alert] = [r for g in yaml.safe_load((PROMETHEUS_DIR / "alerts.rules.yml").read_text())["groups"]
-               for r in g["rules"] if r.get("alert") == "ReactqWorkerDown"]
-    return {k: v.replace("{{ $labels.instance }}", "i").replace("{{ $labels.job }}", job).strip()
-            for k, v in alert["annotations"].items()}
+               for r in g["rules"] if r.get("alert") == alertname]
+    rendered = {}
+    for key, text in alert["annotations"].items():
+        for name, value in labels.items():
+            text = text.replace(f"{{{{ $labels.{name} }}}}", value)
+        rendered[key] = text.replace("{{ $value }}", labels.get("value", "")).strip()
+    return rendered
+
+
+def test_worker_down_matches_the_job_names_of_every_deployment(tmp_path: Path) -> None:
+    """The alert fires for the workers' jobs as compose, the k8s base and these ServiceMonitors name them, and
+    as the operator names them by default (the Service's name, or `<namespace>/<name>` for a PodMonitor),
+    and never for other down targets."""
+    worker_jobs = ["reactq-step-worker", "reactq-sandbox-worker", "step-worker-metrics", "reactq/sandbox-worker"]
+    other_jobs = ["reactq-api", "reactq-stub", "api-metrics", "kube-apiserver"]
+    series = {f'up{{job="{job}", instance="i", namespace="reactq"}}': "0x10" for job in worker_jobs + other_jobs}
+    expected = [{"severity": "critical", "job": job, "instance": "i", "namespace": "reactq"} for job in worker_jobs]
+    promtool_test(tmp_path, "ReactqWorkerDown", series, "5m", expected)
+
+
+def test_runs_stuck_in_one_namespace_alert_although_another_moves(tmp_path: Path) -> None:
+    """Under the operator every series has `namespace`: an installation whose runs are stuck alerts even when
+    another installation scraped by the same Prometheus keeps recording steps."""
+    series = {}
+    for namespace, steps in (("stuck", "7x40"), ("moving", "0+2x40")):
+        labels = f'namespace="{namespace}", job="reactq-step-worker", instance="i"'
+        series[f"reactq_runs_in_progress{{{labels}}}"] = "3x40"
+        series[f'reactq_steps_total{{{labels}, outcome="tool_calls"}}'] = steps
+    promtool_test(tmp_path, "ReactqRunsStuck", series, "30m",
+                  [{"severity": "critical", "namespace": "stuck", "value": "3"}])
