@@ -23,7 +23,8 @@ from tests.waiting import wait_for
 
 COMPOSE = ROOT / "docker-compose.yml"
 ROLES = {"api": "REDIS_API_PASSWORD", "step-worker": "REDIS_STEP_WORKER_PASSWORD",
-         "sandbox-worker": "REDIS_SANDBOX_WORKER_PASSWORD", "exporter": "REDIS_EXPORTER_PASSWORD"}
+         "sandbox-worker": "REDIS_SANDBOX_WORKER_PASSWORD", "exporter": "REDIS_EXPORTER_PASSWORD",
+         "keda": "REDIS_KEDA_PASSWORD"}
 SECRETS = {**{var: f"pw-{role}" for role, var in ROLES.items()}, "GRAFANA_ADMIN_PASSWORD": "pw-grafana"}
 
 
