@@ -16,8 +16,8 @@ import redis
 import yaml
 
 from tests.fixtures_alerting import PASSWORDS, REDIS_DIR, Exporter, acl_redis, redis_exporter
-from tests.fixtures_prometheus import PROMETHEUS_DIR, Samples, total
 from tests.fixtures_k8s import kustomize
+from tests.fixtures_prometheus import PROMETHEUS_DIR, Samples, total
 from tests.test_deploy import SECRETS, compose_config
 from tests.waiting import wait_for
 
