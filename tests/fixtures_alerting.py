@@ -4,7 +4,8 @@
   another ACL text), the production limits (2 GB, noeviction, 10000 clients) unless overridden;
 - `redis_exporter(addr, user, password)`: Debian's prometheus-redis-exporter, configured by environment
   (REDIS_ADDR, REDIS_USER, REDIS_PASSWORD) as docker-compose.yml and deploy/k8s/base/redis-exporter.yaml do;
-- `alertmanager(config)`: Debian's prometheus-alertmanager with that configuration, clustering off.
+- `alertmanager(config)`: Debian's prometheus-alertmanager with that configuration, clustering off;
+- `prometheus(config)`: Prometheus with that configuration (the `start_prometheus` fixture sets none).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 import yaml
 
 from tests.fixtures_cluster import ROOT
-from tests.fixtures_prometheus import Samples, scrape
+from tests.fixtures_prometheus import Prometheus, Samples, prometheus_binary, scrape
 from tests.fixtures_services import free_port, wait_for_port
 from tests.waiting import wait_for
 
@@ -129,6 +130,20 @@ def check_alertmanager_config(path: Path) -> None:
 
 
 @contextmanager
+def _serve(what: str, command: list[str], port: int, logfile: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `command` until the block ends, once its HTTP server on `port` answers /-/ready with 200."""
+    proc = subprocess.Popen(command, stdout=logfile.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_port(port, timeout=30)
+        wait_for(f"{what} to be ready (log in {logfile})",
+                 lambda: httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=5).status_code, 30, 0.2,
+                 until=lambda status: status == 200)
+        yield proc
+    finally:
+        _stop(proc)
+
+
+@contextmanager
 def alertmanager(workdir: Path, config: dict[str, Any]) -> Iterator[Alertmanager]:
     """prometheus-alertmanager with `config` (checked by amtool first), on a free loopback port."""
     path = workdir / "alertmanager.yml"
@@ -136,16 +151,21 @@ def alertmanager(workdir: Path, config: dict[str, Any]) -> Iterator[Alertmanager
     check_alertmanager_config(path)
     port = free_port()
     logfile = workdir / "alertmanager.log"
-    proc = subprocess.Popen([binary("prometheus-alertmanager", "prometheus-alertmanager"), f"--config.file={path}",
-                             f"--storage.path={workdir / 'alertmanager-data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                            stdout=logfile.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    server = Alertmanager(f"http://127.0.0.1:{port}", logfile)
-    try:
-        wait_for_port(port, timeout=30)
-        wait_for(f"Alertmanager to be ready (log in {logfile})",
-                 lambda: httpx.get(f"{server.url}/-/ready", timeout=5).status_code, 30, 0.2,
-                 until=lambda status: status == 200)
-        yield server
-    finally:
-        _stop(proc)
+    with _serve("Alertmanager", [binary("prometheus-alertmanager", "prometheus-alertmanager"),
+                                 f"--config.file={path}", f"--storage.path={workdir / 'alertmanager-data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                port, logfile):
+        yield Alertmanager(f"http://127.0.0.1:{port}", logfile)
+
+
+@contextmanager
+def prometheus(workdir: Path, config: dict[str, Any]) -> Iterator[Prometheus]:
+    """/usr/bin/prometheus with `config` (e.g. tests.fixtures_prometheus.config_for's, plus an alerting block)."""
+    path = workdir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    logfile = workdir / "prometheus.log"
+    with _serve("Prometheus", [prometheus_binary(), f"--config.file={path}",
+                               f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+                               "--log.level=warn"], port, logfile) as proc:
+        yield Prometheus(f"http://127.0.0.1:{port}", proc, logfile)

@@ -7,15 +7,10 @@ the new alert rules pass their `promtool test rules` unit tests (tests/promtool/
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 import yaml
@@ -25,15 +20,14 @@ from tests.fixtures_alerting import (
     acl_redis,
     alertmanager,
     check_alertmanager_config,
+    prometheus,
     redis_exporter,
 )
 from tests.fixtures_cluster import ROOT
 from tests.fixtures_k8s import kustomize
-from tests.fixtures_prometheus import PROMETHEUS_DIR, Prometheus, config_for, prometheus_binary, promtool_binary
+from tests.fixtures_prometheus import PROMETHEUS_DIR, config_for, promtool_binary
 from tests.fixtures_receiver import Receiver
-from tests.fixtures_services import free_port, wait_for_port
 from tests.test_deploy import SECRETS, compose_config
-from tests.waiting import wait_for
 
 K8S_PROMETHEUS = ROOT / "deploy" / "k8s" / "base" / "prometheus" / "prometheus.yml"
 PROMTOOL_TESTS = ROOT / "tests" / "promtool" / "alerts.test.yml"
@@ -105,28 +99,6 @@ def _rules_with_short_for(workdir: Path) -> Path:
     path = workdir / "alerts.rules.yml"
     path.write_text(yaml.safe_dump(rules))
     return path
-
-
-@contextmanager
-def prometheus(workdir: Path, config: dict[str, Any]) -> Iterator[Prometheus]:
-    path = workdir / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    logfile = workdir / "prometheus.log"
-    proc = subprocess.Popen([prometheus_binary(), f"--config.file={path}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=logfile.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    server = Prometheus(f"http://127.0.0.1:{port}", proc, logfile)
-    try:
-        wait_for_port(port, timeout=30)
-        wait_for(f"Prometheus to be ready (log in {logfile})",
-                 lambda: httpx.get(f"{server.url}/-/ready", timeout=5).status_code, 30, 0.2,
-                 until=lambda status: status == 200)
-        yield server
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(15)
 
 
 def _fill(client: redis.Redis, ratio: float) -> float:
