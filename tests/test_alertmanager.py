@@ -7,10 +7,13 @@ the new alert rules pass their `promtool test rules` unit tests (tests/promtool/
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import yaml
@@ -27,6 +30,8 @@ from tests.fixtures_cluster import ROOT
 from tests.fixtures_k8s import kustomize
 from tests.fixtures_prometheus import PROMETHEUS_DIR, config_for, promtool_binary
 from tests.fixtures_receiver import Receiver
+from tests.fixtures_services import free_port
+from tests.test_compose_stack import Stack, _prometheus_config, wait_until
 from tests.test_deploy import SECRETS, compose_config
 
 K8S_PROMETHEUS = ROOT / "deploy" / "k8s" / "base" / "prometheus" / "prometheus.yml"
@@ -151,3 +156,61 @@ def test_a_firing_redis_memory_alert_reaches_the_webhook_receiver(tmp_path: Path
     assert calls[0].path == "/hook"
     names = {a["labels"]["alertname"] for a in _alerts(receiver)}
     assert "ReactqRedisMemoryCritical" not in names and "ReactqRedisDown" not in names
+
+
+@pytest.mark.docker
+@pytest.mark.integration
+def test_compose_prometheus_scrapes_the_exporter_and_alerts_reach_the_alertmanager(
+        docker_engine: object, tmp_path: Path) -> None:
+    """docker-compose.yml's redis, redis-exporter, alertmanager and prometheus (images built from Debian's
+    packages, deploy/compose.test.yml): Prometheus scrapes Redis through the exporter as the `exporter` ACL
+    user; Redis stopped, ReactqRedisDown (a test copy of the rules: `for:` 1 s) reaches the Alertmanager,
+    as the documented `docker compose exec alertmanager amtool ... alert query` shows."""
+    build = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_stack_images.py"), "--env-file",
+                            str(tmp_path / "images.env")], capture_output=True, text=True, timeout=1800)
+    assert build.returncode == 0, f"building the stack images failed:\n{build.stderr[-4000:]}"
+    secrets = tmp_path / "secrets.env"
+    made = subprocess.run(["bash", str(ROOT / "scripts" / "compose-secrets.sh"), str(secrets)],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    prom_dir = tmp_path / "prometheus"
+    prom_dir.mkdir()
+    _prometheus_config(prom_dir)
+    config = yaml.safe_load((prom_dir / "prometheus.yml").read_text())
+    config["rule_files"] = ["/etc/prometheus/recording.rules.yml", "/etc/prometheus-test/alerts.rules.yml"]
+    (prom_dir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    _rules_with_short_for(prom_dir)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REACTQ_", "DOCKER_"))}
+    for path in (tmp_path / "images.env", secrets):
+        env.update(line.partition("=")[::2] for line in path.read_text().splitlines()
+                   if "=" in line and not line.startswith("#"))
+    env.update(REACTQ_TEST_PROMETHEUS_DIR=str(prom_dir), REACTQ_PROMETHEUS_PORT=str(port))
+    stack = Stack(project=f"reactqalerts{os.getpid()}", env=env, api="", prometheus=f"http://127.0.0.1:{port}",
+                  headers={})
+
+    def query(expr: str) -> list[dict[str, Any]]:
+        r = httpx.get(f"{stack.prometheus}/api/v1/query", params={"query": expr}, timeout=10)
+        return list(r.raise_for_status().json()["data"]["result"])
+
+    def alertmanager_alerts() -> list[dict[str, Any]]:
+        out = stack.compose("exec", "-T", "alertmanager", "amtool", "--alertmanager.url=http://localhost:9093",
+                            "alert", "query", "-o", "json", timeout=60)
+        return list(json.loads(out))
+
+    try:
+        stack.compose("up", "-d", "--no-build", "redis", "redis-exporter", "alertmanager", "prometheus")
+        up = wait_until("Prometheus to scrape Redis through the exporter",
+                        lambda: query('redis_up{job="reactq-redis"}'), 120,
+                        until=lambda r: [s["value"][1] for s in r] == ["1"])
+        assert up[0]["metric"]["instance"] == "redis-exporter:9121"
+        assert [s["value"][1] for s in query('redis_memory_max_bytes{job="reactq-redis"}')] == [str(2 * 1024 ** 3)]
+        assert query('redis_errors_total{err="NOPERM"}') == []  # the exporter's commands all allowed
+        stack.compose("stop", "redis", timeout=120)
+        alerts = wait_until("ReactqRedisDown in the Alertmanager", alertmanager_alerts, 120,
+                            until=lambda a: any(x["labels"]["alertname"] == "ReactqRedisDown" for x in a))
+        [down] = [a for a in alerts if a["labels"]["alertname"] == "ReactqRedisDown"]
+        assert down["labels"]["instance"] == "redis-exporter:9121" and down["labels"]["severity"] == "critical"
+        assert [r["name"] for r in down["receivers"]] == ["operator"]  # the shipped route
+    finally:
+        stack.compose("down", "-v", "--remove-orphans", "-t", "10", timeout=300)
