@@ -1,9 +1,11 @@
-"""Build the compose stack's images with no registry: the reactq image, Redis and Prometheus.
+"""Build the compose stack's images with no registry: the reactq image, Redis, Prometheus, Alertmanager and
+the Redis exporter.
 
 Machines here cannot pull images, so (like the sandbox image, tools_sandbox/image.py) everything starts
 from a Debian bookworm root filesystem made by debootstrap and `docker import`ed as the base. The other
 images are built FROM that local base with deploy/stack/*.Dockerfile:
-- `reactq-redis` and `reactq-prometheus` install Debian's packages (apt over the host's Debian mirror);
+- `reactq-redis`, `reactq-prometheus`, `reactq-alertmanager` and `reactq-redis-exporter` install Debian's
+  packages (apt over the host's Debian mirror);
 - `reactq` installs this project into a venv from wheels that pip built on the host (honouring the
   host's pip configuration); PyPI (through the host's CA bundle) supplies only what the image's Python
   needs beyond that (environment markers differ between Python patch releases).
@@ -161,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             "REACTQ_IMAGE": build_app_image(client, base, args.force),
             "REACTQ_REDIS_IMAGE": build_service_image(client, "redis", base, args.force),
             "REACTQ_PROMETHEUS_IMAGE": build_service_image(client, "prometheus", base, args.force),
+            "REACTQ_ALERTMANAGER_IMAGE": build_service_image(client, "alertmanager", base, args.force),
+            "REACTQ_REDIS_EXPORTER_IMAGE": build_service_image(client, "redis-exporter", base, args.force),
         }
     except (ImageBuildError, docker.errors.APIError) as exc:
         raise SystemExit(str(exc)) from None

@@ -2,6 +2,7 @@
 # Set up a fresh Debian machine (as root) and run the whole test suite — the README's test command.
 #
 # Installs what the tests need (Debian: redis-server, docker.io, debootstrap, bubblewrap, prometheus, chromium, runsc,
+# prometheus-alertmanager and prometheus-redis-exporter (tests/test_alertmanager.py, tests/test_redis_exporter.py),
 # docker-compose to render the compose file;
 # pip: this project with its test extras), starts a Docker engine if none answers, builds the sandbox
 # image offline when it is missing, runs ruff, mypy on worker/, api_stub/ and tools_sandbox/, and pytest, then stops the
@@ -12,7 +13,8 @@ cd "$(dirname "$0")/.."
 need=()
 for pair in redis-server:redis-server dockerd:docker.io debootstrap:debootstrap bwrap:bubblewrap \
             prometheus:prometheus promtool:prometheus iptables:iptables docker-compose:docker-compose \
-            chromium:chromium runsc:runsc; do
+            chromium:chromium runsc:runsc prometheus-alertmanager:prometheus-alertmanager \
+            amtool:prometheus-alertmanager prometheus-redis-exporter:prometheus-redis-exporter; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
