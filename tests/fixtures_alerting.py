@@ -32,7 +32,8 @@ from tests.waiting import wait_for
 REDIS_DIR = ROOT / "deploy" / "redis"
 ALERTMANAGER_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 PASSWORDS = {"REDIS_API_PASSWORD": "pw-api", "REDIS_STEP_WORKER_PASSWORD": "pw-step-worker",
-             "REDIS_SANDBOX_WORKER_PASSWORD": "pw-sandbox-worker", "REDIS_EXPORTER_PASSWORD": "pw-exporter"}
+             "REDIS_SANDBOX_WORKER_PASSWORD": "pw-sandbox-worker", "REDIS_EXPORTER_PASSWORD": "pw-exporter",
+             "REDIS_KEDA_PASSWORD": "pw-keda"}
 PRODUCTION_LIMITS = {"maxmemory": "2gb", "maxmemory-policy": "noeviction", "maxclients": "10000"}
 
 

@@ -77,7 +77,7 @@ def of_kind(kind: str) -> list[dict[str, Any]]:
 
 
 def test_the_overlay_renders_its_objects_in_namespace_reactq() -> None:
-    assert sorted(d["kind"] for d in OBJECTS) == ["NetworkPolicy", "PrometheusRule", *["ServiceMonitor"] * 4]
+    assert sorted(d["kind"] for d in OBJECTS) == ["NetworkPolicy", "PrometheusRule", *["ServiceMonitor"] * 5]
     assert all(d["metadata"]["namespace"] == NAMESPACE for d in OBJECTS)
     assert not [d for d in OBJECTS if d in BASE]  # applied next to the base (or an overlay), not a copy of it
 
@@ -116,7 +116,14 @@ def test_each_service_monitor_scrapes_one_metrics_service_under_the_shipped_job_
     services = [d for d in BASE if d["kind"] == "Service"]
     pods = {d["metadata"]["name"]: d["spec"]["template"] for d in BASE if d["kind"] == "Deployment"}
     monitors = {d["metadata"]["name"]: d for d in of_kind("ServiceMonitor")}
-    assert sorted(monitors) == sorted(f"reactq-{c}" for c in COMPONENTS)
+    assert sorted(monitors) == sorted([*(f"reactq-{c}" for c in COMPONENTS), "reactq-redis"])
+    # The Redis exporter: its Service redis-exporter, under compose's job name reactq-redis.
+    exporter = monitors["reactq-redis"]["spec"]
+    [exporter_service] = [s for s in services
+                          if _selects(exporter["selector"]["matchLabels"], s["metadata"].get("labels", {}))]
+    assert exporter_service["metadata"]["name"] == "redis-exporter" and "reactq-redis" in compose_jobs
+    assert exporter["endpoints"][0]["relabelings"] == [{"targetLabel": "job", "replacement": "reactq-redis"}]
+    assert {"port": 9121, "protocol": "TCP"} in of_kind("NetworkPolicy")[0]["spec"]["ingress"][0]["ports"]
     for component in COMPONENTS:
         spec = monitors[f"reactq-{component}"]["spec"]
         assert "namespaceSelector" not in spec  # its own namespace, reactq
