@@ -4,10 +4,12 @@
 Celery's settings (worker/tasks/app.py) give it the threads pool, the queues it takes without -Q
 (reactq.steps and reactq.sandbox), prefetch 1 and this module's consumer (no gossip, no mingle). The
 signals here give it the rest, once per worker process:
-- worker_init: reactq.webhooks leaves the pool's queues for a webhook worker beside it
-  (worker/runtime/webhook_pool.py); the concurrency when -c is not given (200 threads for steps);
-  /metrics on REACTQ_METRICS_PORT; the webhook worker itself;
+- worker_init (after -Q, before the pool is made): reactq.webhooks leaves the pool's queues for a
+  webhook worker beside it (worker/runtime/webhook_pool.py); the concurrency when -c is not given
+  (200 threads for steps);
 - setup_logging: the JSON logs of worker/logs.py instead of Celery's;
+- celeryd_after_setup (logging is set up, the consumer not started yet): /metrics on
+  REACTQ_METRICS_PORT, and the webhook worker;
 - worker_shutdown: the webhook worker is stopped.
 The reaper, heartbeats and SIGTERM drain are worker/tasks/steps.py's (worker_ready, worker_shutting_down).
 Celery's own flags (-Q, -c, -P, -E, --hostname, ...) win over these defaults. A process that only
@@ -75,20 +77,30 @@ def _configure_worker(sender: Any = None, **_: Any) -> None:
         sender.app.amqp.queues.deselect([WEBHOOKS_QUEUE])
     _started["queues"] = queues
     os.environ["REACTQ_WORKER_QUEUES"] = ",".join(queues)  # the reaper's heartbeats (worker/tasks/steps.py)
+    _started["beside"] = beside
     given = sender.options.get("concurrency")
     if not given and not app.conf.worker_concurrency and not is_auto_concurrency(sender.concurrency):
         sender.concurrency = default_concurrency(queues, settings.webhook_concurrency)
-    if getattr(sender.pool_cls, "__module__", "") == "celery.concurrency.prefork":
+
+
+@signals.celeryd_after_setup.connect(weak=False, dispatch_uid="reactq-worker-services")
+def _start_services(instance: Any = None, **_: Any) -> None:
+    """/metrics and the webhook worker, once, in the worker worker_init set up (its logs are JSON by now)."""
+    if "queues" not in _started or "services" in _started or instance is None:
+        return
+    _started["services"] = True
+    settings = get_settings()
+    if getattr(instance.pool_cls, "__module__", "") == "celery.concurrency.prefork":
         log.warning("prefork pool: /metrics shows this main process only; reactq workers use -P threads")
     if settings.metrics_port:
         from ..runtime.context import get_runtime
         from ..runtime.metrics_server import start_metrics_server
 
         start_metrics_server(settings.metrics_port, get_runtime())
-    if beside:
+    if _started["beside"]:
         from ..runtime.webhook_pool import WebhookPool
 
-        level = logging.getLevelName(sender.loglevel) if isinstance(sender.loglevel, int) else str(sender.loglevel)
+        level = logging.getLevelName(instance.loglevel)  # Celery's number for -l
         _started["webhook_pool"] = WebhookPool(max(1, settings.webhook_concurrency), level).start()
 
 
