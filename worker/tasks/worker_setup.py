@@ -8,8 +8,8 @@ signals here give it the rest, once per worker process:
   webhook worker beside it (worker/runtime/webhook_pool.py); the concurrency when -c is not given
   (200 threads for steps);
 - setup_logging: the JSON logs of worker/logs.py instead of Celery's;
-- celeryd_after_setup (logging is set up, the consumer not started yet): /metrics on
-  REACTQ_METRICS_PORT, and the webhook worker;
+- celeryd_after_setup (logging is set up, the consumer not started yet): stdout and stderr to the log
+  (worker_redirect_stdouts), /metrics on REACTQ_METRICS_PORT, and the webhook worker;
 - worker_shutdown: the webhook worker is stopped.
 The reaper, heartbeats and SIGTERM drain are worker/tasks/steps.py's (worker_ready, worker_shutting_down).
 Celery's own flags (-Q, -c, -P, -E, --hostname, ...) win over these defaults. A process that only
@@ -30,7 +30,6 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from .. import logs
 from ..config import get_settings
 from ..names import STEPS_QUEUE, WEBHOOKS_QUEUE
-from .app import app
 
 log = logging.getLogger("reactq.worker")
 
@@ -79,7 +78,7 @@ def _configure_worker(sender: Any = None, **_: Any) -> None:
     os.environ["REACTQ_WORKER_QUEUES"] = ",".join(queues)  # the reaper's heartbeats (worker/tasks/steps.py)
     _started["beside"] = beside
     given = sender.options.get("concurrency")
-    if not given and not app.conf.worker_concurrency and not is_auto_concurrency(sender.concurrency):
+    if not given and not sender.app.conf.worker_concurrency and not is_auto_concurrency(sender.concurrency):
         sender.concurrency = default_concurrency(queues, settings.webhook_concurrency)
 
 
@@ -89,6 +88,8 @@ def _start_services(instance: Any = None, **_: Any) -> None:
     if "queues" not in _started or "services" in _started or instance is None:
         return
     _started["services"] = True
+    if instance.app.conf.worker_redirect_stdouts:  # where Celery would, had it set up the logging
+        instance.app.log.redirect_stdouts(instance.app.conf.worker_redirect_stdouts_level)
     settings = get_settings()
     if getattr(instance.pool_cls, "__module__", "") == "celery.concurrency.prefork":
         log.warning("prefork pool: /metrics shows this main process only; reactq workers use -P threads")
@@ -113,8 +114,6 @@ def _stop_webhook_worker(**_: Any) -> None:
 
 @signals.setup_logging.connect(weak=False, dispatch_uid="reactq-setup-logging")
 def _json_logs(loglevel: Any = None, **_: Any) -> None:
-    """Celery configures no logging of its own when this answers; stdout and stderr still go to the log as
-    Celery would send them (worker_redirect_stdouts)."""
+    """Celery configures no logging of its own when this answers (nor redirects stdout and stderr to the log:
+    _start_services does, as Celery would)."""
     logs.setup(loglevel or "INFO")
-    if app.conf.worker_redirect_stdouts:
-        app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
