@@ -20,6 +20,7 @@ import redis
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_receiver import Receiver
 from tests.fixtures_services import free_port
+from tests.test_webhooks import webhook_workers_of
 from tests.waiting import wait_for
 from worker.names import SANDBOX_QUEUE, STEPS_QUEUE, WEBHOOKS_QUEUE
 from worker.store import keys
@@ -92,26 +93,12 @@ def nodes(cluster: Cluster, wanted: Callable[[dict[str, Any]], bool], what: str)
     return wait_for(what, stats, 180, 1, until=wanted)
 
 
-def webhook_node_of(found: dict[str, Any], pid: int) -> str:
-    """The node name of the webhook worker `pid` started (reactq-webhooks-<its pid>@host)."""
-    [child] = webhook_workers_of(pid)
+def webhook_node_of(found: dict[str, Any], proc: subprocess.Popen[bytes]) -> str:
+    """The node name of the one webhook worker `proc` started (reactq-webhooks-<its pid>@host)."""
+    [child] = webhook_workers_of(proc)
     name = f"reactq-webhooks-{child}@{HOST}"
     assert name in found, sorted(found)
     return name
-
-
-def webhook_workers_of(pid: int) -> list[int]:
-    """The pids of the webhook workers process `pid` started beside itself (as tests/test_webhooks.py)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if ppid == pid and b"webhooks" in cmdline:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def queues_of(answers: dict[str, Any], node: str) -> set[str]:
@@ -141,7 +128,7 @@ def test_a_plain_celery_worker_is_configured_like_reactq_worker(
     plain = celery_worker(cluster, REACTQ_METRICS_PORT=str(plain_port), CELERY_WORKER_LOGLEVEL="INFO")
     plain_node = f"celery@{HOST}"
     found = nodes(cluster, lambda n: plain_node in n and len(n) == 2, "the plain worker and its webhook worker")
-    plain_hooks = webhook_node_of(found, plain.pid)
+    plain_hooks = webhook_node_of(found, plain)
     client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
     member = f"{HOST}:{plain.pid}"
     wait_for("the plain worker's heartbeats", lambda: [client.zscore(keys.workers(q), member)
@@ -169,7 +156,7 @@ def test_a_plain_celery_worker_is_configured_like_reactq_worker(
     wrapped = reactq_worker(cluster, "--metrics-port", str(reactq_port))
     wrapped_node = f"reactq-steps-sandbox-{wrapped.pid}@{HOST}"
     stats = nodes(cluster, lambda n: wrapped_node in n and len(n) == 4, "both workers and their webhook workers")
-    wrapped_hooks = webhook_node_of(stats, wrapped.pid)
+    wrapped_hooks = webhook_node_of(stats, wrapped)
     active = inspect(cluster.env, "active_queues")
     assert queues_of(active, plain_node) == queues_of(active, wrapped_node) == {STEPS_QUEUE, SANDBOX_QUEUE}
     assert queues_of(active, plain_hooks) == queues_of(active, wrapped_hooks) == {WEBHOOKS_QUEUE}
@@ -181,7 +168,7 @@ def test_a_plain_celery_worker_is_configured_like_reactq_worker(
     # itself now: worker_init does, once, before the node answers `inspect`); the webhook worker serves no
     # /metrics.
     assert "reactq_steps_total" in httpx.get(f"http://127.0.0.1:{reactq_port}/metrics", timeout=10).text
-    assert len(webhook_workers_of(wrapped.pid)) == 1 and len(webhook_workers_of(plain.pid)) == 1
+    assert len(webhook_workers_of(wrapped)) == 1 and len(webhook_workers_of(plain)) == 1
     wrapped_log = json_lines(cluster.logdir / "reactq.err")
     assert sum("/metrics" in line["msg"] for line in wrapped_log) == 1, [x["msg"] for x in wrapped_log]
     assert not any("unavailable" in line["msg"] for line in wrapped_log + logged)
@@ -200,9 +187,9 @@ def test_celery_options_win_over_the_defaults_either_way(cluster: Cluster) -> No
     active = inspect(cluster.env, "active_queues")
     assert queues_of(active, plain_node) == {SANDBOX_QUEUE}
     assert pool_of(stats, plain_node) == (THREADS, 3)
-    assert queues_of(active, webhook_node_of(stats, plain.pid)) == {WEBHOOKS_QUEUE}
+    assert queues_of(active, webhook_node_of(stats, plain)) == {WEBHOOKS_QUEUE}
     assert queues_of(active, wrapped_node) == {STEPS_QUEUE}
     assert pool_of(stats, wrapped_node) == ("celery.concurrency.solo:TaskPool", 1)
-    assert queues_of(active, webhook_node_of(stats, wrapped.pid)) == {WEBHOOKS_QUEUE}
+    assert queues_of(active, webhook_node_of(stats, wrapped)) == {WEBHOOKS_QUEUE}
     assert "task events: ON" in (cluster.logdir / "celery.out").read_text()
     assert "task events: OFF" in (cluster.logdir / "reactq.out").read_text()

@@ -12,7 +12,8 @@ signals here give it the rest, once per worker process:
   (worker_redirect_stdouts), /metrics on REACTQ_METRICS_PORT, and the webhook worker;
 - worker_shutdown: the webhook worker is stopped.
 The reaper, heartbeats and SIGTERM drain are worker/tasks/steps.py's (worker_ready, worker_shutting_down).
-Celery's own flags (-Q, -c, -P, -E, --hostname, ...) win over these defaults. A process that only
+Celery's own flags (-Q, -X, -c, -P solo|threads|..., -E, --hostname, ...) win over these defaults; not
+`-P prefork`, which Celery takes for its own default and replaces with worker_pool. A process that only
 imports the app (the API, the CLI, tests) runs none of it: only a worker sends these signals, and only a
 worker imports this module (it is in the app's `include`).
 """
@@ -35,7 +36,7 @@ log = logging.getLogger("reactq.worker")
 
 STEP_THREADS = 200  # a step worker's threads: LLM calls are waits, hundreds in flight per process
 
-_started: dict[str, Any] = {}  # what worker_init started in this process ("queues", "webhook_pool")
+_started: dict[str, Any] = {}  # what this process's worker set up: queues, beside, services, webhook_pool
 
 
 def split_webhooks(queues: list[str], webhook_threads: int) -> tuple[list[str], bool]:
