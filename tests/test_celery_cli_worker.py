@@ -180,8 +180,9 @@ def test_celery_options_win_over_the_defaults_either_way(cluster: Cluster) -> No
     # --hostname, --max-memory-per-child (accepted; Celery applies it to prefork children only).
     plain = celery_worker(cluster, "-Q", f"{SANDBOX_QUEUE},{WEBHOOKS_QUEUE}", "-c", "3", "-E",
                           "--hostname", "plain-flags@%h", "--max-memory-per-child", "400000")
-    # Through `reactq worker`: -P and --hostname after reactq's own options.
-    wrapped = reactq_worker(cluster, "--queues", "steps", "-P", "solo", "--hostname", "wrapped-flags@%h")
+    # Through `reactq worker`: Celery's -Q (after the one reactq passes for its default --queues), -P and
+    # --hostname.
+    wrapped = reactq_worker(cluster, "-Q", STEPS_QUEUE, "-P", "solo", "--hostname", "wrapped-flags@%h")
     plain_node, wrapped_node = f"plain-flags@{HOST}", f"wrapped-flags@{HOST}"
     stats = nodes(cluster, lambda n: {plain_node, wrapped_node} <= set(n) and len(n) == 4, "the four workers")
     active = inspect(cluster.env, "active_queues")
