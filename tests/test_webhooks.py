@@ -166,7 +166,7 @@ def test_bad_webhook_urls_are_rejected_at_submission(cluster: Cluster, api_clien
 # --- hostile receivers against a real worker -----------------------------------------------------
 
 def webhook_workers_of(step_worker: subprocess.Popen[bytes]) -> list[int]:
-    """The pids of the webhook workers a step worker started beside itself (worker/cli/webhook_pool.py)."""
+    """The pids of the webhook workers a step worker started beside itself (worker/runtime/webhook_pool.py)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

@@ -5,7 +5,7 @@ tools_sandbox keeps its own copy (it must not import worker); tests/test_names.p
 
 STEPS_QUEUE = "reactq.steps"
 SANDBOX_QUEUE = "reactq.sandbox"
-WEBHOOKS_QUEUE = "reactq.webhooks"  # taken by the webhook worker beside each step worker (worker/cli/webhook_pool.py)
+WEBHOOKS_QUEUE = "reactq.webhooks"  # taken by the webhook worker beside a step worker (worker/runtime/webhook_pool.py)
 QUEUES = (STEPS_QUEUE, SANDBOX_QUEUE)  # the queues whose depth is watched (the work queues)
 
 STEP_TASK = "reactq.step"

@@ -31,8 +31,11 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
            parent_pid: int | None, celery_args: tuple[str, ...]) -> None:
     """A Celery worker for the reactq queues (a threads pool: LLM calls and sandbox runs are waits).
 
-    Other options go to `celery worker` as they are (e.g. -E, --hostname NAME@%h), after reactq's own, so
-    they win; they apply to this worker only, not to the webhook worker it starts (whose name must differ)."""
+    The same worker as `celery -A worker.celery_app worker -Q ...` (worker/tasks/worker_setup.py sets it
+    up: pool, concurrency, /metrics, JSON logs, the webhook worker); this verb adds the queue names, its
+    node name and the Redis wait. Other options go to `celery worker` as they are (e.g. -E, --hostname
+    NAME@%h), after reactq's own, so they win; they apply to this worker only, not to the webhook worker
+    it starts (whose name must differ)."""
     if processes > 1:
         if celery_args:
             raise click.UsageError(f"Celery's options ({' '.join(celery_args)}) need --processes 1: run one "
@@ -43,8 +46,8 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
         sys.exit(supervise_workers(processes, queues, concurrency, port, loglevel))
     from .. import logs
     from ..names import WEBHOOKS_QUEUE
-    from ..runtime.metrics_server import start_metrics_server
-    from .webhook_pool import WebhookPool, exit_with_parent
+    from ..runtime.webhook_pool import exit_with_parent
+    from ..tasks.worker_setup import split_webhooks
 
     names = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE, "webhooks": WEBHOOKS_QUEUE}
     try:
@@ -54,34 +57,20 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
         raise click.BadParameter(message, param_hint="--queues") from None
     if parent_pid is not None:
         exit_with_parent(parent_pid)
-    # Webhooks never take a thread of another queue's pool (worker/cli/webhook_pool.py): named with other
-    # queues, or left out of a step worker's (unless REACTQ_WEBHOOK_CONCURRENCY=0), they get a worker of their own.
-    webhook_threads = get_settings().webhook_concurrency
-    others = [q for q in selected if q != WEBHOOKS_QUEUE]
-    beside = bool(others) and (WEBHOOKS_QUEUE in selected or (STEPS_QUEUE in selected and webhook_threads > 0))
-    if beside:
-        selected = others
-    if concurrency is None:
-        concurrency = (200 if STEPS_QUEUE in selected else max(1, webhook_threads) if selected == [WEBHOOKS_QUEUE]
-                       else (os.cpu_count() or 2))
-    os.environ["REACTQ_WORKER_QUEUES"] = ",".join(selected)
+    if metrics_port is not None:  # the setting the worker's worker_init reads
+        os.environ["REACTQ_METRICS_PORT"] = str(metrics_port)
+        get_settings.cache_clear()
     logs.setup(loglevel)
-    rt = _runtime(patient=True)
-    port = rt.settings.metrics_port if metrics_port is None else metrics_port
-    if port:
-        start_metrics_server(port, rt)
+    _runtime(patient=True)
+    # Webhooks never take a thread of another queue's pool: the worker hands them to a webhook worker.
+    own, _ = split_webhooks(selected, get_settings().webhook_concurrency)
     from ..tasks.app import app
 
-    pool = WebhookPool(max(1, webhook_threads), loglevel).start() if beside else None
-    try:
-        app.worker_main([
-            "worker", "-Q", ",".join(selected), "-P", "threads", "-c", str(concurrency),
-            "--loglevel", loglevel, "-n", f"reactq-{'-'.join(q.split('.')[-1] for q in selected)}-{os.getpid()}@%h",
-            "--without-gossip", "--without-mingle", *celery_args,
-        ])
-    finally:
-        if pool is not None:
-            pool.stop()
+    app.worker_main([
+        "worker", "-Q", ",".join(selected), *(["-c", str(concurrency)] if concurrency else []),
+        "--loglevel", loglevel, "-n", f"reactq-{'-'.join(q.split('.')[-1] for q in own)}-{os.getpid()}@%h",
+        *celery_args,
+    ])
 
 
 @click.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery, signals
+from kombu import Exchange, Queue
 
 from .. import logs
 from ..config import get_settings
@@ -15,7 +16,8 @@ from .broker import transport_for
 def make_app() -> Celery:
     settings = get_settings()
     app = Celery("reactq", broker=settings.redis_url,
-                 include=["worker.tasks.steps", "worker.tasks.webhooks", "tools_sandbox.tasks"])
+                 include=["worker.tasks.steps", "worker.tasks.webhooks", "tools_sandbox.tasks",
+                          "worker.tasks.worker_setup"])
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -26,6 +28,14 @@ def make_app() -> Celery:
         task_routes={STEP_TASK: {"queue": STEPS_QUEUE}, SANDBOX_TASK: {"queue": SANDBOX_QUEUE},
                      WEBHOOK_TASK: {"queue": WEBHOOKS_QUEUE}},
         worker_prefetch_multiplier=1,
+        # A plain `celery -A worker.celery_app worker` is a reactq worker (worker/tasks/worker_setup.py):
+        # a threads pool (LLM calls and sandbox runs are waits; one process, one /metrics registry), sized
+        # by its queues at worker_init unless -c is given (worker_concurrency unset); without -Q it takes
+        # the queues below, each as Celery would declare it; reactq.webhooks goes to the webhook worker
+        # beside a step worker.
+        worker_pool="threads",
+        task_queues=[Queue(q, Exchange(q), routing_key=q) for q in (STEPS_QUEUE, SANDBOX_QUEUE)],
+        worker_consumer="worker.tasks.worker_setup:Consumer",
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         broker_connection_retry_on_startup=True,

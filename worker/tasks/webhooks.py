@@ -1,5 +1,5 @@
 """The webhook delivery task (queue `reactq.webhooks`). A step worker does not take it in its own pool:
-`reactq worker` starts a small webhook worker process beside it (worker/cli/webhook_pool.py), so a slow
+`reactq worker` starts a small webhook worker process beside it (worker/runtime/webhook_pool.py), so a slow
 receiver never holds a step thread."""
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 A step worker does not take `reactq.webhooks` into its own thread pool: a receiver that answers slowly
 would hold a step thread for up to an attempt's deadline, and enough of them would stall every tenant's
-runs. Instead `reactq worker` serving `reactq.steps` starts `reactq worker --queues webhooks` as a child
-process with `webhook_concurrency` threads (REACTQ_WEBHOOK_CONCURRENCY, 0: none, for deployments that run
+runs. Instead a step worker (`reactq worker` or `celery -A worker.celery_app worker`: Celery's worker_init
+signal, worker/tasks/worker_setup.py) serving `reactq.steps` starts `reactq worker --queues webhooks` as a
+child process with `webhook_concurrency` threads (REACTQ_WEBHOOK_CONCURRENCY, 0: none, for deployments that run
 webhook workers of their own). Step work never waits on it: its own Celery consumer, thread pool, Redis
 connections and memory. The child is restarted if it exits on its own, stopped with SIGTERM (a warm
 shutdown: attempts in flight end within their deadline) when the step worker stops, and stops itself

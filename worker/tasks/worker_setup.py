@@ -1,0 +1,120 @@
+"""What makes a worker of this app a reactq worker, whether `reactq worker` or a plain
+`celery -A worker.celery_app worker` starts it.
+
+Celery's settings (worker/tasks/app.py) give it the threads pool, the queues it takes without -Q
+(reactq.steps and reactq.sandbox), prefetch 1 and this module's consumer (no gossip, no mingle). The
+signals here give it the rest, once per worker process:
+- worker_init (after -Q, before the pool is made): reactq.webhooks leaves the pool's queues for a
+  webhook worker beside it (worker/runtime/webhook_pool.py); the concurrency when -c is not given
+  (200 threads for steps);
+- setup_logging: the JSON logs of worker/logs.py instead of Celery's;
+- celeryd_after_setup (logging is set up, the consumer not started yet): stdout and stderr to the log
+  (worker_redirect_stdouts), /metrics on REACTQ_METRICS_PORT, and the webhook worker;
+- worker_shutdown: the webhook worker is stopped.
+The reaper, heartbeats and SIGTERM drain are worker/tasks/steps.py's (worker_ready, worker_shutting_down).
+Celery's own flags (-Q, -X, -c, -P solo|threads|..., -E, --hostname, ...) win over these defaults; not
+`-P prefork`, which Celery takes for its own default and replaces with worker_pool. A process that only
+imports the app (the API, the CLI, tests) runs none of it: only a worker sends these signals, and only a
+worker imports this module (it is in the app's `include`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import signals
+from celery.utils.sysinfo import is_auto_concurrency
+from celery.worker.consumer import Consumer as CeleryConsumer
+
+from .. import logs
+from ..config import get_settings
+from ..names import STEPS_QUEUE, WEBHOOKS_QUEUE
+
+log = logging.getLogger("reactq.worker")
+
+STEP_THREADS = 200  # a step worker's threads: LLM calls are waits, hundreds in flight per process
+
+_started: dict[str, Any] = {}  # what this process's worker set up: queues, beside, services, webhook_pool
+
+
+def split_webhooks(queues: list[str], webhook_threads: int) -> tuple[list[str], bool]:
+    """The queues a worker's own pool takes, and whether a webhook worker runs beside it: reactq.webhooks
+    never shares a pool with another queue, and a step worker has one unless REACTQ_WEBHOOK_CONCURRENCY=0."""
+    others = [q for q in queues if q != WEBHOOKS_QUEUE]
+    beside = bool(others) and (WEBHOOKS_QUEUE in queues or (STEPS_QUEUE in queues and webhook_threads > 0))
+    return (others if beside else queues), beside
+
+
+def default_concurrency(queues: list[str], webhook_threads: int) -> int:
+    """Threads when -c is not given: 200 with steps, REACTQ_WEBHOOK_CONCURRENCY for webhooks alone, else cores."""
+    if STEPS_QUEUE in queues:
+        return STEP_THREADS
+    if queues == [WEBHOOKS_QUEUE]:
+        return max(1, webhook_threads)
+    return os.cpu_count() or 2
+
+
+class Consumer(CeleryConsumer):
+    """Celery's consumer as `--without-gossip --without-mingle` makes it: reactq needs no elections and no
+    revokes synced between workers, and mingle makes every starting worker wait for the others' answers."""
+
+    def __init__(self, *args: Any, worker_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        options = {**(worker_options or {}), "without_gossip": True, "without_mingle": True}
+        super().__init__(*args, worker_options=options, **kwargs)
+
+
+@signals.worker_init.connect(weak=False, dispatch_uid="reactq-worker-init")
+def _configure_worker(sender: Any = None, **_: Any) -> None:
+    """In the worker's main process, after Celery applied -Q/-X and before it makes the pool."""
+    if "queues" in _started or sender is None:
+        return
+    settings = get_settings()
+    selected = list(sender.app.amqp.queues.consume_from)
+    queues, beside = split_webhooks(selected, settings.webhook_concurrency)
+    if WEBHOOKS_QUEUE in selected and WEBHOOKS_QUEUE not in queues:
+        sender.app.amqp.queues.deselect([WEBHOOKS_QUEUE])
+    _started["queues"] = queues
+    os.environ["REACTQ_WORKER_QUEUES"] = ",".join(queues)  # the reaper's heartbeats (worker/tasks/steps.py)
+    _started["beside"] = beside
+    given = sender.options.get("concurrency")
+    if not given and not sender.app.conf.worker_concurrency and not is_auto_concurrency(sender.concurrency):
+        sender.concurrency = default_concurrency(queues, settings.webhook_concurrency)
+
+
+@signals.celeryd_after_setup.connect(weak=False, dispatch_uid="reactq-worker-services")
+def _start_services(instance: Any = None, **_: Any) -> None:
+    """/metrics and the webhook worker, once, in the worker worker_init set up (its logs are JSON by now)."""
+    if "queues" not in _started or "services" in _started or instance is None:
+        return
+    _started["services"] = True
+    if instance.app.conf.worker_redirect_stdouts:  # where Celery would, had it set up the logging
+        instance.app.log.redirect_stdouts(instance.app.conf.worker_redirect_stdouts_level)
+    settings = get_settings()
+    if getattr(instance.pool_cls, "__module__", "") == "celery.concurrency.prefork":
+        log.warning("prefork pool: /metrics shows this main process only; reactq workers use -P threads")
+    if settings.metrics_port:
+        from ..runtime.context import get_runtime
+        from ..runtime.metrics_server import start_metrics_server
+
+        start_metrics_server(settings.metrics_port, get_runtime())
+    if _started["beside"]:
+        from ..runtime.webhook_pool import WebhookPool
+
+        level = logging.getLevelName(instance.loglevel)  # Celery's number for -l
+        _started["webhook_pool"] = WebhookPool(max(1, settings.webhook_concurrency), level).start()
+
+
+@signals.worker_shutdown.connect(weak=False, dispatch_uid="reactq-worker-shutdown")
+def _stop_webhook_worker(**_: Any) -> None:
+    pool = _started.pop("webhook_pool", None)
+    if pool is not None:
+        pool.stop()
+
+
+@signals.setup_logging.connect(weak=False, dispatch_uid="reactq-setup-logging")
+def _json_logs(loglevel: Any = None, **_: Any) -> None:
+    """Celery configures no logging of its own when this answers (nor redirects stdout and stderr to the log:
+    _start_services does, as Celery would)."""
+    logs.setup(loglevel or "INFO")
