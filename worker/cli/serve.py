@@ -112,7 +112,7 @@ def stub(host: str, port: int, faults_json: str, **options: float | None) -> Non
 @click.option("--insecure-no-auth", is_flag=True,
               help="no API keys: every caller acts as the first tenant of REACTQ_TENANTS (binds 127.0.0.1 only)")
 def api(host: str, port: int, insecure_no_auth: bool) -> None:
-    """The HTTP API (FastAPI): runs, batches, events; /metrics on REACTQ_API_METRICS_PORT. Needs a tenant with an API key."""
+    """The HTTP API (FastAPI): runs, batches, events (/metrics: REACTQ_API_METRICS_PORT). Needs a tenant with a key."""
     import uvicorn
 
     from .. import logs
