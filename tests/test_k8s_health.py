@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from tests.waiting import wait_for
 from worker.config import Settings
 from worker.runtime.metrics_server import WorkerHealth
 
+STALE_S = 3
 LONG_RUNNING = {"api", "step-worker", "sandbox-worker", "stub", "redis", "prometheus", "grafana"}
 
 
@@ -51,13 +53,16 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.mark.integration
 def test_a_worker_stays_alive_but_not_ready_while_redis_is_down(own_redis: RedisServer, cluster: Cluster) -> None:
-    cluster.env.update(REACTQ_REDIS_URL=own_redis.url, REACTQ_HEALTH_STALE_S="3")
+    cluster.env.update(REACTQ_REDIS_URL=own_redis.url, REACTQ_HEALTH_STALE_S=str(STALE_S))
     port = metrics_port()
     cluster.start_worker(queues="steps", concurrency=2, metrics_port=port)
     assert wait_for("the worker to be ready", lambda: probe(port, "/readyz"), 60,
                     until=lambda seen: seen[0] == 200) == (200, "ready")
     assert probe(port, "/livez") == (200, "consumer alive")
     assert probe(port, "/nope")[0] == 404
+    time.sleep(2 * STALE_S)  # longer than a heartbeat may be missed: the consumer's own beats keep it live
+    assert probe(port, "/livez") == (200, "consumer alive")
+    assert probe(port, "/readyz") == (200, "ready")
 
     own_redis.stop()
     wait_for("/readyz to say Redis is gone", lambda: probe(port, "/readyz"), 60,
