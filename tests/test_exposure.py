@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +44,6 @@ def listening_on(port: int) -> list[str]:
             if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
                 found.append(local.rsplit(":", 1)[0])
     return found
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis-data")
-    server.workdir.mkdir()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.mark.integration

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +39,6 @@ LONG_RUNNING = {"api", "step-worker", "sandbox-worker", "stub", "redis", "promet
 def probe(port: int, path: str) -> tuple[int, str]:
     response = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10)
     return response.status_code, response.text.strip()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis-data")
-    server.workdir.mkdir()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.mark.integration
