@@ -82,3 +82,13 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which the test may stop and start again (same port, same data)."""
+    server = RedisServer(tmp_path / "redis-data")
+    server.workdir.mkdir()
+    server.start()
+    yield server
+    server.stop()

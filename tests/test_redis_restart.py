@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,6 @@ def wait_until_lost(cluster: Cluster, worker: subprocess.Popen[bytes]) -> None:
     worker that must recover, not between two of its reads."""
     wait_for("the worker to lose its Redis connection", lambda: cluster.log(worker), 30,
              until=lambda log: BROKER_LOST in log, show=lambda log: log.splitlines()[-1:])
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis-data")
-    server.workdir.mkdir()
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_redis_restart_mid_batch(own_redis: RedisServer, cluster: Cluster, stub_control: StubControl,

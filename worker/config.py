@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     sandbox_backend: str = "docker"  # `reactq demo` sets auto for its own sandbox worker
     sandbox_image: str = "reactq-sandbox:latest"
     metrics_port: int = 9808
+    # the metrics listeners (worker/runtime/metrics_server.py): workers' /metrics, /livez, /readyz and the API's
+    # /metrics bind this address (manifests set 0.0.0.0: Prometheus and the kubelet reach pods by their IP)
+    metrics_host: str = "127.0.0.1"
+    api_metrics_port: int = Field(9807, ge=0, le=65535)  # the API's /metrics; 0: on the API's own port instead
+    health_stale_s: float = Field(30.0, gt=0)  # no consumer heartbeat for this long (Redis up): /livez fails
 
     # safeguards
     max_invalid_outputs: int = Field(3, ge=1)  # invalid outputs in a row before the run fails

@@ -1,6 +1,6 @@
 """The HTTP API: `create_app(runtime)` builds the FastAPI application (routers, body limit, error handlers).
 
-Every route but /healthz and /metrics acts for the tenant of the caller's API key (`caller_tenant`);
+Every route but /healthz, /livez and /metrics acts for the tenant of the caller's API key (`caller_tenant`);
 another tenant's run or batch answers 404 exactly like an unknown one. A route reaches the runtime
 through its app (`app_state.runtime_of`), never a process global: importing this module does no I/O
 and reads no setting.
@@ -48,6 +48,8 @@ def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None) -> FastAP
     attach(app, runtime, no_auth_tenant)
     app.add_middleware(BodyLimit, max_bytes=runtime.settings.max_body_bytes)
     routers = [m.router for m in (routes_tenancy, routes_runs, routes_batches, routes_monitoring)]
+    if runtime.settings.api_metrics_port == 0:  # else `reactq api` serves /metrics on a port of its own
+        routers.append(routes_monitoring.metrics_router)
     for router in routers:
         app.include_router(router)
     _handle_errors(app, [r for router in routers for r in router.routes if isinstance(r, APIRoute)])

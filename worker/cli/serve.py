@@ -101,7 +101,7 @@ def stub(host: str, port: int, faults_json: str, **options: float | None) -> Non
 @click.option("--insecure-no-auth", is_flag=True,
               help="no API keys: every caller acts as the first tenant of REACTQ_TENANTS (binds 127.0.0.1 only)")
 def api(host: str, port: int, insecure_no_auth: bool) -> None:
-    """The HTTP API (FastAPI): runs, batches, events, /metrics. Needs a tenant with an API key."""
+    """The HTTP API (FastAPI): runs, batches, events (/metrics: REACTQ_API_METRICS_PORT). Needs a tenant with a key."""
     import uvicorn
 
     from .. import logs
@@ -120,6 +120,10 @@ def api(host: str, port: int, insecure_no_auth: bool) -> None:
                       "(or run `reactq api --insecure-no-auth` for a local, loopback-only API without keys)")
         sys.exit(2)
     app = create_app(rt, no_auth_tenant=no_auth_tenant)
+    if rt.settings.api_metrics_port:  # /metrics (tenants, spend) never on the port clients reach
+        from ..runtime.metrics_server import start_api_metrics_server
+
+        start_api_metrics_server(rt.settings.api_metrics_port, rt)
     uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
 
 
