@@ -80,10 +80,14 @@ class _Metrics:
                                registry=self.registry)
 
 
+def _server_limits(faults: FaultConfig) -> ServerLimits:
+    return ServerLimits(faults.rpm_limit, faults.tpm_limit, faults.limit_burst_s, faults.limit_window_s)
+
+
 class _State:
     def __init__(self, faults: FaultConfig) -> None:
         self.faults = faults
-        self.limits = ServerLimits(faults.rpm_limit, faults.tpm_limit, faults.limit_burst_s)
+        self.limits = _server_limits(faults)
         self.counter = 0
         self.completions = 0
         self.in_flight = 0
@@ -179,7 +183,7 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
             state.faults = FaultConfig.model_validate(await request.json())
         except ValueError as exc:
             return _bad_request(f"invalid fault config: {exc}")
-        state.limits = ServerLimits(state.faults.rpm_limit, state.faults.tpm_limit, state.faults.limit_burst_s)
+        state.limits = _server_limits(state.faults)
         return state.faults.model_dump()
 
     @app.get("/stub/stats")
@@ -237,7 +241,7 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
 
     tools = body.get("tools") or None
     prompt = count_prompt_tokens(messages, tools)
-    if (refusal := state.limits.admit(time.monotonic(), prompt)) is not None:
+    if (refusal := state.limits.admit(time.time(), prompt)) is not None:
         return _limited(refusal), "rate_limited"
     decision = decide(faults, counter)
     if decision.latency_s > 0:
@@ -264,7 +268,7 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
     reply = apply_limits(reply, body.get("stop"), max_tokens)
 
     completion = completion_tokens(reply)
-    state.limits.charge_completion(time.monotonic(), completion)
+    state.limits.charge_completion(time.time(), completion)
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     state.metrics.tokens.labels("prompt").inc(prompt)
     state.metrics.tokens.labels("completion").inc(completion)

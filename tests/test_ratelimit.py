@@ -59,7 +59,8 @@ def test_reservations_are_spaced_one_interval_apart_and_a_long_wait_reserves_not
 
 
 def test_burst_tolerance_lets_that_many_seconds_go_at_once(client: redis.Redis) -> None:
-    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=60)}, burst_s=3, max_wait_s=0)
+    # window_s=0: no provider window caps the burst (tests/test_limiter_windows.py checks the cap)
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=60, window_s=0)}, burst_s=3, max_wait_s=0)
     immediate = 0
     try:
         while True:
@@ -108,7 +109,9 @@ def test_models_without_limits_never_touch_redis(client: redis.Redis) -> None:
 
 
 def test_limited_llm_sleeps_its_reserved_wait_then_settles(client: redis.Redis) -> None:
-    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=6, tpm=600_000)}, burst_s=0, max_wait_s=15)
+    # window_s=0: the window guard reads Redis's clock, which a faked sleep does not move
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=6, tpm=600_000, window_s=0)}, burst_s=0,
+                          max_wait_s=15)
     slept: list[float] = []
 
     class Echo:

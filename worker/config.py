@@ -20,6 +20,9 @@ class ModelSpec(BaseModel):
 
     rpm: int | None = Field(None, ge=1)  # requests per minute; None: no limit
     tpm: int | None = Field(None, ge=1)  # tokens (prompt + completion) per minute
+    # the provider's enforcement window: no `window_s` seconds see more than their share of rpm/tpm
+    # (worker/llm/ratelimit.py); 0: no window, only the burst tolerance REACTQ_LLM_LIMIT_BURST_S
+    window_s: float = Field(1.0, ge=0, le=60)
     fallbacks: list[str] = Field(default_factory=list)
     prices_per_mtok: tuple[float, float] | None = None  # USD per 1M prompt, completion tokens
 
