@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from collections import Counter as Tally
+from collections import deque
 from typing import Any
 
 import uvicorn
@@ -43,6 +44,7 @@ from api_stub.wire import apply_limits, completion_body, completion_tokens, erro
 __all__ = ["MODEL_ID", "StubServer", "create_app", "serve"]
 
 MODEL_ID = "reactq-stub"
+ARRIVALS_KEPT = 100_000
 _ERRORS = {
     429: ("Rate limit reached for requests (injected by api_stub).", "rate_limit_error",
           "rate_limit_exceeded"),
@@ -94,6 +96,9 @@ class _State:
         self.peak_in_flight = 0  # most completion requests being served at once (since the last reset)
         self.by_status: Tally[str] = Tally()
         self.tools_offered: Tally[str] = Tally()  # tool name -> requests that offered it
+        # wall times at which the server-side limits admitted / refused a request (the latest ARRIVALS_KEPT)
+        self.admitted: deque[float] = deque(maxlen=ARRIVALS_KEPT)
+        self.refused: deque[float] = deque(maxlen=ARRIVALS_KEPT)
         self.metrics = _Metrics()
 
     def stats(self) -> dict[str, Any]:
@@ -195,11 +200,19 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
         """Tool name -> requests that offered it (reset with the stats)."""
         return dict(state.tools_offered)
 
+    @app.get("/stub/stats/arrivals")
+    async def arrivals() -> dict[str, list[float]]:
+        """Wall times (s) at which the server-side limits admitted and refused requests (reset with the
+        stats): what a provider's windows saw."""
+        return {"admitted": list(state.admitted), "refused": list(state.refused)}
+
     @app.post("/stub/stats/reset")
     async def reset_stats() -> dict[str, Any]:
         state.counter, state.completions, state.peak_in_flight = 0, 0, state.in_flight
         state.by_status.clear()
         state.tools_offered.clear()
+        state.admitted.clear()
+        state.refused.clear()
         return state.stats()
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -241,8 +254,11 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
 
     tools = body.get("tools") or None
     prompt = count_prompt_tokens(messages, tools)
-    if (refusal := state.limits.admit(time.time(), prompt)) is not None:
+    now = time.time()
+    if (refusal := state.limits.admit(now, prompt)) is not None:
+        state.refused.append(now)
         return _limited(refusal), "rate_limited"
+    state.admitted.append(now)
     decision = decide(faults, counter)
     if decision.latency_s > 0:
         await asyncio.sleep(decision.latency_s)
