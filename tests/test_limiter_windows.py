@@ -20,6 +20,8 @@ from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
 from tests.test_recovery import inline_questions
 from worker.config import ModelSpec
+from worker.errors import LLMThrottled
+from worker.llm.client import OpenAIChat
 from worker.llm.ratelimit import RateLimiter, pacing, window_burst_us, window_share
 from worker.store import keys
 from worker.store.provider_limits import ProviderLimits
@@ -131,13 +133,43 @@ def client(redis_url: str) -> redis.Redis:
 
 
 def test_the_window_guard_records_a_windows_share_then_holds(client: redis.Redis) -> None:
-    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=LIMIT_RPM, window_s=WINDOW_S)})
-    assert [limiter.send_wait("m") for _ in range(7)] == [0.0] * 7
-    held = limiter.send_wait("m")
-    assert 0 < held <= WINDOW_S  # until the first of the seven leaves the window
+    cells = ProviderLimits(client)
+    assert [cells.send("m", 2_000_000, 7) for _ in range(7)] == [("ok", 0.0)] * 7
+    status, wait_us = cells.send("m", 2_000_000, 7)
+    assert status == "window" and 0 < wait_us <= 2_000_000  # until the first of the seven leaves the window
     assert client.llen(keys.llm_window("m")) == 7  # a held call is not recorded
-    unlimited = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=LIMIT_RPM, window_s=0)})
-    assert unlimited.send_wait("m") == 0 and unlimited.send_wait("other") == 0
+    cells.cool_down("m", 30_000)  # a provider 429: calls reserved before it wait for its end
+    status, wait_us = cells.send("m", 2_000_000, 7)
+    assert status == "cooldown" and 25e6 < wait_us <= 30e6
+
+
+def test_a_slot_is_reserved_then_guarded_and_a_long_cool_down_gives_it_back(client: redis.Redis) -> None:
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=LIMIT_RPM, window_s=WINDOW_S)},
+                          max_wait_s=2)
+    assert limiter.pace("m", 10) == 0  # an idle cell: at once, and recorded by the guard
+    assert client.llen(keys.llm_window("m")) == 1 and client.get(keys.llm_limit("m", "rpm")) is not None
+    limiter.before_retry("m")  # a 429's retry takes a new slot: one interval later, then the guard
+    assert client.llen(keys.llm_window("m")) == 2
+    limiter.before_retry("unlimited")  # models without limits: nothing
+    assert client.dbsize() == 2
+    ProviderLimits(client).cool_down("m", 30_000)
+    with pytest.raises(LLMThrottled) as caught:
+        limiter.pace("m", 10)
+    assert caught.value.reason == "cooldown"
+    # window_s 0: the limiter as it was, no guard
+    old = RateLimiter(ProviderLimits(client), {"o": ModelSpec(rpm=LIMIT_RPM, window_s=0)})
+    old.pace("o", 10)
+    assert client.exists(keys.llm_window("o")) == 0
+
+
+@pytest.mark.parametrize(("status", "paced"), [(429, ["m"]), (500, [])])
+def test_the_client_retries_a_429_only_through_the_limiter(make_stub, status: int, paced: list) -> None:  # noqa: ANN001
+    stub: StubServer = make_stub(FaultConfig(fail_first_n=1, fail_status=status, retry_after_s=0))
+    calls: list[str] = []
+    chat = OpenAIChat(stub.base_url, "k", max_retries=2, backoff_base_s=0.01, before_retry=calls.append)
+    reply = chat.chat([{"role": "user", "content": "What is 2 + 2?"}], model="m")
+    assert reply.attempts == 2 and calls == paced
+    chat.close()
 
 
 def reservation_starts(client: redis.Redis, limiter: RateLimiter, calls: int) -> list[float]:

@@ -17,6 +17,9 @@ window, no `window_s` seconds may see more calls than the window's share of the 
   last window already saw its share. Calls slept to their slots can still bunch up (a descheduled worker
   wakes late, next to the next slot's caller); the guard spaces them out again. Requests only: a call's
   tokens are an estimate until the reply, and the tpm cell paces them one token interval apart anyway.
+  The guard also holds calls reserved before a provider 429 until its cool-down ends (a cool-down longer
+  than the bounded wait re-queues them), and the client retries a 429 only through `before_retry`: a new
+  slot and the guard, not straight into the window that just refused it.
 Configure rpm so that the share, rounded up, is within the provider's per-window share (200/min over 2 s:
 7 of the provider's 8 at 240/min).
 
@@ -136,13 +139,42 @@ class RateLimiter:
             metrics.LLM_THROTTLED.labels(model, "pacing").inc()
         return Acquired(wait_s, binding)
 
-    def send_wait(self, model: str) -> float:
-        """The window guard, right before a call: 0 when recorded as sent now, else the seconds until the
-        last window has room (nothing recorded)."""
+    def pace(self, model: str, tokens: int, sleep: Callable[[float], None] = time.sleep) -> float:
+        """Take a slot for one call of `model` and `tokens`: sleep to the reserved time, then through the
+        window guard. The seconds waited; LLMThrottled when the slot is too far off (nothing reserved)."""
+        grant = self.try_acquire(model, tokens)
+        if grant.wait_s > 0:
+            sleep(grant.wait_s)
+        waited = grant.wait_s + self._hold_for_window(model, sleep)
+        metrics.LLM_LIMITER_WAIT.labels(model).observe(waited)
+        return waited
+
+    def before_retry(self, model: str) -> None:
+        """The client retries a call the provider refused (429) through the limiter too, as a new request
+        (its tokens were reserved for the first attempt); for models without limits, nothing."""
+        if self.limited(model):
+            self.pace(model, 0)
+
+    def _hold_for_window(self, model: str, sleep: Callable[[float], None]) -> float:
+        """Wait until the window guard records this call; the seconds held. A cool-down longer than the
+        bounded wait, or WINDOW_TRIES holds, give the slot up (LLMThrottled: the step is re-queued)."""
         plan = self.pacing.get(model)
         if plan is None or not plan.window_calls:
             return 0.0
-        return max(0.0, self.cells.send(model, plan.window_us, plan.window_calls) / 1e6)
+        held, wait_s = 0.0, 0.0
+        for _ in range(WINDOW_TRIES):
+            status, wait_us = self.cells.send(model, plan.window_us, plan.window_calls)
+            if status == "ok":
+                return held
+            wait_s = max(0.0, wait_us / 1e6)
+            if status == "cooldown" and wait_us > self.max_wait_us:
+                metrics.LLM_THROTTLED.labels(model, "cooldown").inc()
+                raise LLMThrottled(model, "cooldown", wait_s)
+            if not held:
+                metrics.LLM_THROTTLED.labels(model, "window").inc()
+            sleep(wait_s)
+            held += wait_s
+        raise LLMThrottled(model, "window", wait_s)
 
     def settle(self, model: str, reserved: int, used: int) -> None:
         spec = self.models.get(model)
@@ -172,24 +204,7 @@ class LimitedLLM:
         if not self.limiter.limited(model):
             return self.inner.chat(messages, **options)
         reserved = estimate_tokens(messages, options)
-        grant = self.limiter.try_acquire(model, reserved)
-        if grant.wait_s > 0:
-            self._sleep(grant.wait_s)
-        metrics.LLM_LIMITER_WAIT.labels(model).observe(grant.wait_s + self._hold_for_window(model))
+        self.limiter.pace(model, reserved, self._sleep)
         reply = self.inner.chat(messages, **options)
         self.limiter.settle(model, reserved, reply.usage.prompt_tokens + reply.usage.completion_tokens)
         return reply
-
-    def _hold_for_window(self, model: str) -> float:
-        """Wait until the window guard records this call; the seconds held. A call held WINDOW_TRIES
-        times gives its slot up (LLMThrottled: the step is re-queued)."""
-        held = 0.0
-        for _ in range(WINDOW_TRIES):
-            wait_s = self.limiter.send_wait(model)
-            if wait_s <= 0:
-                return held
-            if not held:
-                metrics.LLM_THROTTLED.labels(model, "window").inc()
-            self._sleep(wait_s)
-            held += wait_s
-        raise LLMThrottled(model, "window", wait_s)

@@ -52,7 +52,9 @@ class ProviderLimits:
         """Nobody calls `model` for `ms` milliseconds (only ever lengthens a cool-down)."""
         self._cool_down(keys=[keys.llm_cooldown(model)], args=[ms])
 
-    def send(self, model: str, window_us: int, share: int) -> float:
-        """Record a call sent now and return 0 if fewer than `share` were sent in the last `window_us`; else
-        record nothing and return the µs until the oldest of those leaves the window."""
-        return float(self._send_window(keys=[keys.llm_window(model)], args=[window_us, share]))
+    def send(self, model: str, window_us: int, share: int) -> tuple[str, float]:
+        """Record a call sent now unless `share` were sent in the last `window_us` or the model is cooling
+        down: `("ok", 0)`, else `("window" | "cooldown", µs to wait)` with nothing recorded."""
+        status, wait_us = self._send_window(keys=[keys.llm_window(model), keys.llm_cooldown(model)],
+                                            args=[window_us, share])
+        return (status.decode() if isinstance(status, bytes) else str(status)), float(wait_us)
