@@ -29,7 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.throughput import BIN, Bench, finish, free_port, http_json  # noqa: E402
+from bench.throughput import Bench, finish, free_port, http_json  # noqa: E402
+
+REACTQ = [sys.executable, "-m", "worker.cli"]  # this tree's reactq (the procs run in its root)
 
 PROVIDER_RPM, WINDOW_S, LIMIT_RPM = 240, 2, 200
 MODES = {
@@ -103,7 +105,7 @@ def run_mode(args: argparse.Namespace, mode: str, logdir: Path, problems: list[s
         redis_url = bench.start_redis()
         port = free_port()
         faults = {"rpm_limit": PROVIDER_RPM, "limit_window_s": WINDOW_S, "latency_ms": 50}
-        bench.procs.start("stub", [str(BIN / "reactq"), "stub", "--port", str(port), "--faults", json.dumps(faults)])
+        bench.procs.start("stub", [*REACTQ, "stub", "--port", str(port), "--faults", json.dumps(faults)])
         stub_url = f"http://127.0.0.1:{port}"
         for _ in range(300):
             try:
@@ -115,7 +117,7 @@ def run_mode(args: argparse.Namespace, mode: str, logdir: Path, problems: list[s
                "REACTQ_MODELS": json.dumps({"reactq-stub": model}), "REACTQ_STALE_AFTER_S": "600", **extra_env}
         names, ports = [f"reactq-{i}" for i in range(3)], [free_port() for _ in range(3)]
         for name, metrics in zip(names, ports, strict=True):
-            bench.procs.start(name, [str(BIN / "reactq"), "worker", "--queues", "steps", "--concurrency", "16",
+            bench.procs.start(name, [*REACTQ, "worker", "--queues", "steps", "--concurrency", "16",
                                      "--metrics-port", str(metrics), "--loglevel", "WARNING"], env)
         bench.wait_ready(names, redis_url)
         settings = Settings(redis_url=redis_url)
@@ -145,6 +147,7 @@ def run_mode(args: argparse.Namespace, mode: str, logdir: Path, problems: list[s
         if failed:
             problems.append(f"{mode}: {len(failed)} runs did not succeed")
         seen = http_json(f"{stub_url}/stub/stats/arrivals", timeout=30)
+        (logdir / mode / "arrivals.json").write_text(json.dumps(seen))
         import urllib.request
 
         texts = [urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=10).read().decode()

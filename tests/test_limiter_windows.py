@@ -134,31 +134,40 @@ def client(redis_url: str) -> redis.Redis:
 
 def test_the_window_guard_records_a_windows_share_then_holds(client: redis.Redis) -> None:
     cells = ProviderLimits(client)
-    assert [cells.send("m", 2_000_000, 7) for _ in range(7)] == [("ok", 0.0)] * 7
-    status, wait_us = cells.send("m", 2_000_000, 7)
+    assert [cells.send("m", 2_000_000, 7, 0) for _ in range(7)] == [("ok", 0.0)] * 7
+    status, wait_us = cells.send("m", 2_000_000, 7, 0)
     assert status == "window" and 0 < wait_us <= 2_000_000  # until the first of the seven leaves the window
     assert client.llen(keys.llm_window("m")) == 7  # a held call is not recorded
+    assert cells.send("s", 2_000_000, 7, 0) == ("ok", 0)
+    status, wait_us = cells.send("s", 2_000_000, 7, 1_000_000)  # one sent less than a spacing ago
+    assert status == "window" and 0 < wait_us <= 1_000_000
     cells.cool_down("m", 30_000)  # a provider 429: calls reserved before it wait for its end
-    status, wait_us = cells.send("m", 2_000_000, 7)
+    status, wait_us = cells.send("m", 2_000_000, 7, 0)
     assert status == "cooldown" and 25e6 < wait_us <= 30e6
 
 
 def test_a_slot_is_reserved_then_guarded_and_a_long_cool_down_gives_it_back(client: redis.Redis) -> None:
     limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=LIMIT_RPM, window_s=WINDOW_S)},
                           max_wait_s=2)
-    assert limiter.pace("m", 10) == 0  # an idle cell: at once, and recorded by the guard
-    assert client.llen(keys.llm_window("m")) == 1 and client.get(keys.llm_limit("m", "rpm")) is not None
-    limiter.before_retry("m")  # a 429's retry takes a new slot: one interval later, then the guard
+    assert limiter.pace("m", 10) == 0  # an idle cell: at once
+    assert client.get(keys.llm_limit("m", "rpm")) is not None and client.exists(keys.llm_window("m")) == 0
+    assert limiter.before_send("m") == 0  # the client's hook, right before the request: recorded
+    assert client.llen(keys.llm_window("m")) == 1
+    assert limiter.before_send("m") <= 0.15  # a second one (held for up to half an interval), recorded
     assert client.llen(keys.llm_window("m")) == 2
-    limiter.before_retry("unlimited")  # models without limits: nothing
+    before = int(client.get(keys.llm_limit("m", "rpm")))
+    limiter.before_retry("m")  # a 429's retry takes a new slot, one interval later
+    assert int(client.get(keys.llm_limit("m", "rpm"))) == before + 300_000
+    limiter.before_retry("unlimited")
+    assert limiter.before_send("unlimited") == 0  # models without limits: nothing
     assert client.dbsize() == 2
     ProviderLimits(client).cool_down("m", 30_000)
     with pytest.raises(LLMThrottled) as caught:
-        limiter.pace("m", 10)
+        limiter.before_send("m")  # reserved before a long cool-down: given back
     assert caught.value.reason == "cooldown"
-    # window_s 0: the limiter as it was, no guard
     old = RateLimiter(ProviderLimits(client), {"o": ModelSpec(rpm=LIMIT_RPM, window_s=0)})
     old.pace("o", 10)
+    old.before_send("o")  # window_s 0: the limiter as it was, no guard
     assert client.exists(keys.llm_window("o")) == 0
 
 

@@ -83,6 +83,7 @@ class OpenAIChat:
         on_attempt: Any = None,
         on_rate_limited: Any = None,
         before_retry: Any = None,
+        before_send: Any = None,
     ) -> None:
         self.base_url = base_url
         self._api_key = api_key
@@ -99,6 +100,7 @@ class OpenAIChat:
         self.on_attempt = on_attempt  # callback(model, outcome, seconds) for metrics
         self.on_rate_limited = on_rate_limited  # callback(model, retry_after_s | None): the shared cool-down
         self.before_retry = before_retry  # callback(model) before retrying a 429: the shared limiter's slot
+        self.before_send = before_send  # callback(model) right before each request goes out: the window guard
 
     def _client(self) -> openai.OpenAI:
         """This thread's shard's client (threads are dealt to shards in turn, once)."""
@@ -179,9 +181,12 @@ class OpenAIChat:
         "A cheaper step")."""
         import openai
 
+        client = self._client()  # the first call of a process imports openai: before the guard, not after
+        if self.before_send is not None:
+            self.before_send(model)
         t0 = time.monotonic()
         try:
-            response = self._client().post("/chat/completions", cast_to=httpx.Response, body=body)
+            response = client.post("/chat/completions", cast_to=httpx.Response, body=body)
         except openai.OpenAIError as exc:
             self._report(model, _outcome(exc), time.monotonic() - t0)
             if isinstance(exc, openai.RateLimitError) and self.on_rate_limited is not None:

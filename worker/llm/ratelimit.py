@@ -13,13 +13,15 @@ window, no `window_s` seconds may see more calls than the window's share of the 
 (`window_share`), which is what calls one interval apart give:
 - each cell's burst tolerance is capped below what would let one more call in (`window_burst_us`): less
   than one interval, whatever REACTQ_LLM_LIMIT_BURST_S says; the paced rate itself is unchanged;
-- right before the call, a second script (the window guard) records its send time and holds it while the
-  last window already saw its share. Calls slept to their slots can still bunch up (a descheduled worker
-  wakes late, next to the next slot's caller); the guard spaces them out again. Requests only: a call's
-  tokens are an estimate until the reply, and the tpm cell paces them one token interval apart anyway.
-  The guard also holds calls reserved before a provider 429 until its cool-down ends (a cool-down longer
-  than the bounded wait re-queues them), and the client retries a 429 only through `before_retry`: a new
-  slot and the guard, not straight into the window that just refused it.
+- right before the request goes out (the client's `before_send`), a second script (the window guard)
+  records its send time, and holds it while the last window already saw its share or the previous call
+  went less than half an interval ago. Calls slept to their slots can still bunch up (a descheduled worker
+  wakes late, next to the next slot's caller; a process's first call imports openai); the guard spreads
+  them out again, catching up at twice the rate at most. Requests only: a call's tokens are an estimate
+  until the reply, and the tpm cell paces them one token interval apart anyway.
+- the guard also holds calls reserved before a provider 429 until its cool-down ends (a cool-down longer
+  than the bounded wait re-queues them), and the client retries a 429 only through `before_retry` (a new
+  slot, then the guard), not straight into the window that just refused it.
 Configure rpm so that the share, rounded up, is within the provider's per-window share (200/min over 2 s:
 7 of the provider's 8 at 240/min).
 
@@ -140,20 +142,24 @@ class RateLimiter:
         return Acquired(wait_s, binding)
 
     def pace(self, model: str, tokens: int, sleep: Callable[[float], None] = time.sleep) -> float:
-        """Take a slot for one call of `model` and `tokens`: sleep to the reserved time, then through the
-        window guard. The seconds waited; LLMThrottled when the slot is too far off (nothing reserved)."""
+        """Take a slot for one call of `model` and `tokens` and sleep to its reserved time; the seconds
+        waited. LLMThrottled when the slot is too far off (nothing reserved)."""
         grant = self.try_acquire(model, tokens)
+        metrics.LLM_LIMITER_WAIT.labels(model).observe(grant.wait_s)
         if grant.wait_s > 0:
             sleep(grant.wait_s)
-        waited = grant.wait_s + self._hold_for_window(model, sleep)
-        metrics.LLM_LIMITER_WAIT.labels(model).observe(waited)
-        return waited
+        return grant.wait_s
 
     def before_retry(self, model: str) -> None:
         """The client retries a call the provider refused (429) through the limiter too, as a new request
         (its tokens were reserved for the first attempt); for models without limits, nothing."""
         if self.limited(model):
             self.pace(model, 0)
+
+    def before_send(self, model: str, sleep: Callable[[float], None] = time.sleep) -> float:
+        """The window guard, right before a request goes out (after the client is ready: what happens
+        between the guard and the wire is what the provider's window sees late); the seconds held."""
+        return self._hold_for_window(model, sleep)
 
     def _hold_for_window(self, model: str, sleep: Callable[[float], None]) -> float:
         """Wait until the window guard records this call; the seconds held. A cool-down longer than the
@@ -163,7 +169,7 @@ class RateLimiter:
             return 0.0
         held, wait_s = 0.0, 0.0
         for _ in range(WINDOW_TRIES):
-            status, wait_us = self.cells.send(model, plan.window_us, plan.window_calls)
+            status, wait_us = self.cells.send(model, plan.window_us, plan.window_calls, int(plan.rpm_us / 2))
             if status == "ok":
                 return held
             wait_s = max(0.0, wait_us / 1e6)
@@ -204,7 +210,7 @@ class LimitedLLM:
         if not self.limiter.limited(model):
             return self.inner.chat(messages, **options)
         reserved = estimate_tokens(messages, options)
-        self.limiter.pace(model, reserved, self._sleep)
+        self.limiter.pace(model, reserved, self._sleep)  # the client's before_send is the window guard
         reply = self.inner.chat(messages, **options)
         self.limiter.settle(model, reserved, reply.usage.prompt_tokens + reply.usage.completion_tokens)
         return reply

@@ -52,9 +52,10 @@ class ProviderLimits:
         """Nobody calls `model` for `ms` milliseconds (only ever lengthens a cool-down)."""
         self._cool_down(keys=[keys.llm_cooldown(model)], args=[ms])
 
-    def send(self, model: str, window_us: int, share: int) -> tuple[str, float]:
-        """Record a call sent now unless `share` were sent in the last `window_us` or the model is cooling
-        down: `("ok", 0)`, else `("window" | "cooldown", µs to wait)` with nothing recorded."""
+    def send(self, model: str, window_us: int, share: int, spacing_us: int) -> tuple[str, float]:
+        """Record a call sent now unless `share` were sent in the last `window_us`, one in the last
+        `spacing_us`, or the model is cooling down: `("ok", 0)`, else `("window" | "cooldown", µs to
+        wait)` with nothing recorded."""
         status, wait_us = self._send_window(keys=[keys.llm_window(model), keys.llm_cooldown(model)],
-                                            args=[window_us, share])
+                                            args=[window_us, share, spacing_us])
         return (status.decode() if isinstance(status, bytes) else str(status)), float(wait_us)
