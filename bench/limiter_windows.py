@@ -84,6 +84,20 @@ def wait_quantiles(texts: list[str], model: str = "reactq-stub") -> tuple[float,
     return (quantile(0.5), quantile(0.95), int(count)) if count else (0.0, 0.0, 0)
 
 
+def held_back(texts: list[str], model: str = "reactq-stub") -> dict[str, int]:
+    """The workers' reactq_llm_throttled_total by reason, summed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reasons: dict[str, int] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            if family.name == "reactq_llm_throttled":
+                for s in family.samples:
+                    if s.name.endswith("_total") and s.labels.get("model") == model:
+                        reasons[s.labels["reason"]] = reasons.get(s.labels["reason"], 0) + int(s.value)
+    return dict(sorted(reasons.items()))
+
+
 def run_mode(args: argparse.Namespace, mode: str, logdir: Path, problems: list[str]) -> str:
     from celery import Celery
 
@@ -158,7 +172,7 @@ def run_mode(args: argparse.Namespace, mode: str, logdir: Path, problems: list[s
         conn.release()
         return (f"| {mode} | {json.dumps(model)} {' '.join(f'{k}={v}' for k, v in extra_env.items())} | "
                 f"{args.runs} | {len(admitted)} | {len(refused)} | {most_in_a_window(admitted)} | {rate:.1f} | "
-                f"{rate / LIMIT_RPM:.1%} | {p50:.3f} / {p95:.3f} ({waited}) | {elapsed:.1f} |")
+                f"{rate / LIMIT_RPM:.1%} | {p50:.3f} / {p95:.3f} ({waited}) | {held_back(texts)} | {elapsed:.1f} |")
     finally:
         bench.procs.stop()
 
@@ -175,8 +189,8 @@ def main() -> int:
     report = [f"provider: {PROVIDER_RPM}/min as {PROVIDER_RPM * WINDOW_S // 60} per {WINDOW_S} s window; "
               f"reactq: {LIMIT_RPM}/min; 3 workers x 16 threads; logs in {logdir}", "",
               "| mode | model / env | runs | calls admitted | 429s | most in one window | busy rate /min | "
-              "of 200 | limiter wait p50 / p95 s (calls) | wall s |",
-              "|---|---|---|---|---|---|---|---|---|---|", *rows]
+              "of 200 | limiter wait p50 / p95 s (calls) | held back, by reason | wall s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
     window = next((r for r in rows if r.startswith("| window |")), None)
     ok = True
     if window is not None:
