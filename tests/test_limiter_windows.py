@@ -87,6 +87,17 @@ def test_pacing_takes_the_window_per_model() -> None:
     assert pacing(ModelSpec(tpm=1000), burst_s=0.5).window_calls == 0  # no request budget, no guard
 
 
+def test_tokens_are_paced_one_token_interval_apart_whatever_the_burst_setting(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    spec = ModelSpec(tpm=60_000, window_s=1)  # 1 ms a token
+    limiter = RateLimiter(ProviderLimits(client), {"m": spec}, burst_s=3, max_wait_s=5)
+    assert limiter.try_acquire("m", 1000).wait_s == 0
+    assert 0 < limiter.try_acquire("m", 1000).wait_s <= 1.0  # 3 s of burst would have let it go at once
+    windowless = RateLimiter(ProviderLimits(client), {"w": ModelSpec(tpm=60_000, window_s=0)}, burst_s=3)
+    assert windowless.try_acquire("w", 1000).wait_s == 0 and windowless.try_acquire("w", 1000).wait_s == 0
+
+
 # --- the stub's fixed windows (pure, then over HTTP) ---
 
 def test_stub_fixed_windows_admit_their_share_and_refuse_until_the_next_window() -> None:
@@ -175,9 +186,12 @@ def test_a_slot_is_reserved_then_guarded_and_a_long_cool_down_gives_it_back(clie
 def test_the_client_retries_a_429_only_through_the_limiter(make_stub, status: int, paced: list) -> None:  # noqa: ANN001
     stub: StubServer = make_stub(FaultConfig(fail_first_n=1, fail_status=status, retry_after_s=0))
     calls: list[str] = []
-    chat = OpenAIChat(stub.base_url, "k", max_retries=2, backoff_base_s=0.01, before_retry=calls.append)
+    sends: list[str] = []
+    chat = OpenAIChat(stub.base_url, "k", max_retries=2, backoff_base_s=0.01, before_retry=calls.append,
+                      before_send=sends.append)
     reply = chat.chat([{"role": "user", "content": "What is 2 + 2?"}], model="m")
     assert reply.attempts == 2 and calls == paced
+    assert sends == ["m", "m"]  # the window guard before every request that goes out
     chat.close()
 
 
