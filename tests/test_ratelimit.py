@@ -109,9 +109,7 @@ def test_models_without_limits_never_touch_redis(client: redis.Redis) -> None:
 
 
 def test_limited_llm_sleeps_its_reserved_wait_then_settles(client: redis.Redis) -> None:
-    # window_s=0: the window guard reads Redis's clock, which a faked sleep does not move
-    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=6, tpm=600_000, window_s=0)}, burst_s=0,
-                          max_wait_s=15)
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=6, tpm=600_000)}, burst_s=0, max_wait_s=15)
     slept: list[float] = []
 
     class Echo:
