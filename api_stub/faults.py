@@ -58,6 +58,10 @@ class FaultConfig(BaseModel):
         default=0, ge=0, description="server-side tokens-per-minute limit (0: none); over it, 429 + Retry-After")
     limit_burst_s: float = Field(
         default=1.0, ge=0.0, description="burst tolerance of rpm_limit and tpm_limit, in seconds of the budget")
+    limit_window_s: float = Field(
+        default=0.0, ge=0.0, le=60.0,
+        description="0: rpm_limit and tpm_limit are GCRA cells with limit_burst_s; > 0: fixed windows of this "
+                    "many seconds aligned to the wall clock, each admitting limit x window / 60 (rounded down)")
 
 
 def merge_faults(base: FaultConfig, header: str | None) -> FaultConfig:

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from collections import Counter as Tally
+from collections import deque
 from typing import Any
 
 import uvicorn
@@ -43,6 +44,7 @@ from api_stub.wire import apply_limits, completion_body, completion_tokens, erro
 __all__ = ["MODEL_ID", "StubServer", "create_app", "serve"]
 
 MODEL_ID = "reactq-stub"
+ARRIVALS_KEPT = 100_000
 _ERRORS = {
     429: ("Rate limit reached for requests (injected by api_stub).", "rate_limit_error",
           "rate_limit_exceeded"),
@@ -80,16 +82,23 @@ class _Metrics:
                                registry=self.registry)
 
 
+def _server_limits(faults: FaultConfig) -> ServerLimits:
+    return ServerLimits(faults.rpm_limit, faults.tpm_limit, faults.limit_burst_s, faults.limit_window_s)
+
+
 class _State:
     def __init__(self, faults: FaultConfig) -> None:
         self.faults = faults
-        self.limits = ServerLimits(faults.rpm_limit, faults.tpm_limit, faults.limit_burst_s)
+        self.limits = _server_limits(faults)
         self.counter = 0
         self.completions = 0
         self.in_flight = 0
         self.peak_in_flight = 0  # most completion requests being served at once (since the last reset)
         self.by_status: Tally[str] = Tally()
         self.tools_offered: Tally[str] = Tally()  # tool name -> requests that offered it
+        # wall times at which the server-side limits admitted / refused a request (the latest ARRIVALS_KEPT)
+        self.admitted: deque[float] = deque(maxlen=ARRIVALS_KEPT)
+        self.refused: deque[float] = deque(maxlen=ARRIVALS_KEPT)
         self.metrics = _Metrics()
 
     def stats(self) -> dict[str, Any]:
@@ -179,7 +188,7 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
             state.faults = FaultConfig.model_validate(await request.json())
         except ValueError as exc:
             return _bad_request(f"invalid fault config: {exc}")
-        state.limits = ServerLimits(state.faults.rpm_limit, state.faults.tpm_limit, state.faults.limit_burst_s)
+        state.limits = _server_limits(state.faults)
         return state.faults.model_dump()
 
     @app.get("/stub/stats")
@@ -191,11 +200,19 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
         """Tool name -> requests that offered it (reset with the stats)."""
         return dict(state.tools_offered)
 
+    @app.get("/stub/stats/arrivals")
+    async def arrivals() -> dict[str, list[float]]:
+        """Wall times (s) at which the server-side limits admitted and refused requests (reset with the
+        stats): what a provider's windows saw."""
+        return {"admitted": list(state.admitted), "refused": list(state.refused)}
+
     @app.post("/stub/stats/reset")
     async def reset_stats() -> dict[str, Any]:
         state.counter, state.completions, state.peak_in_flight = 0, 0, state.in_flight
         state.by_status.clear()
         state.tools_offered.clear()
+        state.admitted.clear()
+        state.refused.clear()
         return state.stats()
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -237,8 +254,11 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
 
     tools = body.get("tools") or None
     prompt = count_prompt_tokens(messages, tools)
-    if (refusal := state.limits.admit(time.monotonic(), prompt)) is not None:
+    now = time.time()
+    if (refusal := state.limits.admit(now, prompt)) is not None:
+        state.refused.append(now)
         return _limited(refusal), "rate_limited"
+    state.admitted.append(now)
     decision = decide(faults, counter)
     if decision.latency_s > 0:
         await asyncio.sleep(decision.latency_s)
@@ -264,7 +284,7 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
     reply = apply_limits(reply, body.get("stop"), max_tokens)
 
     completion = completion_tokens(reply)
-    state.limits.charge_completion(time.monotonic(), completion)
+    state.limits.charge_completion(time.time(), completion)
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     state.metrics.tokens.labels("prompt").inc(prompt)
     state.metrics.tokens.labels("completion").inc(completion)

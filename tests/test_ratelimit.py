@@ -59,7 +59,8 @@ def test_reservations_are_spaced_one_interval_apart_and_a_long_wait_reserves_not
 
 
 def test_burst_tolerance_lets_that_many_seconds_go_at_once(client: redis.Redis) -> None:
-    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=60)}, burst_s=3, max_wait_s=0)
+    # window_s=0: no provider window caps the burst (tests/test_limiter_windows.py checks the cap)
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=60, window_s=0)}, burst_s=3, max_wait_s=0)
     immediate = 0
     try:
         while True:

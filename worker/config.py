@@ -20,6 +20,9 @@ class ModelSpec(BaseModel):
 
     rpm: int | None = Field(None, ge=1)  # requests per minute; None: no limit
     tpm: int | None = Field(None, ge=1)  # tokens (prompt + completion) per minute
+    # the provider's enforcement window: no `window_s` seconds see more than their share of rpm/tpm
+    # (worker/llm/ratelimit.py); 0: no window, only the burst tolerance REACTQ_LLM_LIMIT_BURST_S
+    window_s: float = Field(1.0, ge=0, le=60)
     fallbacks: list[str] = Field(default_factory=list)
     prices_per_mtok: tuple[float, float] | None = None  # USD per 1M prompt, completion tokens
 
@@ -124,7 +127,8 @@ class Settings(BaseSettings):
     )  # model -> (USD per 1M prompt tokens, USD per 1M completion tokens)
     # per-model provider limits, fallbacks and prices (REACTQ_MODELS, JSON); see worker/llm/ratelimit.py
     models: dict[str, ModelSpec] = Field(default_factory=dict)
-    llm_limit_burst_s: float = Field(0.5, ge=0)  # a limit's burst tolerance: this many seconds' worth at once
+    # a limit's burst tolerance: this many seconds' worth at once (capped below one more call per window_s)
+    llm_limit_burst_s: float = Field(0.5, ge=0)
     llm_limit_max_wait_s: float = Field(2.0, ge=0)  # wait longer than this for capacity: re-queue the step
     serpapi_api_key: str | None = Field(None, validation_alias="SERPAPI_API_KEY")
     # the offline search's documents: a JSONL file of {"title", "text"} lines (default: the bundled corpus)

@@ -37,8 +37,9 @@ TOOL_DURATION = Histogram("reactq_tool_duration_seconds", "Tool call latency.", 
 SAFEGUARDS = Counter("reactq_safeguards_total", "Times a safeguard acted (hint, compaction, cut-off, limit).",
                      ["kind"])
 LLM_THROTTLED = Counter("reactq_llm_throttled_total",
-                        "Calls held back by the shared provider limits: paced (slept), re-queued (rpm, tpm, "
-                        "cooldown), or refused by the provider (provider_429).", ["model", "reason"])
+                        "Calls held back by the shared provider limits: paced (slept), held by the window "
+                        "guard (window), re-queued (rpm, tpm, cooldown), or refused by the provider "
+                        "(provider_429).", ["model", "reason"])
 LLM_LIMITER_WAIT = Histogram("reactq_llm_limiter_wait_seconds", "Time a call waited for its reserved slot.",
                              ["model"], buckets=(0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5))
 LLM_FALLBACKS = Counter("reactq_llm_fallbacks_total",

@@ -82,6 +82,8 @@ class OpenAIChat:
         backoff_cap_s: float = 20.0,
         on_attempt: Any = None,
         on_rate_limited: Any = None,
+        before_retry: Any = None,
+        before_send: Any = None,
     ) -> None:
         self.base_url = base_url
         self._api_key = api_key
@@ -97,6 +99,8 @@ class OpenAIChat:
         self.backoff_cap_s = backoff_cap_s
         self.on_attempt = on_attempt  # callback(model, outcome, seconds) for metrics
         self.on_rate_limited = on_rate_limited  # callback(model, retry_after_s | None): the shared cool-down
+        self.before_retry = before_retry  # callback(model) before retrying a 429: the shared limiter's slot
+        self.before_send = before_send  # callback(model) right before each request goes out: the window guard
 
     def _client(self) -> openai.OpenAI:
         """This thread's shard's client (threads are dealt to shards in turn, once)."""
@@ -154,10 +158,17 @@ class OpenAIChat:
                                                    state.attempt_number + 1),
                     reraise=True,
                 )
+                rate_limited = isinstance(exc, openai.RateLimitError)
                 for attempt in retrying:
                     with attempt:
                         attempts += 1
-                        response = self._attempt(model, body)
+                        if rate_limited and self.before_retry is not None:
+                            self.before_retry(model)  # may raise LLMThrottled: the step is re-queued
+                        try:
+                            response = self._attempt(model, body)
+                        except openai.OpenAIError as failed:
+                            rate_limited = isinstance(failed, openai.RateLimitError)
+                            raise
         except openai.OpenAIError as exc:
             raise LLMError(f"LLM call failed after {attempts} attempt(s): {_describe(exc)}", attempts,
                            _outcome(exc)) from None
@@ -170,9 +181,12 @@ class OpenAIChat:
         "A cheaper step")."""
         import openai
 
+        client = self._client()  # the first call of a process imports openai: before the guard, not after
+        if self.before_send is not None:
+            self.before_send(model)
         t0 = time.monotonic()
         try:
-            response = self._client().post("/chat/completions", cast_to=httpx.Response, body=body)
+            response = client.post("/chat/completions", cast_to=httpx.Response, body=body)
         except openai.OpenAIError as exc:
             self._report(model, _outcome(exc), time.monotonic() - t0)
             if isinstance(exc, openai.RateLimitError) and self.on_rate_limited is not None:

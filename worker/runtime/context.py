@@ -78,7 +78,8 @@ class Runtime:
         chat = OpenAIChat(
             s.llm_base_url, s.llm_api_key, timeout_s=s.llm_timeout_s, max_retries=s.llm_max_retries,
             max_connections=s.llm_max_connections, on_attempt=_record_llm_attempt,
-            on_rate_limited=self.limiter.cool_down,
+            on_rate_limited=self.limiter.cool_down, before_retry=self.limiter.before_retry,
+            before_send=self.limiter.before_send,
         )
         limited: LLMClient = LimitedLLM(chat, self.limiter) if self.limiter.models else chat
         return RoutedLLM(limited, s.models)

@@ -177,6 +177,11 @@ def llm_limit(model: str, budget: str) -> str:
     return f"{PREFIX}:llm:{model}:limit:{budget}"
 
 
+def llm_window(model: str) -> str:
+    """list: the Redis times (µs) of a model's latest calls sent, newest first, at most a window's share."""
+    return f"{PREFIX}:llm:{model}:window"
+
+
 def llm_cooldown(model: str) -> str:
     """string with a TTL: set after a provider 429; no worker calls the model until it expires."""
     return f"{PREFIX}:llm:{model}:cooldown"
