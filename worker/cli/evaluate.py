@@ -16,8 +16,8 @@ from rich.text import Text
 
 from ..evals.compare import Change, Comparison, compare_pairs
 from ..evals.summary import Summary
-from .base import _runtime, _send_step, console, out
 from ..runtime.context import Runtime
+from .base import _runtime, _send_step, console, out
 from .display import labelled, literal
 
 CHANGES_SHOWN = 50  # questions that changed, in the terminal's table

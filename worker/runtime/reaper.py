@@ -57,8 +57,10 @@ from .. import metrics
 from ..core.engine import SANDBOX_UNAVAILABLE
 from ..core.models import Run, RunStatus
 from ..names import SANDBOX_QUEUE, STEPS_QUEUE, queue_lists
+from ..store.ops import OpsStore
 from .approvals import expire_or_defer
 from .context import Runtime
+from .ops_snapshot import Publisher
 from .runner import Dispatcher, record_finished
 
 log = logging.getLogger("reactq.reaper")
@@ -186,10 +188,15 @@ def start_reaper(rt: Runtime, dispatch: Dispatcher, queues: list[str]) -> thread
 
         return queues if backend_up() else [q for q in queues if q != SANDBOX_QUEUE]
 
+    # the operations page's figures of this process (worker/runtime/ops_snapshot.py)
+    snapshots = Publisher(OpsStore(rt.redis), member, ttl_s=3 * rt.settings.reaper_interval_s + 5)
+
     def loop() -> None:
         while True:
             try:
-                rt.cluster.heartbeat(serving(), member)
+                queues_now = serving()
+                rt.cluster.heartbeat(queues_now, member)
+                snapshots.publish(queues_now)
                 if reap:
                     reap_once(rt, dispatch)
             except Exception:  # Redis restarting: try again next round
