@@ -3,10 +3,29 @@ real workers, Redis and the api_stub (tests/fixtures_api.py); and the operations
 
 from __future__ import annotations
 
+import json
+import re
+import uuid
+from collections.abc import Callable
+from html import unescape
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from tests.fixtures_api import Api, make_key
+from tests.fixtures_cluster import ROOT, Cluster
+from tests.waiting import wait_for
 from worker.core.ops_view import LimiterCells, OpsRaw, ops_view
+from worker.evals import report as eval_report
+from worker.evals.report import render as render_report
+from worker.evals.summary import summarise
 from worker.runtime.ops_snapshot import read_families
+from worker.store.eval_reports import from_settings
+from worker.store.tenant_records import TenantStore
+from worker.tenancy.tenants import Tenants
 
 
 def _snapshot(member: str, at: float, counters: dict[str, float], prev: dict[str, float],
@@ -67,3 +86,204 @@ def test_a_process_snapshot_keeps_the_wanted_labels_and_sums_the_rest() -> None:
     counters, gauges = read_families(registry)
     assert counters == {"reactq_llm_tokens_total|model=m,type=prompt": 12}
     assert gauges == {"reactq_sandbox_calls_waiting|tier=free": 4}
+
+
+# --- over HTTP: a real `reactq api`, workers, Redis and the api_stub ------------------------------
+QUESTION = "What is 6 * 7 and what is the capital of Japan and who painted the Mona Lisa?"
+
+
+def operator_key(cluster: Cluster) -> str:
+    client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
+    try:
+        return Tenants(TenantStore(client), cluster.settings()).create_operator_key().key
+    finally:
+        client.close()
+
+
+def signed_in(api: Api, key: str) -> httpx.Client:
+    """A client signed in with `key` through the sign-in form."""
+    client = httpx.Client(base_url=api.url, timeout=60)
+    api.clients.append(client)
+    form = client.get("/ui")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
+    assert token, form.text
+    answer = client.post("/ui/sign-in", data={"key": key, "csrf_token": token[1]})
+    assert answer.status_code == 303, answer.text
+    return client
+
+
+def text_of(html: str) -> str:
+    """The page's text with tags and runs of whitespace collapsed (for reading figures)."""
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+def write_lines(path: Path, lines: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.integration
+def test_batch_pages_trace_diff_and_tenant_isolation(tenancy_cluster: Cluster, api_server: Callable[..., Api],
+                                                     tmp_path: Path) -> None:
+    c = tenancy_cluster
+    acme, other = make_key(c, "acme", "pro"), make_key(c, "other", "free")
+    c.start_worker()
+    infile = write_lines(tmp_path / "in.jsonl", [
+        {"id": "q1", "question": "What is 6 * 7?"}, {"id": "q2", "question": "What is the capital of Japan?"},
+        {"id": "q3", "question": QUESTION, "max_steps": 1}])
+    out = tmp_path / "out.jsonl"
+    done = c.reactq("batch", str(infile), "--out", str(out), "--tenant", "acme")
+    assert done.returncode == 0, done.stderr
+    written = out.read_text()
+    by_id = {line["id"]: line for line in map(json.loads, written.splitlines())}
+    assert by_id["q3"]["status"] != "succeeded" and by_id["q1"]["status"] == "succeeded"
+    batch_id = c.load_run(by_id["q1"]["run_id"]).spec.batch_id  # type: ignore[union-attr]
+    api = api_server()
+    ui = signed_in(api, acme)
+
+    listing = ui.get("/ui/batches")
+    assert listing.status_code == 200 and f'data-batch="{batch_id}"' in listing.text
+    assert "3 / 3" in text_of(listing.text)
+    page = ui.get(f"/ui/batches/{batch_id}")
+    assert page.status_code == 200
+    text = text_of(page.text)
+    assert "3 of 3 runs finished (100%)" in text and 'value="3"' in page.text
+    statuses = dict(re.findall(r'<li data-status="([a-z_]+)">.*?</span> (\d+)</li>', page.text))
+    assert statuses == {"succeeded": "2", by_id["q3"]["status"]: "1"}
+    tokens = sum(v["usage"]["prompt_tokens"] + v["usage"]["completion_tokens"] for v in by_id.values())
+    assert f"{tokens} (" in text and tokens > 0
+    failed = page.text[page.text.index('id="failed"'):]
+    assert by_id["q3"]["run_id"] in failed and by_id["q1"]["run_id"] not in failed
+    slowest = page.text[page.text.index('id="slowest"'):page.text.index('id="failed-title"')]
+    assert all(line["run_id"] in slowest for line in by_id.values())
+    download = ui.get(f"/ui/batches/{batch_id}/results.jsonl")
+    assert download.status_code == 200 and download.headers["content-type"] == "application/x-ndjson"
+    assert "attachment" in download.headers["content-disposition"]
+    assert download.text == written  # the very lines `reactq batch --out` wrote, in the same order
+
+    # trace diff: a fork of a two-step run, replayed from step 2 in text mode, diverges at step 2
+    tenant_api = api.client(acme)
+    source = tenant_api.post("/v1/runs", json={"question": QUESTION}).json()["run_id"]
+    assert c.wait_for_run(source)["steps"] == 2
+    fork = tenant_api.post(f"/v1/runs/{source}/replay", json={"from_step": 2, "mode": "text"}).json()["run_id"]
+    c.wait_for_run(fork)
+    diff = ui.get("/ui/diff", params={"a": source, "b": fork})
+    assert diff.status_code == 200
+    assert re.search(r'The runs diverge at step <span id="diverges-at">2</span>', diff.text)
+    marked = re.search(r'<tr data-step="(\d+)" data-same="no" id="first-divergence"', diff.text)
+    assert marked and marked[1] == "2" and '<tr data-step="1" data-same="yes">' in diff.text
+    assert "first divergence" in text_of(diff.text) and "calculator(" in diff.text
+    assert ui.get("/ui/trace-diff", params={"a": source, "b": source}).text.count("The traces are the same") == 1
+
+    # another tenant: every one of these is the 404 page, as for an unknown id
+    theirs = signed_in(api, other)
+    for path in (f"/ui/batches/{batch_id}", f"/ui/batches/{batch_id}/results.jsonl",
+                 f"/ui/diff?a={source}&b={fork}", f"/ui/batches/{'0' * 32}"):
+        refused = theirs.get(path)
+        assert refused.status_code == 404 and "<h1" in refused.text and by_id["q1"]["answer"] not in refused.text
+    assert batch_id not in theirs.get("/ui/batches").text
+    assert ui.get("/ui/ops").status_code == 403  # a tenant's key: not the operations page
+    everyone = signed_in(api, operator_key(c))
+    assert f'data-batch="{batch_id}"' in everyone.get("/ui/batches").text
+    assert f'data-batch="{batch_id}"' not in everyone.get("/ui/batches", params={"tenant": "other"}).text
+    assert everyone.get(f"/ui/batches/{batch_id}/results.jsonl").text == written
+
+
+def hostile_report(cluster: Cluster, tenant: str, name: str) -> tuple[str, str]:
+    """Store a report made by the real report writer from lines whose texts are hostile; (id, its HTML)."""
+    lines = [{"id": "x1", "question": "<script>alert(1)</script>?", "expected": "42", "status": "succeeded",
+              "answer": "<img src=x onerror=alert(2)> 42", "steps": 2, "correct": True, "category": "a'b",
+              "usage": {"prompt_tokens": 10, "completion_tokens": 5}, "cost_usd": 0.001, "latency_s": 0.5}]
+    html = render_report(f"reactq eval: {name}", summarise(lines), lines)
+    report_id = uuid.uuid4().hex
+    client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
+    from_settings(client, cluster.settings()).save(tenant, report_id, name, html, {"questions": 1, "correct": 1})
+    client.close()
+    return report_id, html
+
+
+@pytest.mark.integration
+def test_eval_reports_are_listed_opened_escaped_and_kept_per_tenant(
+        tenancy_cluster: Cluster, api_server: Callable[..., Api], tmp_path: Path) -> None:
+    c = tenancy_cluster
+    acme, other = make_key(c, "acme", "pro"), make_key(c, "other", "free")
+    c.start_worker()
+    subset = tmp_path / "subset.jsonl"
+    subset.write_text("\n".join((ROOT / "worker" / "data" / "eval_set.jsonl").read_text().splitlines()[:2]) + "\n")
+    done = c.reactq("eval", str(subset), "--out", str(tmp_path / "r.jsonl"), "--report", str(tmp_path / "r.html"),
+                    "--tenant", "acme")
+    assert done.returncode == 0, done.stderr
+    hostile_id, hostile_html = hostile_report(c, "acme", "hostile.jsonl")
+    api = api_server()
+    ui = signed_in(api, acme)
+    listing = ui.get("/ui/evals")
+    assert listing.status_code == 200 and "subset.jsonl" in listing.text and "hostile.jsonl" in listing.text
+    [stored] = re.findall(r'<tr data-report="([0-9a-f]{32})">\s*<td><a href="/ui/evals/\1">subset.jsonl', listing.text)
+    page = ui.get(f"/ui/evals/{stored}")
+    assert page.status_code == 200 and "2 of 2" in text_of(page.text)
+    report = ui.get(f"/ui/evals/{stored}/report.html")
+    assert report.status_code == 200 and report.text.startswith("<!doctype html>")
+    assert "<style>" not in report.text and '<link rel="stylesheet" href="/ui/evals/report.css">' in report.text
+    assert report.headers["content-security-policy"].startswith("default-src 'self'; script-src 'self'")
+    assert report.text.replace('<link rel="stylesheet" href="/ui/evals/report.css">', "") == \
+        (tmp_path / "r.html").read_text().replace(f"<style>{eval_report.STYLE}</style>", "")
+    css = ui.get("/ui/evals/report.css")
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css") and "table{" in css.text
+    hostile = ui.get(f"/ui/evals/{hostile_id}/report.html").text
+    assert "<script>" not in hostile and "<img src=x" not in hostile
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hostile and "&lt;img src=x onerror=alert(2)&gt;" in hostile
+    assert hostile == hostile_html.replace(f"<style>{eval_report.STYLE}</style>",
+                                           '<link rel="stylesheet" href="/ui/evals/report.css">')
+
+    theirs = signed_in(api, other)
+    assert "subset.jsonl" not in theirs.get("/ui/evals").text
+    for path in (f"/ui/evals/{stored}", f"/ui/evals/{stored}/report.html", f"/ui/evals/{stored}?tenant=acme"):
+        assert theirs.get(path).status_code == 404
+    everyone = signed_in(api, operator_key(c))
+    assert f"/ui/evals/{stored}?tenant=acme" in everyone.get("/ui/evals").text
+    assert everyone.get(f"/ui/evals/{stored}/report.html", params={"tenant": "acme"}).text == report.text
+    assert everyone.get(f"/ui/evals/{stored}").status_code == 404  # which tenant's: the link says
+
+
+@pytest.mark.integration
+def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
+        tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
+    c = tenancy_cluster
+    acme = make_key(c, "acme", "pro")
+    api = api_server()
+    submitted = api.client(acme).post("/v1/batches", json={"runs": [{"question": f"What is {i} + 1?"}
+                                                                    for i in range(5)]})
+    assert submitted.status_code == 201, submitted.text
+    single = api.client(acme).post("/v1/runs", json={"question": "What is 2 + 2?"})
+    assert single.status_code == 201, single.text
+    tenant_ui = signed_in(api, acme)
+    refused = tenant_ui.get("/ui/ops")
+    assert refused.status_code == 403 and "operator" in refused.text and 'id="queues"' not in refused.text
+    ops = signed_in(api, operator_key(c))
+    page = ops.get("/ui/ops")
+    assert page.status_code == 200
+    row = re.search(r'<tr data-queue="reactq.steps">(.*?)</tr>', page.text, re.S)
+    assert row, page.text
+    depths = [int(d) for d in re.findall(r'data-priority="\d">(\d+)<', row[1])]
+    waiting = re.search(r'data-figure="depth">(\d+)<', row[1])
+    assert waiting and int(waiting[1]) == sum(depths) == 6
+    assert depths[0] == 1 and sum(depths[2:]) == 5  # the interactive run first, the batch's at 2 and below
+    assert 'id="no-processes"' in page.text  # no worker yet
+
+    c.start_worker()
+    for run_id in [*submitted.json()["run_ids"], single.json()["run_id"]]:
+        c.wait_for_run(run_id)
+
+    def figures() -> str:
+        text = ops.get("/ui/ops").text
+        ended = re.search(r"Runs ended: (.*?)</p>", text, re.S)
+        return text if ended and "succeeded 6" in text_of(ended[1]) else ""
+
+    text = wait_for("the workers' figures on the operations page", figures, 60)
+    row = re.search(r'<tr data-queue="reactq.steps">(.*?)</tr>', text, re.S)
+    assert row and 'data-figure="depth">0<' in row[1]
+    processes = text[text.index('id="processes"'):]
+    assert "reactq.steps" in processes and "reactq.sandbox" in processes
+    model = re.search(r'<table id="tokens-by-model">.*?<th scope="row">([^<]+)</th><td>[\d.]+</td><td>(\d+)</td>',
+                      text, re.S)
+    assert model and model[1] == c.settings().model and int(model[2]) > 0
