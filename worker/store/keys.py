@@ -200,3 +200,13 @@ def reaper_suspect(run_id: str) -> str:
 
 CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken and not yet acked
 CELERY_UNACKED_INDEX = "unacked_index"  # ... and when each was taken (a zset of the same tags)
+
+
+# --- the operator UI (store: ui_sessions) ---------------------------------------------------------
+OPERATOR_KEYS = f"{PREFIX}:operatorkeys"  # set of the operator API key ids (`reactq key create --operator`)
+
+
+def ui_session(digest: str) -> str:
+    """hash, with a TTL: one UI sign-in (key_id, tenant, operator, csrf, created_at), by the SHA-256 of
+    its cookie's token (a Redis dump holds no usable session)."""
+    return f"{PREFIX}:ui:session:{digest}"
