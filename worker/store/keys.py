@@ -228,3 +228,13 @@ def worker_snapshot(member: str) -> str:
     """string with a TTL: a worker process's own metrics as it last published them (JSON; the ops page).
     Under `reactq:workers:*`, which the sandbox worker's Redis user may write (deploy/redis/acl.conf)."""
     return f"{PREFIX}:workers:snapshot:{member}"
+
+
+# --- the operator UI (store: ui_sessions) ---------------------------------------------------------
+OPERATOR_KEYS = f"{PREFIX}:operatorkeys"  # set of the operator API key ids (`reactq key create --operator`)
+
+
+def ui_session(digest: str) -> str:
+    """hash, with a TTL: one UI sign-in (key_id, tenant, operator, csrf, created_at), by the SHA-256 of
+    its cookie's token (a Redis dump holds no usable session)."""
+    return f"{PREFIX}:ui:session:{digest}"

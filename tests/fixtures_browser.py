@@ -1,0 +1,82 @@
+"""A real browser for the UI tests: Debian's chromium (/usr/bin/chromium), driven headless by playwright's
+sync API (no `playwright install`: the browser is the system's). Each page records its console errors and
+uncaught page errors; the tests assert there were none. `screenshot` writes docs/ui/<name>.png when
+REACTQ_UI_SCREENSHOTS=1 (how the README's pictures are made)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = ROOT / "docs" / "ui"
+
+
+@dataclass
+class WatchedPage:
+    """A page and what went wrong in it: console errors and uncaught exceptions."""
+
+    page: Page
+    errors: list[str] = field(default_factory=list)
+
+    def assert_no_errors(self) -> None:
+        assert not self.errors, f"script errors in the page: {self.errors}"
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def open_page(browser: Browser, width: int = 1280, height: int = 900) -> WatchedPage:
+    context = browser.new_context(viewport={"width": width, "height": height})
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    watched = WatchedPage(page)
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            watched.errors.append(f"console: {message.text}")
+
+    def on_error(error: Error) -> None:
+        watched.errors.append(f"page error: {error}")
+
+    page.on("console", on_console)
+    page.on("pageerror", on_error)
+    return watched
+
+
+@pytest.fixture
+def watched_page(browser: Browser) -> Iterator[WatchedPage]:
+    """A laptop-sized page of its own browser context (its own cookies); no script errors at the end."""
+    watched = open_page(browser)
+    yield watched
+    watched.page.context.close()
+    watched.assert_no_errors()
+
+
+def sign_in(page: Page, base_url: str, key: str) -> None:
+    """Sign in through the form, as a person would; ends on the runs page."""
+    page.goto(f"{base_url}/ui")
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(re.compile(r"/ui/runs$"))
+
+
+def screenshot(page: Page, name: str) -> None:
+    """docs/ui/<name>.png of the whole page, when REACTQ_UI_SCREENSHOTS=1."""
+    if os.environ.get("REACTQ_UI_SCREENSHOTS") == "1":
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
