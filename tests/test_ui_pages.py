@@ -75,6 +75,17 @@ def test_ops_view_sums_rates_and_totals_over_the_live_processes() -> None:
     assert [p.member for p in view.processes] == ["h:1", "h:2"] and view.processes[0].age_s == 5
 
 
+def test_no_inline_script_or_style_in_the_pages_templates() -> None:
+    """The pages' templates keep to the UI's CSP as base.html's do (tests/test_ui_auth.py checks templates/*.html)."""
+    templates = sorted((ROOT / "worker" / "api" / "ui" / "templates" / "pages").glob("*.html"))
+    assert len(templates) == 6
+    for path in templates:
+        text = path.read_text()
+        assert not re.search(r"<script", text) and "<style" not in text and " style=" not in text, path.name
+        assert not re.search(r"\son[a-z]+=", text) and "|safe" not in text.replace(" ", ""), path.name
+        assert "autoescape false" not in text and text.startswith('{% extends "base.html" %}'), path.name
+
+
 def test_a_process_snapshot_keeps_the_wanted_labels_and_sums_the_rest() -> None:
     registry = CollectorRegistry()
     tokens = Counter("reactq_llm_tokens_total", "t", ["model", "type", "tenant"], registry=registry)
