@@ -5,7 +5,6 @@ With REACTQ_UI_SCREENSHOTS=1 they write docs/ui/{batches,batch,diff,evals,eval-r
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +15,8 @@ from playwright.sync_api import Browser, ConsoleMessage, Dialog, expect
 from tests.fixtures_api import Api, make_key
 from tests.fixtures_browser import WatchedPage, open_page, screenshot, sign_in
 from tests.fixtures_cluster import ROOT, Cluster
-from tests.test_ui_pages import QUESTION, hostile_report, operator_key, write_lines
+from tests.test_ui_auth import operator_key
+from tests.test_ui_pages import BATCH, QUESTION, hostile_report, run_batch
 
 pytestmark = pytest.mark.integration
 
@@ -56,13 +56,7 @@ def test_batches_diff_and_eval_pages_in_a_browser(tenancy_cluster: Cluster, api_
     c = tenancy_cluster
     acme, other = make_key(c, "acme", "pro"), make_key(c, "other", "free")
     c.start_worker()
-    infile = write_lines(tmp_path / "in.jsonl", [
-        {"id": "q1", "question": "What is 6 * 7?"}, {"id": "q2", "question": "What is the capital of Japan?"},
-        {"id": "q3", "question": QUESTION, "max_steps": 1}, {"id": "q4", "question": "Who painted the Mona Lisa?"}])
-    out = tmp_path / "out.jsonl"
-    assert c.reactq("batch", str(infile), "--out", str(out), "--tenant", "acme").returncode == 0
-    lines = [json.loads(t) for t in out.read_text().splitlines()]
-    batch_id = c.load_run(lines[0]["run_id"]).spec.batch_id  # type: ignore[union-attr]
+    out, lines, batch_id = run_batch(c, tmp_path, [*BATCH, {"id": "q4", "question": "Who painted the Mona Lisa?"}])
     subset = tmp_path / "subset.jsonl"
     subset.write_text("\n".join((ROOT / "worker" / "data" / "eval_set.jsonl").read_text().splitlines()[:4]) + "\n")
     assert c.reactq("eval", str(subset), "--out", str(tmp_path / "r.jsonl"), "--report", str(tmp_path / "r.html"),

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from html import unescape
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tests.fixtures_api import Api, make_key
 from tests.fixtures_cluster import ROOT, Cluster
+from tests.test_ui_auth import operator_key
 from tests.waiting import wait_for
 from worker.core.ops_view import LimiterCells, OpsRaw, ops_view
 from worker.evals import report as eval_report
@@ -24,8 +26,6 @@ from worker.evals.report import render as render_report
 from worker.evals.summary import summarise
 from worker.runtime.ops_snapshot import read_families
 from worker.store.eval_reports import from_settings
-from worker.store.tenant_records import TenantStore
-from worker.tenancy.tenants import Tenants
 
 
 def _snapshot(member: str, at: float, counters: dict[str, float], prev: dict[str, float],
@@ -78,12 +78,13 @@ def test_ops_view_sums_rates_and_totals_over_the_live_processes() -> None:
 def test_no_inline_script_or_style_in_the_pages_templates() -> None:
     """The pages' templates keep to the UI's CSP as base.html's do (tests/test_ui_auth.py checks templates/*.html)."""
     templates = sorted((ROOT / "worker" / "api" / "ui" / "templates" / "pages").glob("*.html"))
-    assert len(templates) == 6
+    assert len(templates) == 7
     for path in templates:
         text = path.read_text()
         assert not re.search(r"<script", text) and "<style" not in text and " style=" not in text, path.name
         assert not re.search(r"\son[a-z]+=", text) and "|safe" not in text.replace(" ", ""), path.name
-        assert "autoescape false" not in text and text.startswith('{% extends "base.html" %}'), path.name
+        assert "autoescape false" not in text, path.name
+        assert path.name.startswith("_") or text.startswith('{% extends "base.html" %}'), path.name
 
 
 def test_a_process_snapshot_keeps_the_wanted_labels_and_sums_the_rest() -> None:
@@ -103,14 +104,6 @@ def test_a_process_snapshot_keeps_the_wanted_labels_and_sums_the_rest() -> None:
 QUESTION = "What is 6 * 7 and what is the capital of Japan and who painted the Mona Lisa?"
 
 
-def operator_key(cluster: Cluster) -> str:
-    client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
-    try:
-        return Tenants(TenantStore(client), cluster.settings()).create_operator_key().key
-    finally:
-        client.close()
-
-
 def signed_in(api: Api, key: str) -> httpx.Client:
     """A client signed in with `key` through the sign-in form."""
     client = httpx.Client(base_url=api.url, timeout=60)
@@ -128,9 +121,21 @@ def text_of(html: str) -> str:
     return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
 
 
-def write_lines(path: Path, lines: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return path
+BATCH: list[dict[str, Any]] = [  # q3 stops at its limit: a failed run
+    {"id": "q1", "question": "What is 6 * 7?"}, {"id": "q2", "question": "What is the capital of Japan?"},
+    {"id": "q3", "question": QUESTION, "max_steps": 1}]
+
+
+def run_batch(c: Cluster, tmp_path: Path, lines: list[dict]) -> tuple[Path, list[dict], str]:
+    """`reactq batch --out` over `lines` for tenant acme: the output file, its lines, and the batch id."""
+    infile, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    infile.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = c.reactq("batch", str(infile), "--out", str(out), "--tenant", "acme")
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(t) for t in out.read_text().splitlines()]
+    run = c.load_run(results[0]["run_id"])
+    assert run is not None and run.spec.batch_id
+    return out, results, run.spec.batch_id
 
 
 @pytest.mark.integration
@@ -139,16 +144,10 @@ def test_batch_pages_trace_diff_and_tenant_isolation(tenancy_cluster: Cluster, a
     c = tenancy_cluster
     acme, other = make_key(c, "acme", "pro"), make_key(c, "other", "free")
     c.start_worker()
-    infile = write_lines(tmp_path / "in.jsonl", [
-        {"id": "q1", "question": "What is 6 * 7?"}, {"id": "q2", "question": "What is the capital of Japan?"},
-        {"id": "q3", "question": QUESTION, "max_steps": 1}])
-    out = tmp_path / "out.jsonl"
-    done = c.reactq("batch", str(infile), "--out", str(out), "--tenant", "acme")
-    assert done.returncode == 0, done.stderr
+    out, results, batch_id = run_batch(c, tmp_path, BATCH)
     written = out.read_text()
-    by_id = {line["id"]: line for line in map(json.loads, written.splitlines())}
+    by_id = {line["id"]: line for line in results}
     assert by_id["q3"]["status"] != "succeeded" and by_id["q1"]["status"] == "succeeded"
-    batch_id = c.load_run(by_id["q1"]["run_id"]).spec.batch_id  # type: ignore[union-attr]
     api = api_server()
     ui = signed_in(api, acme)
 
