@@ -1,18 +1,27 @@
-"""A real browser for the UI tests: Debian's chromium (/usr/bin/chromium), driven headless by playwright's
-sync API (no `playwright install`: the browser is the system's). Each page records its console errors and
-uncaught page errors; the tests assert there were none. `screenshot` writes docs/ui/<name>.png when
-REACTQ_UI_SCREENSHOTS=1 (how the README's pictures are made)."""
+"""The UI tests' helpers: signing in over HTTP (`signed_in`, `form_token`), an operator key, a search
+corpus whose document is hostile markup (`hostile_corpus`), and a real browser: Debian's chromium
+(/usr/bin/chromium), driven headless by playwright's sync API (no `playwright install`: the browser is the
+system's). Each page records its console errors and uncaught page errors; the tests assert there were none.
+`screenshot` writes docs/ui/<name>.png when REACTQ_UI_SCREENSHOTS=1 (how the README's pictures are made)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
+import redis
 from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
+
+from tests.fixtures_api import Api
+from tests.fixtures_cluster import Cluster
+from worker.store.tenant_records import TenantStore
+from worker.tenancy.tenants import Tenants
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -80,3 +89,44 @@ def screenshot(page: Page, name: str) -> None:
     if os.environ.get("REACTQ_UI_SCREENSHOTS") == "1":
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+# A model's answer is hostile input: the stub answers from its tools' observations, so a search corpus whose
+# one document is markup makes the run's answer that markup.
+HOSTILE = "<script>window.pwned=1</script><img src=x onerror=\"window.pwned=2\">"
+HOSTILE_QUESTION = "What does the release banner read?"
+
+
+def hostile_corpus(cluster: Cluster, tmp_path: Path) -> None:
+    """Workers started after this search a corpus whose document's text is HOSTILE markup."""
+    corpus = tmp_path / "hostile.jsonl"
+    corpus.write_text(json.dumps({"title": "Release banner", "text": f"The release banner reads {HOSTILE} today."})
+                      + "\n")
+    cluster.env["REACTQ_SEARCH_CORPUS"] = str(corpus)
+
+
+def operator_key(cluster: Cluster) -> str:
+    client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
+    try:
+        return Tenants(TenantStore(client), cluster.settings()).create_operator_key().key
+    finally:
+        client.close()
+
+
+def form_token(html: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "the page has no form with a CSRF token"
+    return match[1]
+
+
+def signed_in(api: Api, key: str) -> tuple[httpx.Client, str]:
+    """An HTTP client signed in with `key` through the form, and its session's CSRF token."""
+    client = httpx.Client(base_url=api.url, timeout=30)
+    api.clients.append(client)
+    page = client.get("/ui")
+    assert page.status_code == 200
+    answer = client.post("/ui/sign-in", data={"key": key, "csrf_token": form_token(page.text)})
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/runs", answer.text
+    runs = client.get("/ui/runs")
+    assert runs.status_code == 200
+    return client, form_token(runs.text)

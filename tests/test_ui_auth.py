@@ -13,40 +13,12 @@ import pytest
 import redis
 
 from tests.fixtures_api import Api, make_key
+from tests.fixtures_browser import form_token, operator_key, signed_in
 from tests.fixtures_cluster import ROOT, Cluster
 from worker.store import keys
-from worker.store.tenant_records import TenantStore
-from worker.tenancy.tenants import Tenants
 
 pytestmark = pytest.mark.integration
 UI = ROOT / "worker" / "api" / "ui"
-
-
-def operator_key(cluster: Cluster) -> str:
-    client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
-    try:
-        return Tenants(TenantStore(client), cluster.settings()).create_operator_key().key
-    finally:
-        client.close()
-
-
-def form_token(html: str) -> str:
-    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert match, "the page has no form with a CSRF token"
-    return match[1]
-
-
-def signed_in(api: Api, key: str) -> tuple[httpx.Client, str]:
-    """A client signed in with `key` through the form, and its session's CSRF token."""
-    client = httpx.Client(base_url=api.url, timeout=30)
-    api.clients.append(client)
-    page = client.get("/ui")
-    assert page.status_code == 200
-    answer = client.post("/ui/sign-in", data={"key": key, "csrf_token": form_token(page.text)})
-    assert answer.status_code == 303 and answer.headers["location"] == "/ui/runs", answer.text
-    runs = client.get("/ui/runs")
-    assert runs.status_code == 200
-    return client, form_token(runs.text)
 
 
 def test_sign_in_sets_a_strict_httponly_expiring_cookie(tenancy_cluster: Cluster,

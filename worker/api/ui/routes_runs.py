@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Form, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Form, Header, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -22,7 +22,7 @@ from ...service.submit import cancel, known_models
 from ...tasks.steps import send_step
 from ..app_state import Reads, RuntimeDep
 from ..guards import RUN_ID, check_cursor
-from ..routes_runs import open_event_stream, run_events
+from ..routes_runs import EventStream, open_event_stream, run_events
 from . import listing, views
 from .render import error_page, not_found, render
 from .session import CsrfChecked, UiCaller, UiPrincipal
@@ -41,14 +41,14 @@ def _filters(caller: UiPrincipal, status: str | None, batch_id: str | None, mode
 @router.get("/runs")
 def runs_page(request: Request, caller: UiCaller, rt: RuntimeDep, status: Text200 = "", batch_id: Text200 = "",
               model: Text200 = "", since: Text200 = "", until: Text200 = "", tenant: Text200 = "",
-              cursor: Text200 = "") -> Response:
+              cursor: Text200 = "", limit: Annotated[int, Query(ge=1, le=200)] = listing.PAGE_SIZE) -> Response:
     try:
         filters = _filters(caller, status, batch_id, model, since, until, tenant)
-        page = listing.page(rt, caller.tenant, filters, check_cursor(cursor) if cursor else None)
+        page = listing.page(rt, caller.tenant, filters, check_cursor(cursor) if cursor else None, limit)
     except ValueError as exc:  # InvalidRequest is one
         return error_page(request, 400, str(exc))
     return render(request, "runs.html", nav_active="runs", runs=page.runs, next_cursor=page.next_cursor,
-                  filters=filters, query=filters.query(), statuses=[s.value for s in RunStatus],
+                  filters=filters, query=filters.query(), limit=limit, statuses=[s.value for s in RunStatus],
                   models=known_models(rt.settings), tenants=rt.tenants.names() if caller.is_operator else [],
                   counts=_counts(rt, caller, filters))
 
@@ -101,22 +101,29 @@ def run_fragment(request: Request, run_id: str, caller: UiCaller, rt: RuntimeDep
     return _live(request, rt, caller, run, "_run_live.html")
 
 
-@router.get("/runs/{run_id}/events", response_class=EventSourceResponse)
-async def run_events_ui(request: Request, run_id: str, caller: UiCaller, reads: Reads, rt: RuntimeDep,
-                        last_event_id: Annotated[str | None, Header(max_length=100)] = None
-                        ) -> AsyncIterator[ServerSentEvent]:
-    """The run's event stream, as `GET /v1/runs/{id}/events` serves it (the same code, the same caps),
-    authorised by the UI session (EventSource sends no Authorization header). It counts against the run's
-    tenant's stream slots, an operator's too."""
-    run = _visible(rt, caller, run_id)
-    if run is None:
+async def _ui_event_stream(request: Request, run_id: str, caller: UiCaller, reads: Reads, rt: RuntimeDep,
+                           last_event_id: Annotated[str | None, Header(max_length=100)] = None
+                           ) -> AsyncIterator[EventStream]:
+    """Admit a UI stream before its headers go out: 404 unless the caller may see the run, then as the
+    JSON API admits one, for the run's tenant (its plan's stream slots; an operator's stream takes one too)."""
+    raw = await reads.run(run_id) if RUN_ID.fullmatch(run_id) else None
+    run = Run.model_validate_json(raw) if raw is not None else None
+    if run is None or not caller.can_see(run.spec.tenant):
         raise HTTPException(404, f"no run {run_id!r}")
     policy = rt.tenants.policy_from(run.spec.tenant, await reads.tenant(run.spec.tenant))
     if policy is None:
         raise HTTPException(404, f"no run {run_id!r}")
     async with asynccontextmanager(open_event_stream)(run_id, request, policy, last_event_id) as stream:
-        async for event in run_events(run_id, request, stream):
-            yield event
+        yield stream
+
+
+@router.get("/runs/{run_id}/events", response_class=EventSourceResponse)
+async def run_events_ui(run_id: str, request: Request, stream: Annotated[EventStream, Depends(_ui_event_stream)]
+                        ) -> AsyncIterator[ServerSentEvent]:
+    """The run's event stream, as `GET /v1/runs/{id}/events` serves it (the same code, the same caps),
+    authorised by the UI session (EventSource sends no Authorization header); it ends when the session does."""
+    async for event in run_events(run_id, request, stream):
+        yield event
 
 
 def _back(run_id: str) -> RedirectResponse:
