@@ -123,6 +123,22 @@ def test_batches_diff_and_eval_pages_in_a_browser(tenancy_cluster: Cluster, api_
     assert page.locator("#questions img").count() == 0 and page.locator("body script").count() == 0
     assert dialogs == []
 
+    # on a phone: every page fits its width (wide tables scroll inside their own box)
+    phone = open_page(browser, width=390, height=844)
+    forgive(phone, favicon)
+    try:
+        sign_in(phone.page, api.url, acme)
+        for path, name in ((f"/ui/batches/{batch_id}", "batch-phone"), (f"/ui/diff?a={source}&b={fork}", None),
+                           ("/ui/batches", None), ("/ui/evals", None)):
+            phone.page.goto(api.url + path)
+            width = phone.page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"{path} is {width}px wide on a 390px screen"
+            if name:
+                screenshot(phone.page, name)
+        phone.assert_no_errors()
+    finally:
+        phone.page.context.close()
+
     # another tenant's batch, run diff and report are the 404 page; the operations page is not theirs
     theirs = open_page(browser)
     refused = {f"{api.url}/ui/batches/{batch_id}", f"{api.url}/ui/diff?a={source}&b={fork}",
@@ -167,6 +183,8 @@ def test_ops_page_in_a_browser_shows_queue_depths_and_refreshes_itself(
     expect(steps.locator('[data-figure="depth"]')).to_have_text("0", timeout=60_000)
     expect(page.locator("#ops-rates").locator("..")).to_contain_text("succeeded 4", timeout=60_000)
     screenshot(page, "ops")
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # readable on a phone too
     client = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
     assert client.zcard("reactq:workers:snapshots") >= 1
     client.close()

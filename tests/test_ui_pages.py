@@ -259,6 +259,7 @@ def test_eval_reports_are_listed_opened_escaped_and_kept_per_tenant(
 def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
         tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
     c = tenancy_cluster
+    c.env["REACTQ_MODELS"] = json.dumps({"reactq-stub": {"rpm": 60}})  # the limiter's cells, for its table
     acme = make_key(c, "acme", "pro")
     api = api_server()
     submitted = api.client(acme).post("/v1/batches", json={"runs": [{"question": f"What is {i} + 1?"}
@@ -279,6 +280,8 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     assert waiting and int(waiting[1]) == sum(depths) == 6
     assert depths[0] == 1 and sum(depths[2:]) == 5  # the interactive run first, the batch's at 2 and below
     assert 'id="no-processes"' in page.text  # no worker yet
+    limiter = re.search(r'<tr data-model="reactq-stub">(.*?)</tr>', page.text, re.S)
+    assert limiter and "60 rpm" in limiter[1] and "0 ms (rpm)" in limiter[1]  # no call booked yet
 
     c.start_worker()
     for run_id in [*submitted.json()["run_ids"], single.json()["run_id"]]:
@@ -294,6 +297,9 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     assert row and 'data-figure="depth">0<' in row[1]
     processes = text[text.index('id="processes"'):]
     assert "reactq.steps" in processes and "reactq.sandbox" in processes
+    limiter = re.search(r'<tr data-model="reactq-stub">(.*?)</tr>', text, re.S)
+    # 12 calls at 60 rpm (one a second, half a second's burst), made within a few seconds: some were held back
+    assert limiter and re.search(r'<td class="wide">(pacing|rpm) \d+', limiter[1]), limiter[1]
     model = re.search(r'<table id="tokens-by-model">.*?<th scope="row">([^<]+)</th><td>[\d.]+</td><td>(\d+)</td>',
                       text, re.S)
     assert model and model[1] == c.settings().model and int(model[2]) > 0
