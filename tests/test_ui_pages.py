@@ -57,7 +57,8 @@ def test_ops_view_sums_rates_and_totals_over_the_live_processes() -> None:
     }, queues=["reactq.sandbox"])
     raw = OpsRaw(now=1005.0, redis_now_us=1_000_000.0, queues={"reactq.steps": [1, 0, 7] + [0] * 7},
                  unacked=2, workers={"reactq.steps": 1}, active_runs=9,
-                 limiters=[LimiterCells("m", 1_250_000.0, None, 400)], snapshots=[a, b])
+                 limiters=[LimiterCells("m", 1_250_000.0, None, 400)], snapshots=[a, b],
+                 reaped=[{"at": 990.0, "run_id": "r1", "step": 2, "action": "dead_worker"}])
     view = ops_view(raw, {"m": (60, None)})
     assert view.queues[0].total == 8 and view.queues[0].by_priority[2] == 7 and view.queues[0].workers == 1
     assert view.steps_per_s == (20 + 10) / 10  # a: 20 in its 10 s; b: 10 since it started (prev 0)
@@ -72,6 +73,7 @@ def test_ops_view_sums_rates_and_totals_over_the_live_processes() -> None:
     assert tier.executions == 60 and tier.executions_per_s == 3.0 and tier.failures_per_s == 1.0
     assert (view.backends_up, view.backends) == (1, 1)
     assert [(f.labels, f.total) for f in view.reaper] == [(("lost_message",), 2)]
+    assert [(r.run_id, r.step, r.action) for r in view.reaped] == [("r1", 2, "dead_worker")]
     assert [p.member for p in view.processes] == ["h:1", "h:2"] and view.processes[0].age_s == 5
 
 
@@ -262,8 +264,8 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     c.env["REACTQ_MODELS"] = json.dumps({"reactq-stub": {"rpm": 60}})  # the limiter's cells, for its table
     acme = make_key(c, "acme", "pro")
     api = api_server()
-    submitted = api.client(acme).post("/v1/batches", json={"runs": [{"question": f"What is {i} + 1?"}
-                                                                    for i in range(5)]})
+    questions = [*(f"What is {i} + 1?" for i in range(4)), "What is 1 / 0?"]  # the last: a tool failure
+    submitted = api.client(acme).post("/v1/batches", json={"runs": [{"question": q} for q in questions]})
     assert submitted.status_code == 201, submitted.text
     single = api.client(acme).post("/v1/runs", json={"question": "What is 2 + 2?"})
     assert single.status_code == 201, single.text
@@ -282,6 +284,9 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     assert 'id="no-processes"' in page.text  # no worker yet
     limiter = re.search(r'<tr data-model="reactq-stub">(.*?)</tr>', page.text, re.S)
     assert limiter and "60 rpm" in limiter[1] and "0 ms (rpm)" in limiter[1]  # no call booked yet
+    client = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
+    assert client.delete("reactq.steps") == 1  # the interactive run's message is lost: the reaper's to find
+    client.close()
 
     c.start_worker()
     for run_id in [*submitted.json()["run_ids"], single.json()["run_id"]]:
@@ -290,7 +295,7 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     def figures() -> str:
         text = ops.get("/ui/ops").text
         ended = re.search(r"Runs ended: (.*?)</p>", text, re.S)
-        return text if ended and "succeeded 6" in text_of(ended[1]) else ""
+        return text if ended and sum(map(int, re.findall(r" (\d+)", text_of(ended[1])))) == 6 else ""
 
     text = wait_for("the workers' figures on the operations page", figures, 60)
     row = re.search(r'<tr data-queue="reactq.steps">(.*?)</tr>', text, re.S)
@@ -298,8 +303,14 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     processes = text[text.index('id="processes"'):]
     assert "reactq.steps" in processes and "reactq.sandbox" in processes
     limiter = re.search(r'<tr data-model="reactq-stub">(.*?)</tr>', text, re.S)
-    # 12 calls at 60 rpm (one a second, half a second's burst), made within a few seconds: some were held back
+    # a dozen calls at 60 rpm (one a second, half a second's burst) within a few seconds: some were held back
     assert limiter and re.search(r'<td class="wide">(pacing|rpm) \d+', limiter[1]), limiter[1]
     model = re.search(r'<table id="tokens-by-model">.*?<th scope="row">([^<]+)</th><td>[\d.]+</td><td>(\d+)</td>',
                       text, re.S)
     assert model and model[1] == c.settings().model and int(model[2]) > 0
+    failures = re.search(r'<tr data-tool="calculator" data-kind="division_by_zero">.*?</td><td>(\d+)</td>', text, re.S)
+    assert failures and failures[1] == "1"
+    reaped = re.search(r'<tr data-action="lost_message"><th scope="row">lost_message</th><td>(\d+)</td>', text)
+    assert reaped and reaped[1] == "1"  # the stranded run, re-kicked
+    stranded = single.json()["run_id"]
+    assert re.search(rf'<tr data-run="{stranded}">.*?<td>lost_message</td></tr>', text, re.S)

@@ -32,6 +32,7 @@ class OpsRaw:
     active_runs: int
     limiters: list[LimiterCells]
     snapshots: list[dict[str, Any]] = field(default_factory=list)
+    reaped: list[dict[str, Any]] = field(default_factory=list)  # the reaper's latest actions, newest first
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,14 @@ class Process:
 
 
 @dataclass(frozen=True)
+class Reaped:
+    at: float
+    run_id: str
+    step: int
+    action: str
+
+
+@dataclass(frozen=True)
 class OpsView:
     queues: list[QueueRow]
     unacked: int
@@ -99,6 +108,7 @@ class OpsView:
     backends: int
     limiters: list[LimiterRow]
     reaper: list[Figure]  # labels (action,)
+    reaped: list[Reaped]  # its latest actions on runs, newest first
     runs_ended: list[Figure]  # labels (status,)
 
 
@@ -201,5 +211,6 @@ def ops_view(raw: OpsRaw, limits: dict[str, tuple[int | None, int | None]]) -> O
         backends=len(backends),
         limiters=limiter_rows,
         reaper=counters.figures("reactq_reaper_actions_total"),
+        reaped=[Reaped(float(r["at"]), str(r["run_id"]), int(r["step"]), str(r["action"])) for r in raw.reaped],
         runs_ended=counters.figures("reactq_runs_total"),
     )

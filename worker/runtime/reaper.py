@@ -162,6 +162,7 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
             if (ended := rt.store.finish(run.id, status, reason, only_step=run.current_step)) is not None:
                 record_finished(ended, rt, dispatch.webhook)
                 metrics.REAPER_ACTIONS.labels(action).inc()
+                OpsStore(rt.redis).note_reaper_action(run.id, run.current_step, action.value)
             continue
         log.warning("re-kicking stranded run", extra={"run_id": run.id, "step": run.current_step,
                                                       "action": action.value})
@@ -170,6 +171,7 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
         rt.cluster.touch_active(run.id)
         dispatch.next_step(run.id, run.current_step)
         metrics.REAPER_ACTIONS.labels(action).inc()
+        OpsStore(rt.redis).note_reaper_action(run.id, run.current_step, action.value)
         kicked.append(run.id)
     return kicked
 

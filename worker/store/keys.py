@@ -221,6 +221,7 @@ def eval_report(tenant: str, report_id: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:evalreport:{report_id}"
 
 
+REAPER_RECENT = f"{PREFIX}:reaper:recent"  # list: the reaper's latest actions on runs (JSON), newest first
 WORKER_SNAPSHOTS = f"{PREFIX}:workers:snapshots"  # zset: worker member (host:pid) -> when it last published
 
 

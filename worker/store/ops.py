@@ -18,6 +18,7 @@ from . import keys
 __all__ = ["OpsStore", "WATCHED"]
 
 WATCHED = (*QUEUES, WEBHOOKS_QUEUE)
+REAPER_KEPT = 50
 
 
 class OpsStore:
@@ -30,6 +31,15 @@ class OpsStore:
         pipe.set(keys.worker_snapshot(member), json.dumps(snapshot, separators=(",", ":")), px=int(ttl_s * 1000))
         pipe.zadd(keys.WORKER_SNAPSHOTS, {member: time.time()})
         pipe.zremrangebyscore(keys.WORKER_SNAPSHOTS, "-inf", time.time() - 3600)
+        pipe.execute()
+
+    def note_reaper_action(self, run_id: str, step: int, action: str) -> None:
+        """One thing the reaper did to a run (not `dropped`): the page lists the latest REAPER_KEPT."""
+        entry = json.dumps({"at": time.time(), "run_id": run_id, "step": step, "action": action})
+        pipe = self.r.pipeline(transaction=False)
+        pipe.lpush(keys.REAPER_RECENT, entry)
+        pipe.ltrim(keys.REAPER_RECENT, 0, REAPER_KEPT - 1)
+        pipe.expire(keys.REAPER_RECENT, 7 * 86400)
         pipe.execute()
 
     def read(self, models: list[str], live_within_s: float = 45) -> OpsRaw:
@@ -47,6 +57,7 @@ class OpsStore:
             pipe.get(keys.llm_limit(model, "rpm"))
             pipe.get(keys.llm_limit(model, "tpm"))
             pipe.pttl(keys.llm_cooldown(model))
+        pipe.lrange(keys.REAPER_RECENT, 0, REAPER_KEPT - 1)
         pipe.zrangebyscore(keys.WORKER_SNAPSHOTS, now - 3600, "+inf")
         replies = iter(pipe.execute())
         seconds, micros = next(replies)
@@ -59,7 +70,8 @@ class OpsStore:
             rpm, tpm, cooldown = next(replies), next(replies), int(next(replies))
             limiters.append(LimiterCells(model, float(rpm) if rpm else None, float(tpm) if tpm else None,
                                          max(0, cooldown)))
+        reaped = [json.loads(raw) for raw in next(replies)]
         members = [m.decode() for m in next(replies)]
         raws = self.r.mget([keys.worker_snapshot(m) for m in members]) if members else []
         snapshots = [json.loads(raw) for raw in raws if raw]
-        return OpsRaw(now, seconds * 1e6 + micros, queues, unacked, workers, active, limiters, snapshots)
+        return OpsRaw(now, seconds * 1e6 + micros, queues, unacked, workers, active, limiters, snapshots, reaped)
