@@ -162,7 +162,8 @@ def test_ops_page_in_a_browser_shows_queue_depths_and_refreshes_itself(
     c = tenancy_cluster
     acme = make_key(c, "acme", "pro")
     api = api_server()
-    created = api.client(acme).post("/v1/batches", json={"runs": [{"question": f"What is {i} * 3?"} for i in range(4)]})
+    questions = [*(f"What is {i} * 3?" for i in range(3)), "What is 1 / 0?"]  # the last: a tool failure
+    created = api.client(acme).post("/v1/batches", json={"runs": [{"question": q} for q in questions]})
     assert created.status_code == 201, created.text
     page = watched_page.page
     forgive(watched_page, favicon)
@@ -175,16 +176,19 @@ def test_ops_page_in_a_browser_shows_queue_depths_and_refreshes_itself(
     assert sum(depths) == 4 and depths[0] == 0  # batch runs wait at priority 2 and below
     expect(page.locator("#no-processes")).to_be_visible()
     screenshot(page, "ops-queued")
+    stranded = api.client(acme).post("/v1/runs", json={"question": "What is 9 * 9?"}).json()["run_id"]
+    client = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
+    assert client.delete("reactq.steps") == 1  # its message is lost: the reaper's to find
     c.start_worker()
-    for run_id in created.json()["run_ids"]:
+    for run_id in [*created.json()["run_ids"], stranded]:
         c.wait_for_run(run_id)
     # no reload: the page asks for itself again every 10 s (htmx) and shows the workers' figures
     expect(page.locator("#processes")).to_contain_text("reactq.steps", timeout=60_000)
     expect(steps.locator('[data-figure="depth"]')).to_have_text("0", timeout=60_000)
-    expect(page.locator("#ops-rates").locator("..")).to_contain_text("succeeded 4", timeout=60_000)
+    expect(page.locator(f'#reaped tr[data-run="{stranded}"]')).to_contain_text("lost_message", timeout=60_000)
+    expect(page.locator('#tool-failures tr[data-tool="calculator"]')).to_contain_text("division_by_zero")
     screenshot(page, "ops")
     page.set_viewport_size({"width": 390, "height": 844})
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # readable on a phone too
-    client = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
     assert client.zcard("reactq:workers:snapshots") >= 1
     client.close()
