@@ -34,6 +34,11 @@ class WatchedPage:
 
     page: Page
     errors: list[str] = field(default_factory=list)
+    allowed_statuses: set[int] = field(default_factory=set)  # pages a test loads on purpose (a 404 page)
+
+    def allow_status(self, status: int) -> None:
+        """Chromium logs a page answered 4xx as a console error; a test that expects one says so."""
+        self.allowed_statuses.add(status)
 
     def assert_no_errors(self) -> None:
         assert not self.errors, f"script errors in the page: {self.errors}"
@@ -57,7 +62,9 @@ def open_page(browser: Browser, width: int = 1280, height: int = 900) -> Watched
 
     def on_console(message: ConsoleMessage) -> None:
         if message.type == "error":
-            watched.errors.append(f"console: {message.text}")
+            status = re.search(r"the server responded with a status of (\d+)", message.text)
+            if status is None or int(status[1]) not in watched.allowed_statuses:
+                watched.errors.append(f"console: {message.text}")
 
     def on_error(error: Error) -> None:
         watched.errors.append(f"page error: {error}")
