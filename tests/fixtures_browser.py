@@ -112,6 +112,24 @@ def hostile_corpus(cluster: Cluster, tmp_path: Path) -> None:
     cluster.env["REACTQ_SEARCH_CORPUS"] = str(corpus)
 
 
+CALCULATOR_NEEDS_APPROVAL = {"REACTQ_APPROVAL_TOOLS": '["calculator"]'}
+
+
+def submit(api: Api, key: str, question: str) -> str:
+    """A run submitted over the JSON API; its id."""
+    created = api.client(key).post("/v1/runs", json={"question": question})
+    assert created.status_code == 201, created.text
+    return str(created.json()["run_id"])
+
+
+def waiting_run(cluster: Cluster, api: Api, key: str) -> str:
+    """A run of `key`'s tenant waiting for approval of its calculator call (CALCULATOR_NEEDS_APPROVAL must be
+    in the cluster's environment before its workers start)."""
+    run_id = submit(api, key, "What is 6 * 7?")
+    cluster.wait_for_status(run_id, lambda s: s == "awaiting_approval", "awaiting approval", 120)
+    return run_id
+
+
 def operator_key(cluster: Cluster) -> str:
     client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
     try:

@@ -16,6 +16,7 @@ from playwright.sync_api import Browser, expect
 
 from tests.fixtures_api import Api, make_key
 from tests.fixtures_browser import (
+    CALCULATOR_NEEDS_APPROVAL,
     HOSTILE,
     HOSTILE_QUESTION,
     WatchedPage,
@@ -23,20 +24,13 @@ from tests.fixtures_browser import (
     open_page,
     screenshot,
     sign_in,
+    submit,
+    waiting_run,
 )
 from tests.fixtures_cluster import Cluster
 from tests.fixtures_stub import StubControl
 
 pytestmark = pytest.mark.integration
-CALCULATOR_NEEDS_APPROVAL = {"REACTQ_APPROVAL_TOOLS": '["calculator"]'}
-
-
-def submit(api: Api, key: str, question: str) -> str:
-    created = api.client(key).post("/v1/runs", json={"question": question})
-    assert created.status_code == 201, created.text
-    return str(created.json()["run_id"])
-
-
 def mark(watched: WatchedPage) -> None:
     """Put a marker in the page's JavaScript state: it survives live updates and is lost on a reload."""
     watched.page.evaluate("window.reactqMarker = 'not reloaded'")
@@ -154,8 +148,7 @@ def test_the_csrf_token_is_required(tenancy_cluster: Cluster, api_server: Callab
     key = make_key(tenancy_cluster, "acme", plan="free")
     api = api_server()
     tenancy_cluster.start_worker(concurrency=4)
-    run_id = submit(api, key, "What is 6 * 7?")
-    tenancy_cluster.wait_for_status(run_id, lambda s: s == "awaiting_approval", "awaiting approval", 120)
+    run_id = waiting_run(tenancy_cluster, api, key)
     page = watched_page.page
     sign_in(page, api.url, key)
     page.goto(f"{api.url}/ui/runs/{run_id}")
