@@ -34,6 +34,11 @@ class WatchedPage:
 
     page: Page
     errors: list[str] = field(default_factory=list)
+    allowed_statuses: set[int] = field(default_factory=set)  # pages a test loads on purpose (a 404 page)
+
+    def allow_status(self, status: int) -> None:
+        """Chromium logs a page answered 4xx as a console error; a test that expects one says so."""
+        self.allowed_statuses.add(status)
 
     def assert_no_errors(self) -> None:
         assert not self.errors, f"script errors in the page: {self.errors}"
@@ -57,7 +62,9 @@ def open_page(browser: Browser, width: int = 1280, height: int = 900) -> Watched
 
     def on_console(message: ConsoleMessage) -> None:
         if message.type == "error":
-            watched.errors.append(f"console: {message.text}")
+            status = re.search(r"the server responded with a status of (\d+)", message.text)
+            if status is None or int(status[1]) not in watched.allowed_statuses:
+                watched.errors.append(f"console: {message.text}")
 
     def on_error(error: Error) -> None:
         watched.errors.append(f"page error: {error}")
@@ -103,6 +110,24 @@ def hostile_corpus(cluster: Cluster, tmp_path: Path) -> None:
     corpus.write_text(json.dumps({"title": "Release banner", "text": f"The release banner reads {HOSTILE} today."})
                       + "\n")
     cluster.env["REACTQ_SEARCH_CORPUS"] = str(corpus)
+
+
+CALCULATOR_NEEDS_APPROVAL = {"REACTQ_APPROVAL_TOOLS": '["calculator"]'}
+
+
+def submit(api: Api, key: str, question: str) -> str:
+    """A run submitted over the JSON API; its id."""
+    created = api.client(key).post("/v1/runs", json={"question": question})
+    assert created.status_code == 201, created.text
+    return str(created.json()["run_id"])
+
+
+def waiting_run(cluster: Cluster, api: Api, key: str) -> str:
+    """A run of `key`'s tenant waiting for approval of its calculator call (CALCULATOR_NEEDS_APPROVAL must be
+    in the cluster's environment before its workers start)."""
+    run_id = submit(api, key, "What is 6 * 7?")
+    cluster.wait_for_status(run_id, lambda s: s == "awaiting_approval", "awaiting approval", 120)
+    return run_id
 
 
 def operator_key(cluster: Cluster) -> str:

@@ -140,3 +140,16 @@ def test_no_inline_script_or_style_in_any_template() -> None:
 def test_the_vendored_htmx_is_the_recorded_one() -> None:
     digest = hashlib.sha256((UI / "static" / "htmx.min.js").read_bytes()).hexdigest()
     assert digest in (UI / "VENDORED.md").read_text()
+
+
+def test_the_cookie_is_secure_behind_a_tls_proxy(tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
+    key = make_key(tenancy_cluster, "acme", plan="free")
+    tenancy_cluster.env["REACTQ_UI_COOKIE_SECURE"] = "true"
+    api = api_server()
+    form = httpx.get(f"{api.url}/ui")
+    assert "; Secure" in form.headers["set-cookie"]  # the sign-in form's token cookie too
+    signin_cookie = form.headers["set-cookie"].split(";")[0]  # a client keeps Secure cookies for https only
+    answer = httpx.post(f"{api.url}/ui/sign-in", data={"key": key, "csrf_token": form_token(form.text)},
+                        headers={"Cookie": signin_cookie})
+    [cookie] = [c for c in answer.headers.get_list("set-cookie") if c.startswith("reactq_ui=")]
+    assert "; Secure" in cookie and "HttpOnly" in cookie

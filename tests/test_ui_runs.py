@@ -16,19 +16,19 @@ import markupsafe
 import pytest
 
 from tests.fixtures_api import Api, make_key
-from tests.fixtures_browser import HOSTILE, HOSTILE_QUESTION, hostile_corpus, operator_key, signed_in
+from tests.fixtures_browser import (
+    CALCULATOR_NEEDS_APPROVAL,
+    HOSTILE,
+    HOSTILE_QUESTION,
+    hostile_corpus,
+    operator_key,
+    signed_in,
+    submit,
+    waiting_run,
+)
 from tests.fixtures_cluster import Cluster
 
 pytestmark = pytest.mark.integration
-CALCULATOR_NEEDS_APPROVAL = {"REACTQ_APPROVAL_TOOLS": '["calculator"]'}
-
-
-def submit(api: Api, key: str, question: str, **fields: object) -> str:
-    created = api.client(key).post("/v1/runs", json={"question": question, **fields})
-    assert created.status_code == 201, created.text
-    return str(created.json()["run_id"])
-
-
 def run_ids(page: str) -> list[str]:
     return re.findall(r'href="/ui/runs/([0-9a-f]{32})"', page)
 
@@ -150,8 +150,7 @@ def test_cancel_and_replay_from_the_forms(tenancy_cluster: Cluster, api_server: 
     key = make_key(tenancy_cluster, "acme", plan="free")
     api = api_server()
     tenancy_cluster.start_worker(concurrency=4)
-    waiting = submit(api, key, "What is 6 * 7?")
-    tenancy_cluster.wait_for_status(waiting, lambda s: s == "awaiting_approval", "awaiting approval", 120)
+    waiting = waiting_run(tenancy_cluster, api, key)
     client, token = signed_in(api, key)
     assert client.post(f"/ui/runs/{waiting}/cancel", data={}).status_code == 403
     assert client.post(f"/ui/runs/{waiting}/cancel", data={"csrf_token": token}).status_code == 303
@@ -176,8 +175,7 @@ def test_filters_and_the_cursor(tenancy_cluster: Cluster, api_server: Callable[.
     tenancy_cluster.start_worker(concurrency=4)
     first = submit(api, key, "What is the capital of France?")
     tenancy_cluster.wait_for_run(first)
-    waiting = submit(api, key, "What is 6 * 7?")
-    tenancy_cluster.wait_for_status(waiting, lambda s: s == "awaiting_approval", "awaiting approval", 120)
+    waiting = waiting_run(tenancy_cluster, api, key)
     last = submit(api, key, "What is the capital of Italy?")
     tenancy_cluster.wait_for_run(last)
     client, _ = signed_in(api, key)
@@ -200,3 +198,21 @@ def test_filters_and_the_cursor(tenancy_cluster: Cluster, api_server: Callable[.
     counts = client.get("/ui/runs/counts").text
     assert re.search(r"succeeded</span> <strong>2</strong>", counts)
     assert re.search(r"awaiting_approval</span> <strong>1</strong>", counts)
+
+
+def test_the_ui_event_stream_follows_the_session(tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
+    tenancy_cluster.env.update(CALCULATOR_NEEDS_APPROVAL)
+    key = make_key(tenancy_cluster, "acme", plan="free")
+    api = api_server()
+    tenancy_cluster.start_worker(concurrency=4)
+    waiting = waiting_run(tenancy_cluster, api, key)
+    client, token = signed_in(api, key)
+    assert httpx.get(f"{api.url}/ui/runs/{waiting}/events").status_code == 303  # no session: no stream
+    with client.stream("GET", f"/ui/runs/{waiting}/events") as stream:
+        assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+        lines = stream.iter_lines()
+        assert "event: queued" in [next(lines) for _ in range(3)]
+        # the key is revoked while the stream is open: the stream ends with an error event
+        assert tenancy_cluster.reactq("key", "revoke", key.split("_")[1]).returncode == 0
+        rest = list(lines)
+    assert "event: error" in rest and any("revoked" in line for line in rest)

@@ -77,7 +77,11 @@ def _visible(rt: RuntimeDep, caller: UiPrincipal, run_id: str) -> Run | None:
     return run if run is not None and caller.can_see(run.spec.tenant) else None
 
 
-def _live(request: Request, rt: RuntimeDep, caller: UiPrincipal, run: Run, template: str) -> Response:
+def _shown(request: Request, rt: RuntimeDep, caller: UiPrincipal, run_id: str, template: str) -> Response:
+    """A run in `template` (the page, or its live part), or the 404 page."""
+    run = _visible(rt, caller, run_id)
+    if run is None:
+        return not_found(request, f"run {run_id}")
     steps = rt.store.load_steps(run.id)
     return render(request, template, nav_active="runs", run=run, steps=views.steps_of(rt.store, run, steps),
                   timings=views.timings(run, steps), pending=[a for a in run.approvals if a.decision is None],
@@ -86,19 +90,13 @@ def _live(request: Request, rt: RuntimeDep, caller: UiPrincipal, run: Run, templ
 
 @router.get("/runs/{run_id}")
 def run_page(request: Request, run_id: str, caller: UiCaller, rt: RuntimeDep) -> Response:
-    run = _visible(rt, caller, run_id)
-    if run is None:
-        return not_found(request, f"run {run_id}")
-    return _live(request, rt, caller, run, "run.html")
+    return _shown(request, rt, caller, run_id, "run.html")
 
 
 @router.get("/runs/{run_id}/live")
 def run_fragment(request: Request, run_id: str, caller: UiCaller, rt: RuntimeDep) -> Response:
     """The part of the run page that changes (status, facts, approvals, steps), for htmx to swap in."""
-    run = _visible(rt, caller, run_id)
-    if run is None:
-        return not_found(request, f"run {run_id}")
-    return _live(request, rt, caller, run, "_run_live.html")
+    return _shown(request, rt, caller, run_id, "_run_live.html")
 
 
 async def _ui_event_stream(request: Request, run_id: str, caller: UiCaller, reads: Reads, rt: RuntimeDep,

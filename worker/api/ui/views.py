@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from tools_sandbox import SandboxResult
 
-from ...core.models import Observation, Run, Step, ToolCall
+from ...core.models import Approval, Observation, Run, Step, ToolCall
 from ...store.runs import RunStore
 
 
@@ -21,7 +21,7 @@ class CallView:
     arguments: str  # pretty JSON, or the raw string the model sent
     observation: Observation | None
     sandbox: dict[str, Any] | None = None  # flags, error_kind, exit code ... of a sandbox result
-    pending_approval: bool = False
+    approval: Approval | None = None  # the call needed a person's approval: what was decided
 
 
 @dataclass
@@ -52,7 +52,7 @@ def _sandbox(store: RunStore, run_id: str, index: int, call_id: str) -> dict[str
 
 
 def steps_of(store: RunStore, run: Run, steps: list[Step]) -> list[StepView]:
-    pending = {(a.step, a.call_id) for a in run.approvals if a.decision is None}
+    approvals = {(a.step, a.call_id): a for a in run.approvals}
     out = []
     for step in steps:
         by_call = {o.call_id: o for o in step.observations}
@@ -60,7 +60,7 @@ def steps_of(store: RunStore, run: Run, steps: list[Step]) -> list[StepView]:
         for call in step.tool_calls:
             view.calls.append(CallView(call, _arguments(call), by_call.get(call.id),
                                        _sandbox(store, run.id, step.index, call.id),
-                                       (step.index, call.id) in pending))
+                                       approvals.get((step.index, call.id))))
         out.append(view)
     return out
 
