@@ -13,18 +13,16 @@ import redis
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, expect
 
 from tests.fixtures_api import Api, make_key
-from tests.fixtures_browser import WatchedPage, open_page, screenshot, sign_in
+from tests.fixtures_browser import WatchedPage, open_page, operator_key, screenshot, sign_in
 from tests.fixtures_cluster import ROOT, Cluster
-from tests.test_ui_auth import operator_key
 from tests.test_ui_pages import BATCH, QUESTION, hostile_report, run_batch
 
 pytestmark = pytest.mark.integration
 
 
 def forgive(watched: WatchedPage, urls: Callable[[str], bool]) -> None:
-    """Drop the console's "Failed to load resource" errors of the URLs `urls` accepts: Chromium's own
-    /favicon.ico request (base.html names no icon; the API answers 404), and a page whose 404 or 403 is
-    what the test asks for. Every other console error still fails the test."""
+    """Drop the console's "Failed to load resource" errors of the URLs `urls` accepts: the pages whose 404
+    or 403 is what the test asks for. Every other console error still fails the test."""
 
     def on_console(message: ConsoleMessage) -> None:
         text = f"console: {message.text}"
@@ -32,10 +30,6 @@ def forgive(watched: WatchedPage, urls: Callable[[str], bool]) -> None:
             watched.errors.remove(text)  # the fixture's own listener, registered first, has recorded it
 
     watched.page.on("console", on_console)
-
-
-def favicon(url: str) -> bool:
-    return url.endswith("/favicon.ico")
 
 
 def no_dialogs(watched: WatchedPage) -> list[str]:
@@ -71,7 +65,6 @@ def test_batches_diff_and_eval_pages_in_a_browser(tenancy_cluster: Cluster, api_
 
     page = watched_page.page
     dialogs = no_dialogs(watched_page)
-    forgive(watched_page, favicon)
     sign_in(page, api.url, acme)
 
     # batches: the list, then the batch through its link
@@ -125,7 +118,6 @@ def test_batches_diff_and_eval_pages_in_a_browser(tenancy_cluster: Cluster, api_
 
     # on a phone: every page fits its width (wide tables scroll inside their own box)
     phone = open_page(browser, width=390, height=844)
-    forgive(phone, favicon)
     try:
         sign_in(phone.page, api.url, acme)
         for path, name in ((f"/ui/batches/{batch_id}", "batch-phone"), (f"/ui/diff?a={source}&b={fork}", None),
@@ -143,7 +135,7 @@ def test_batches_diff_and_eval_pages_in_a_browser(tenancy_cluster: Cluster, api_
     theirs = open_page(browser)
     refused = {f"{api.url}/ui/batches/{batch_id}", f"{api.url}/ui/diff?a={source}&b={fork}",
                f"{api.url}/ui/evals/{hostile_id}", f"{api.url}/ui/ops"}
-    forgive(theirs, lambda url: favicon(url) or url in refused)
+    forgive(theirs, lambda url: url in refused)
     try:
         sign_in(theirs.page, api.url, other)
         for path in (f"/ui/batches/{batch_id}", f"/ui/diff?a={source}&b={fork}", f"/ui/evals/{hostile_id}"):
@@ -166,7 +158,6 @@ def test_ops_page_in_a_browser_shows_queue_depths_and_refreshes_itself(
     created = api.client(acme).post("/v1/batches", json={"runs": [{"question": q} for q in questions]})
     assert created.status_code == 201, created.text
     page = watched_page.page
-    forgive(watched_page, favicon)
     sign_in(page, api.url, operator_key(c))
     page.get_by_role("link", name="Operations").click()
     expect(page.get_by_role("heading", name="Operations")).to_be_visible()

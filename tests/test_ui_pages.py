@@ -11,15 +11,15 @@ from html import unescape
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tests.fixtures_api import Api, make_key
+from tests.fixtures_browser import operator_key, signed_in
 from tests.fixtures_cluster import ROOT, Cluster
-from tests.test_ui_auth import operator_key
 from tests.waiting import wait_for
+from worker.api.ui.routes_pages import REPORT_LINKS
 from worker.core.ops_view import LimiterCells, OpsRaw, ops_view
 from worker.evals import report as eval_report
 from worker.evals.report import render as render_report
@@ -106,18 +106,6 @@ def test_a_process_snapshot_keeps_the_wanted_labels_and_sums_the_rest() -> None:
 QUESTION = "What is 6 * 7 and what is the capital of Japan and who painted the Mona Lisa?"
 
 
-def signed_in(api: Api, key: str) -> httpx.Client:
-    """A client signed in with `key` through the sign-in form."""
-    client = httpx.Client(base_url=api.url, timeout=60)
-    api.clients.append(client)
-    form = client.get("/ui")
-    token = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
-    assert token, form.text
-    answer = client.post("/ui/sign-in", data={"key": key, "csrf_token": token[1]})
-    assert answer.status_code == 303, answer.text
-    return client
-
-
 def text_of(html: str) -> str:
     """The page's text with tags and runs of whitespace collapsed (for reading figures)."""
     return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
@@ -151,7 +139,7 @@ def test_batch_pages_trace_diff_and_tenant_isolation(tenancy_cluster: Cluster, a
     by_id = {line["id"]: line for line in results}
     assert by_id["q3"]["status"] != "succeeded" and by_id["q1"]["status"] == "succeeded"
     api = api_server()
-    ui = signed_in(api, acme)
+    ui, _ = signed_in(api, acme)
 
     listing = ui.get("/ui/batches")
     assert listing.status_code == 200 and f'data-batch="{batch_id}"' in listing.text
@@ -188,14 +176,14 @@ def test_batch_pages_trace_diff_and_tenant_isolation(tenancy_cluster: Cluster, a
     assert ui.get("/ui/trace-diff", params={"a": source, "b": source}).text.count("The traces are the same") == 1
 
     # another tenant: every one of these is the 404 page, as for an unknown id
-    theirs = signed_in(api, other)
+    theirs, _ = signed_in(api, other)
     for path in (f"/ui/batches/{batch_id}", f"/ui/batches/{batch_id}/results.jsonl",
                  f"/ui/diff?a={source}&b={fork}", f"/ui/batches/{'0' * 32}"):
         refused = theirs.get(path)
         assert refused.status_code == 404 and "<h1" in refused.text and by_id["q1"]["answer"] not in refused.text
     assert batch_id not in theirs.get("/ui/batches").text
     assert ui.get("/ui/ops").status_code == 403  # a tenant's key: not the operations page
-    everyone = signed_in(api, operator_key(c))
+    everyone, _ = signed_in(api, operator_key(c))
     assert f'data-batch="{batch_id}"' in everyone.get("/ui/batches").text
     assert f'data-batch="{batch_id}"' not in everyone.get("/ui/batches", params={"tenant": "other"}).text
     assert everyone.get(f"/ui/batches/{batch_id}/results.jsonl").text == written
@@ -227,7 +215,7 @@ def test_eval_reports_are_listed_opened_escaped_and_kept_per_tenant(
     assert done.returncode == 0, done.stderr
     hostile_id, hostile_html = hostile_report(c, "acme", "hostile.jsonl")
     api = api_server()
-    ui = signed_in(api, acme)
+    ui, _ = signed_in(api, acme)
     listing = ui.get("/ui/evals")
     assert listing.status_code == 200 and "subset.jsonl" in listing.text and "hostile.jsonl" in listing.text
     [stored] = re.findall(r'<tr data-report="([0-9a-f]{32})">\s*<td><a href="/ui/evals/\1">subset.jsonl', listing.text)
@@ -235,23 +223,22 @@ def test_eval_reports_are_listed_opened_escaped_and_kept_per_tenant(
     assert page.status_code == 200 and "2 of 2" in text_of(page.text)
     report = ui.get(f"/ui/evals/{stored}/report.html")
     assert report.status_code == 200 and report.text.startswith("<!doctype html>")
-    assert "<style>" not in report.text and '<link rel="stylesheet" href="/ui/evals/report.css">' in report.text
+    assert "<style>" not in report.text and REPORT_LINKS in report.text
     assert report.headers["content-security-policy"].startswith("default-src 'self'; script-src 'self'")
-    assert report.text.replace('<link rel="stylesheet" href="/ui/evals/report.css">', "") == \
+    assert report.text.replace(REPORT_LINKS, "") == \
         (tmp_path / "r.html").read_text().replace(f"<style>{eval_report.STYLE}</style>", "")
     css = ui.get("/ui/evals/report.css")
     assert css.status_code == 200 and css.headers["content-type"].startswith("text/css") and "table{" in css.text
     hostile = ui.get(f"/ui/evals/{hostile_id}/report.html").text
     assert "<script>" not in hostile and "<img src=x" not in hostile
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hostile and "&lt;img src=x onerror=alert(2)&gt;" in hostile
-    assert hostile == hostile_html.replace(f"<style>{eval_report.STYLE}</style>",
-                                           '<link rel="stylesheet" href="/ui/evals/report.css">')
+    assert hostile == hostile_html.replace(f"<style>{eval_report.STYLE}</style>", REPORT_LINKS)
 
-    theirs = signed_in(api, other)
+    theirs, _ = signed_in(api, other)
     assert "subset.jsonl" not in theirs.get("/ui/evals").text
     for path in (f"/ui/evals/{stored}", f"/ui/evals/{stored}/report.html", f"/ui/evals/{stored}?tenant=acme"):
         assert theirs.get(path).status_code == 404
-    everyone = signed_in(api, operator_key(c))
+    everyone, _ = signed_in(api, operator_key(c))
     assert f"/ui/evals/{stored}?tenant=acme" in everyone.get("/ui/evals").text
     assert everyone.get(f"/ui/evals/{stored}/report.html", params={"tenant": "acme"}).text == report.text
     assert everyone.get(f"/ui/evals/{stored}").status_code == 404  # which tenant's: the link says
@@ -269,10 +256,10 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     assert submitted.status_code == 201, submitted.text
     single = api.client(acme).post("/v1/runs", json={"question": "What is 2 + 2?"})
     assert single.status_code == 201, single.text
-    tenant_ui = signed_in(api, acme)
+    tenant_ui, _ = signed_in(api, acme)
     refused = tenant_ui.get("/ui/ops")
     assert refused.status_code == 403 and "operator" in refused.text and 'id="queues"' not in refused.text
-    ops = signed_in(api, operator_key(c))
+    ops, _ = signed_in(api, operator_key(c))
     page = ops.get("/ui/ops")
     assert page.status_code == 200
     row = re.search(r'<tr data-queue="reactq.steps">(.*?)</tr>', page.text, re.S)
@@ -304,7 +291,7 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     assert "reactq.steps" in processes and "reactq.sandbox" in processes
     limiter = re.search(r'<tr data-model="reactq-stub">(.*?)</tr>', text, re.S)
     # a dozen calls at 60 rpm (one a second, half a second's burst) within a few seconds: some were held back
-    assert limiter and re.search(r'<td class="wide">(pacing|rpm) \d+', limiter[1]), limiter[1]
+    assert limiter and re.search(r'<td class="wide">(pacing|rpm) \d+', limiter[1]), text
     model = re.search(r'<table id="tokens-by-model">.*?<th scope="row">([^<]+)</th><td>[\d.]+</td><td>(\d+)</td>',
                       text, re.S)
     assert model and model[1] == c.settings().model and int(model[2]) > 0

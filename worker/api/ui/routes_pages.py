@@ -35,6 +35,9 @@ router = APIRouter()
 Text200 = Annotated[str, Query(max_length=200)]
 _STYLE = re.compile(r"<style>.*?</style>", re.S)
 REPORT_CSS = "/ui/evals/report.css"
+# what replaces the report's inline <style>: its rules as a stylesheet, and the UI's icon
+REPORT_LINKS = (f'<link rel="stylesheet" href="{REPORT_CSS}">'
+                '<link rel="icon" href="/ui/static/favicon.svg" type="image/svg+xml">')
 
 
 def _tenant_filter(caller: UiPrincipal, tenant: str) -> str | None:
@@ -148,11 +151,11 @@ def eval_detail(request: Request, caller: UiCaller, rt: RuntimeDep, report_id: s
 @router.get("/evals/{report_id}/report.html")
 def eval_report_html(request: Request, caller: UiCaller, rt: RuntimeDep, report_id: str,
                      tenant: Text200 = "") -> Response:
-    """The stored report itself, its inline style swapped for the stylesheet (nothing else changed)."""
+    """The stored report itself, its inline style swapped for the stylesheet (and the icon: nothing else)."""
     found = _report(rt, caller, report_id, tenant)
     if found is None or found[1].html is None:
         return not_found(request, "evaluation report")
-    html = _STYLE.sub(f'<link rel="stylesheet" href="{REPORT_CSS}">', found[1].html, count=1)
+    html = _STYLE.sub(REPORT_LINKS, found[1].html, count=1)
     return HTMLResponse(html)
 
 
