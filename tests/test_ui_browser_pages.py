@@ -149,8 +149,9 @@ def test_batches_diff_and_eval_pages_in_a_browser(tenancy_cluster: Cluster, api_
         theirs.page.context.close()
 
 
-def test_ops_page_in_a_browser_shows_queue_depths_and_refreshes_itself(
-        tenancy_cluster: Cluster, api_server: Callable[..., Api], watched_page: WatchedPage) -> None:
+def test_ops_and_batch_pages_in_a_browser_show_queue_depths_and_refresh_themselves(
+        tenancy_cluster: Cluster, api_server: Callable[..., Api], browser: Browser,
+        watched_page: WatchedPage) -> None:
     c = tenancy_cluster
     acme = make_key(c, "acme", "pro")
     api = api_server()
@@ -167,6 +168,12 @@ def test_ops_page_in_a_browser_shows_queue_depths_and_refreshes_itself(
     assert sum(depths) == 4 and depths[0] == 0  # batch runs wait at priority 2 and below
     expect(page.locator("#no-processes")).to_be_visible()
     screenshot(page, "ops-queued")
+    page.evaluate("window.notReloaded = true")  # a reload would lose it
+    batch = open_page(browser)
+    sign_in(batch.page, api.url, acme)
+    batch.page.goto(f"{api.url}/ui/batches/{created.json()['batch_id']}")
+    expect(batch.page.locator("#progress-figures")).to_have_text("0 of 4 runs finished (0%)")
+    batch.page.evaluate("window.notReloaded = true")
     stranded = api.client(acme).post("/v1/runs", json={"question": "What is 9 * 9?"}).json()["run_id"]
     client = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
     assert client.delete("reactq.steps") == 1  # its message is lost: the reaper's to find
@@ -178,6 +185,14 @@ def test_ops_page_in_a_browser_shows_queue_depths_and_refreshes_itself(
     expect(steps.locator('[data-figure="depth"]')).to_have_text("0", timeout=60_000)
     expect(page.locator(f'#reaped tr[data-run="{stranded}"]')).to_contain_text("lost_message", timeout=60_000)
     expect(page.locator('#tool-failures tr[data-tool="calculator"]')).to_contain_text("division_by_zero")
+    assert page.evaluate("window.notReloaded") is True
+    # the batch page follows its batch to the end the same way (every 5 s), then stops asking
+    expect(batch.page.locator("#progress-figures")).to_have_text("4 of 4 runs finished (100%)", timeout=60_000)
+    expect(batch.page.locator('#statuses li[data-status="succeeded"]')).to_contain_text("4")
+    expect(batch.page.locator("#batch-live")).not_to_have_attribute("hx-trigger", "every 5s")
+    assert batch.page.evaluate("window.notReloaded") is True
+    batch.assert_no_errors()
+    batch.page.context.close()
     screenshot(page, "ops")
     page.set_viewport_size({"width": 390, "height": 844})
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # readable on a phone too
