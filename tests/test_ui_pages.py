@@ -182,6 +182,8 @@ def test_batch_pages_trace_diff_and_tenant_isolation(tenancy_cluster: Cluster, a
         refused = theirs.get(path)
         assert refused.status_code == 404 and "<h1" in refused.text and by_id["q1"]["answer"] not in refused.text
     assert batch_id not in theirs.get("/ui/batches").text
+    for before in ("nan", "inf", "x"):
+        assert theirs.get("/ui/batches", params={"before": before}).status_code == 400
     assert ui.get("/ui/ops").status_code == 403  # a tenant's key: not the operations page
     everyone, _ = signed_in(api, operator_key(c))
     assert f'data-batch="{batch_id}"' in everyone.get("/ui/batches").text

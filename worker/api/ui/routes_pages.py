@@ -12,6 +12,7 @@ its own page under the UI's strict CSP: its one inline `<style>` is swapped for 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -78,6 +79,8 @@ def batches_page(request: Request, caller: UiCaller, rt: RuntimeDep, tenant: Tex
     try:
         older = float(before) if before else None
     except ValueError:
+        older = math.nan
+    if older is not None and not math.isfinite(older):
         return error_page(request, 400, "before: pass the link of the previous page")
     who = _tenant_filter(caller, tenant)
     rows, next_before = recent_batches(rt.store, who, 50, older)
