@@ -22,6 +22,7 @@ from tests.fixtures_browser import (
     WatchedPage,
     hostile_corpus,
     open_page,
+    operator_key,
     screenshot,
     sign_in,
     submit,
@@ -185,3 +186,44 @@ def test_a_run_reads_on_a_phone(tenancy_cluster: Cluster, api_server: Callable[.
     expect(page.locator("main")).to_be_focused()
     page.context.close()
     phone.assert_no_errors()
+
+
+def test_the_operator_sees_every_tenant(tenancy_cluster: Cluster, api_server: Callable[..., Api],
+                                        watched_page: WatchedPage) -> None:
+    acme, rival = make_key(tenancy_cluster, "acme", plan="free"), make_key(tenancy_cluster, "rival", plan="free")
+    operator = operator_key(tenancy_cluster)
+    api = api_server()
+    tenancy_cluster.start_worker(concurrency=4)
+    for key, question in ((acme, "What is 12 * 12?"), (rival, "What is the capital of Spain?")):
+        tenancy_cluster.wait_for_run(submit(api, key, question))
+    page = watched_page.page
+    sign_in(page, api.url, operator)
+    expect(page.get_by_role("link", name="Operations")).to_be_visible()
+    expect(page.locator("tbody tr")).to_have_count(2)
+    expect(page.locator("tbody")).to_contain_text("rival")
+    screenshot(page, "runs-operator")
+    page.get_by_label("Tenant").select_option("acme")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("tbody tr")).to_have_count(1)
+    page.locator("tbody a").first.click()
+    expect(page.locator("main")).to_contain_text("What is 12 * 12?")
+    expect(page.get_by_role("button", name="Replay from this step")).to_have_count(0)  # an operator looks only
+
+
+def test_the_counts_update_live(tenancy_cluster: Cluster, api_server: Callable[..., Api],
+                                watched_page: WatchedPage) -> None:
+    tenancy_cluster.env.update(CALCULATOR_NEEDS_APPROVAL)
+    key = make_key(tenancy_cluster, "acme", plan="free")
+    api = api_server()
+    tenancy_cluster.start_worker(concurrency=4)
+    run_id = waiting_run(tenancy_cluster, api, key)
+    page = watched_page.page
+    sign_in(page, api.url, key)
+    expect(page.locator("#counts")).to_contain_text("awaiting_approval 1")
+    mark(watched_page)
+    decided = api.client(key).post(f"/v1/runs/{run_id}/approvals", json={"decision": "approve"})
+    assert decided.status_code == 200, decided.text
+    tenancy_cluster.wait_for_run(run_id)
+    expect(page.locator("#counts")).to_contain_text("succeeded 1", timeout=60_000)  # polled, not reloaded
+    expect(page.locator("#counts")).to_contain_text("awaiting_approval 0")
+    assert not_reloaded(watched_page)

@@ -216,3 +216,36 @@ def test_the_ui_event_stream_follows_the_session(tenancy_cluster: Cluster, api_s
         assert tenancy_cluster.reactq("key", "revoke", key.split("_")[1]).returncode == 0
         rest = list(lines)
     assert "event: error" in rest and any("revoked" in line for line in rest)
+
+
+def test_a_run_ended_at_a_limit_shows_its_partial_answer(tenancy_cluster: Cluster,
+                                                        api_server: Callable[..., Api]) -> None:
+    key = make_key(tenancy_cluster, "acme", plan="free")
+    api = api_server()
+    tenancy_cluster.start_worker(concurrency=4)
+    created = api.client(key).post("/v1/runs", json={"question": "What is 17 * 23?", "max_steps": 1})
+    run_id = created.json()["run_id"]
+    done = tenancy_cluster.wait_for_run(run_id)
+    assert done["status"] == "max_steps" and done["partial"] is True, done
+    client, _ = signed_in(api, key)
+    page = client.get(f"/ui/runs/{run_id}").text
+    assert 'id="partial"' in page and "partial: ended at a limit (max_steps)" in page
+    assert "safeguard: max_steps" in page or "best effort" in page
+    assert '<span class="tag">partial</span>' in client.get("/ui/runs").text
+
+
+def test_a_sandboxed_call_shows_the_sandboxs_flags(tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
+    key = make_key(tenancy_cluster, "acme", plan="standard")  # a plan with the python tool
+    api = api_server()
+    tenancy_cluster.start_worker(concurrency=4, REACTQ_SANDBOX_BACKEND="process")
+    run_id = submit(api, key, "Run this python code:\n```python\nprint('x' * 10**7)\n```")
+    tenancy_cluster.wait_for_run(run_id)
+    [observation] = api.client(key).get(f"/v1/runs/{run_id}?trace=true").json()["trace"][0]["observations"]
+    facts = observation["sandbox"]  # kept with the step: the sandbox's own result is gone when the run ends
+    assert facts["flags"] == ["truncated"] and facts["error_kind"] == "output_limit", facts
+    client, _ = signed_in(api, key)
+    page = client.get(f"/ui/runs/{run_id}").text
+    sandbox = re.search(r'<p class="sandbox">(.*?)</p>', page, re.S)
+    assert sandbox is not None, "no sandbox line on the page"
+    assert '<span class="tag bad">truncated</span>' in sandbox[1] and "error_kind: output_limit" in sandbox[1]
+    assert f"exit {facts['exit_code']}, tier standard, process" in sandbox[1]

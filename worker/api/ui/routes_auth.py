@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
 from ..app_state import Reads
@@ -26,7 +26,7 @@ async def sign_in_page(request: Request, reads: Reads, signed_out: str | None = 
         try:
             await session.ui_caller(request, reads)
             return RedirectResponse("/ui/runs", 303)
-        except Exception:  # noqa: BLE001 - any refusal: show the form
+        except HTTPException:  # signed out meanwhile: show the form
             pass
     return _form(request, 200, None, _SIGNED_OUT.get(signed_out or ""))
 

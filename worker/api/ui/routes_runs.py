@@ -83,7 +83,7 @@ def _shown(request: Request, rt: RuntimeDep, caller: UiPrincipal, run_id: str, t
     if run is None:
         return not_found(request, f"run {run_id}")
     steps = rt.store.load_steps(run.id)
-    return render(request, template, nav_active="runs", run=run, steps=views.steps_of(rt.store, run, steps),
+    return render(request, template, nav_active="runs", run=run, steps=views.steps_of(run, steps),
                   timings=views.timings(run, steps), pending=[a for a in run.approvals if a.decision is None],
                   may_act=not caller.is_operator)
 
