@@ -15,6 +15,7 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from api_stub import FaultConfig, StubServer
 from tests.fixtures_api import Api, make_key
 from tests.fixtures_browser import operator_key, signed_in
 from tests.fixtures_cluster import ROOT, Cluster
@@ -248,8 +249,10 @@ def test_eval_reports_are_listed_opened_escaped_and_kept_per_tenant(
 
 @pytest.mark.integration
 def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
-        tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
+        tenancy_cluster: Cluster, api_server: Callable[..., Api], make_stub: Callable[..., StubServer]) -> None:
     c = tenancy_cluster
+    # a provider whose first two answers are 429s (the worker's client tries again after Retry-After)
+    c.env["REACTQ_LLM_BASE_URL"] = make_stub(FaultConfig(fail_first_n=2, fail_status=429, retry_after_s=0.2)).base_url
     c.env["REACTQ_MODELS"] = json.dumps({"reactq-stub": {"rpm": 60}})  # the limiter's cells, for its table
     acme = make_key(c, "acme", "pro")
     api = api_server()
@@ -294,6 +297,7 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     limiter = re.search(r'<tr data-model="reactq-stub">(.*?)</tr>', text, re.S)
     # a dozen calls at 60 rpm (one a second, half a second's burst) within a few seconds: some were held back
     assert limiter and re.search(r'<td class="wide">(pacing|rpm) \d+', limiter[1]), text
+    assert '<td data-figure="429">2</td>' in limiter[1]  # the provider's two 429s
     model = re.search(r'<table id="tokens-by-model">.*?<th scope="row">([^<]+)</th><td>[\d.]+</td><td>(\d+)</td>',
                       text, re.S)
     assert model and model[1] == c.settings().model and int(model[2]) > 0
