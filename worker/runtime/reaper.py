@@ -198,9 +198,9 @@ def start_reaper(rt: Runtime, dispatch: Dispatcher, queues: list[str]) -> thread
             try:
                 queues_now = serving()
                 rt.cluster.heartbeat(queues_now, member)
-                snapshots.publish(queues_now)
                 if reap:
                     reap_once(rt, dispatch)
+                snapshots.publish(queues_now)  # last: the page's figures never hold up a reaper pass
             except Exception:  # Redis restarting: try again next round
                 log.exception("reaper pass failed")
             time.sleep(rt.settings.reaper_interval_s)
