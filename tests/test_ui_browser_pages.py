@@ -13,7 +13,17 @@ import redis
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, expect
 
 from tests.fixtures_api import Api, make_key
-from tests.fixtures_browser import WatchedPage, open_page, operator_key, screenshot, sign_in
+from tests.fixtures_browser import (
+    HOSTILE,
+    HOSTILE_QUESTION,
+    WatchedPage,
+    hostile_corpus,
+    open_page,
+    operator_key,
+    screenshot,
+    sign_in,
+    submit,
+)
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.test_ui_pages import BATCH, QUESTION, hostile_report, run_batch
 
@@ -151,8 +161,9 @@ def test_batches_diff_and_eval_pages_in_a_browser(tenancy_cluster: Cluster, api_
 
 def test_ops_and_batch_pages_in_a_browser_show_queue_depths_and_refresh_themselves(
         tenancy_cluster: Cluster, api_server: Callable[..., Api], browser: Browser,
-        watched_page: WatchedPage) -> None:
+        watched_page: WatchedPage, tmp_path: Path) -> None:
     c = tenancy_cluster
+    hostile_corpus(c, tmp_path)  # a search answers with markup: the trace diff below shows it as text
     acme = make_key(c, "acme", "pro")
     api = api_server()
     questions = [*(f"What is {i} * 3?" for i in range(3)), "What is 1 / 0?"]  # the last: a tool failure
@@ -191,6 +202,14 @@ def test_ops_and_batch_pages_in_a_browser_show_queue_depths_and_refresh_themselv
     expect(batch.page.locator('#statuses li[data-status="succeeded"]')).to_contain_text("4")
     expect(batch.page.locator("#batch-live")).not_to_have_attribute("hx-trigger", "every 5s")
     assert batch.page.evaluate("window.notReloaded") is True
+    # a model's answer is hostile input: on the trace diff it is text, and nothing of it runs
+    hostile = submit(api, acme, HOSTILE_QUESTION)
+    assert HOSTILE in c.wait_for_run(hostile)["answer"]
+    batch.page.goto(f"{api.url}/ui/diff?a={hostile}&b={hostile}")
+    expect(batch.page.locator("#diff-steps")).to_contain_text(HOSTILE)
+    expect(batch.page.locator("main")).to_contain_text(HOSTILE)  # the answers, side by side
+    assert batch.page.locator("main img, main script").count() == 0
+    assert batch.page.evaluate("window.pwned") is None
     batch.assert_no_errors()
     batch.page.context.close()
     screenshot(page, "ops")
