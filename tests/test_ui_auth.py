@@ -153,3 +153,17 @@ def test_the_cookie_is_secure_behind_a_tls_proxy(tenancy_cluster: Cluster, api_s
                         headers={"Cookie": signin_cookie})
     [cookie] = [c for c in answer.headers.get_list("set-cookie") if c.startswith("reactq_ui=")]
     assert "; Secure" in cookie and "HttpOnly" in cookie
+
+
+def test_insecure_no_auth_needs_no_sign_in_but_still_a_csrf_token(tenancy_cluster: Cluster,
+                                                                 api_server: Callable[..., Api]) -> None:
+    api = api_server("--insecure-no-auth")
+    client = api.client(None)
+    assert client.get("/ui").headers["location"] == "/ui/runs"
+    runs = client.get("/ui/runs")
+    assert runs.status_code == 200 and "tenant default" in runs.text and "Sign out" not in runs.text
+    run_id = client.post("/v1/runs", json={"question": "What is 1 + 1?"}).json()["run_id"]  # queued: no worker
+    assert client.post(f"/ui/runs/{run_id}/cancel", data={}).status_code == 403  # CSRF still checked
+    token = form_token(client.get(f"/ui/runs/{run_id}").text)
+    assert client.post(f"/ui/runs/{run_id}/cancel", data={"csrf_token": token}).status_code == 303
+    assert tenancy_cluster.wait_for_run(run_id)["status"] == "cancelled"

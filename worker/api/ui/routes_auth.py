@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
-from ..app_state import Reads
+from ..app_state import Reads, no_auth_tenant_of
 from . import session
 from .render import render
 
@@ -22,7 +22,7 @@ async def sign_in_page(request: Request, reads: Reads, signed_out: str | None = 
     """`GET /ui` (added to ui_router itself: an included router cannot have an empty path): the sign-in
     form; a signed-in caller goes on to the runs."""
     token = request.cookies.get(session.COOKIE)
-    if token and signed_out is None:
+    if (token or no_auth_tenant_of(request) is not None) and signed_out is None:
         try:
             await session.ui_caller(request, reads)
             return RedirectResponse("/ui/runs", 303)

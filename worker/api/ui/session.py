@@ -23,7 +23,7 @@ from fastapi.responses import Response
 from ...store.async_reads import AsyncReads
 from ...store.ui_sessions import UiSessions
 from ...tenancy.tenants import KeyStatus, Tenants
-from ..app_state import Reads
+from ..app_state import Reads, no_auth_tenant_of
 from ..auth import key_tenant_record
 
 COOKIE = "reactq_ui"
@@ -78,6 +78,10 @@ async def ui_caller(request: Request, reads: Reads) -> UiPrincipal:
     cached = getattr(request.state, "ui_caller", None)
     if cached is not None:
         return cached  # type: ignore[no-any-return]
+    no_auth = no_auth_tenant_of(request)
+    if no_auth is not None:  # `reactq api --insecure-no-auth` (loopback only): no sign-in, as for /v1
+        request.state.ui_caller = UiPrincipal("", no_auth, _process_csrf(request))
+        return request.state.ui_caller  # type: ignore[no-any-return]
     token = request.cookies.get(COOKIE, "")
     if not token or len(token) > 100:
         raise to_sign_in()
@@ -100,6 +104,14 @@ async def ui_caller(request: Request, reads: Reads) -> UiPrincipal:
 
     request.state.recheck_key = recheck
     return principal
+
+
+def _process_csrf(request: Request) -> str:
+    """Without sessions (--insecure-no-auth), the forms' CSRF token is one per API process."""
+    state = request.app.state
+    if getattr(state, "ui_csrf", None) is None:
+        state.ui_csrf = secrets.token_urlsafe(32)
+    return str(state.ui_csrf)
 
 
 async def operator_caller(caller: Annotated[UiPrincipal, Depends(ui_caller)]) -> UiPrincipal:
