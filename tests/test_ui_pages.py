@@ -307,3 +307,18 @@ def test_ops_page_is_the_operators_and_shows_queues_and_the_workers_figures(
     assert reaped and reaped[1] == "1"  # the stranded run, re-kicked
     stranded = single.json()["run_id"]
     assert re.search(rf'<tr data-run="{stranded}">.*?<td>lost_message</td></tr>', text, re.S)
+
+
+@pytest.mark.integration
+def test_the_pages_under_insecure_no_auth(tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
+    """`reactq api --insecure-no-auth` (loopback): the pages act for the loopback tenant without a sign-in."""
+    api = api_server("--insecure-no-auth")
+    client = api.client(None)
+    batch = client.post("/v1/batches", json={"runs": [{"question": "What is 1 + 1?"}]}).json()["batch_id"]
+    listing = client.get("/ui/batches")
+    assert listing.status_code == 200 and f'data-batch="{batch}"' in listing.text
+    page = client.get(f"/ui/batches/{batch}")
+    assert page.status_code == 200 and "0 of 1 runs finished (0%)" in text_of(page.text)
+    assert 'hx-trigger="every 5s"' in page.text  # unfinished (no worker): the page follows it
+    assert client.get("/ui/evals").status_code == 200 and client.get("/ui/diff").status_code == 200
+    assert client.get("/ui/ops").status_code == 403  # the loopback tenant is a tenant, not the operator
