@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.harness",
     "tests.fixtures_receiver",
     "tests.fixtures_api",
+    "tests.fixtures_browser",
 ]
 
 # Longest single tests first (serial durations on the 2-core machine), then the modules with the most

@@ -121,6 +121,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1024 * 1024, ge=1024)  # larger HTTP request bodies answer 413
     # event streams (SSE) one API process holds open at once, on a Redis pool of their own (429 past it)
     sse_max_streams_per_process: int = Field(256, ge=1)
+    # the operator UI (/ui): a sign-in lasts this long (a server-side session in Redis, its cookie's Max-Age);
+    # its cookie is Secure on https requests, and always when ui_cookie_secure (a TLS proxy speaking http to us)
+    ui_session_ttl_s: int = Field(8 * 3600, ge=60, le=30 * 86400)
+    ui_cookie_secure: bool = False
     tiers: list[str] = Field(default_factory=lambda: ["free", "standard", "pro"])
     prices_per_mtok: dict[str, tuple[float, float]] = Field(
         default_factory=lambda: {"reactq-stub": (0.15, 0.60)}
@@ -141,6 +145,11 @@ class Settings(BaseSettings):
     prompt_text_template: str | None = None  # one file for text mode
     agent_name: str = Field("reactq", min_length=1, max_length=100)  # a plan's agent_name wins
     prompt_date: date | None = None  # YYYY-MM-DD, stated as today (reproducible evals); default: the run's UTC day
+
+    # the operator UI (issue 21): `reactq eval --report` also stores the report in Redis for /ui/evals
+    eval_report_store: bool = True  # false: the report is only written to its file
+    eval_report_max_bytes: int = Field(8 * 1024 * 1024, ge=1024)  # a larger report is not stored (the file is)
+    eval_reports_kept: int = Field(100, ge=1)  # per tenant; the oldest beyond go (each also expires per retention_s)
 
     @model_validator(mode="after")
     def _prompt_templates(self) -> Settings:

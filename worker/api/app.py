@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -31,6 +31,7 @@ from ..tenancy.plans import known_tiers
 from . import routes_batches, routes_monitoring, routes_runs, routes_tenancy
 from .app_state import attach
 from .guards import BodyLimit
+from .ui import UiHeaders, error_response, is_ui, ui_router
 
 log = logging.getLogger("reactq.api")
 
@@ -52,6 +53,8 @@ def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None) -> FastAP
         routers.append(routes_monitoring.metrics_router)
     for router in routers:
         app.include_router(router)
+    app.include_router(ui_router)  # the operator UI: pages under /ui (worker/api/ui)
+    app.add_middleware(UiHeaders)
     _handle_errors(app, [r for router in routers for r in router.routes if isinstance(r, APIRoute)])
     _document_settings(app, runtime.settings)
     return app
@@ -107,7 +110,9 @@ def _handle_errors(app: FastAPI, routes: list[APIRoute]) -> None:
     """Every error answers `{"error": {"message", "status"}}` with its status code."""
 
     @app.exception_handler(StarletteHTTPException)  # ours, and the framework's own (unknown route, wrong method)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if is_ui(request):  # the UI's errors are pages (a 303 back to its sign-in)
+            return error_response(request, exc.status_code, str(exc.detail), exc.headers)
         response = _error(exc.status_code, str(exc.detail))
         response.headers.update(exc.headers or {})
         if exc.status_code == 405:  # Starlette names the methods of the first route of the path only
@@ -139,5 +144,8 @@ def _handle_errors(app: FastAPI, routes: list[APIRoute]) -> None:
 
     @app.exception_handler(ValidationError)
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: ValidationError | RequestValidationError) -> JSONResponse:
-        return _error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    async def _validation(request: Request, exc: ValidationError | RequestValidationError) -> Response:
+        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        if is_ui(request):
+            return error_response(request, 422, message, None)
+        return _error(422, message)

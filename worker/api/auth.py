@@ -19,7 +19,8 @@ from ..store.async_reads import AsyncReads
 from ..tenancy.tenants import KeyStatus, Policy, Tenants
 from .app_state import Reads, RuntimeDep, no_auth_tenant_of
 
-__all__ = ["CallerPolicy", "CallerTenant", "bearer_scheme", "caller_policy", "caller_tenant", "key_refusal"]
+__all__ = ["CallerPolicy", "CallerTenant", "bearer_scheme", "caller_policy", "caller_tenant", "key_refusal",
+           "key_tenant_record"]
 
 # The scheme as OpenAPI states it (a router's dependency); `caller_tenant` does the checking.
 bearer_scheme = HTTPBearer(auto_error=False, description="an API key: `reactq key create TENANT`")
@@ -48,8 +49,9 @@ async def key_refusal(request: Request, reads: AsyncReads) -> HTTPException | No
     stream asks this on every read: a revoked key or a removed tenant ends it)."""
     if no_auth_tenant_of(request) is not None:
         return None
+    recheck = getattr(request.state, "recheck_key", None)  # a UI stream: its session's key (api/ui/session.py)
     try:
-        await _authenticate(request, reads)
+        await (recheck(reads) if recheck is not None else _authenticate(request, reads))
     except HTTPException as exc:
         return exc
     return None
@@ -72,12 +74,19 @@ async def _authenticate(request: Request, reads: AsyncReads) -> tuple[str, dict[
         raise _unauthorized("unknown API key")
     if status == KeyStatus.REVOKED:
         raise HTTPException(403, "this API key has been revoked")
-    tenant = record["tenant"]
+    if record.get("operator"):
+        raise HTTPException(403, "an operator key signs in to the UI (/ui) only; the /v1 routes act for a "
+                                 "tenant: use a tenant's key (reactq key create TENANT)")
+    return record["tenant"], await key_tenant_record(request, reads, record["tenant"])
+
+
+async def key_tenant_record(request: Request, reads: AsyncReads, tenant: str) -> dict[str, str]:
+    """The record of a key's tenant, read now; 403 when that tenant no longer exists."""
     tenant_record = await reads.tenant(tenant)
     if not tenant_record and tenant not in request.app.state.runtime.settings.tenants:
         raise HTTPException(403, f"this API key's tenant {tenant!r} no longer exists; ask the operator for a "
                                  "key of an existing tenant")
-    return tenant, tenant_record
+    return tenant_record
 
 
 CallerTenant = Annotated[str, Depends(caller_tenant)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
+from collections.abc import Callable, Iterable
 from itertools import islice
 from pathlib import Path
 
@@ -14,8 +16,9 @@ from rich.text import Text
 
 from ..evals.compare import Change, Comparison, compare_pairs
 from ..evals.summary import Summary
+from ..runtime.context import Runtime
 from .base import _runtime, _send_step, console, out
-from .display import literal
+from .display import labelled, literal
 
 CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
 
@@ -30,12 +33,14 @@ CHANGES_SHOWN = 50  # questions that changed, in the terminal's table
 @click.option("--report", "report", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write one self-contained HTML report here")
 @click.option("--json", "as_json", is_flag=True, help="print the summary (and comparison) as JSON")
+@click.option("--no-store", is_flag=True, help="do not also store the --report in Redis for the UI's /ui/evals "
+              "(REACTQ_EVAL_REPORT_STORE=false does the same for every run)")
 @click.option("--tenant", default=None, help="default tenant for lines without one")
 @click.option("--tier", default=None, help="default tier for lines without one")
 @click.option("--fresh", is_flag=True, help="start over: empty --out and run every question anew, adopting no "
               "run of an earlier invocation for the same --out")
 def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report: Path | None, as_json: bool,
-                 tenant: str | None, tier: str | None, fresh: bool) -> None:
+                 no_store: bool, tenant: str | None, tier: str | None, fresh: bool) -> None:
     """Run an evaluation set (batch lines plus `expected`, `match` and an optional `category`) and score
     it; every figure is also given per category (lines without one: "uncategorised")."""
     from ..evals.report import write_report
@@ -45,7 +50,8 @@ def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report
 
     outfile = outfile or Path(dataset.stem + ".results.jsonl")
     with EvalTable() as table:
-        result = run_eval(_runtime(), dataset, outfile, _send_step(), console, table, tenant, tier, fresh=fresh)
+        rt = _runtime()
+        result = run_eval(rt, dataset, outfile, _send_step(), console, table, tenant, tier, fresh=fresh)
         if result.code in (2, 130):
             sys.exit(result.code)
         summary = result.summary
@@ -58,6 +64,8 @@ def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report
             with report.open("w", encoding="utf-8") as sink:
                 write_report(sink, f"reactq eval: {dataset.name}", summary, table.lines, comparison)
             console.print(literal(f"report written to {report}"))
+            if not no_store and rt.settings.eval_report_store:
+                store_report(rt, report, dataset.name, summary, table.lines, tenant)
         if as_json:
             head = {"dataset": str(dataset), "results": str(outfile), "summary": summary.to_json()}
             text = json.dumps(head)
@@ -73,6 +81,31 @@ def eval_command(dataset: Path, outfile: Path | None, other: Path | None, report
             if comparison is not None:
                 print_comparison(out, comparison)
     sys.exit(result.code)
+
+
+SUMMARY_FIELDS = ("questions", "correct", "success_rate", "partial", "turns_mean", "tokens_per_question",
+                  "usd_per_question", "latency_p95_s", "total_tokens", "total_usd", "statuses")
+
+
+def store_report(rt: Runtime, report: Path, name: str, summary: Summary, lines: Callable[[], Iterable[dict]],
+                 tenant: str | None) -> None:
+    """Keep the report in Redis too, under the tenant of the set's runs, for the UI (a failure to is a
+    warning: the file is written)."""
+    from ..store.connection import RedisError
+    from ..store.eval_reports import ReportTooLarge, from_settings
+
+    first = next(iter(lines()), None)
+    run = rt.store.load_run(first["run_id"]) if first and first.get("run_id") else None
+    owner = run.spec.tenant if run is not None else (tenant or "default")
+    figures = summary.to_json()
+    report_id = uuid.uuid4().hex
+    try:
+        from_settings(rt.redis, rt.settings).save(owner, report_id, name, report.read_text(encoding="utf-8"),
+                                                  {k: figures[k] for k in SUMMARY_FIELDS})
+    except (ReportTooLarge, RedisError) as exc:
+        console.print(labelled("warning:", "yellow", f"the report was not stored for the UI: {exc}"))
+        return
+    console.print(literal(f"report stored for the UI: /ui/evals/{report_id} (tenant {owner})"))
 
 
 def print_summary(target: Console, s: Summary) -> None:

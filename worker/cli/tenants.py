@@ -142,31 +142,44 @@ def key() -> None:
 
 
 @key.command("create")
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option("--operator", is_flag=True, help="a key for the operator UI (/ui): every tenant's runs, no /v1 routes")
 @click.option("--json", "as_json", is_flag=True, help='print {"tenant", "key_id", "key"}')
-def key_create(name: str, as_json: bool) -> None:
-    """Create an API key for tenant NAME; the key is printed once, as the last line."""
+def key_create(name: str | None, operator: bool, as_json: bool) -> None:
+    """Create an API key for tenant NAME (or, with --operator, for the operator UI); the key is printed
+    once, as the last line."""
     from ..errors import InvalidRequest
 
+    if operator == (name is not None):
+        raise click.UsageError("give a tenant NAME, or --operator (not both)")
     try:
-        new = _rt().tenants.create_key(name)
+        new = _rt().tenants.create_operator_key() if operator else _rt().tenants.create_key(str(name))
     except InvalidRequest as exc:
         _fail(exc)
         return
     if as_json:
-        click.echo(json.dumps({"tenant": new.tenant, "key_id": new.key_id, "key": new.key}))
+        click.echo(json.dumps({"tenant": new.tenant or None, "key_id": new.key_id, "key": new.key,
+                               "operator": operator}))
         return
-    click.echo(f"API key {new.key_id} for tenant {new.tenant}; it is shown only now (send it as "
-               "'Authorization: Bearer KEY'):")
+    if operator:
+        click.echo(f"operator key {new.key_id}; it is shown only now (sign in with it at /ui; it authorises "
+                   "no /v1 route):")
+    else:
+        click.echo(f"API key {new.key_id} for tenant {new.tenant}; it is shown only now (send it as "
+                   "'Authorization: Bearer KEY'):")
     click.echo(new.key)
 
 
 @key.command("list")
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option("--operator", is_flag=True, help="the operator keys")
 @click.option("--json", "as_json", is_flag=True)
-def key_list(name: str, as_json: bool) -> None:
-    """A tenant's key ids (never the keys), with when each was created or revoked."""
-    rows = _rt().tenants.list_keys(name)
+def key_list(name: str | None, operator: bool, as_json: bool) -> None:
+    """A tenant's key ids (or, with --operator, the operator keys'; never the keys), with when each was
+    created or revoked."""
+    if operator == (name is not None):
+        raise click.UsageError("give a tenant NAME, or --operator (not both)")
+    rows = _rt().tenants.list_keys(None if operator else name)
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -185,7 +198,7 @@ def key_revoke(key_id: str) -> None:
     except InvalidRequest as exc:
         _fail(exc)
         return
-    click.echo(f"key {key_id} of tenant {tenant_name} revoked")
+    click.echo(f"key {key_id} of tenant {tenant_name} revoked" if tenant_name else f"operator key {key_id} revoked")
 
 
 def register(group: click.Group) -> None:

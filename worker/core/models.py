@@ -90,6 +90,19 @@ class LLMReply(BaseModel):
     fallback_from: str | None = None  # ... when it was a fallback for this one, after repeated failures
 
 
+class SandboxFacts(BaseModel):
+    """What the sandbox reported of one execution besides its output (kept with the observation: the
+    sandbox's own result object is scratch, deleted when the run finishes)."""
+
+    exit_code: int | None = None
+    flags: list[str] = Field(default_factory=list)  # timed_out, oom_killed, truncated
+    error_kind: str | None = None  # tools_sandbox's ErrorKind: timeout, oom, output_limit, ...
+    tier: str = ""
+    backend: str = ""
+    cpu_seconds: float | None = None
+    memory_peak_bytes: int | None = None
+
+
 class Observation(BaseModel):
     """What one tool call returned, as the model will see it."""
 
@@ -98,6 +111,7 @@ class Observation(BaseModel):
     content: str
     outcome: str = "ok"  # ok | cached | error | invalid_arguments | unknown_tool | quota
     duration_ms: int = 0
+    sandbox: SandboxFacts | None = None  # a sandboxed call's (python): its flags and error kind
 
 
 class Step(BaseModel):

@@ -21,7 +21,7 @@ from .categories import category_of
 from .compare import Change, Comparison, QuestionDiff
 from .summary import Summary, tokens_of
 
-__all__ = ["PER_QUESTION_LIMIT", "render", "write_report"]
+__all__ = ["PER_QUESTION_LIMIT", "STYLE", "render", "write_report"]
 
 PER_QUESTION_LIMIT = 2000
 Lines = Callable[[], Iterable[dict[str, Any]]]
@@ -32,6 +32,7 @@ table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:
 th{background:#f3f3f3}.ok{color:#070}.bad{color:#b00;font-weight:bold}.num{text-align:right}
 svg text{font:11px sans-serif}
 """
+STYLE = _CSS  # the report's rules (the UI serves them as a stylesheet: its CSP allows no inline style)
 
 
 def _e(value: Any) -> str:

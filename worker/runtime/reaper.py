@@ -57,8 +57,10 @@ from .. import metrics
 from ..core.engine import SANDBOX_UNAVAILABLE
 from ..core.models import Run, RunStatus
 from ..names import SANDBOX_QUEUE, STEPS_QUEUE, queue_lists
+from ..store.ops import OpsStore
 from .approvals import expire_or_defer
 from .context import Runtime
+from .ops_snapshot import Publisher
 from .runner import Dispatcher, record_finished
 
 log = logging.getLogger("reactq.reaper")
@@ -160,6 +162,7 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
             if (ended := rt.store.finish(run.id, status, reason, only_step=run.current_step)) is not None:
                 record_finished(ended, rt, dispatch.webhook)
                 metrics.REAPER_ACTIONS.labels(action).inc()
+                OpsStore(rt.redis).note_reaper_action(run.id, run.current_step, action.value)
             continue
         log.warning("re-kicking stranded run", extra={"run_id": run.id, "step": run.current_step,
                                                       "action": action.value})
@@ -168,6 +171,7 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
         rt.cluster.touch_active(run.id)
         dispatch.next_step(run.id, run.current_step)
         metrics.REAPER_ACTIONS.labels(action).inc()
+        OpsStore(rt.redis).note_reaper_action(run.id, run.current_step, action.value)
         kicked.append(run.id)
     return kicked
 
@@ -186,12 +190,17 @@ def start_reaper(rt: Runtime, dispatch: Dispatcher, queues: list[str]) -> thread
 
         return queues if backend_up() else [q for q in queues if q != SANDBOX_QUEUE]
 
+    # the operations page's figures of this process (worker/runtime/ops_snapshot.py)
+    snapshots = Publisher(OpsStore(rt.redis), member, ttl_s=3 * rt.settings.reaper_interval_s + 5)
+
     def loop() -> None:
         while True:
             try:
-                rt.cluster.heartbeat(serving(), member)
+                queues_now = serving()
+                rt.cluster.heartbeat(queues_now, member)
                 if reap:
                     reap_once(rt, dispatch)
+                snapshots.publish(queues_now)  # last: the page's figures never hold up a reaper pass
             except Exception:  # Redis restarting: try again next round
                 log.exception("reaper pass failed")
             time.sleep(rt.settings.reaper_interval_s)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from tools_sandbox import ErrorKind, SandboxResult, render_result
 
 from ..core.engine import UNAVAILABLE_OUTCOME
-from ..core.models import Observation
+from ..core.models import Observation, SandboxFacts
 
 UNREADABLE = "Error: the sandbox's result could not be read; the code's output is unknown."
 UNAVAILABLE = "Error: no sandbox could run the code; it did not run."
@@ -27,13 +27,23 @@ def observation_from_sandbox(call_id: str, tool: str, raw: bytes | str) -> tuple
     except ValidationError:
         obs = Observation(call_id=call_id, tool=tool, content=UNREADABLE, outcome="error", duration_ms=0)
         return obs, "unreadable_result"
+    facts = _facts(result)
     if result.error_kind is ErrorKind.UNAVAILABLE:
         obs = Observation(call_id=call_id, tool=tool, content=UNAVAILABLE, outcome=UNAVAILABLE_OUTCOME,
-                          duration_ms=result.duration_ms)
+                          duration_ms=result.duration_ms, sandbox=facts)
         return obs, ErrorKind.UNAVAILABLE.value
     rendered = render_result(result)
     return (
         Observation(call_id=call_id, tool=tool, content=rendered.text, outcome=rendered.outcome,
-                    duration_ms=result.duration_ms),
+                    duration_ms=result.duration_ms, sandbox=facts),
         rendered.error_type,
     )
+
+
+def _facts(result: SandboxResult) -> SandboxFacts:
+    """The result's flags and error kind, kept with the observation (the UI and traces show them)."""
+    return SandboxFacts(exit_code=result.exit_code,
+                        flags=[f for f in ("timed_out", "oom_killed", "truncated") if getattr(result, f)],
+                        error_kind=result.error_kind.value if result.error_kind else None, tier=result.tier,
+                        backend=result.backend, cpu_seconds=result.cpu_seconds,
+                        memory_peak_bytes=result.memory_peak_bytes)

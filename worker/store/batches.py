@@ -26,10 +26,37 @@ class BatchStore:
     def create(self, batch_id: str, meta: dict[str, str]) -> None:
         """`meta` names the batch's `tenant` (its owner) and its `size`."""
         pipe = self.r.pipeline(transaction=False)
-        fields = {"created_at": str(time.time()), keys.BATCH_COUNTS_STATUSES: "1", **meta}
+        now = time.time()
+        fields = {"created_at": str(now), keys.BATCH_COUNTS_STATUSES: "1", **meta}
         pipe.hset(keys.batch(batch_id), mapping=fields)
         pipe.expire(keys.batch(batch_id), self.ttl)
+        if "tenant" in meta:
+            self._index(pipe, batch_id, meta["tenant"], now)
         pipe.execute()
+
+    def _index(self, pipe: redis.client.Pipeline, batch_id: str, tenant: str, at: float) -> None:
+        """List the batch in its tenant's index and the operator's (the UI's batches page), trimmed to the
+        batches' TTL."""
+        for index in (keys.tenant_batches(tenant), keys.BATCHES):
+            pipe.zadd(index, {batch_id: at}, nx=True)
+            pipe.zremrangebyscore(index, "-inf", at - self.ttl)
+            pipe.expire(index, self.ttl)
+
+    def recent(self, tenant: str | None, limit: int, before: float | None = None) -> list[tuple[str, float]]:
+        """Up to `limit` batch ids with their creation times, newest first, older than `before`: the
+        tenant's, or (None) every tenant's. Batches made before these indexes existed are not listed."""
+        index = keys.BATCHES if tenant is None else keys.tenant_batches(tenant)
+        found = self.r.zrevrangebyscore(index, f"({before}" if before else "+inf", "-inf", start=0, num=limit,
+                                        withscores=True)
+        return [(m.decode(), float(score)) for m, score in found]
+
+    def forget(self, tenant: str | None, batch_ids: list[str]) -> None:
+        """Drop expired batches from the indexes (met while listing)."""
+        if batch_ids:
+            pipe = self.r.pipeline(transaction=False)
+            for index in (keys.BATCHES, *([keys.tenant_batches(tenant)] if tenant else [])):
+                pipe.zrem(index, *batch_ids)
+            pipe.execute()
 
     def drop_record(self, batch_id: str) -> None:
         """Forget a batch whose submission failed before any run of it was written."""
@@ -80,7 +107,10 @@ class BatchStore:
     def claim_owner(self, batch_id: str, tenant: str) -> None:
         """The batch's tenant: the one its runs name (a batch is one tenant's, as its API is; the batch
         service refuses runs of another)."""
-        self.r.hsetnx(keys.batch(batch_id), "tenant", tenant)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hsetnx(keys.batch(batch_id), "tenant", tenant)
+        self._index(pipe, batch_id, tenant, time.time())
+        pipe.execute()
 
     def mark_written(self, batch_id: str, count: int) -> None:
         """`reactq batch` has written the results of the first `count` runs of the finished list."""
@@ -118,4 +148,6 @@ class BatchStore:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.batch(batch_id)).items()}
 
     def delete(self, batch_id: str) -> None:
+        owner = self.r.hget(keys.batch(batch_id), "tenant")
         self.r.delete(*batch_keys(batch_id))
+        self.forget(owner.decode() if owner else None, [batch_id])

@@ -205,3 +205,42 @@ def reaper_suspect(run_id: str) -> str:
 
 CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken and not yet acked
 CELERY_UNACKED_INDEX = "unacked_index"  # ... and when each was taken (a zset of the same tags)
+
+
+# --- the operator UI (issue 21): eval reports, batch indexes, workers' metric snapshots -------------
+BATCHES = f"{PREFIX}:batches"  # zset: every batch id with an owner, scored by creation time (the UI's list)
+
+
+def tenant_batches(tenant: str) -> str:
+    """zset: the tenant's batch ids scored by creation time (the UI's batches page)."""
+    return f"{PREFIX}:tenant:{tenant}:batches"
+
+
+def tenant_eval_reports(tenant: str) -> str:
+    """zset: the tenant's stored `reactq eval --report` reports, scored by when they were stored."""
+    return f"{PREFIX}:tenant:{tenant}:evalreports"
+
+
+def eval_report(tenant: str, report_id: str) -> str:
+    """hash: one stored eval report: name, created_at, summary (JSON), html (zlib-compressed)."""
+    return f"{PREFIX}:tenant:{tenant}:evalreport:{report_id}"
+
+
+REAPER_RECENT = f"{PREFIX}:reaper:recent"  # list: the reaper's latest actions on runs (JSON), newest first
+WORKER_SNAPSHOTS = f"{PREFIX}:workers:snapshots"  # zset: worker member (host:pid) -> when it last published
+
+
+def worker_snapshot(member: str) -> str:
+    """string with a TTL: a worker process's own metrics as it last published them (JSON; the ops page).
+    Under `reactq:workers:*`, which the sandbox worker's Redis user may write (deploy/redis/acl.conf)."""
+    return f"{PREFIX}:workers:snapshot:{member}"
+
+
+# --- the operator UI (store: ui_sessions) ---------------------------------------------------------
+OPERATOR_KEYS = f"{PREFIX}:operatorkeys"  # set of the operator API key ids (`reactq key create --operator`)
+
+
+def ui_session(digest: str) -> str:
+    """hash, with a TTL: one UI sign-in (key_id, tenant, operator, csrf, created_at), by the SHA-256 of
+    its cookie's token (a Redis dump holds no usable session)."""
+    return f"{PREFIX}:ui:session:{digest}"

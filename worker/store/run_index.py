@@ -4,6 +4,7 @@ run ids scored by creation time, filtered by status and batch."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.models import Run
@@ -31,9 +32,10 @@ def _parse_cursor(cursor: str | None) -> tuple[float, str] | None:
 
 
 def page(store: RunStore, tenant: str, *, status: str | None = None, batch_id: str | None = None,
-         cursor: str | None = None, limit: int = 50, max_age_s: float | None = None) -> Page:
-    """Up to `limit` of the tenant's runs older than `cursor`, newest first. Ids whose record has
-    expired are dropped from the index as they are met."""
+         cursor: str | None = None, limit: int = 50, max_age_s: float | None = None,
+         match: Callable[[Run], bool] | None = None, oldest: float | None = None) -> Page:
+    """Up to `limit` of the tenant's runs older than `cursor`, newest first (created at `oldest` or later;
+    passing `match`, when given). Ids whose record has expired are dropped from the index as they are met."""
     key = keys.tenant_runs(tenant)
     if max_age_s:
         store.r.zremrangebyscore(key, "-inf", time.time() - max_age_s)
@@ -43,7 +45,8 @@ def page(store: RunStore, tenant: str, *, status: str | None = None, batch_id: s
     last: tuple[float, str] | None = None
     skip_ties = after
     while len(found) < limit:
-        entries = store.r.zrevrangebyscore(key, top, "-inf", start=0, num=_SCAN, withscores=True)
+        entries = store.r.zrevrangebyscore(key, top, "-inf" if oldest is None else oldest, start=0, num=_SCAN,
+                                           withscores=True)
         entries = [(m.decode(), s) for m, s in entries]
         if skip_ties is not None:  # members with the cursor's score: Redis orders them by id, descending
             entries = [(m, s) for m, s in entries if s < skip_ties[0] or m < skip_ties[1]]
@@ -56,7 +59,8 @@ def page(store: RunStore, tenant: str, *, status: str | None = None, batch_id: s
             if run is None:
                 gone.append(run_id)
                 continue
-            if (status is None or run.status.value == status) and (batch_id is None or run.spec.batch_id == batch_id):
+            if (status is None or run.status.value == status) and (batch_id is None or run.spec.batch_id == batch_id) \
+                    and (match is None or match(run)):
                 found.append(run)
                 if len(found) == limit:
                     break

@@ -62,6 +62,17 @@ class TenantStore:
         pipe.sadd(keys.API_KEYS, key_id)
         pipe.execute()
 
+    def add_operator_key(self, key_id: str, sha256: str, created_at: float) -> None:
+        """An operator key: no tenant; it signs in to the UI only (worker/api/ui/session.py)."""
+        pipe = self.r.pipeline()
+        pipe.hset(keys.api_key(key_id), mapping={"operator": "1", "sha256": sha256, "created_at": str(created_at)})
+        pipe.sadd(keys.OPERATOR_KEYS, key_id)
+        pipe.sadd(keys.API_KEYS, key_id)
+        pipe.execute()
+
+    def operator_key_ids(self) -> set[str]:
+        return {i.decode() for i in self.r.smembers(keys.OPERATOR_KEYS)}
+
     def key_ids(self, tenant: str) -> set[str]:
         return {i.decode() for i in self.r.smembers(keys.tenant_keys(tenant))}
 

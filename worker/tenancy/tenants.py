@@ -167,16 +167,27 @@ class Tenants:
         self.records.add_key(tenant, key_id, _digest(key), time.time())
         return NewKey(tenant, key_id, key)
 
-    def list_keys(self, tenant: str) -> list[dict[str, str | None]]:
+    def create_operator_key(self) -> NewKey:
+        """A key for the operator UI (`reactq key create --operator`): it sees every tenant's runs there, and
+        authorises no /v1 route (those act for a tenant)."""
+        key_id = secrets.token_hex(8)
+        key = f"rq_{key_id}_{secrets.token_urlsafe(32)}"
+        self.records.add_operator_key(key_id, _digest(key), time.time())
+        return NewKey("", key_id, key)
+
+    def list_keys(self, tenant: str | None) -> list[dict[str, str | None]]:
+        """A tenant's keys, or (None) the operator keys."""
         out = []
-        for key_id in sorted(self.records.key_ids(tenant)):
+        for key_id in sorted(self.records.key_ids(tenant) if tenant is not None else self.records.operator_key_ids()):
             raw = self.records.key(key_id)
             out.append({"key_id": key_id, "created_at": raw.get("created_at"), "revoked_at": raw.get("revoked_at")})
         return out
 
     def revoke(self, key_id: str) -> str:
-        """Revoke a key; returns its tenant."""
+        """Revoke a key; returns its tenant ("" for an operator key)."""
         tenant = self.records.key_tenant(key_id) if re.fullmatch(r"[0-9a-f]{16}", key_id) else None
+        if tenant is None and re.fullmatch(r"[0-9a-f]{16}", key_id) and self.records.key(key_id).get("operator"):
+            tenant = ""  # an operator key
         if tenant is None:
             raise InvalidRequest(f"no API key {key_id!r}")
         self.records.revoke_key(key_id, time.time())
