@@ -6,6 +6,7 @@
     │   └── ApprovalConflict no pending call matches an approval decision
     ├── AdmissionRefused     the tenant's plan does not admit it now (HTTP 429; `retry_after_s`)
     ├── TooLarge             a submission no plan limit will ever admit as it is (HTTP 422)
+    │   └── ReportTooLarge   an eval report larger than REACTQ_EVAL_REPORT_MAX_BYTES (not stored; the file stays)
     ├── QuotaExceeded        the script recording runs found a quota full (becomes AdmissionRefused)
     ├── BudgetExceeded       a budget has no room for the next LLM call (the run ends `budget_exceeded`)
     ├── PlanConfigError      the plans file is missing or invalid (the operator's; named precisely)
@@ -51,6 +52,10 @@ class AdmissionRefused(ReactqError):
 
 class TooLarge(ReactqError):
     """A submission that can never be admitted as it is (more runs than the plan has in flight)."""
+
+
+class ReportTooLarge(TooLarge):
+    """An eval report's HTML is larger than the store keeps (the setting that says how large is named)."""
 
 
 class QuotaExceeded(ReactqError):

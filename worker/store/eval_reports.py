@@ -17,15 +17,12 @@ from typing import Any
 
 import redis
 
+from ..errors import ReportTooLarge
 from . import keys
 
 __all__ = ["EvalReports", "ReportTooLarge", "StoredReport", "REPORT_ID"]
 
 REPORT_ID = re.compile(r"[0-9a-f]{32}")
-
-
-class ReportTooLarge(ValueError):
-    """The report's HTML is larger than the store keeps (the setting that says how large is named)."""
 
 
 @dataclass(frozen=True)
