@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +18,7 @@ import pytest
 import redis
 from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
 
-from tests.fixtures_api import Api
+from tests.fixtures_api import Api, make_key
 from tests.fixtures_cluster import Cluster
 from worker.store.tenant_records import TenantStore
 from worker.tenancy.tenants import Tenants
@@ -128,6 +128,16 @@ def waiting_run(cluster: Cluster, api: Api, key: str) -> str:
     run_id = submit(api, key, "What is 6 * 7?")
     cluster.wait_for_status(run_id, lambda s: s == "awaiting_approval", "awaiting approval", 120)
     return run_id
+
+
+def waiting_cluster(cluster: Cluster, start_api: Callable[..., Api]) -> tuple[Api, str, str]:
+    """The API and a worker of a cluster whose calculator calls need approval, a key of tenant `acme`, and
+    one run of it waiting for approval."""
+    cluster.env.update(CALCULATOR_NEEDS_APPROVAL)
+    key = make_key(cluster, "acme", plan="free")
+    api = start_api()
+    cluster.start_worker(concurrency=4)
+    return api, key, waiting_run(cluster, api, key)
 
 
 def operator_key(cluster: Cluster) -> str:

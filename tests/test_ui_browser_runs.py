@@ -26,12 +26,14 @@ from tests.fixtures_browser import (
     screenshot,
     sign_in,
     submit,
-    waiting_run,
+    waiting_cluster,
 )
 from tests.fixtures_cluster import Cluster
 from tests.fixtures_stub import StubControl
 
 pytestmark = pytest.mark.integration
+
+
 def mark(watched: WatchedPage) -> None:
     """Put a marker in the page's JavaScript state: it survives live updates and is lost on a reload."""
     watched.page.evaluate("window.reactqMarker = 'not reloaded'")
@@ -145,11 +147,7 @@ def test_a_hostile_answer_renders_as_text(tenancy_cluster: Cluster, api_server: 
 
 def test_the_csrf_token_is_required(tenancy_cluster: Cluster, api_server: Callable[..., Api],
                                     watched_page: WatchedPage) -> None:
-    tenancy_cluster.env.update(CALCULATOR_NEEDS_APPROVAL)
-    key = make_key(tenancy_cluster, "acme", plan="free")
-    api = api_server()
-    tenancy_cluster.start_worker(concurrency=4)
-    run_id = waiting_run(tenancy_cluster, api, key)
+    api, key, run_id = waiting_cluster(tenancy_cluster, api_server)
     page = watched_page.page
     sign_in(page, api.url, key)
     page.goto(f"{api.url}/ui/runs/{run_id}")
@@ -212,11 +210,7 @@ def test_the_operator_sees_every_tenant(tenancy_cluster: Cluster, api_server: Ca
 
 def test_the_counts_update_live(tenancy_cluster: Cluster, api_server: Callable[..., Api],
                                 watched_page: WatchedPage) -> None:
-    tenancy_cluster.env.update(CALCULATOR_NEEDS_APPROVAL)
-    key = make_key(tenancy_cluster, "acme", plan="free")
-    api = api_server()
-    tenancy_cluster.start_worker(concurrency=4)
-    run_id = waiting_run(tenancy_cluster, api, key)
+    api, key, run_id = waiting_cluster(tenancy_cluster, api_server)
     page = watched_page.page
     sign_in(page, api.url, key)
     expect(page.locator("#counts")).to_contain_text("awaiting_approval 1")

@@ -24,11 +24,14 @@ from tests.fixtures_browser import (
     operator_key,
     signed_in,
     submit,
+    waiting_cluster,
     waiting_run,
 )
 from tests.fixtures_cluster import Cluster
 
 pytestmark = pytest.mark.integration
+
+
 def run_ids(page: str) -> list[str]:
     return re.findall(r'href="/ui/runs/([0-9a-f]{32})"', page)
 
@@ -146,11 +149,7 @@ def test_approve_and_reject_from_the_forms(tenancy_cluster: Cluster, api_server:
 
 
 def test_cancel_and_replay_from_the_forms(tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
-    tenancy_cluster.env.update(CALCULATOR_NEEDS_APPROVAL)
-    key = make_key(tenancy_cluster, "acme", plan="free")
-    api = api_server()
-    tenancy_cluster.start_worker(concurrency=4)
-    waiting = waiting_run(tenancy_cluster, api, key)
+    api, key, waiting = waiting_cluster(tenancy_cluster, api_server)
     client, token = signed_in(api, key)
     assert client.post(f"/ui/runs/{waiting}/cancel", data={}).status_code == 403
     assert client.post(f"/ui/runs/{waiting}/cancel", data={"csrf_token": token}).status_code == 303
@@ -201,11 +200,7 @@ def test_filters_and_the_cursor(tenancy_cluster: Cluster, api_server: Callable[.
 
 
 def test_the_ui_event_stream_follows_the_session(tenancy_cluster: Cluster, api_server: Callable[..., Api]) -> None:
-    tenancy_cluster.env.update(CALCULATOR_NEEDS_APPROVAL)
-    key = make_key(tenancy_cluster, "acme", plan="free")
-    api = api_server()
-    tenancy_cluster.start_worker(concurrency=4)
-    waiting = waiting_run(tenancy_cluster, api, key)
+    api, key, waiting = waiting_cluster(tenancy_cluster, api_server)
     client, token = signed_in(api, key)
     assert httpx.get(f"{api.url}/ui/runs/{waiting}/events").status_code == 303  # no session: no stream
     with client.stream("GET", f"/ui/runs/{waiting}/events") as stream:

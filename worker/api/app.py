@@ -130,8 +130,10 @@ def _handle_errors(app: FastAPI, routes: list[APIRoute]) -> None:
         return response
 
     @app.exception_handler(RedisError)
-    async def _store_down(_: Request, exc: RedisError) -> JSONResponse:
+    async def _store_down(request: Request, exc: RedisError) -> Response:
         log.warning("Redis error while serving a request: %s", exc.__class__.__name__)
+        if is_ui(request):
+            return error_response(request, 503, "the run store is unavailable; try again shortly", None)
         return _error(503, "the run store is unavailable; try again shortly")
 
     @app.exception_handler(TooLarge)

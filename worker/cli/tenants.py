@@ -158,8 +158,8 @@ def key_create(name: str | None, operator: bool, as_json: bool) -> None:
         _fail(exc)
         return
     if as_json:
-        click.echo(json.dumps({"tenant": new.tenant or None, "key_id": new.key_id, "key": new.key,
-                               "operator": operator}))
+        shown = {"tenant": new.tenant or None, "key_id": new.key_id, "key": new.key}
+        click.echo(json.dumps({**shown, "operator": True} if operator else shown))
         return
     if operator:
         click.echo(f"operator key {new.key_id}; it is shown only now (sign in with it at /ui; it authorises "

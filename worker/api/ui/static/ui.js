@@ -7,10 +7,19 @@
   var source = null;
   var pending = false;
 
+  // Someone typing in the live part (a reason for rejecting) keeps it: the redraw waits until they leave.
+  function typing() {
+    var active = document.activeElement;
+    var live = document.getElementById("live");
+    return live !== null && active !== null && live.contains(active) &&
+      (active.tagName === "INPUT" || active.tagName === "TEXTAREA") && active.value !== "";
+  }
+
   function refresh(section) {
     if (pending) { return; }
     pending = true;
-    window.setTimeout(function () {
+    window.setTimeout(function redraw() {
+      if (typing()) { window.setTimeout(redraw, 1000); return; }
       pending = false;
       htmx.ajax("GET", section.getAttribute("data-fragment"), { target: "#live", swap: "outerHTML" });
     }, 150);
