@@ -152,7 +152,10 @@ def test_the_csrf_token_is_required(tenancy_cluster: Cluster, api_server: Callab
     sign_in(page, api.url, key)
     page.goto(f"{api.url}/ui/runs/{run_id}")
     cancel = page.get_by_role("button", name="Cancel run")
-    page.evaluate("document.querySelectorAll('input[name=csrf_token]').forEach(i => { i.value = 'forged'; })")
+    # Forged as the form is submitted: a live redraw in between (the run reaching its approval) would
+    # otherwise bring back a form with the real token.
+    page.evaluate("document.addEventListener('submit', e => e.target.querySelectorAll('input[name=csrf_token]')"
+                  ".forEach(i => { i.value = 'forged'; }), true)")
     watched_page.allow_status(403)
     cancel.click()
     expect(page.get_by_role("heading", name="Forbidden")).to_be_visible()

@@ -59,8 +59,14 @@ class BatchStore:
             pipe.execute()
 
     def drop_record(self, batch_id: str) -> None:
-        """Forget a batch whose submission failed before any run of it was written."""
-        self.r.delete(keys.batch(batch_id))
+        """Forget a batch whose submission failed before any run of it was written (its record and its
+        places in the indexes: a refused request leaves nothing)."""
+        tenant = self.r.hget(keys.batch(batch_id), "tenant")
+        pipe = self.r.pipeline(transaction=False)
+        pipe.delete(keys.batch(batch_id))
+        for index in (keys.BATCHES, *([keys.tenant_batches(tenant.decode())] if tenant else [])):
+            pipe.zrem(index, batch_id)
+        pipe.execute()
 
     def iter_run_ids(self, batch_id: str, chunk: int = 500) -> Iterator[list[str]]:
         """The batch's run ids, `chunk` at a time (memory flat in the batch's size)."""
