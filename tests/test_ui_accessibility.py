@@ -63,6 +63,15 @@ def check(watched: WatchedPage, url: str, name: str, status: int = 200,
     return [described(name, found)] if found else []
 
 
+def refused_sign_in(watched: WatchedPage, name: str) -> list[str]:
+    watched.allow_status(401)
+    watched.page.get_by_label("API key").fill("rq_0123456789abcdef_" + "x" * 43)
+    watched.page.get_by_role("button", name="Sign in").click()
+    expect(watched.page.get_by_role("alert")).to_contain_text("unknown API key")
+    found = violations(watched.page)
+    return [described(name, found)] if found else []
+
+
 def test_every_page_passes_axe_wcag21_aa_at_laptop_and_phone_width(
         tenancy_cluster: Cluster, api_server: Callable[..., Api], browser: Browser, tmp_path: Path) -> None:
     c = tenancy_cluster
@@ -108,6 +117,8 @@ def test_every_page_passes_axe_wcag21_aa_at_laptop_and_phone_width(
                 for name, path, status in pages:
                     tags = WCAG_21_AA if path.endswith("/report.html") else WITH_BEST_PRACTICE
                     failures += check(watched, api.url + path, f"{name} at {width_name} width", status, tags)
+                if key is None:  # the sign-in form again, showing its error for an unknown key
+                    failures += refused_sign_in(watched, f"sign-in refused at {width_name} width")
                 watched.assert_no_errors()
             finally:
                 watched.page.context.close()
