@@ -9,6 +9,7 @@ visible focus style."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,12 @@ RUN_AXE = """async (tags) => {
   return {passed: results.passes.length, violations: results.violations.map(v => ({id: v.id, impact: v.impact,
     help: v.help, targets: v.nodes.map(n => n.target.join(" ")), summaries: v.nodes.map(n => n.failureSummary)}))};
 }"""
+
+
+def test_the_vendored_axe_is_the_recorded_one() -> None:
+    digest = hashlib.sha256(AXE.read_bytes()).hexdigest()
+    assert f"`axe.min.js` sha256: {digest}" in (AXE.parent / "SOURCE.md").read_text()
+    assert AXE.read_text()[:40].startswith("/*! axe v4.14.1") and (AXE.parent / "LICENSE").is_file()
 
 
 def violations(page: Page, tags: list[str] = WITH_BEST_PRACTICE) -> list[dict]:
@@ -129,6 +136,11 @@ def test_every_page_passes_axe_wcag21_aa_at_laptop_and_phone_width(
         watched.page.evaluate("""() => { document.querySelector("main").append(document.createElement("input"));
           document.querySelector("main h1").style.color = "#cccccc"; }""")
         assert {"label", "color-contrast"} <= {v["id"] for v in violations(watched.page)}
+        # and axe's way in left the CSP in force: an inline script the page adds itself is still refused
+        watched.page.evaluate("""() => { const s = document.createElement("script");
+          s.textContent = "window.inlineRan = true"; document.body.append(s); }""")
+        assert watched.page.evaluate("window.inlineRan") is None
+        assert any("Content Security Policy" in e for e in watched.errors), watched.errors
     finally:
         watched.page.context.close()
     assert not failures, "axe-core found violations:\n" + "\n".join(failures)
