@@ -49,6 +49,29 @@
     }
   }
 
+  // A wide table scrolls inside its own box (div.table-wrap) on a narrow screen; a keyboard can scroll
+  // it only if the box takes focus, so a box that overflows is made a named, focusable region.
+  function scrollableTables() {
+    document.querySelectorAll(".table-wrap").forEach(function (wrap) {
+      if (wrap.scrollWidth > wrap.clientWidth) {
+        var caption = wrap.querySelector("caption");
+        var section = wrap.closest("section");
+        var heading = section ? section.querySelector("h2, h3") : null;
+        var named = caption || heading || document.querySelector("main h1");
+        wrap.setAttribute("tabindex", "0");
+        wrap.setAttribute("role", "region");
+        wrap.setAttribute("aria-label", (named ? named.textContent.trim() : "Table") + " (scrolls sideways)");
+      } else if (wrap.getAttribute("role") === "region") {
+        wrap.removeAttribute("tabindex");
+        wrap.removeAttribute("role");
+        wrap.removeAttribute("aria-label");
+      }
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", follow);
+  document.addEventListener("DOMContentLoaded", scrollableTables);
   document.addEventListener("htmx:afterSettle", stopWhenFinished);
+  document.addEventListener("htmx:afterSettle", scrollableTables);
+  window.addEventListener("resize", scrollableTables);
 })();
