@@ -200,7 +200,7 @@ def write_report(stream: TextIO, title: str, summary: Summary, lines: Lines,
     """The whole report as one HTML document, written to `stream`; `lines()` gives this run's results
     (in dataset order) each time it is called."""
     stream.write(f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
-                 f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>")
+                 f"<style>{_CSS}</style></head><body><main><h1>{_e(title)}</h1>")
     for part in ("<h2>Summary</h2>", _summary_table(summary, comparison.base if comparison else None),
                  f"<p id=statuses>runs by status: {_e(_statuses(summary))}</p>",
                  "<h2>Per category</h2>", _categories(summary, comparison),
@@ -214,7 +214,7 @@ def write_report(stream: TextIO, title: str, summary: Summary, lines: Lines,
     else:
         stream.write("<h2>Per question</h2>")
         stream.writelines(_questions(lines, summary.questions))
-    stream.write("</body></html>\n")
+    stream.write("</main></body></html>\n")
 
 
 def render(title: str, summary: Summary, lines: Iterable[dict[str, Any]],
