@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ import pytest
 import yaml
 
 from tests.fixtures_cluster import ROOT
-from tests.fixtures_prometheus import Prometheus, Samples, prometheus_binary, scrape
+from tests.fixtures_prometheus import Prometheus, Samples, prometheus_binary, scrape, stop_group
 from tests.fixtures_services import free_port, wait_for_port
 from tests.waiting import wait_for
 
@@ -42,16 +41,6 @@ def binary(name: str, package: str) -> str:
     if found is None:
         pytest.fail(f"{name} is not installed (apt-get install {package}; scripts/test.sh does)")
     return found
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 @dataclass
@@ -83,7 +72,7 @@ def acl_redis(workdir: Path, redis_server: str | None = None, acl_text: str | No
         wait_for_port(port, timeout=30)
         yield AclRedis(port)
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 @dataclass
@@ -115,7 +104,7 @@ def redis_exporter(workdir: Path, redis_addr: str, user: str, password: str) -> 
         wait_for_port(port, timeout=30)
         yield Exporter(f"127.0.0.1:{port}", logfile)
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 @dataclass
@@ -141,7 +130,7 @@ def _serve(what: str, command: list[str], port: int, logfile: Path) -> Iterator[
                  until=lambda status: status == 200)
         yield proc
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 @contextmanager
