@@ -35,8 +35,9 @@ for i in range(4):
         block = bytearray(200 << 20)
         for j in range(0, len(block), 4096):
             block[j] = 1
-        print("holds", i, flush=True)
+        print("holds", i, time.monotonic(), flush=True)
         time.sleep(4)
+        print("released", i, time.monotonic(), flush=True)
         os._exit(0)
     kids.append(pid)
 for kid in kids:
@@ -74,8 +75,16 @@ def test_forked_children_share_the_tiers_memory_limit(backend) -> None:
     r = backend.execute(FORKED_HOGS, TIER)
     assert r.oom_killed and r.error_kind is ErrorKind.OOM, r
     assert r.memory_peak_bytes is not None and r.memory_peak_bytes <= TIER.memory_mb * MB, r.memory_peak_bytes
-    # At most one child could hold its 200 MB at a time under 256 MB; never all four.
-    assert r.stdout.count("holds") <= 1, r.stdout
+    # At most one child can hold its 200 MB at a time under 256 MB. The OOM killer may kill a child that
+    # already holds (cgroup v1 kills one process), and another then fills: so no two children that held
+    # to the end held at the same time, and never all four held.
+    assert r.stdout.count("holds") < 4, r.stdout
+    held: dict[str, list[float]] = {}
+    for line in r.stdout.splitlines():
+        _, child, at = line.split()
+        held.setdefault(child, []).append(float(at))
+    spans = sorted(times for times in held.values() if len(times) == 2)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), r.stdout
 
 
 def test_a_fork_bomb_stops_at_the_tiers_pids_limit(backend) -> None:
