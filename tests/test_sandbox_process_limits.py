@@ -84,7 +84,7 @@ def test_forked_children_share_the_tiers_memory_limit(backend) -> None:
         _, child, at = line.split()
         held.setdefault(child, []).append(float(at))
     spans = sorted(times for times in held.values() if len(times) == 2)
-    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), r.stdout
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), r.stdout
 
 
 def test_a_fork_bomb_stops_at_the_tiers_pids_limit(backend) -> None:
