@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from api_stub import StubServer
 from tests.fixtures_cluster import Cluster, cluster_environment
-from tests.fixtures_prometheus import Samples, scrape, series, total
+from tests.fixtures_prometheus import Samples, promtool_binary, scrape, series, total
 from tests.fixtures_services import RedisServer, free_port
 from tests.waiting import wait_for
 from tools_sandbox import keys as sandbox_keys
@@ -81,6 +83,7 @@ class MeteredBatch:
     before: Samples
     after: Samples
     log_lines: list[dict]
+    expositions: dict[str, str]  # the worker's and the stub's /metrics text after the batch
 
     @property
     def steps(self) -> int:
@@ -118,7 +121,9 @@ def metered(stub_server: StubServer, tmp_path_factory: pytest.TempPathFactory) -
                   for r in results.values()}
         log_lines = [json.loads(line) for line in (cluster.logdir / "worker-0.log").read_text().splitlines()
                      if line.startswith("{")]
-        yield MeteredBatch(results, traces, before, after, log_lines)
+        expositions = {"worker": httpx.get(url, timeout=10).text,
+                       "stub": httpx.get(f"{stub_server.url}/metrics", timeout=10).text}
+        yield MeteredBatch(results, traces, before, after, log_lines, expositions)
     finally:
         cluster.stop()
         redis_server.stop()
@@ -132,6 +137,16 @@ def test_every_dashboard_series_exists_from_the_first_scrape(metered: MeteredBat
                                                                          "reactq_quota_rejections_total")
     assert {"tier": "standard", "outcome": "ok"} in series(metered.before, "reactq_sandbox_executions_total")
     assert {s["queue"] for s in series(metered.after, "reactq_queue_depth")} == {"reactq.steps", "reactq.sandbox"}
+
+
+@pytest.mark.integration
+def test_live_scrapes_pass_promtool_check_metrics(metered: MeteredBatch) -> None:
+    """Prometheus's own linter on what a worker and the stub serve after real work (names, suffixes, help)."""
+    for process, text in metered.expositions.items():
+        assert "reactq_" in text, process
+        done = subprocess.run([promtool_binary(), "check", "metrics"], input=text, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (process, done)
 
 
 @pytest.mark.integration
