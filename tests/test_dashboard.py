@@ -32,7 +32,7 @@ SCOPE = 'namespace=~"$namespace", job=~"$job"'
 # What Grafana substitutes; the scope variables as their widest value.
 SUBSTITUTES = {"$__rate_interval": "1m", "$__range": "1h", "$__interval": "15s", "$namespace": ".*", "$job": ".*"}
 # A metric name where it selects series (not a function, not a label).
-METRIC = re.compile(r"\b(reactq[:_][a-z0-9_:]+|up)\b(?!\s*\()")
+METRIC = re.compile(r"\b(reactq[:_][a-z0-9_:]+|redis_[a-z0-9_]+|up)\b(?!\s*\()")
 INSTANT_PANELS = {"bargauge", "stat", "gauge"}
 
 
@@ -116,7 +116,8 @@ def test_namespace_and_job_variables_list_what_exports_reactq_metrics() -> None:
     for name in ("namespace", "job"):
         variable = found[name]
         assert variable["type"] == "query" and variable["multi"] is True and variable["includeAll"] is True
-        assert re.fullmatch(rf'label_values\(\{{__name__=~"reactq_\.\+"[^}}]*\}}, {name}\)', variable["query"])
+        names = r'"reactq_\.\+(\|redis_up)?"'  # job also lists the Redis exporter's
+        assert re.fullmatch(rf'label_values\(\{{__name__=~{names}[^}}]*\}}, {name}\)', variable["query"])
         assert variable["refresh"] == 2  # on time range change: a job seen in the range is listed
     assert 'namespace=~"$namespace"' in found["job"]["query"]
     # No namespace label under docker-compose: All must be `.*`, which matches series without it.

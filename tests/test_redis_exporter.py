@@ -7,6 +7,7 @@ the deployments' Redis 7, when it is a different one)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -35,9 +36,12 @@ def redis_servers() -> list[str]:
 
 
 def redis_names_in_rules() -> set[str]:
+    """Every redis_* name the alert rules and the dashboard's panels read."""
     rules = yaml.safe_load((PROMETHEUS_DIR / "alerts.rules.yml").read_text())
-    return {name for group in rules["groups"] for rule in group["rules"]
-            for name in re.findall(r"\bredis_[a-z_]+\b", rule["expr"])}
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    dashboard = json.loads((PROMETHEUS_DIR.parent / "grafana" / "dashboards" / "reactq-overview.json").read_text())
+    exprs += [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    return {name for expr in exprs for name in re.findall(r"\bredis_[a-z_]+\b", expr)}
 
 
 def refused(log: str) -> list[str]:
