@@ -191,7 +191,6 @@ def cluster_environment(redis_url: str, stub_base_url: str) -> dict[str, str]:
         "REACTQ_LLM_TIMEOUT_S": "30",  # far above the stub latencies the tests set, even on a loaded machine
         "REACTQ_TENANTS": '["default", "acme"]',
         "REACTQ_METRICS_PORT": "0",
-        "REACTQ_API_METRICS_PORT": "0",  # the API's /metrics on its own port (tests/test_exposure.py: apart)
         "PYTHONUNBUFFERED": "1",
     })
     return env

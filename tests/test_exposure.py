@@ -31,6 +31,7 @@ from tests.fixtures_k8s import kustomize
 from tests.fixtures_services import RedisServer, free_port, wait_for_port
 from tests.test_deploy import ROLES, SECRETS, _allowed_from, _selects, compose_config
 from tests.waiting import wait_for
+from worker.cli.serve import api_metrics_port
 
 REDIS_UID = 999  # the redis user of the redis:7-bookworm image
 
@@ -44,6 +45,15 @@ def listening_on(port: int) -> list[str]:
             if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
                 found.append(local.rsplit(":", 1)[0])
     return found
+
+
+def test_the_api_metrics_port_by_setting_and_listening_address() -> None:
+    # Unset: on the API's port while it listens on loopback alone (DESIGN.md's GET /metrics), else apart.
+    assert api_metrics_port(None, "127.0.0.1") == 0 and api_metrics_port(None, "::1") == 0
+    assert api_metrics_port(None, "localhost") == 0
+    assert api_metrics_port(None, "0.0.0.0") == 9807 and api_metrics_port(None, "10.1.2.3") == 9807
+    assert api_metrics_port(None, "api.example") == 9807
+    assert api_metrics_port(0, "0.0.0.0") == 0 and api_metrics_port(9100, "127.0.0.1") == 9100
 
 
 @pytest.mark.integration

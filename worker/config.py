@@ -46,7 +46,9 @@ class Settings(BaseSettings):
     # the metrics listeners (worker/runtime/metrics_server.py): workers' /metrics, /livez, /readyz and the API's
     # /metrics bind this address (manifests set 0.0.0.0: Prometheus and the kubelet reach pods by their IP)
     metrics_host: str = "127.0.0.1"
-    api_metrics_port: int = Field(9807, ge=0, le=65535)  # the API's /metrics; 0: on the API's own port instead
+    # the API's /metrics (tenant names, spend): on this port of its own; 0: on the API's port; unset: on the
+    # API's port while `reactq api` listens on loopback only (DESIGN.md's GET /metrics), else on 9807
+    api_metrics_port: int | None = Field(None, ge=0, le=65535)
     health_stale_s: float = Field(30.0, gt=0)  # no consumer heartbeat for this long (Redis up): /livez fails
 
     # safeguards

@@ -36,9 +36,10 @@ from .ui import UiHeaders, error_response, is_ui, ui_router
 log = logging.getLogger("reactq.api")
 
 
-def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None) -> FastAPI:
+def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None, serve_metrics: bool = True) -> FastAPI:
     """The API application serving `runtime`. `no_auth_tenant` is only for `reactq api --insecure-no-auth`
-    (loopback only): every caller then acts as that tenant, and no API key is checked."""
+    (loopback only): every caller then acts as that tenant, and no API key is checked. `serve_metrics=False`:
+    no /metrics here (`reactq api` serves it on a port of its own, `api_metrics_port`)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -49,7 +50,7 @@ def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None) -> FastAP
     attach(app, runtime, no_auth_tenant)
     app.add_middleware(BodyLimit, max_bytes=runtime.settings.max_body_bytes)
     routers = [m.router for m in (routes_tenancy, routes_runs, routes_batches, routes_monitoring)]
-    if runtime.settings.api_metrics_port == 0:  # else `reactq api` serves /metrics on a port of its own
+    if serve_metrics:
         routers.append(routes_monitoring.metrics_router)
     for router in routers:
         app.include_router(router)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import sys
@@ -95,6 +96,21 @@ def stub(host: str, port: int, faults_json: str, **options: float | None) -> Non
     serve(host, port, FaultConfig(**fields))
 
 
+SEPARATE_API_METRICS_PORT = 9807
+
+
+def api_metrics_port(setting: int | None, host: str) -> int:
+    """Where `reactq api` serves /metrics: 0 on the API's own port, else a port of its own. Unset, the API's
+    own port while it listens on loopback only (as DESIGN.md has it), else 9807 (Prometheus's alone)."""
+    if setting is not None:
+        return setting
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    return 0 if loopback else SEPARATE_API_METRICS_PORT
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
@@ -119,11 +135,12 @@ def api(host: str, port: int, insecure_no_auth: bool) -> None:
                       "  reactq tenant add NAME --plan standard && reactq key create NAME\n"
                       "(or run `reactq api --insecure-no-auth` for a local, loopback-only API without keys)")
         sys.exit(2)
-    app = create_app(rt, no_auth_tenant=no_auth_tenant)
-    if rt.settings.api_metrics_port:  # /metrics (tenants, spend) never on the port clients reach
+    metrics_port = api_metrics_port(rt.settings.api_metrics_port, host)
+    app = create_app(rt, no_auth_tenant=no_auth_tenant, serve_metrics=metrics_port == 0)
+    if metrics_port:  # /metrics (tenants, spend) not on the port clients reach
         from ..runtime.metrics_server import start_api_metrics_server
 
-        start_api_metrics_server(rt.settings.api_metrics_port, rt)
+        start_api_metrics_server(metrics_port, rt)
     uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
 
 
