@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.throughput import BIN, Bench, finish  # noqa: E402
+from bench.throughput import BIN, Bench, finish, run_times  # noqa: E402
 
 
 def main() -> int:
@@ -88,16 +88,10 @@ def main() -> int:
             return run.id
 
         def wait_all(run_ids: list[str], timeout: float = 900) -> list[float]:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                runs = store.load_runs(run_ids)
-                if all(r is not None and r.status.finished for r in runs):
-                    for r in runs:
-                        if r is not None and (r.status.value != "succeeded" or r.current_step != 2):
-                            problems.append(f"run {r.id}: {r.status.value} after {r.current_step} steps")
-                    return [r.finished_at - r.created_at for r in runs if r is not None and r.finished_at]
-                time.sleep(0.05)
-            raise RuntimeError(f"runs not finished after {timeout}s")
+            times = run_times(store, run_ids, problems, timeout)
+            if times is None:
+                raise RuntimeError(f"runs not finished after {timeout}s")
+            return times
 
         def queued() -> int:
             return sum(store.r.llen(k) for k in store.r.keys("reactq.steps*") if store.r.type(k) == b"list")

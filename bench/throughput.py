@@ -40,6 +40,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -363,6 +364,21 @@ class Bench:
             self.procs.stop(names, signal.SIGQUIT, grace=10)
             self.procs.stop(["stub", "redis"])
         return res
+
+
+def run_times(store: Any, run_ids: list[str], problems: list[str], timeout: float) -> list[float] | None:
+    """Each run's seconds from creation to finish once all have ended (a run that did not succeed in two
+    steps is noted in `problems`); None if they had not within `timeout`. `store`: a worker RunStore."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = store.load_runs(run_ids)
+        if all(r is not None and r.status.finished for r in runs):
+            for r in runs:
+                if r is not None and (r.status.value != "succeeded" or r.current_step != 2):
+                    problems.append(f"run {r.id}: {r.status.value} after {r.current_step} steps")
+            return [r.finished_at - r.created_at for r in runs if r is not None and r.finished_at]
+        time.sleep(0.05)
+    return None
 
 
 def finish(report: list[str], problems: list[str], ok: bool, out: str | None) -> int:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the
 # processes started (`reactq stub`, `reactq worker`) run this tree, installed or not
 
-from bench.throughput import BIN, Bench, finish  # noqa: E402
+from bench.throughput import BIN, Bench, finish, run_times  # noqa: E402
 
 BOMBS = (["call spin with 1"] * 2 + ["call hang with 1"] * 4
          + ["call calculator with round(1, -10**9)", "call calculator with (10**4000)**10000",
@@ -110,16 +110,7 @@ def main() -> int:
 
         def wait_all(run_ids: list[str], timeout: float = 300) -> list[float] | None:
             """Run times once all ended; None if they did not within `timeout`."""
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                runs = store.load_runs(run_ids)
-                if all(r is not None and r.status.finished for r in runs):
-                    for r in runs:
-                        if r is not None and (r.status.value != "succeeded" or r.current_step != 2):
-                            problems.append(f"run {r.id}: {r.status.value} after {r.current_step} steps")
-                    return [r.finished_at - r.created_at for r in runs if r is not None and r.finished_at]
-                time.sleep(0.05)
-            return None
+            return run_times(store, run_ids, problems, timeout)
 
         def measured(label: str, rounds: int = 1) -> tuple[float, float]:
             """The median (over rounds) of b's runs' median time, and the largest time seen."""
