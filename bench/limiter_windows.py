@@ -117,16 +117,7 @@ def run_mode(args: argparse.Namespace, mode: str, logdir: Path, problems: list[s
     rng = random.Random(11)
     try:
         redis_url = bench.start_redis()
-        port = free_port()
-        faults = {"rpm_limit": PROVIDER_RPM, "limit_window_s": WINDOW_S, "latency_ms": 50}
-        bench.procs.start("stub", [*REACTQ, "stub", "--port", str(port), "--faults", json.dumps(faults)])
-        stub_url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                http_json(f"{stub_url}/healthz")
-                break
-            except OSError:
-                time.sleep(0.05)
+        stub_url = bench.start_stub(50, faults={"rpm_limit": PROVIDER_RPM, "limit_window_s": WINDOW_S})
         env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1",
                "REACTQ_MODELS": json.dumps({"reactq-stub": model}), "REACTQ_STALE_AFTER_S": "600", **extra_env}
         names, ports = [f"reactq-{i}" for i in range(3)], [free_port() for _ in range(3)]

@@ -151,9 +151,12 @@ class Bench:
         client.close()
         return f"redis://127.0.0.1:{port}/0"
 
-    def start_stub(self, latency_ms: float) -> str:
+    def start_stub(self, latency_ms: float, faults: dict | None = None) -> str:
+        """The stub's URL once it answers; `faults`: more of its FaultConfig (e.g. windowed limits)."""
         port = free_port()
-        self.procs.start("stub", [str(BIN / "reactq"), "stub", "--port", str(port), "--latency-ms", str(latency_ms)])
+        extra = ["--faults", json.dumps(faults)] if faults else []
+        self.procs.start("stub", [str(BIN / "reactq"), "stub", "--port", str(port), "--latency-ms", str(latency_ms),
+                                  *extra])
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):
             try:
