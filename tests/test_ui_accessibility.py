@@ -18,8 +18,8 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.fixtures_api import Api, make_key
 from tests.fixtures_browser import CALCULATOR_NEEDS_APPROVAL, WatchedPage, open_page, operator_key, sign_in, submit
-from tests.fixtures_cluster import ROOT, Cluster
-from tests.test_ui_pages import QUESTION, hostile_report, run_batch
+from tests.fixtures_cluster import Cluster
+from tests.test_ui_pages import QUESTION, hostile_report, run_batch, stored_eval
 from worker.api.ui.headers import CSP
 
 pytestmark = pytest.mark.integration
@@ -88,10 +88,7 @@ def test_every_page_passes_axe_wcag21_aa_at_laptop_and_phone_width(
     worker = c.start_worker(concurrency=8)
     _, _, batch_id = run_batch(c, tmp_path, [{"id": "q1", "question": "What is 6 * 7?"},
                                              {"id": "q2", "question": QUESTION, "max_steps": 1}])
-    subset = tmp_path / "subset.jsonl"
-    subset.write_text("\n".join((ROOT / "worker" / "data" / "eval_set.jsonl").read_text().splitlines()[:2]) + "\n")
-    assert c.reactq("eval", str(subset), "--out", str(tmp_path / "r.jsonl"), "--report", str(tmp_path / "r.html"),
-                    "--tenant", "acme").returncode == 0
+    stored_eval(c, tmp_path, 2)
     report_id, _ = hostile_report(c, "acme", "hostile.jsonl")
     api = api_server()
     source = submit(api, acme, QUESTION)

@@ -24,8 +24,8 @@ from tests.fixtures_browser import (
     sign_in,
     submit,
 )
-from tests.fixtures_cluster import ROOT, Cluster
-from tests.test_ui_pages import BATCH, QUESTION, hostile_report, run_batch
+from tests.fixtures_cluster import Cluster
+from tests.test_ui_pages import BATCH, QUESTION, hostile_report, run_batch, stored_eval
 
 pytestmark = pytest.mark.integration
 
@@ -61,10 +61,7 @@ def test_batches_diff_and_eval_pages_in_a_browser(tenancy_cluster: Cluster, api_
     acme, other = make_key(c, "acme", "pro"), make_key(c, "other", "free")
     c.start_worker()
     out, lines, batch_id = run_batch(c, tmp_path, [*BATCH, {"id": "q4", "question": "Who painted the Mona Lisa?"}])
-    subset = tmp_path / "subset.jsonl"
-    subset.write_text("\n".join((ROOT / "worker" / "data" / "eval_set.jsonl").read_text().splitlines()[:4]) + "\n")
-    assert c.reactq("eval", str(subset), "--out", str(tmp_path / "r.jsonl"), "--report", str(tmp_path / "r.html"),
-                    "--tenant", "acme").returncode == 0
+    stored_eval(c, tmp_path, 4)
     hostile_id, _ = hostile_report(c, "acme", "hostile.jsonl")
     api = api_server()
     tenant_api = api.client(acme)

@@ -193,6 +193,16 @@ def test_batch_pages_trace_diff_and_tenant_isolation(tenancy_cluster: Cluster, a
     assert everyone.get(f"/ui/batches/{batch_id}/results.jsonl").text == written
 
 
+def stored_eval(cluster: Cluster, tmp_path: Path, questions: int, tenant: str = "acme") -> None:
+    """`reactq eval --report` of the bundled set's first `questions` (file subset.jsonl), stored for `tenant`."""
+    subset = tmp_path / "subset.jsonl"
+    lines = (ROOT / "worker" / "data" / "eval_set.jsonl").read_text().splitlines()[:questions]
+    subset.write_text("\n".join(lines) + "\n")
+    done = cluster.reactq("eval", str(subset), "--out", str(tmp_path / "r.jsonl"), "--report",
+                          str(tmp_path / "r.html"), "--tenant", tenant)
+    assert done.returncode == 0, done.stderr
+
+
 def hostile_report(cluster: Cluster, tenant: str, name: str) -> tuple[str, str]:
     """Store a report made by the real report writer from lines whose texts are hostile; (id, its HTML)."""
     lines = [{"id": "x1", "question": "<script>alert(1)</script>?", "expected": "42", "status": "succeeded",
@@ -212,11 +222,7 @@ def test_eval_reports_are_listed_opened_escaped_and_kept_per_tenant(
     c = tenancy_cluster
     acme, other = make_key(c, "acme", "pro"), make_key(c, "other", "free")
     c.start_worker()
-    subset = tmp_path / "subset.jsonl"
-    subset.write_text("\n".join((ROOT / "worker" / "data" / "eval_set.jsonl").read_text().splitlines()[:2]) + "\n")
-    done = c.reactq("eval", str(subset), "--out", str(tmp_path / "r.jsonl"), "--report", str(tmp_path / "r.html"),
-                    "--tenant", "acme")
-    assert done.returncode == 0, done.stderr
+    stored_eval(c, tmp_path, 2)
     hostile_id, hostile_html = hostile_report(c, "acme", "hostile.jsonl")
     api = api_server()
     ui, _ = signed_in(api, acme)
