@@ -4,7 +4,7 @@
 # Installs what the tests need (Debian: redis-server, docker.io, debootstrap, bubblewrap, prometheus, chromium, runsc,
 # prometheus-alertmanager and prometheus-redis-exporter (tests/test_alertmanager.py, tests/test_redis_exporter.py),
 # docker-compose to render the compose file;
-# pip: this project with its test extras), starts a Docker engine if none answers, builds the sandbox
+# pip: this project with its test extras, at the versions of deploy/constraints.txt), starts a Docker engine if none answers, builds the sandbox
 # image offline when it is missing, runs ruff, mypy on worker/, api_stub/ and tools_sandbox/, and pytest, then stops the
 # engine it started. Docker tests fail (never skip) here: REACTQ_REQUIRE_DOCKER=1.
 set -euo pipefail
@@ -23,7 +23,9 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -q --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u)
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e ".[test]"
+# Exactly the versions the suite passed with (deploy/constraints.txt, the lock; scripts/refresh-lock.sh moves it
+# forward). REACTQ_CONSTRAINTS names another lock: the refresh tries its candidate that way.
+python3 -m pip install -q --disable-pip-version-check -c "${REACTQ_CONSTRAINTS:-deploy/constraints.txt}" -e ".[test]"
 
 started_dockerd=0
 if ! docker info >/dev/null 2>&1; then

@@ -9,15 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpcore
-import httpx
+import httpx2
 import pytest
 
 from tests.fixtures_stub import StubControl
 from worker.core.models import ToolCall, Usage
 from worker.errors import LLMError
 from worker.llm.client import OpenAIChat, parse_completion
-from worker.llm.http_pool import LLMHTTPClient, _Connection
+from worker.llm.http_pool import LLMHTTPClient
 
 
 def body(message: dict, **extra: object) -> str:
@@ -151,41 +150,9 @@ def test_a_providers_cookies_are_not_sent_back() -> None:
         server.server_close()
 
 
-class _Inner(httpcore.ConnectionInterface):
-    """A connection whose own check says expired (its socket is readable) while it is or is not idle."""
-
-    def __init__(self, idle: bool) -> None:
-        self.idle = idle
-
-    def has_expired(self) -> bool:
-        return True
-
-    def is_idle(self) -> bool:
-        return self.idle
-
-
-def test_a_connection_taken_while_the_pool_looked_at_it_is_not_expired() -> None:
-    """httpcore's pool checks an idle connection's state, then its socket; a request that took the
-    connection in between, with its reply already waiting, made the socket readable: closing it then
-    failed that request (EBADF) or left it to wait out its timeout."""
-    assert _Connection(_Inner(idle=True)).has_expired()
-    assert not _Connection(_Inner(idle=False)).has_expired()
-
-
-def test_the_pool_hands_out_checked_connections(stub_base_url: str) -> None:
-    client = LLMHTTPClient(httpx.Limits(max_connections=2, max_keepalive_connections=2), timeout=30.0)
-    try:
-        reply = client.post(f"{stub_base_url}/chat/completions", json={"model": "m", "messages": MESSAGES})
-        assert reply.status_code == 200
-        pool = client._transport._pool  # type: ignore[attr-defined]
-        assert pool.connections and all(isinstance(c, _Connection) for c in pool.connections)
-    finally:
-        client.close()
-
-
 def test_the_clients_of_a_process_share_one_tls_context() -> None:
     """Building a TLS context reads the whole CA bundle; a worker builds a client per shard."""
-    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
+    limits = httpx2.Limits(max_connections=2, max_keepalive_connections=2)
     clients = [LLMHTTPClient(limits, timeout=30.0) for _ in range(2)]
     try:
         contexts = {id(c._transport._pool._ssl_context) for c in clients}  # type: ignore[attr-defined]

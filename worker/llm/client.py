@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
+import httpx2
 from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
@@ -114,7 +114,7 @@ class OpenAIChat:
             with self._lock:
                 client = self._shards[shard]
                 if client is None:
-                    limits = httpx.Limits(max_connections=self._per_shard, max_keepalive_connections=self._per_shard)
+                    limits = httpx2.Limits(max_connections=self._per_shard, max_keepalive_connections=self._per_shard)
                     client = openai.OpenAI(
                         base_url=self.base_url, api_key=self._api_key, timeout=self._timeout_s, max_retries=0,
                         http_client=LLMHTTPClient(limits, self._timeout_s),
@@ -174,7 +174,7 @@ class OpenAIChat:
                            _outcome(exc)) from None
         return parse_completion(response.content, attempts, int((time.monotonic() - started) * 1000))
 
-    def _attempt(self, model: str, body: dict[str, Any]) -> httpx.Response:
+    def _attempt(self, model: str, body: dict[str, Any]) -> httpx2.Response:
         """One HTTP call. The client's documented low-level post: same auth and errors as
         chat.completions.create, without its typed-params transform and without building its
         ChatCompletion model; we validate the body into our own smaller shape instead (BENCHMARKS.md,
@@ -186,7 +186,7 @@ class OpenAIChat:
             self.before_send(model)
         t0 = time.monotonic()
         try:
-            response = client.post("/chat/completions", cast_to=httpx.Response, body=body)
+            response = client.post("/chat/completions", cast_to=httpx2.Response, body=body)
         except openai.OpenAIError as exc:
             self._report(model, _outcome(exc), time.monotonic() - t0)
             if isinstance(exc, openai.RateLimitError) and self.on_rate_limited is not None:
