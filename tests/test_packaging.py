@@ -1,6 +1,7 @@
-"""The images install what the suite ran with: deploy/constraints.txt pins every runtime dependency of
-pyproject.toml (within its range), both Dockerfiles install with it, and every third-party module reactq
-imports is a declared dependency (httpcore was once used and undeclared)."""
+"""The test command and the images install what the suite ran with: deploy/constraints.txt (the lock) pins
+every dependency of pyproject.toml, runtime and test extra (within its range); scripts/test.sh and both
+Dockerfiles install with it; and every third-party module reactq imports is a declared dependency (httpcore
+was once used and undeclared)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ def runtime_requirements() -> list[Requirement]:
     return [Requirement(r) for r in pyproject["project"]["dependencies"]]
 
 
+def locked_requirements() -> list[Requirement]:
+    """What the lock must pin: the runtime dependencies and the test extra (scripts/test.sh installs both)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return runtime_requirements() + [Requirement(r) for r in pyproject["project"]["optional-dependencies"]["test"]]
+
+
 def pins() -> dict[str, Version]:
     pinned: dict[str, Version] = {}
     for line in CONSTRAINTS.read_text().splitlines():
@@ -36,13 +43,18 @@ def pins() -> dict[str, Version]:
     return pinned
 
 
-@pytest.mark.parametrize("requirement", runtime_requirements(), ids=str)
-def test_every_runtime_dependency_is_pinned_within_its_range(requirement: Requirement) -> None:
+@pytest.mark.parametrize("requirement", locked_requirements(), ids=str)
+def test_every_dependency_is_pinned_within_its_range(requirement: Requirement) -> None:
     pinned = pins()
     name = canonicalize_name(requirement.name)
     assert name in pinned, f"{requirement} has no pin in deploy/constraints.txt (scripts/freeze_constraints.py)"
     assert requirement.specifier.contains(pinned[name], prereleases=True), \
         f"deploy/constraints.txt pins {name}=={pinned[name]}, outside pyproject.toml's {requirement}"
+
+
+def test_the_test_command_installs_with_the_lock() -> None:
+    installs = [line for line in (ROOT / "scripts" / "test.sh").read_text().splitlines() if "pip install" in line]
+    assert installs and all('-c "${REACTQ_CONSTRAINTS:-deploy/constraints.txt}"' in line for line in installs)
 
 
 @pytest.mark.parametrize("dockerfile", ["deploy/Dockerfile", "deploy/stack/app.Dockerfile"])
