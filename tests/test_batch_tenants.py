@@ -129,3 +129,22 @@ def _status(client: httpx.Client, run_id: str) -> str:
     response = client.get(f"/v1/runs/{run_id}")
     assert response.status_code == 200, response.text
     return response.json()["status"]
+
+
+def test_a_batch_with_failed_runs_exits_non_zero_saying_how_many_and_why(
+        cluster: Cluster, stub_control: Any, tmp_path: Path) -> None:
+    """`reactq batch` (and `reactq eval`, which shares its exit code) exits 1 when runs failed, with their count
+    and reasons: a script or CI job that runs a batch sees it, not just a 0 above a file of errors."""
+    stub_control.set_faults(fail_first_n=1, fail_status=400)  # a bad request: no retry helps, the run fails
+    infile = _write(tmp_path / "in.jsonl", [{"id": "a", "question": "What is 1 + 1?"}])
+    cluster.start_worker(queues="steps", concurrency=4)
+    done = cluster.reactq("batch", str(infile), "--out", str(tmp_path / "out.jsonl"))
+    err = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, err
+    assert "1 run(s) failed:" in err and "1 × LLM call failed" in err and "HTTP 400" in err, err
+    [line] = [json.loads(t) for t in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert line["status"] == "failed"
+
+    again = cluster.reactq("batch", str(_write(tmp_path / "ok.jsonl", [{"id": "b", "question": "What is 2 + 2?"}])),
+                           "--out", str(tmp_path / "ok-out.jsonl"))
+    assert again.returncode == 0, again.stderr  # the fault was spent: this run succeeds

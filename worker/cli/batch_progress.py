@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..core.models import Run
+from ..core.models import Run, RunStatus
 from ..errors import AdmissionRefused, InvalidRequest, TooLarge
 from ..runtime.context import Runtime
 from ..runtime.finish_hooks import batch_may_be_finished
@@ -30,7 +31,8 @@ def run_batch_file(
     send_together: Callable[[], AbstractContextManager[Callable[..., None]]] | None = None,
     fresh: bool = False,
 ) -> int:
-    """Returns the exit code: 0 when every line ran, 1 when some lines were rejected, 2 on nothing to do.
+    """Returns the exit code: 0 when every line ran, 1 when some lines were rejected or some runs failed (how
+    many and why is printed), 2 on nothing to do.
     `line_for` makes a finished run's output line (`reactq eval` adds its scoring); `on_line` sees each
     good input line as it is read. `fresh`: start over: empty `outfile`, adopt no run of an earlier
     invocation for it, submit every line anew."""
@@ -61,6 +63,7 @@ def run_batch_file(
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
     )
+    failures: Counter[str] = Counter()  # failed runs by their error
     # --fresh starts over: the output file is emptied before its ids are read (nothing is skipped)
     with outfile.open("w" if fresh else "a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
         task = bar.add_task("runs", total=None, detail="submitting")
@@ -68,6 +71,8 @@ def run_batch_file(
         def finished(run: Run) -> None:
             sink.write(json.dumps(line_for(run), ensure_ascii=False) + "\n")
             sink.flush()
+            if run.status == RunStatus.FAILED:
+                failures[run.error or "no reason recorded"] += 1
 
         def tick(p: BatchProgress) -> None:
             bar.update(task, completed=p.done, detail=(
@@ -103,7 +108,17 @@ def run_batch_file(
         console.print(f"[red]{progress.lost} run(s) vanished from Redis[/red] (was it restarted without "
                       "its AOF?); run the same command again to submit them anew")
         return 1
-    return 1 if submitted.errors else 0
+    if failures:
+        console.print(labelled(f"{sum(failures.values())} run(s) failed:", "red", failure_summary(failures)))
+    return 1 if submitted.errors or failures else 0
+
+
+def failure_summary(failures: Counter[str], shown: int = 5) -> str:
+    """The most common reasons first, with their counts: `3 × LLM call failed (...); 1 × ...`."""
+    parts = [f"{n} × {reason}" for reason, n in failures.most_common(shown)]
+    if len(failures) > shown:
+        parts.append(f"{sum(n for _, n in failures.most_common()[shown:])} with other reasons")
+    return "; ".join(parts)
 
 
 def earlier_note(e: Earlier, outfile: Path) -> str:
