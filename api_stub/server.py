@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -221,11 +222,20 @@ def create_app(faults: FaultConfig | None = None) -> FastAPI:
         state.metrics.in_flight.inc()
         state.in_flight += 1
         state.peak_in_flight = max(state.peak_in_flight, state.in_flight)
-        try:
-            response, outcome = await _complete(state, request)
-        finally:
+
+        def served() -> None:
             state.in_flight -= 1
             state.metrics.in_flight.dec()
+
+        try:
+            response, outcome = await _complete(state, request)
+        except BaseException:
+            served()
+            raise
+        if isinstance(response, StreamingResponse):  # in flight until its last chunk is sent
+            response.body_iterator = _then(response.body_iterator, served)
+        else:
+            served()
         state.by_status[str(response.status_code)] += 1
         state.metrics.requests.labels(outcome).inc()
         state.metrics.duration.observe(time.perf_counter() - started)
@@ -298,9 +308,29 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         events = stream_events(reply, id_=id_, created=created, model=model, usage=usage,
                                include_usage=include_usage)
-        return StreamingResponse(events, media_type="text/event-stream",
+        return StreamingResponse(_paced(events, faults.chunk_delay_ms / 1000), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"}), outcome
+    if faults.chunk_delay_ms > 0:  # as a server that does not stream: silent until the whole answer is written
+        chunks = sum(1 for _ in stream_events(reply, id_=id_, created=created, model=model, usage=usage,
+                                              include_usage=False))
+        await asyncio.sleep((chunks - 1) * faults.chunk_delay_ms / 1000)
     return JSONResponse(completion_body(reply, id_=id_, created=created, model=model, usage=usage)), outcome
+
+
+async def _then(body: AsyncIterator[Any], done: Callable[[], None]) -> AsyncIterator[Any]:
+    try:
+        async for part in body:
+            yield part
+    finally:
+        done()
+
+
+async def _paced(events: Iterator[str], delay_s: float) -> AsyncIterator[str]:
+    """The stream's chunks, each after the first `delay_s` later than the one before (a model writing slowly)."""
+    for i, event in enumerate(events):
+        if i and delay_s > 0 and not event.startswith("data: [DONE]"):
+            await asyncio.sleep(delay_s)
+        yield event
 
 
 def _uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:

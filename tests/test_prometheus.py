@@ -42,6 +42,7 @@ MAY_BE_EMPTY = {
     "alert ReactqQueueGrowing": "queues are short",
     "alert ReactqQuotaRejectionsSpiking": "one rejection is not a spike",
     "alert ReactqLLMErrorRateHigh": "the stub answers every call",
+    "alert ReactqLLMCircuitOpen": "the stub answers every call: no circuit opens",
     "alert ReactqWorkerDown": "every worker is up (checked separately after stopping one)",
     # Panels of mechanisms this workload does not set off.
     "reactq-overview.json / Limiter: calls held back / A": "no provider limit is configured",

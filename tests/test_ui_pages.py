@@ -58,14 +58,16 @@ def test_ops_view_sums_rates_and_totals_over_the_live_processes() -> None:
     }, queues=["reactq.sandbox"])
     raw = OpsRaw(now=1005.0, redis_now_us=1_000_000.0, queues={"reactq.steps": [1, 0, 7] + [0] * 7},
                  unacked=2, workers={"reactq.steps": 1}, active_runs=9,
-                 limiters=[LimiterCells("m", 1_250_000.0, None, 400)], snapshots=[a, b],
+                 limiters=[LimiterCells("m", 1_250_000.0, None, 400), LimiterCells("quiet", None, None, 0),
+                           LimiterCells("down", None, None, 0, circuit_open_ms=3000)], snapshots=[a, b],
                  reaped=[{"at": 990.0, "run_id": "r1", "step": 2, "action": "dead_worker"}])
     view = ops_view(raw, {"m": (60, None)})
     assert view.queues[0].total == 8 and view.queues[0].by_priority[2] == 7 and view.queues[0].workers == 1
     assert view.steps_per_s == (20 + 10) / 10  # a: 20 in its 10 s; b: 10 since it started (prev 0)
     assert view.tokens_per_s == 100.0 and view.tokens_by_model[0].labels == ("m",)
     assert [(f.labels, f.total) for f in view.tool_failures] == [(("search", "timeout"), 5), (("python", "oom"), 2)]
-    [limiter] = view.limiters
+    down, limiter = view.limiters  # "quiet": no limit, never held back, circuit closed: no row
+    assert (down.model, down.circuit_open_ms, down.rpm) == ("down", 3000, None) and limiter.circuit_open_ms == 0
     assert limiter.rpm == 60 and limiter.rpm_booked_ms == 250 and limiter.cooldown_ms == 400
     assert limiter.provider_429 == 6 and limiter.provider_429_per_min == 60 * 3 / 10
     assert limiter.held_back == {"pacing": 9}

@@ -23,6 +23,9 @@ class ModelSpec(BaseModel):
     # the provider's enforcement window: no `window_s` seconds see more than their share of rpm/tpm
     # (worker/llm/ratelimit.py); 0: no window, only the burst tolerance REACTQ_LLM_LIMIT_BURST_S
     window_s: float = Field(1.0, ge=0, le=60)
+    # requests in flight to its server at once, over every worker (worker/llm/in_flight.py): its slots
+    # (llama.cpp's -np); None: no cap
+    max_in_flight: int | None = Field(None, ge=1)
     fallbacks: list[str] = Field(default_factory=list)
     prices_per_mtok: tuple[float, float] | None = None  # USD per 1M prompt, completion tokens
 
@@ -63,8 +66,14 @@ class Settings(BaseSettings):
     observation_max_chars: int = Field(4000, ge=100)
     context_budget_tokens: int = Field(6000, ge=500)
     keep_recent_steps: int = Field(3, ge=1)
+    # the longest the model may stay silent: before its first streamed chunk and between two (the whole
+    # answer, with llm_stream off); the run's deadline bounds the whole call
     llm_timeout_s: float = Field(60.0, gt=0)
+    llm_stream: bool = True  # stream completions (SSE); off for a server that cannot
     llm_max_retries: int = Field(4, ge=0)
+    # A provider in trouble: its circuit opens for base, 2×base… up to max seconds (worker/llm/circuit.py)
+    llm_circuit_base_s: float = Field(2.0, gt=0)
+    llm_circuit_max_s: float = Field(60.0, gt=0)
     run_deadline_s: float = Field(1800.0, gt=0)
     reflect_every: int = Field(0, ge=0)  # 0 = off
     max_question_chars: int = Field(8000, ge=1)

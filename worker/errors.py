@@ -23,7 +23,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .core.models import Usage
 
 
 class ReactqError(Exception):
@@ -102,10 +105,13 @@ def redact_url(url: str) -> str:
 class LLMError(ReactqError):
     """The endpoint could not give a reply (after retries)."""
 
-    def __init__(self, message: str, attempts: int, outcome: str = "error") -> None:
+    def __init__(self, message: str, attempts: int, outcome: str = "error", retry_after_s: float | None = None,
+                 lost_usage: Usage | None = None) -> None:
         super().__init__(message)
         self.attempts = attempts
+        self.lost_usage = lost_usage  # tokens of failed attempts the provider may bill (estimated)
         self.outcome = outcome  # the last attempt's: server_error, timeout, connection_error, client_error, ...
+        self.retry_after_s = retry_after_s  # when to try again, if the provider (or its circuit) says
 
 
 class LLMThrottled(ReactqError):

@@ -29,6 +29,9 @@ LLM_REQUESTS = Counter("reactq_llm_requests_total", "LLM HTTP attempts.", ["mode
 LLM_DURATION = Histogram("reactq_llm_request_duration_seconds", "LLM attempt latency.", ["model"],
                          buckets=LLM_BUCKETS)
 LLM_TOKENS = Counter("reactq_llm_tokens_total", "Tokens the provider reported.", ["model", "type", "tenant"])
+LLM_TOKENS_LOST = Counter("reactq_llm_tokens_lost_total",
+                          "Tokens of LLM attempts that failed after the request went out (timed out, cut "
+                          "mid-answer), which the provider may bill: estimated by reactq.", ["model", "type"])
 LLM_COST = Counter("reactq_llm_cost_usd_total", "Token spend in USD from the price table.", ["model", "tenant"])
 PARSE_ERRORS = Counter("reactq_parse_errors_total", "Model outputs that could not be used.", ["kind"])
 TOOL_CALLS = Counter("reactq_tool_calls_total", "Tool calls, by outcome.", ["tool", "outcome"])
@@ -38,10 +41,14 @@ SAFEGUARDS = Counter("reactq_safeguards_total", "Times a safeguard acted (hint, 
                      ["kind"])
 LLM_THROTTLED = Counter("reactq_llm_throttled_total",
                         "Calls held back by the shared provider limits: paced (slept), held by the window "
-                        "guard (window), re-queued (rpm, tpm, cooldown), or refused by the provider "
-                        "(provider_429).", ["model", "reason"])
+                        "guard (window), re-queued (rpm, tpm, cooldown), refused by the provider "
+                        "(provider_429), not sent while its circuit was open (circuit_open), or with every slot of its "
+                        "server taken (in_flight).", ["model", "reason"])
 LLM_LIMITER_WAIT = Histogram("reactq_llm_limiter_wait_seconds", "Time a call waited for its reserved slot.",
                              ["model"], buckets=(0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5))
+LLM_CIRCUIT_OPEN = Gauge("reactq_llm_circuit_open", "1 while the model's provider circuit is open (its calls failing: "
+                         "nobody calls it until it closes), as this process last saw it.", ["model"],
+                         multiprocess_mode="max")
 LLM_FALLBACKS = Counter("reactq_llm_fallbacks_total",
                         "Steps that moved to a fallback model after repeated 5xx or timeouts.", ["model", "fallback"])
 REAPER_ACTIONS = Counter("reactq_reaper_actions_total", "Stranded runs the reaper re-enqueued, by why; "
@@ -83,6 +90,8 @@ def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tu
     for outcome in LLM_OUTCOMES:
         LLM_REQUESTS.labels(model, outcome)
     LLM_DURATION.labels(model)
+    for kind in ("prompt", "completion"):
+        LLM_TOKENS_LOST.labels(model, kind)
     for tenant in [*tenants, "other"]:
         LLM_COST.labels(model, tenant)
         for kind in ("prompt", "completion"):

@@ -79,6 +79,7 @@ def worker(queues: str, concurrency: int | None, metrics_port: int | None, proce
 @click.option("--port", type=int, default=8900, show_default=True)
 @click.option("--faults", "faults_json", default="{}", help='fault injection as JSON, e.g. {"latency_ms": 200}')
 @click.option("--latency-ms", type=float, default=None)
+@click.option("--chunk-delay-ms", type=float, default=None, help="a slow model: the delay between streamed chunks")
 @click.option("--error-rate-429", type=float, default=None)
 @click.option("--error-rate-500", type=float, default=None)
 @click.option("--error-rate-503", type=float, default=None)

@@ -60,12 +60,18 @@ class Mode(StrEnum):
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    estimated: bool = False  # some of it was estimated by reactq (the provider did not report it)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
+            estimated=self.estimated or other.estimated,
         )
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 class ToolCall(BaseModel):
@@ -88,6 +94,7 @@ class LLMReply(BaseModel):
     attempts: int = 1
     routed_model: str | None = None  # the model reactq asked (REACTQ_MODELS name) ...
     fallback_from: str | None = None  # ... when it was a fallback for this one, after repeated failures
+    lost_usage: Usage = Field(default_factory=Usage)  # attempts that failed mid-call, which the provider may bill
 
 
 class SandboxFacts(BaseModel):
@@ -128,6 +135,7 @@ class Step(BaseModel):
     limit: str | None = None  # the loop safeguard that stopped the run here; the next step is its best effort
     best_effort: bool = False  # the last call at a limit, tools disabled: `final_answer` is the best answer
     usage: Usage = Field(default_factory=Usage)
+    lost_usage: Usage = Field(default_factory=Usage)  # the call's failed attempts (estimated): in cost_usd too
     cost_usd: float = 0.0
     llm_ms: int = 0
     tools_ms: int = 0

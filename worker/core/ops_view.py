@@ -20,6 +20,7 @@ class LimiterCells:
     rpm_tat_us: float | None
     tpm_tat_us: float | None
     cooldown_ms: int  # left of a provider 429's cool-down (0: none)
+    circuit_open_ms: int = 0  # left of its open circuit (0: closed; worker/llm/circuit.py)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class LimiterRow:
     cooldown_ms: int
     provider_429: float  # since the live processes started
     provider_429_per_min: float
-    held_back: dict[str, float]  # reason (pacing, rpm, tpm, cooldown) -> calls, since start
+    held_back: dict[str, float]  # reason (pacing, rpm, tpm, cooldown, circuit_open) -> calls, since start
+    circuit_open_ms: int = 0  # left of the model's open provider circuit (0: closed)
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,8 @@ class _Counters:
 
 
 def ops_view(raw: OpsRaw, limits: dict[str, tuple[int | None, int | None]]) -> OpsView:
-    """`limits`: model -> (rpm, tpm) of the models in REACTQ_MODELS that have a provider limit."""
+    """`limits`: model -> (rpm, tpm) of the models in REACTQ_MODELS that have a provider limit. A model is
+    listed if it has one, was held back, or its provider circuit is open."""
     snaps = raw.snapshots
     counters = _Counters(snaps)
     gauges: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(list)
@@ -177,8 +180,9 @@ def ops_view(raw: OpsRaw, limits: dict[str, tuple[int | None, int | None]]) -> O
             executions, counters.sum("reactq_quota_rejections_total", {0: tier})))
     backends = [v for (name, _), values in gauges.items() if name == "reactq_sandbox_backend_up" for v in values]
 
-    models = sorted(set(limits) | {f.labels[0] for f in counters.figures("reactq_llm_throttled_total", 1)})
     cells = {c.model: c for c in raw.limiters}
+    models = sorted(set(limits) | {f.labels[0] for f in counters.figures("reactq_llm_throttled_total", 1)}
+                    | {c.model for c in raw.limiters if c.circuit_open_ms > 0})
     limiter_rows = []
     for model in models:
         cell = cells.get(model)
@@ -193,7 +197,8 @@ def ops_view(raw: OpsRaw, limits: dict[str, tuple[int | None, int | None]]) -> O
             model, rpm, tpm, booked(cell.rpm_tat_us) if cell else 0.0, booked(cell.tpm_tat_us) if cell else 0.0,
             cell.cooldown_ms if cell else 0,
             counters.sum("reactq_llm_throttled_total", {0: model, 1: "provider_429"}),
-            60 * counters.sum("reactq_llm_throttled_total", {0: model, 1: "provider_429"}, rate=True), held))
+            60 * counters.sum("reactq_llm_throttled_total", {0: model, 1: "provider_429"}, rate=True), held,
+            cell.circuit_open_ms if cell else 0))
 
     return OpsView(
         queues=[QueueRow(name, sum(depths), depths, raw.workers.get(name, 0)) for name, depths in raw.queues.items()],

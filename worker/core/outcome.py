@@ -19,7 +19,8 @@ class Outcome(StrEnum):
     INVALID_OUTPUT = "invalid_output"  # the model's output was unusable; the error is its observation
     ENDED = "ended"  # a limit or a loop ended the run
     BEST_EFFORT = "best_effort"  # the run's last call at a limit, tools disabled, for its best answer
-    LLM_FAILED = "llm_failed"  # the LLM call failed after its retries; the run ended failed
+    LLM_FAILED = "llm_failed"  # the LLM call failed for good (a 4xx), or past the deadline; the run ended
+    PROVIDER_WAIT = "provider_wait"  # the LLM call failed for now: the step goes back to the queue for later
     BUDGET_EXCEEDED = "budget_exceeded"  # the next call could overshoot a run or tenant budget: run ended
 
 
@@ -29,6 +30,7 @@ class StepOutcome:
     next_step: int | None = None  # the step that follows, enqueued once the run's lease is released
     next_sent: bool = False  # ... by the commit that released it (else the runner sends it after)
     safeguard: str | None = None  # the safeguard that ended the run, if one did
+    retry_in_s: float | None = None  # PROVIDER_WAIT: deliver the step again after this many seconds
 
 
 FENCED = StepOutcome(Outcome.FENCED)

@@ -10,7 +10,9 @@ for nothing, since only workers call the model.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +24,8 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt
 from ..core.models import LLMReply, ToolCall, Usage
 from ..errors import LLMError
 from .http_pool import LLMHTTPClient
+from .in_flight import InFlightCap, KeepAlive
+from .stream import StreamedCompletion, StreamTooLong
 
 if TYPE_CHECKING:
     import openai
@@ -84,6 +88,8 @@ class OpenAIChat:
         on_rate_limited: Any = None,
         before_retry: Any = None,
         before_send: Any = None,
+        stream: bool = True,
+        in_flight: InFlightCap | None = None,
     ) -> None:
         self.base_url = base_url
         self._api_key = api_key
@@ -101,6 +107,8 @@ class OpenAIChat:
         self.on_rate_limited = on_rate_limited  # callback(model, retry_after_s | None): the shared cool-down
         self.before_retry = before_retry  # callback(model) before retrying a 429: the shared limiter's slot
         self.before_send = before_send  # callback(model) right before each request goes out: the window guard
+        self.stream = stream  # stream completions: the timeout is then on silence, not on the whole answer
+        self.in_flight = in_flight  # the cap on requests in flight to a model's server, over every worker
 
     def _client(self) -> openai.OpenAI:
         """This thread's shard's client (threads are dealt to shards in turn, once)."""
@@ -136,26 +144,39 @@ class OpenAIChat:
             return hinted
         return min(self.backoff_cap_s, self.backoff_base_s * 2 ** (failed_attempts - 1))
 
-    def chat(self, messages: list[dict[str, Any]], **options: Any) -> LLMReply:
+    def chat(self, messages: list[dict[str, Any]], *, deadline_at: float | None = None, **options: Any) -> LLMReply:
+        """`deadline_at` (epoch seconds): the run's deadline, which bounds every attempt (its timeout, and a
+        streamed answer still coming) and the waits between them. A timed-out request is repeated once at
+        most: a slow model asked again is only slower. The tokens of attempts that failed after the request
+        went out (the provider may bill them) are the reply's or the error's `lost_usage`."""
         import openai
 
         model = options.get("model", "")
         body = {"messages": messages, **options}
         started = time.monotonic()
-        attempts = 1
+        attempts, timeouts = 1, 0
+        lost = _LostTokens(body)
+
+        def retryable(exc: BaseException) -> bool:
+            return _retryable(exc) and not (isinstance(exc, openai.APITimeoutError) and timeouts > 1)
+
+        def left() -> float:
+            return float("inf") if deadline_at is None else deadline_at - time.time()
+
         try:
             try:
-                response = self._attempt(model, body)
+                response = self._attempt(model, body, self._timeout_for(left(), attempts), deadline_at, lost)
             except openai.OpenAIError as exc:
-                if not _retryable(exc) or self.max_retries == 0:
+                timeouts += isinstance(exc, openai.APITimeoutError)
+                if not retryable(exc) or self.max_retries == 0:
                     raise
                 # Only a failed first attempt pays for the retry machinery.
-                time.sleep(self._delay(exc, 1))
+                time.sleep(max(0.0, min(self._delay(exc, 1), left())))
                 retrying = Retrying(
-                    retry=retry_if_exception(_retryable),
+                    retry=retry_if_exception(retryable),
                     stop=stop_after_attempt(self.max_retries),
-                    wait=lambda state: self._delay(state.outcome.exception() if state.outcome else None,
-                                                   state.attempt_number + 1),
+                    wait=lambda state: max(0.0, min(left(), self._delay(
+                        state.outcome.exception() if state.outcome else None, state.attempt_number + 1))),
                     reraise=True,
                 )
                 rate_limited = isinstance(exc, openai.RateLimitError)
@@ -165,18 +186,31 @@ class OpenAIChat:
                         if rate_limited and self.before_retry is not None:
                             self.before_retry(model)  # may raise LLMThrottled: the step is re-queued
                         try:
-                            response = self._attempt(model, body)
+                            response = self._attempt(model, body, self._timeout_for(left(), attempts),
+                                                     deadline_at, lost)
                         except openai.OpenAIError as failed:
                             rate_limited = isinstance(failed, openai.RateLimitError)
+                            timeouts += isinstance(failed, openai.APITimeoutError)
                             raise
         except openai.OpenAIError as exc:
             raise LLMError(f"LLM call failed after {attempts} attempt(s): {_describe(exc)}", attempts,
-                           _outcome(exc)) from None
-        return parse_completion(response.content, attempts, int((time.monotonic() - started) * 1000))
+                           _outcome(exc), lost_usage=lost.usage) from None
+        reply = parse_completion(response, attempts, int((time.monotonic() - started) * 1000))
+        reply.lost_usage = lost.usage
+        return reply
 
-    def _attempt(self, model: str, body: dict[str, Any]) -> httpx2.Response:
-        """One HTTP call. The client's documented low-level post: same auth and errors as
-        chat.completions.create, without its typed-params transform and without building its
+    def _timeout_for(self, left_s: float, attempt: int) -> float:
+        """The attempt's timeout: the configured one, cut to what is left of the run's deadline. Nothing is
+        sent once the deadline has passed."""
+        if left_s <= 0:
+            raise LLMError(f"LLM call not sent: the run's deadline passed ({attempt - 1} attempt(s) made)",
+                           attempt - 1, "timeout")
+        return min(self._timeout_s, left_s)
+
+    def _attempt(self, model: str, body: dict[str, Any], timeout_s: float, deadline_at: float | None,
+                 lost: _LostTokens) -> bytes | dict[str, Any]:
+        """One HTTP call; the completion's body. The client's documented low-level post: same auth and errors
+        as chat.completions.create, without its typed-params transform and without building its
         ChatCompletion model; we validate the body into our own smaller shape instead (BENCHMARKS.md,
         "A cheaper step")."""
         import openai
@@ -185,9 +219,20 @@ class OpenAIChat:
         if self.before_send is not None:
             self.before_send(model)
         t0 = time.monotonic()
+        folded = StreamedCompletion() if self.stream else None
         try:
-            response = client.post("/chat/completions", cast_to=httpx2.Response, body=body)
+            with self._slot(model) as keep_alive:
+                if folded is None:
+                    response: bytes | dict[str, Any] = client.post(
+                        "/chat/completions", cast_to=httpx2.Response, body=body,
+                        options={"timeout": timeout_s}).content
+                else:
+                    response = _streamed(client, body, timeout_s, deadline_at, folded, keep_alive)
+        except StreamTooLong as exc:
+            self._report(model, "error", time.monotonic() - t0)
+            raise LLMError(f"LLM call failed: {exc}", 1, "malformed") from None
         except openai.OpenAIError as exc:
+            lost.attempt_failed(exc, folded.chars if folded is not None else 0)
             self._report(model, _outcome(exc), time.monotonic() - t0)
             if isinstance(exc, openai.RateLimitError) and self.on_rate_limited is not None:
                 self.on_rate_limited(model, _retry_after(exc))
@@ -195,9 +240,58 @@ class OpenAIChat:
         self._report(model, "ok", time.monotonic() - t0)
         return response
 
+    def _slot(self, model: str) -> contextlib.AbstractContextManager[KeepAlive]:
+        return self.in_flight.slot(model) if self.in_flight is not None else contextlib.nullcontext(_no_keep_alive)
+
     def _report(self, model: str, outcome: str, seconds: float) -> None:
         if self.on_attempt is not None:
             self.on_attempt(model, outcome, seconds)
+
+
+def _no_keep_alive() -> None:
+    return None
+
+
+def _streamed(client: openai.OpenAI, body: dict[str, Any], timeout_s: float, deadline_at: float | None,
+              folded: StreamedCompletion, keep_alive: KeepAlive) -> bytes | dict[str, Any]:
+    """The completion, streamed (SSE) and folded back into one body. `timeout_s` is the longest silence
+    (before the first chunk and between two); the run's deadline bounds the whole answer. A server that
+    answers whole though asked to stream is read whole."""
+    import openai
+
+    stream = client.post("/chat/completions", cast_to=object, options={"timeout": timeout_s}, stream=True,
+                         body={**body, "stream": True, "stream_options": {"include_usage": True}},
+                         stream_cls=openai.Stream[object])
+    with stream:
+        if "text/event-stream" not in stream.response.headers.get("content-type", ""):
+            return stream.response.read()
+        for chunk in stream:
+            folded.add(chunk)
+            keep_alive()
+            if deadline_at is not None and time.time() > deadline_at:
+                raise openai.APITimeoutError(request=stream.response.request)
+    return folded.body()
+
+
+class _LostTokens:
+    """The tokens of a call's failed attempts that the provider may bill: one that timed out or lost its
+    connection after the request went out had its prompt read, and maybe part of an answer written. No
+    usage comes with those, so they are estimated (4 characters a token): `Usage.estimated`. A refused
+    connection or an HTTP error status cost nothing."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.usage = Usage()
+
+    def attempt_failed(self, exc: BaseException, received_chars: int) -> None:
+        import openai
+
+        if not isinstance(exc, openai.APIConnectionError):  # an HTTP status error: nothing generated
+            return
+        if isinstance(exc.__cause__, (httpx2.ConnectError, httpx2.ConnectTimeout)):  # never sent
+            return
+        prompt = len(json.dumps([self.body.get("messages"), self.body.get("tools")], ensure_ascii=False)) // 4
+        self.usage = self.usage + Usage(prompt_tokens=prompt, completion_tokens=received_chars // 4, estimated=True)
 
 
 def _outcome(exc: BaseException) -> str:
@@ -258,10 +352,12 @@ class _Completion(BaseModel):
     usage: _Usage | None = None
 
 
-def parse_completion(body: bytes | str, attempts: int = 1, duration_ms: int = 0) -> LLMReply:
-    """Validate a chat completion body and normalise it into the stored reply shape."""
+def parse_completion(body: bytes | str | dict[str, Any], attempts: int = 1, duration_ms: int = 0) -> LLMReply:
+    """Validate a chat completion body (as received, or folded from a stream) and normalise it into the
+    stored reply shape."""
     try:
-        completion = _Completion.model_validate_json(body)
+        completion = (_Completion.model_validate(body) if isinstance(body, dict)
+                      else _Completion.model_validate_json(body))
     except ValidationError as exc:
         problem = exc.errors()[0]
         where = ".".join(str(p) for p in problem["loc"]) or "body"

@@ -21,7 +21,7 @@ from .client import LLMClient
 __all__ = ["FALLBACK_OUTCOMES", "RoutedLLM", "model_chain"]
 
 log = logging.getLogger("reactq.routing")
-FALLBACK_OUTCOMES = frozenset({"server_error", "timeout", "connection_error"})
+FALLBACK_OUTCOMES = frozenset({"server_error", "timeout", "connection_error", "circuit_open"})
 
 
 def model_chain(models: dict[str, ModelSpec], model: str) -> list[str]:

@@ -9,11 +9,15 @@ from functools import cached_property
 from .. import metrics
 from ..config import Settings, get_settings
 from ..core.engine import Limits
+from ..llm.circuit import CircuitLLM
 from ..llm.client import LLMClient, OpenAIChat
 from ..llm.fallback import RoutedLLM
+from ..llm.in_flight import InFlightCap
 from ..llm.ratelimit import LimitedLLM, RateLimiter
 from ..store.cluster import ClusterStore
 from ..store.connection import Client, connect
+from ..store.llm_slots import LLMSlots
+from ..store.provider_circuit import ProviderCircuits
 from ..store.provider_limits import ProviderLimits
 from ..store.runs import RunStore
 from ..store.spend import SpendStore
@@ -79,10 +83,18 @@ class Runtime:
             s.llm_base_url, s.llm_api_key, timeout_s=s.llm_timeout_s, max_retries=s.llm_max_retries,
             max_connections=s.llm_max_connections, on_attempt=_record_llm_attempt,
             on_rate_limited=self.limiter.cool_down, before_retry=self.limiter.before_retry,
-            before_send=self.limiter.before_send,
+            before_send=self.limiter.before_send, stream=s.llm_stream, in_flight=self._in_flight_cap(),
         )
         limited: LLMClient = LimitedLLM(chat, self.limiter) if self.limiter.models else chat
-        return RoutedLLM(limited, s.models)
+        guarded = CircuitLLM(limited, ProviderCircuits(self.redis), base_s=s.llm_circuit_base_s,
+                             cap_s=s.llm_circuit_max_s)
+        return RoutedLLM(guarded, s.models)
+
+    def _in_flight_cap(self) -> InFlightCap | None:
+        caps = {name: spec.max_in_flight for name, spec in self.settings.models.items() if spec.max_in_flight}
+        if not caps:
+            return None
+        return InFlightCap(LLMSlots(self.redis), caps, hold_s=self.settings.llm_timeout_s + 5)
 
     @cached_property
     def tools(self) -> ToolRegistry:

@@ -36,6 +36,8 @@ backlog of thousands waits:
   REACTQ_SANDBOX_REDISPATCH_AFTER_S it is re-sent instead, and ends at its deadline. A call that a
   sandbox worker took ends through its own result instead (tools_sandbox/tasks.py).
 - `dropped`: a finished or vanished run left in the active set is removed from it.
+A run `waiting_on=provider` (its model call failed for now; the step went back to the queue with a countdown)
+is never `dead_worker`: it is re-kicked only as `lost_message` or `long_stale`, when its message is gone.
 
 A re-kick is always safe: a step is fenced on the step number and takes the run's lease, so a duplicate
 of a message that did exist costs one cheap fenced task. Each action is counted in
@@ -98,7 +100,10 @@ def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: 
         if past_deadline:
             return ReaperAction.SANDBOX_DEADLINE
         return ReaperAction.SANDBOX_LOST
-    if taken is not None and taken[0] == run.current_step and taken[1] >= progress_at - 1:
+    # A run waiting on its model's provider took its step and sent it again with a countdown: its taken mark
+    # says nothing of a dead worker, and its message is held (as a countdown) or queued, like any other's.
+    if (run.waiting_on != "provider" and taken is not None and taken[0] == run.current_step
+            and taken[1] >= progress_at - 1):
         return ReaperAction.DEAD_WORKER if now - taken[1] > 2 * s.lease_ttl_s else None
     if idle > s.visibility_timeout_s:
         return ReaperAction.LONG_STALE

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics
-from ..core import best_effort, engine, prompts
+from ..core import best_effort, engine, prompts, provider_trouble
 from ..core.engine import Act, End, Final, PlannedCall, Reflect, Retry
-from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
+from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall, Usage
 from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
@@ -116,9 +116,9 @@ class StepRunner:
             if d.stored_reply is not None:
                 reply = d.stored_reply
             else:
-                reply, spend = self._ask(run, d.steps, d.index)
+                reply, spend = self._ask(run, d.steps, d.index, started=started)
         except LLMError as exc:
-            return self._end(run, End(RunStatus.FAILED, str(exc)), d.index, Outcome.LLM_FAILED)
+            return self._after_failed_call(snap, d, exc, started)
         except BudgetExceeded as exc:
             return self._end(run, End(RunStatus.BUDGET_EXCEEDED, str(exc)), d.index, Outcome.BUDGET_EXCEEDED)
 
@@ -130,7 +130,8 @@ class StepRunner:
         model = reply.routed_model or run.model
         step = Step(
             index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
-            cost_usd=cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok),
+            lost_usage=reply.lost_usage,
+            cost_usd=cost_usd(model, reply.usage + reply.lost_usage, self.rt.settings.prices_per_mtok),
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
 
@@ -224,15 +225,29 @@ class StepRunner:
             log.info("no best-effort answer: %s", exc, extra={"run_id": run.id, "step": d.index})
             return self._end(run, end, d.index, Outcome.ENDED)
         model = reply.routed_model or run.model
-        price = cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok)
+        price = cost_usd(model, reply.usage + reply.lost_usage, self.rt.settings.prices_per_mtok)
         step = Step(
             index=d.index, raw_output=reply.content, final_answer=best_effort.answer_from(run.mode, reply),
-            best_effort=True, usage=reply.usage, cost_usd=price,
+            best_effort=True, usage=reply.usage, lost_usage=reply.lost_usage, cost_usd=price,
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
         if step.final_answer is not None:
             metrics.SAFEGUARDS.labels("best_effort_answer").inc()
         return self._commit(snap, d, step, Outcome.BEST_EFFORT, end=end, spend=spend)
+
+    def _after_failed_call(self, snap: Snapshot, d: Delivery, exc: LLMError, started: float) -> StepOutcome:
+        """A provider in trouble is waited out (the step goes back to the queue, the run shows it waits on the
+        provider) until the run's deadline; a refusal no retry changes ends the run failed, with its reason."""
+        run, s = snap.run, self.rt.settings
+        wait_s = exc.retry_after_s if exc.retry_after_s is not None else s.llm_circuit_base_s
+        move = provider_trouble.after_failed_call(run, started, time.time(), exc.outcome, str(exc), wait_s)
+        if isinstance(move, End):
+            return self._end(run, move, d.index, Outcome.LLM_FAILED)
+        if run.waiting_on != "provider":  # a first step starts the run's deadline clock at its own start
+            self.store.mark_running(snap, d.index, waiting_on="provider", started_at=started)
+        log.info("model provider unavailable; step re-queued", extra={"run_id": run.id, "step": d.index,
+                                                                      "outcome": exc.outcome, "wait_s": move.wait_s})
+        return StepOutcome(Outcome.PROVIDER_WAIT, retry_in_s=move.wait_s)
 
     def _acts_outside(self, run: Run, act: Act) -> bool:
         """Whether any call has effects beyond the run record: a sandbox run, a tool with effects, or a
@@ -241,8 +256,8 @@ class StepRunner:
                    for p in act.planned)
 
     # --- the LLM reply ----------------------------------------------------------------------
-    def _ask(self, run: Run, steps: list[Step], index: int,
-             final: End | None = None) -> tuple[LLMReply, list[Command]]:
+    def _ask(self, run: Run, steps: list[Step], index: int, final: End | None = None,
+             started: float | None = None) -> tuple[LLMReply, list[Command]]:
         """Ask the model for step `index`'s turn (`final`: the best-effort answer at that limit, tools
         disabled); the reply and the writes that count its spend (if the reservation was not settled
         already)."""
@@ -256,18 +271,34 @@ class StepRunner:
             options["stop"] = TEXT_STOP_SEQUENCES[:4]
         if final is not None:
             messages, options = best_effort.final_request(run.mode, messages, options, final)
-        with reserve_call(s, self.rt.tenants, self.rt.budgets, run, messages, options) as budget:
-            reply = self.rt.llm.chat(messages, **options, max_tokens=budget.max_tokens)
-            model = reply.routed_model or run.model  # a fallback's tokens are priced at its own price
-            spend = budget.settle(reply.usage, cost_usd(model, reply.usage, s.prices_per_mtok))
         tenant = metrics.tenant_label(run.spec.tenant, s.tenants)
+        with reserve_call(s, self.rt.tenants, self.rt.budgets, run, messages, options) as budget:
+            try:
+                reply = self.rt.llm.chat(messages, **options, max_tokens=budget.max_tokens,
+                                         deadline_at=provider_trouble.deadline_of(run, started or time.time()))
+            except LLMError as exc:  # its failed attempts may still be billed: charged now, the step has none
+                if exc.lost_usage is not None and exc.lost_usage.total:
+                    lost, cost = exc.lost_usage, cost_usd(run.model, exc.lost_usage, s.prices_per_mtok)
+                    self._count_lost(run.model, tenant, lost)
+                    self.store.run_commands(budget.settle(lost, cost) + ledger.usage_commands(run, lost, cost))
+                raise
+            model = reply.routed_model or run.model  # a fallback's tokens are priced at its own price
+            charged = reply.usage + reply.lost_usage
+            spend = budget.settle(charged, cost_usd(model, charged, s.prices_per_mtok))
         metrics.LLM_TOKENS.labels(model, "prompt", tenant).inc(reply.usage.prompt_tokens)
         metrics.LLM_TOKENS.labels(model, "completion", tenant).inc(reply.usage.completion_tokens)
         metrics.LLM_COST.labels(model, tenant).inc(cost_usd(model, reply.usage, s.prices_per_mtok))
+        if reply.lost_usage.total:
+            self._count_lost(model, tenant, reply.lost_usage)
         if compacted:
             metrics.SAFEGUARDS.labels("context_compacted").inc()
             log.info("context compacted", extra={"run_id": run.id, "step": index, "compacted_steps": compacted})
         return reply, spend
+
+    def _count_lost(self, model: str, tenant: str, lost: Usage) -> None:
+        metrics.LLM_TOKENS_LOST.labels(model, "prompt").inc(lost.prompt_tokens)
+        metrics.LLM_TOKENS_LOST.labels(model, "completion").inc(lost.completion_tokens)
+        metrics.LLM_COST.labels(model, tenant).inc(cost_usd(model, lost, self.rt.settings.prices_per_mtok))
 
     # --- tools --------------------------------------------------------------------------------
     def _execute(
@@ -396,7 +427,8 @@ class StepRunner:
         to_send = self.dispatch.step_commands
         committed = self.store.commit_step(
             snap, step, conclude, invalid=invalid, release_lease=d.token,
-            also=(also or []) + (spend or []) + ledger.usage_commands(run, step.usage, step.cost_usd),
+            also=(also or []) + (spend or []) + ledger.usage_commands(run, step.usage + step.lost_usage,
+                                                                            step.cost_usd),
             trim=lambda: working_keys(self.store, run, steps),
             send_next=(lambda: to_send(run.id, step.index + 1)) if to_send is not None else None,
         )

@@ -187,6 +187,23 @@ def llm_cooldown(model: str) -> str:
     return f"{PREFIX}:llm:{model}:cooldown"
 
 
+def llm_circuit(model: str) -> str:
+    """string with a TTL: the model's circuit is open (its provider failing); no worker calls it until it
+    expires. Its value is how many calls failed in a row when it was opened."""
+    return f"{PREFIX}:llm:{model}:circuit"
+
+
+def llm_in_flight(model: str) -> str:
+    """sorted set: a token per request in flight to the model's server -> when its hold lapses (ms, Redis's
+    clock); at most the model's max_in_flight members (worker/store/llm_slots.py)."""
+    return f"{PREFIX}:llm:{model}:in_flight"
+
+
+def llm_failures(model: str) -> str:
+    """string (integer, with a TTL): the model's calls that failed in a row with a transient error."""
+    return f"{PREFIX}:llm:{model}:failures"
+
+
 def tenant_submitted(tenant: str, minute: int) -> str:
     """string counter with a TTL: runs a tenant submitted in one minute, kept for the fairness window
     (worker/tenancy/fairness.py; admission's per-minute limit has its own shorter-lived counter)."""

@@ -57,6 +57,7 @@ class OpsStore:
             pipe.get(keys.llm_limit(model, "rpm"))
             pipe.get(keys.llm_limit(model, "tpm"))
             pipe.pttl(keys.llm_cooldown(model))
+            pipe.pttl(keys.llm_circuit(model))
         pipe.lrange(keys.REAPER_RECENT, 0, REAPER_KEPT - 1)
         pipe.zrangebyscore(keys.WORKER_SNAPSHOTS, now - 3600, "+inf")
         replies = iter(pipe.execute())
@@ -67,9 +68,9 @@ class OpsStore:
         active = int(next(replies))
         limiters = []
         for model in models:
-            rpm, tpm, cooldown = next(replies), next(replies), int(next(replies))
+            rpm, tpm, cooldown, circuit = next(replies), next(replies), int(next(replies)), int(next(replies))
             limiters.append(LimiterCells(model, float(rpm) if rpm else None, float(tpm) if tpm else None,
-                                         max(0, cooldown)))
+                                         max(0, cooldown), max(0, circuit)))
         reaped = [json.loads(raw) for raw in next(replies)]
         members = [m.decode() for m in next(replies)]
         raws = self.r.mget([keys.worker_snapshot(m) for m in members]) if members else []

@@ -357,13 +357,15 @@ class RunStore:
 
         return self.update_run(run_id, mutate).run
 
-    def mark_running(self, snapshot: Snapshot, step_index: int, waiting_on: str | None = None) -> Snapshot | None:
-        """Running (and, on its first step, its deadline clock started), or waiting on something."""
+    def mark_running(self, snapshot: Snapshot, step_index: int, waiting_on: str | None = None,
+                     started_at: float | None = None) -> Snapshot | None:
+        """Running (and, on its first step, its deadline clock started, at `started_at` or now), or waiting on
+        something."""
 
         def mutate(run: Run) -> bool:
             if run.status.finished or run.current_step != step_index:
                 return False
-            start_deadline(run, time.time())
+            start_deadline(run, started_at or time.time())
             run.status = RunStatus.RUNNING
             run.waiting_on = waiting_on
             return True

@@ -82,13 +82,16 @@ def step(self: Any, run_id: str, index: int) -> str:
     When another delivery holds the run's lease (a duplicate, or a sandbox continuation that arrived
     before the dispatching step let go), try again shortly; past that the reaper has the run.
     When the shared provider limit has no capacity soon enough, the step goes back to the queue with
-    a countdown and this worker thread serves other runs meanwhile (worker/llm/ratelimit.py)."""
+    a countdown and this worker thread serves other runs meanwhile (worker/llm/ratelimit.py); so does a step
+    whose model call failed for now (worker/core/provider_trouble.py)."""
     try:
         with IN_FLIGHT.track(run_id, index):
             result = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
     except LLMThrottled as exc:
         send_step(run_id, index, countdown=exc.wait_s)
         return "throttled"
+    if result.retry_in_s is not None:  # the model's provider is in trouble: this thread serves other runs
+        send_step(run_id, index, countdown=result.retry_in_s)
     if result.outcome == Outcome.BUSY and self.request.retries < BUSY_RETRIES:
         raise self.retry(countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
     return result.outcome.value

@@ -164,9 +164,13 @@ def eval_report_html(request: Request, caller: UiCaller, rt: RuntimeDep, report_
 
 # --- operations ---------------------------------------------------------------------------------
 def ops_page(request: Request, caller: OperatorCaller, rt: RuntimeDep) -> Response:
-    """Queues, workers, rates, tool failures, sandbox pools, provider limits, the reaper (operator only)."""
+    """Queues, workers, rates, tool failures, sandbox pools, provider limits and circuits, the reaper
+    (operator only)."""
     limits = {name: (spec.rpm, spec.tpm) for name, spec in rt.settings.models.items() if spec.rpm or spec.tpm}
-    raw = OpsStore(rt.redis).read(sorted(limits))
+    # every model a run may call: its limiter cells and its provider circuit
+    models = set(rt.settings.models) | {rt.settings.model} | {
+        f for spec in rt.settings.models.values() for f in spec.fallbacks}
+    raw = OpsStore(rt.redis).read(sorted(models))
     return render(request, "pages/ops.html", nav_active="operations", view=ops_view(raw, limits),
                   now=raw.now)
 

@@ -1,0 +1,55 @@
+"""What a failed model call does to its run: wait for the provider, or end.
+
+A provider that is down, overloaded or slow (connection refused or reset, a timeout, a 5xx, a 429, its
+circuit open) is expected to come back: the step is tried again later, with backoff, for as long as the
+run's deadline allows; past it the run ends `timeout`. Only a refusal that no retry can change (a bad
+request, a bad key, a model that does not exist: any other 4xx) fails the run, with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .engine import End
+from .models import Run, RunStatus
+
+# LLMError.outcome values that a later attempt may turn into a reply.
+TRANSIENT_OUTCOMES = frozenset({"connection_error", "timeout", "server_error", "rate_limited", "circuit_open"})
+
+
+@dataclass(frozen=True)
+class WaitForProvider:
+    """Try the step again in `wait_s` seconds; the run shows it is waiting on the provider meanwhile."""
+
+    wait_s: float
+
+
+def backoff_s(failures: int, base_s: float, cap_s: float) -> float:
+    """The wait after `failures` failed calls in a row: base, 2×base, 4×base… up to `cap_s`."""
+    if failures < 1:
+        return 0.0
+    return min(cap_s, base_s * 2 ** min(failures - 1, 32))
+
+
+def deadline_of(run: Run, started: float) -> float | None:
+    """When the run's deadline passes (epoch seconds): `deadline_at` once a recorded step started its clock,
+    else the start of this (first) step plus its wall-time budget; None without one."""
+    if run.deadline_at is not None:
+        return run.deadline_at
+    return None if run.deadline_s is None else started + run.deadline_s
+
+
+def after_failed_call(run: Run, started: float, now: float, outcome: str, reason: str,
+                      wait_s: float) -> WaitForProvider | End:
+    """The run's next move when the model call of a step that began at `started` failed with `outcome`
+    (`reason` says why, for people), and the provider asks for (or the backoff gives) `wait_s` seconds. The
+    wait stops at the deadline (`deadline_of`): the step then finds it passed and ends the run `timeout`,
+    with a best-effort answer if it can."""
+    if outcome not in TRANSIENT_OUTCOMES:
+        return End(RunStatus.FAILED, reason)
+    deadline = deadline_of(run, started)
+    if deadline is None:
+        return WaitForProvider(wait_s)
+    if now >= deadline:
+        return End(RunStatus.TIMEOUT, f"run deadline passed while the model provider was unavailable ({reason})")
+    return WaitForProvider(min(wait_s, deadline - now))
