@@ -1,4 +1,4 @@
-"""Sandboxed python through the agent path against bare `docker run`, per runtime, in one invocation (issue 19).
+"""Sandboxed python through the agent path against bare `docker run`, per runtime, in one invocation.
 
     python bench/sandbox_agent_path.py [--runs 200] [--tenants 10] [--runtimes runc,runsc] [--out FILE]
 
@@ -25,8 +25,8 @@ containers (gVisor's sentry and gofer) and whatever else shares the machine.
 Each (step concurrency, sandbox concurrency) pair of --step-concurrency x --sandbox-concurrency is
 measured with its own fresh Redis and workers; the best pair's rate makes the ratio.
 
-Target: ratio >= 10 on each runtime (issue 19). Exit status 1 if missed, 2 if a measurement went wrong
-(a run not succeeded, an output without 42, a docker run that failed).
+Target: ratio >= 10 on each runtime (docs/decisions/warm-containers.md). Exit status 1 if missed, 2 if a
+measurement went wrong (a run not succeeded, an output without 42, a docker run that failed).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Default mode, per runtime: `docker run --rm --network none` of the image (`--run
 gVisor), `--cold-runs` times; then `--runs` back-to-back SandboxService.execute("print(6*7)") calls of
 one tenant at low load (one caller): the warm path, from call to result (pool take, request, the
 supervisor's prepared child runs the code, output, exit record, the cleanup and the ready record).
-Targets (issue 19): warm p50 <= 5 ms on runc.
+Targets: warm p50 <= 5 ms on runc (docs/decisions/warm-containers.md).
 
 --sustained S, per runtime: C concurrent callers each run `print(6*7)` back to back for S seconds,
 spread over T tenants, first through the warm pool (containers bound to a tenant serve it again),

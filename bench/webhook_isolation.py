@@ -9,7 +9,7 @@ A fresh redis-server, `reactq stub --latency-ms L` and a dripping receiver on lo
 use, tests/fixtures_receiver.py), then, for each layout:
   isolated: `reactq worker --queues steps --concurrency C` as shipped: webhooks are delivered by the webhook
             worker process it starts beside itself (REACTQ_WEBHOOK_CONCURRENCY threads, default 8);
-  shared:   the layout before issue 22 (one Celery pool of C threads taking reactq.steps and
+  shared:   the layout without the webhook worker (one Celery pool of C threads taking reactq.steps and
             reactq.webhooks), started as `celery -A worker.tasks.app worker -Q reactq.steps,reactq.webhooks`,
             with today's per-attempt deadline (REACTQ_WEBHOOK_DEADLINE_S, default 10 s).
 1. idle: tenant "b" submits P plain runs ("What is A * B + C?", 2 steps each); the time from submit until
@@ -64,7 +64,7 @@ class Site:
         env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1",
                "REACTQ_TENANTS": '["a", "b"]', "REACTQ_STALE_AFTER_S": "600", "REACTQ_WEBHOOK_ALLOW_PRIVATE": "1",
                "REACTQ_WEBHOOK_RETRY_BASE_S": "1", "REACTQ_WEBHOOK_RETRY_MAX_S": "2"}
-        if shared:  # the layout before issue 22: one pool for steps and webhooks
+        if shared:  # no webhook worker: one pool for steps and webhooks
             env["REACTQ_WORKER_QUEUES"] = "reactq.steps,reactq.webhooks"
             argv = [sys.executable, "-m", "celery", "-A", "worker.tasks.app", "worker", "-Q",
                     "reactq.steps,reactq.webhooks", "-P", "threads", "-c", str(args.concurrency),

@@ -1,4 +1,4 @@
-"""One tenant per batch (issue 22 item 5): `reactq batch` refuses a file whose lines name several
+"""One tenant per batch (docs/decisions/batches.md): `reactq batch` refuses a file whose lines name several
 tenants, naming them and their lines, before anything is submitted; the batch service refuses such
 specs from any caller; and a batch's cancel and DELETE act only on the runs of the batch's tenant (a
 batch made before the refusal may list another tenant's runs). Real redis-server, the real CLI and the

@@ -1,4 +1,4 @@
-"""A rerun says what it adopts, and never returns stale results (issue 22): `reactq eval` and `reactq
+"""A rerun says what it adopts, and never returns stale results: `reactq eval` and `reactq
 batch` for the same `--out` adopt the earlier invocation's unfinished runs, and its finished ones only
 when it was interrupted before writing them; a completed invocation's runs are never adopted (a deleted
 output file starts over), and `--fresh` starts over. Real redis-server, `reactq worker` processes, the
@@ -43,7 +43,7 @@ def _run_ids(out: Path) -> dict[str, str]:
 
 
 def test_an_eval_rerun_after_a_failed_run_and_a_deleted_file_runs_anew(cluster: Cluster, tmp_path: Path) -> None:
-    """The issue's case: the LLM endpoint was unreachable, every question failed; with it fixed and the
+    """The LLM endpoint was unreachable and every question failed; with it fixed and the
     results file deleted, the rerun runs every question again, saying why it adopts nothing."""
     dataset, out = _subset(tmp_path), tmp_path / "results.jsonl"
     broken = cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_BASE_URL="http://127.0.0.1:9/v1",

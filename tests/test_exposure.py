@@ -1,4 +1,4 @@
-"""Exposure (issue 20, item 8): what each process and pod lets others see and reach.
+"""Exposure (docs/decisions/exposure.md): what each process and pod lets others see and reach.
 
 - A real `reactq api` serves /metrics (tenants, spend) only on REACTQ_API_METRICS_PORT, bound to
   REACTQ_METRICS_HOST; its client port answers 404 there. It starts and takes runs with no LLM key.

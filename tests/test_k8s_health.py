@@ -1,4 +1,4 @@
-"""Health and shutdown (issue 20, item 6): what the probes ask, and how long a stop may take.
+"""Health and shutdown (docs/decisions/worker-health.md): what the probes ask, and how long a stop may take.
 
 - Real workers (`python -m worker.cli worker`) on real Redis answer /livez and /readyz on their metrics
   listener: ready once Celery consumes; not ready, yet alive, while Redis is down (a restart would not

@@ -1,5 +1,6 @@
-"""The shared limiter against a provider that quantises its per-minute limit into short windows (issue 20,
-item 9): the pacing math, the stub's fixed windows, the window guard, and three workers against the stub."""
+"""The shared limiter against a provider that quantises its per-minute limit into short windows
+(docs/decisions/rate-limits.md): the pacing math, the stub's fixed windows, the window guard, and three
+workers against the stub."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_the_capped_burst_never_lets_a_window_see_more_than_its_share(rpm: int, 
 
 
 def test_the_old_half_second_burst_puts_nine_calls_in_a_two_second_window() -> None:
-    """The issue's case without a window: 200/min with REACTQ_LLM_LIMIT_BURST_S=0.5 after a lull sends
+    """Without a window: 200/min with REACTQ_LLM_LIMIT_BURST_S=0.5 after a lull sends
     calls at 0, 0, 0.1, 0.4, ... 1.9 s: nine in two seconds, where the provider admits eight."""
     starts = gcra_starts(12, 60e6 / LIMIT_RPM, 500_000)
     assert most_in_a_window(starts, WINDOW_S * 1e6) == 9 > window_share(PROVIDER_RPM, WINDOW_S)
@@ -216,7 +217,7 @@ def refused_somewhere(starts: list[float]) -> bool:
 
 
 def test_reservations_from_a_lull_fit_the_providers_windows_only_with_a_window(client: redis.Redis) -> None:
-    """The issue's numbers on the real cells: 200/min after a lull, the default burst tolerance."""
+    """The same numbers on the real cells: 200/min after a lull, the default burst tolerance."""
     old = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=LIMIT_RPM, window_s=0)}, burst_s=0.5,
                       max_wait_s=10)
     assert refused_somewhere(reservation_starts(client, old, 12))
@@ -259,7 +260,7 @@ def run_three_workers(cluster: Cluster, stub_control: StubControl, tmp_path: Pat
 def test_three_workers_pace_within_the_providers_windows_at_90_percent_of_the_limit(
     cluster: Cluster, stub_control: StubControl, tmp_path: Path
 ) -> None:
-    """The issue's acceptance: the stub enforces 240/min as 8 per 2-second window (aligned to the clock);
+    """The target: the stub enforces 240/min as 8 per 2-second window (aligned to the clock);
     reactq is told 200/min over 2-second windows; 3 workers x 16 threads (50 ms per call) want far more.
     No call is refused, and between the batch's first steps and its tail the calls come at >= 90% of
     200/min: a ratio of the limiter's pacing, which does not depend on the machine's speed as long as the

@@ -180,7 +180,7 @@ TEXT_CASES = [
     case("unlabelled-fenced-code", "Thought: run it\nAction: python\n```python\nprint(1)\n```",
          thought="run it", call=("python", "print(1)"), warnings=["unlabelled_action_input", PSI]),
     case("chatter-before-final-is-thought", "Easy one.\nFinal Answer: 4", thought="Easy one.", final="4"),
-    # --- the seed articles' formats (issue 23) and their tricky neighbours
+    # --- the seed articles' formats (docs/decisions/parser.md) and their tricky neighbours
     case("article1-action-params", 'Thought: 需要搜索\nAction: search\nAction_Params: {"query": "2024年北京GDP"}',
          thought="需要搜索", call=("search", {"query": "2024年北京GDP"})),
     case("action-params-spaced", 'Action: calculator\nAction Params: {"expression": "pi * 5 ** 2"}',

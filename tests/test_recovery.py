@@ -153,7 +153,7 @@ def test_batch_rerun_submits_only_what_is_missing(
     assert kept < {r["run_id"] for r in again.values()}  # the rest was not run again ...
     assert not {json.loads(line)["run_id"] for line in first[-3:]} & {r["run_id"] for r in again.values()}
     assert stub_control.stats()["completions"] > calls_after_first  # ... and the three removed ones were
-    # (the earlier invocation completed, so its results for them were removed on purpose: issue 22)
+    # (the earlier invocation completed, so results missing from --out were removed by the user: run again)
     assert "3 finished run(s) of the earlier invocation" in " ".join(rerun.stderr.split())
 
 

@@ -89,7 +89,7 @@ def test_exporter_scrapes_as_the_exporter_acl_user_with_no_command_refused(tmp_p
 
 @pytest.mark.integration
 def test_without_slowlog_len_the_exporter_is_refused(tmp_path: Path) -> None:
-    """The check above can fail: the ACL the issue found (no slowlog|len, no client|setname) gets NOPERM."""
+    """The check above can fail: an ACL without slowlog|len and client|setname gets NOPERM."""
     acl = (REDIS_DIR / "acl.conf").read_text()
     assert " +slowlog|len" in acl and " +client|setname" in acl
     old = acl.replace(" +slowlog|len", "").replace(" +client|setname", "")

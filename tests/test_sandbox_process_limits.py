@@ -1,4 +1,4 @@
-"""The process backend caps a sandbox as a whole (issue 22): one cgroup per execution whose memory and
+"""The process backend caps a sandbox as a whole: one cgroup per execution whose memory and
 process limits are the tier's, so forked children share one memory limit and a fork bomb stops at
 pids.max; where no such cgroup can be made, the backend refuses, naming why.
 
@@ -23,8 +23,8 @@ TIER = Tier.model_validate({
     "output_bytes": 65536, "tmpfs_mb": 8,
     "quota": {"concurrent_executions": 1, "executions_per_minute": 1, "cpu_seconds_per_day": 1},
 })
-# Four children each fill 200 MB and hold it: 800 MB in all against the tier's 256 MB (the issue's
-# 4 children held 830 MB). Each stays under the per-process RLIMIT_AS, so only a limit on the whole
+# Four children each fill 200 MB and hold it: 800 MB in all against the tier's 256 MB (with rlimits
+# alone, 4 children held 830 MB). Each stays under the per-process RLIMIT_AS, so only a limit on the whole
 # sandbox can stop them.
 FORKED_HOGS = """
 import os, time

@@ -1,4 +1,4 @@
-"""Infrastructure faults never reach the model (issue 22): a sandbox call no backend can run is sent again
+"""Infrastructure faults never reach the model: a sandbox call no backend can run is sent again
 until REACTQ_SANDBOX_UNAVAILABLE_S, then its run ends `failed` (`sandbox_unavailable`); a sandbox worker
 whose backend cannot start takes no sandbox task, says so in its log and in reactq_sandbox_backend_up,
 and takes them once its backend is back.

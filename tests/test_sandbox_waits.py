@@ -1,4 +1,4 @@
-"""No sandbox call is ever dropped (issue 19): a call over its tenant's concurrency or per-minute quota waits
+"""No sandbox call is ever dropped: a call over its tenant's concurrency or per-minute quota waits
 in line, first come first served, up to its run's deadline; only the CPU day refuses. Against a real
 redis-server (time moved by passing `now`), the real task run eagerly, and real Celery sandbox workers."""
 
@@ -233,7 +233,7 @@ def test_an_old_message_without_a_deadline_waits_a_bounded_time(eager_task: Any,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     client = redis.Redis.from_url(redis_url)
     occupy(client, "lane")
-    old = {k: v for k, v in request(3).items() if k != "pending_key"}  # what a sender before issue 19 sent
+    old = {k: v for k, v in request(3).items() if k != "pending_key"}  # what an older sender sent
     assert eager_task.execute.apply(args=[old]).get()["outcome"] == "waiting"
     monkeypatch.setenv("REACTQ_SANDBOX_WAIT_MAX_S", "0")  # the bound from settings, here: none left
     eager_task.close_service()
@@ -365,8 +365,9 @@ STANDARD_OF_ONE = tier_toml("standard", (1, 1000, 1000), **LANE)  # the lane, un
 
 
 def test_runs_whose_calls_outnumber_the_slots_all_finish(cluster: Cluster, tmp_path: Path) -> None:
-    """The whole path (issue 19's 30-of-200 lost runs): a batch of runs, each calling python for a second,
-    on a tier of one concurrent execution; every run finishes with its own program's output."""
+    """The whole path (retrying with Celery's default count lost 30 of 200 runs): a batch of runs, each
+    calling python for a second, on a tier of one concurrent execution; every run finishes with its own
+    program's output."""
     tiers = tmp_path / "tiers.toml"
     tiers.write_text(STANDARD_OF_ONE, encoding="utf-8")
     cluster.env["REACTQ_SANDBOX_TIERS_FILE"] = str(tiers)

@@ -1,7 +1,8 @@
-"""No tool call can stall a worker (issue 22 item 1): every inline call has a deadline, a call past it becomes
-a `timeout` observation and the run goes on; a CPU-bound (isolation="process") tool's process is killed and
-replaced; a hung thread tool costs a capped number of abandoned threads. Then the same against a real
-Celery worker: another tenant's calculator bombs, GIL-holding and hung tools do not hold up plain runs."""
+"""No tool call can stall a worker (docs/decisions/tool-isolation.md): every inline call has a deadline, a
+call past it becomes a `timeout` observation and the run goes on; a CPU-bound (isolation="process") tool's
+process is killed and replaced; a hung thread tool costs a capped number of abandoned threads. Then the same
+against a real Celery worker: another tenant's calculator bombs, GIL-holding and hung tools do not hold up
+plain runs."""
 
 from __future__ import annotations
 

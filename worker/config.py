@@ -157,7 +157,7 @@ class Settings(BaseSettings):
     agent_name: str = Field("reactq", min_length=1, max_length=100)  # a plan's agent_name wins
     prompt_date: date | None = None  # YYYY-MM-DD, stated as today (reproducible evals); default: the run's UTC day
 
-    # the operator UI (issue 21): `reactq eval --report` also stores the report in Redis for /ui/evals
+    # the operator UI: `reactq eval --report` also stores the report in Redis for /ui/evals
     eval_report_store: bool = True  # false: the report is only written to its file
     eval_report_max_bytes: int = Field(8 * 1024 * 1024, ge=1024)  # a larger report is not stored (the file is)
     eval_reports_kept: int = Field(100, ge=1)  # per tenant; the oldest beyond go (each also expires per retention_s)

@@ -224,7 +224,7 @@ CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken an
 CELERY_UNACKED_INDEX = "unacked_index"  # ... and when each was taken (a zset of the same tags)
 
 
-# --- the operator UI (issue 21): eval reports, batch indexes, workers' metric snapshots -------------
+# --- the operator UI: eval reports, batch indexes, workers' metric snapshots -------------
 BATCHES = f"{PREFIX}:batches"  # zset: every batch id with an owner, scored by creation time (the UI's list)
 
 

@@ -14,7 +14,7 @@ when it is submitted and every later step of the run keeps it:
 - continuations without a priority (the reaper's re-kicks, sandbox results) land in the base list,
   which is served first: recovering a stranded run is never starved.
 
-NOTES.md says why this and not per-tenant queues.
+docs/decisions/fair-queues.md says why this and not per-tenant queues.
 """
 
 from __future__ import annotations

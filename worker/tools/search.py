@@ -3,7 +3,8 @@ REACTQ_SEARCH_CORPUS), SerpAPI when SERPAPI_API_KEY is set.
 
 Terms are Unicode words for alphabetic scripts and overlapping character bigrams for CJK text (Chinese
 has no spaces): "北京天气" -> 北京, 京天, 天气. Bigrams need no dictionary and find any word a segmenter
-would, at the price of a few spurious pairs that BM25's idf weighs down (NOTES.md: why not jieba)."""
+would, at the price of a few spurious pairs that BM25's idf weighs down (why not jieba:
+docs/decisions/search-cjk.md)."""
 
 from __future__ import annotations
 
