@@ -48,7 +48,7 @@ def listening_on(port: int) -> list[str]:
 
 
 def test_the_api_metrics_port_by_setting_and_listening_address() -> None:
-    # Unset: on the API's port while it listens on loopback alone (DESIGN.md's GET /metrics), else apart.
+    # Unset: on the API's port while it listens on loopback alone (docs/DESIGN.md's GET /metrics), else apart.
     assert api_metrics_port(None, "127.0.0.1") == 0 and api_metrics_port(None, "::1") == 0
     assert api_metrics_port(None, "localhost") == 0
     assert api_metrics_port(None, "0.0.0.0") == 9807 and api_metrics_port(None, "10.1.2.3") == 9807

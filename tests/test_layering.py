@@ -1,4 +1,4 @@
-"""Which way imports go (DESIGN.md, docs/decisions/layout.md): worker/ is a stack of packages, each importing
+"""Which way imports go (docs/DESIGN.md, docs/decisions/layout.md): worker/ is a stack of packages, each importing
 only the packages below it; the pure engine (`worker/core/`) imports only itself, `worker.errors`, the
 standard library and pydantic; celery, fastapi, click and rich each live in one package; tools_sandbox
 never imports worker and api_stub imports neither. A module is classified by the folder it is in."""

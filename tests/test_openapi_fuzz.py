@@ -79,7 +79,7 @@ def test_the_document_states_every_route_and_its_errors(cluster: Cluster) -> Non
         api.stop()
     operations = {f"{method.upper()} {path}": op for path, item in document["paths"].items()
                   for method, op in item.items()}
-    assert set(operations) >= {  # the routes of DESIGN.md's contract
+    assert set(operations) >= {  # the routes of docs/DESIGN.md's contract
         "POST /v1/runs", "GET /v1/runs", "GET /v1/runs/{run_id}", "GET /v1/runs/{run_id}/events",
         "POST /v1/runs/{run_id}/cancel", "POST /v1/runs/{run_id}/approvals", "POST /v1/runs/{run_id}/replay",
         "DELETE /v1/runs/{run_id}", "POST /v1/batches", "GET /v1/batches/{batch_id}",

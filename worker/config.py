@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     # /metrics bind this address (manifests set 0.0.0.0: Prometheus and the kubelet reach pods by their IP)
     metrics_host: str = "127.0.0.1"
     # the API's /metrics (tenant names, spend): on this port of its own; 0: on the API's port; unset: on the
-    # API's port while `reactq api` listens on loopback only (DESIGN.md's GET /metrics), else on 9807
+    # API's port while `reactq api` listens on loopback only (docs/DESIGN.md's GET /metrics), else on 9807
     api_metrics_port: int | None = Field(None, ge=0, le=65535)
     health_stale_s: float = Field(30.0, gt=0)  # no consumer heartbeat for this long (Redis up): /livez fails
 

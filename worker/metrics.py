@@ -1,4 +1,4 @@
-"""Prometheus metrics of the API and step workers (names fixed by DESIGN.md; dashboards query them).
+"""Prometheus metrics of the API and step workers (names fixed by docs/DESIGN.md; dashboards query them).
 
 Label values are bounded: statuses, outcomes, tool names, models, configured tenants (others
 count as "other"). Never a run id or free text. Sandbox metrics live in tools_sandbox.metrics.

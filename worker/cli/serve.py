@@ -102,7 +102,7 @@ SEPARATE_API_METRICS_PORT = 9807
 
 def api_metrics_port(setting: int | None, host: str) -> int:
     """Where `reactq api` serves /metrics: 0 on the API's own port, else a port of its own. Unset, the API's
-    own port while it listens on loopback only (as DESIGN.md has it), else 9807 (Prometheus's alone)."""
+    own port while it listens on loopback only (as docs/DESIGN.md has it), else 9807 (Prometheus's alone)."""
     if setting is not None:
         return setting
     try:

@@ -1,6 +1,6 @@
 """The step decision: what happens after the model's turn. Pure: no Redis, no Celery, no network.
 
-Whose fault decides the outcome (see STYLE.md): the model's mistakes (bad format, unknown tool,
+Whose fault decides the outcome (see docs/STYLE.md): the model's mistakes (bad format, unknown tool,
 bad arguments, repeating itself) become observations and the run goes on; limits (max steps,
 deadline, token budget, too many invalid outputs in a row, a loop that a hint did not break) end
 the run with a status and a reason.
