@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -317,7 +317,7 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
     return JSONResponse(completion_body(reply, id_=id_, created=created, model=model, usage=usage)), outcome
 
 
-async def _then(body: AsyncIterator[Any], done: Callable[[], None]) -> AsyncIterator[Any]:
+async def _then(body: AsyncIterable[Any], done: Callable[[], None]) -> AsyncIterator[Any]:
     try:
         async for part in body:
             yield part

@@ -4,17 +4,25 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from worker.config import get_settings
+from worker.config import Settings
 from worker.errors import ToolError
 from worker.tools import search as web
 from worker.tools.builtin import SearchArgs
 from worker.tools.builtin import search as search_tool
-from worker.tools.search import OfflineCorpus, _terms, bundled_corpus, load_corpus_file
+from worker.tools.search import (
+    OfflineCorpus,
+    SearchSource,
+    _terms,
+    bundled_corpus,
+    current_source,
+    load_corpus_file,
+    use_source,
+)
 
 
 def test_terms_of_chinese_text_are_character_bigrams() -> None:
@@ -51,12 +59,10 @@ def test_chinese_query_used_to_find_nothing_and_now_ranks() -> None:
 
 
 @pytest.fixture
-def corpus_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    get_settings.cache_clear()
-    yield monkeypatch
-    monkeypatch.delenv("REACTQ_SEARCH_CORPUS", raising=False)
-    monkeypatch.delenv("REACTQ_SEARCH_CORPUS_MAX_BYTES", raising=False)
-    get_settings.cache_clear()
+def use_corpus() -> Iterator[Callable[..., None]]:
+    """Point the search tool at a corpus file, as the runtime does from REACTQ_SEARCH_CORPUS."""
+    yield lambda path, max_bytes=64 * 1024 * 1024: use_source(SearchSource(None, str(path), max_bytes))
+    use_source(SearchSource())
 
 
 def _write(path: Path, lines: list[str]) -> Path:
@@ -64,11 +70,11 @@ def _write(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def test_a_team_corpus_file_replaces_the_bundled_one(corpus_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_team_corpus_file_replaces_the_bundled_one(use_corpus: Callable[..., None], tmp_path: Path) -> None:
     docs = [{"title": "报销流程", "text": "差旅报销须在出差结束后30天内通过财务系统提交。"},
             {"title": "VPN", "text": "Connect to the office VPN with the vpn.example.com profile."}]
     path = _write(tmp_path / "kb.jsonl", [json.dumps(d, ensure_ascii=False) for d in docs] + [""])
-    corpus_env.setenv("REACTQ_SEARCH_CORPUS", str(path))
+    use_corpus(path)
     answer = search_tool(SearchArgs(query="报销要在多少天内提交"))
     assert answer.startswith("1. 报销流程: 差旅报销须在出差结束后30天内")
     assert "VPN" in search_tool(SearchArgs(query="office vpn profile"))
@@ -107,16 +113,26 @@ def test_corpus_file_size_is_bounded_and_bytes_must_be_utf8(tmp_path: Path) -> N
 
 
 def test_the_model_hears_only_that_the_knowledge_base_is_unavailable(
-    corpus_env: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    use_corpus: Callable[..., None], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = _write(tmp_path / "secret-kb.jsonl", ['{"title": "a", "text": "b"}', "oops"])
-    corpus_env.setenv("REACTQ_SEARCH_CORPUS", str(path))
+    use_corpus(path)
     with pytest.raises(ToolError) as caught:
         search_tool(SearchArgs(query="anything"))
     assert caught.value.error_type == "search_corpus_invalid"
     assert "secret-kb" not in str(caught.value) and "unavailable" in str(caught.value)
     assert "secret-kb.jsonl line 2: not JSON" in caplog.text  # the operator is told exactly
-    corpus_env.setenv("REACTQ_SEARCH_CORPUS_MAX_BYTES", "10")
-    get_settings.cache_clear()
+    use_corpus(path, max_bytes=10)
     with pytest.raises(ToolError, match="unavailable"):
         search_tool(SearchArgs(query="anything"))
+
+
+def test_the_runtime_points_the_search_tool_at_the_settings_corpus(tmp_path: Path) -> None:
+    """The settings reach the tool through the runtime that loads the tools (no module below reads them)."""
+    from worker.runtime.context import Runtime
+
+    try:
+        assert Runtime(Settings(search_corpus=str(tmp_path / "kb.jsonl"), search_corpus_max_bytes=123)).tools
+        assert current_source() == SearchSource(None, str(tmp_path / "kb.jsonl"), 123)
+    finally:
+        use_source(SearchSource())

@@ -27,6 +27,8 @@ from ..tenancy.budgets import TenantBudgets
 from ..tenancy.plans import AllowedTools
 from ..tenancy.tenants import Tenants
 from ..tools import REGISTRY, ToolRegistry
+from ..tools.search import SearchSource
+from ..tools.search import use_source as use_search_source
 from .leases import LeaseKeeper
 
 
@@ -98,7 +100,9 @@ class Runtime:
 
     @cached_property
     def tools(self) -> ToolRegistry:
-        REGISTRY.load_modules(self.settings.tool_modules)
+        s = self.settings
+        use_search_source(SearchSource(s.serpapi_api_key, s.search_corpus, s.search_corpus_max_bytes))
+        REGISTRY.load_modules(s.tool_modules)
         return REGISTRY
 
     def tools_for(self, tenant: str) -> ToolRegistry | AllowedTools:

@@ -7,7 +7,6 @@ from functools import lru_cache
 import httpx
 from pydantic import BaseModel, Field
 
-from ..config import get_settings
 from ..errors import ToolError
 from . import calculator as calc
 from . import search as web
@@ -50,9 +49,10 @@ def _http_client() -> httpx.Client:
       returns="the best matching passages, one per line, or No results",
       when="for facts you do not know for sure, recent events, names, dates; use short keywords")
 def search(args: SearchArgs) -> str:
-    key = get_settings().serpapi_api_key
+    source = web.current_source()
+    key = source.serpapi_api_key
     results = (
-        web.serpapi_search(args.query, key, _http_client()) if key else web.default_corpus().search(args.query)
+        web.serpapi_search(args.query, key, _http_client()) if key else web.default_corpus(source).search(args.query)
     )
     return web.format_results(args.query, results)
 

@@ -14,12 +14,12 @@ import math
 import os
 import re
 from collections import Counter
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
 import httpx
 
-from ..config import get_settings
 from ..errors import ToolError
 
 _log = logging.getLogger(__name__)
@@ -137,16 +137,37 @@ def _file_corpus(path: str, max_bytes: int, mtime_ns: int) -> OfflineCorpus:
     return OfflineCorpus(load_corpus_file(path, max_bytes))
 
 
-def default_corpus() -> OfflineCorpus:
-    """The corpus REACTQ_SEARCH_CORPUS names (re-read when the file changes), else the bundled one.
+@dataclass(frozen=True)
+class SearchSource:
+    """Where the search tool looks: SerpAPI with this key (SERPAPI_API_KEY), else the corpus file
+    (REACTQ_SEARCH_CORPUS), else the bundled corpus. The runtime sets it from the settings (`use_source`)."""
+
+    serpapi_api_key: str | None = None
+    corpus_path: str | None = None
+    corpus_max_bytes: int = 64 * 1024 * 1024
+
+
+_source = SearchSource()
+
+
+def use_source(source: SearchSource) -> None:
+    global _source
+    _source = source
+
+
+def current_source() -> SearchSource:
+    return _source
+
+
+def default_corpus(source: SearchSource) -> OfflineCorpus:
+    """The corpus the source names (re-read when the file changes), else the bundled one.
     A bad file is logged in full for the operator; the model hears only that the knowledge base is
     unavailable (the file's path and contents are not its business)."""
-    settings = get_settings()
-    path = settings.search_corpus
+    path = source.corpus_path
     if not path:
         return bundled_corpus()
     try:
-        return _file_corpus(path, settings.search_corpus_max_bytes, os.stat(path).st_mtime_ns)
+        return _file_corpus(path, source.corpus_max_bytes, os.stat(path).st_mtime_ns)
     except (OSError, ToolError) as exc:
         detail = str(exc) if isinstance(exc, ToolError) else f"search corpus {path}: cannot be read ({exc.strerror})"
         _log.error("%s", detail)
