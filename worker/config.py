@@ -43,8 +43,6 @@ class Settings(BaseSettings):
     model: str = "reactq-stub"
     mode: Mode = Mode.TOOLS
     max_steps: int = Field(8, ge=1, le=200)
-    sandbox_backend: str = "docker"  # `reactq demo` sets auto for its own sandbox worker
-    sandbox_image: str = "reactq-sandbox:latest"
     metrics_port: int = 9808
     # the metrics listeners (worker/runtime/metrics_server.py): workers' /metrics, /livez, /readyz and the API's
     # /metrics bind this address (manifests set 0.0.0.0: Prometheus and the kubelet reach pods by their IP)
