@@ -89,7 +89,7 @@ def test_a_last_step_whose_record_changed_meanwhile_still_trims_the_run(harness:
     lookup = call("search", {"query": "x"}, call_id="s1")
 
     def record_touched_meanwhile(messages: list[dict[str, Any]]) -> LLMReply:
-        harness.store.update_run(run_id, lambda run: True)  # any write: the step's compare-and-set misses
+        harness.store.update_run(run_id, lambda run: None)  # any write: the step's compare-and-set misses
         harness.store.save_tool_result(run_id, 0, Observation(call_id="s1", tool="search", content="a working key"))
         return final("42")
 

@@ -278,9 +278,8 @@ def test_time_spent_waiting_in_the_queue_does_not_use_up_the_deadline(make_harne
     harness = make_harness(run_deadline_s=2)
     run_id = harness.submit("What is 6 * 7?")
 
-    def queued_long_ago(run: Any) -> bool:
+    def queued_long_ago(run: Any) -> None:
         run.created_at -= 3600
-        return True
 
     harness.store.update_run(run_id, queued_long_ago)
     assert harness.run(run_id).deadline_at is None
@@ -297,9 +296,8 @@ def test_a_deadline_passed_before_a_step_ends_the_run_without_asking(make_harnes
     run_id = harness.submit("What is 6 * 7?")
     harness.step()
 
-    def past_deadline(run: Any) -> bool:
+    def past_deadline(run: Any) -> None:
         run.deadline_at = time.time() - 1
-        return True
 
     harness.store.update_run(run_id, past_deadline)
     result = harness.step()
@@ -311,7 +309,7 @@ def test_a_step_commits_even_when_its_run_record_changed_underneath_without_fenc
     run_id = harness.submit("What is 6 * 7?")
 
     def record_touched_meanwhile(messages: list[dict[str, Any]]) -> LLMReply:
-        harness.store.update_run(run_id, lambda run: True)  # any write: the step's compare-and-set misses
+        harness.store.update_run(run_id, lambda run: None)  # any write: the step's compare-and-set misses
         return SIX_BY_SEVEN
 
     harness.llm.script(record_touched_meanwhile, final("42"))
