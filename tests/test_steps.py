@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from tests.harness import Harness, call, calls, final
+from tests.store_helpers import save_reply
 from tools_sandbox.models import SandboxResult
 from tools_sandbox.tasks import ExecuteRequest
 from worker.core.models import LLMReply, RunStatus, Usage
@@ -80,7 +81,7 @@ def test_a_duplicate_arriving_while_the_step_runs_backs_off_then_is_fenced(harne
 
 def test_a_redelivered_step_reuses_the_reply_a_dead_worker_stored(harness: Harness) -> None:
     run_id = harness.submit("What is 6 * 7?")
-    harness.store.save_reply(run_id, 0, SIX_BY_SEVEN)  # stored, then the worker died before recording
+    save_reply(harness.store, run_id, 0, SIX_BY_SEVEN)  # stored, then the worker died before recording
     harness.llm.script(final("42"))
     assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
     assert len(harness.llm.requests) == 1  # only step 1 asked the model

@@ -15,7 +15,6 @@ stale when the watched path re-reads and calls the mutator again."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from .cas import (
     write_watched,
 )
 from .events import event_command
+from .scratch import StepScratch
 from .scripts import lua
 from .submissions import SubmissionStore
 from .sweep import Sweep
@@ -156,6 +156,7 @@ class RunStore:
         self._compact = client.register_script(COMPACT_SCRIPT)
         self.submissions = SubmissionStore(client, run_ttl_s, self.batch_ttl)
         self.sweep = Sweep(client)
+        self.scratch = StepScratch(client, run_ttl_s)
 
     # --- run records -------------------------------------------------------------------------
     def load_run(self, run_id: str) -> Run | None:
@@ -382,65 +383,7 @@ class RunStore:
 
         return self.update_run(snapshot.run.id, mutate, expect=snapshot).snapshot
 
-    # --- idempotency: stored replies, tool results, dispatch markers, leases ------------------
-    def get_reply(self, run_id: str, step: int) -> LLMReply | None:
-        raw = self.r.get(keys.reply(run_id, step))
-        return LLMReply.model_validate_json(raw) if raw else None
-
-    def save_reply(self, run_id: str, step: int, reply: LLMReply) -> LLMReply:
-        """Store the reply unless one is there already; return the one that counts."""
-        key = keys.reply(run_id, step)
-        if self.r.set(key, reply.model_dump_json(), nx=True, ex=self.ttl):
-            return reply
-        stored = self.get_reply(run_id, step)
-        return stored or reply
-
-    def prepare_act(
-        self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]],
-        also: list[Command] | None = None, *, tenant: str,
-    ) -> tuple[bool, list[str | None]]:
-        """Before a step acts, in one round trip: store its `reply` unless one is stored already (None:
-        it came from the store), read `tenant`'s idempotent-tool cache for the `cacheable` (tool,
-        arguments) calls, and run the `also` writes. Returns whether our reply is the one that counts,
-        and the cached contents."""
-        pipe = self.r.pipeline(transaction=False)
-        if reply is not None:
-            pipe.set(keys.reply(run_id, step), reply.model_dump_json(), nx=True, ex=self.ttl)
-        for tool, arguments in cacheable:
-            pipe.get(keys.tool_cache(tenant, tool, self._digest(arguments)))
-        for command in also or []:
-            pipe.execute_command(*command)
-        results = pipe.execute()[:len(cacheable) + (reply is not None)]
-        stored = bool(results.pop(0)) if reply is not None else True
-        return stored, [r.decode() if r else None for r in results]
-
-    def cache_commands(self, tenant: str, entries: list[tuple[str, dict[str, Any], str]],
-                       ttl_s: int) -> list[Command]:
-        """Writes that put (tool, arguments, content) results in `tenant`'s idempotent-tool cache."""
-        if ttl_s <= 0:
-            return []
-        return [("SET", keys.tool_cache(tenant, tool, self._digest(arguments)), content, "EX", ttl_s)
-                for tool, arguments, content in entries]
-
-    def save_tool_result(self, run_id: str, step: int, obs: Observation) -> Observation:
-        """Store one call's result unless one is there already; return the one that counts."""
-        key = keys.tool_results(run_id, step)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hsetnx(key, obs.call_id, obs.model_dump_json())
-        pipe.expire(key, self.ttl)
-        if pipe.execute()[0]:
-            return obs
-        stored = self.r.hget(key, obs.call_id)
-        return Observation.model_validate_json(stored) if stored else obs
-
-    def get_sandbox_result(self, run_id: str, step: int, call_id: str) -> bytes | None:
-        """The sandbox worker's raw result object for one call, once it has stored it."""
-        return self.r.get(keys.sandbox_result(run_id, step, call_id))
-
-    def sandbox_pending(self, run_id: str, step: int) -> bool:
-        """Whether a sandbox task still works on (or waits in line for) a call of this step."""
-        return bool(self.r.exists(keys.sandbox_pending(run_id, step)))
-
+    # --- idempotency: dispatch markers, leases ------------------------------------------------
     def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
         return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
 
@@ -455,12 +398,6 @@ class RunStore:
 
     def lease_held(self, run_id: str) -> bool:
         return bool(self.r.exists(keys.lease(run_id)))
-
-    # --- idempotent-tool cache ------------------------------------------------------------------
-    @staticmethod
-    def _digest(arguments: dict[str, Any]) -> str:
-        return hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:32]
-
 
     # --- a run's batch, and one-off writes ------------------------------------------------------
     def move_to_batch(self, run_id: str, batch_id: str) -> None:
