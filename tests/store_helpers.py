@@ -11,3 +11,8 @@ from worker.store.runs import RunStore
 def save_reply(store: RunStore, run_id: str, step: int, reply: LLMReply) -> None:
     """Store step `step`'s LLM reply as a delivery that then died would have (unless one is stored)."""
     store.r.set(keys.reply(run_id, step), reply.model_dump_json(), nx=True, ex=store.ttl)
+
+
+def lease_held(store: RunStore, run_id: str) -> bool:
+    """Whether anyone holds the run's step lease."""
+    return bool(store.r.exists(keys.lease(run_id)))

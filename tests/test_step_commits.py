@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from tests.harness import HARNESS_SETTINGS, Harness, call, final
-from tests.store_helpers import save_reply
+from tests.store_helpers import lease_held, save_reply
 from tests.test_steps import SIX_BY_SEVEN, complete_sandbox
 from tests.waiting import wait_for
 from tools_sandbox.models import SandboxResult
@@ -106,7 +106,7 @@ def test_the_commit_lets_go_of_the_lease(harness: Harness) -> None:
     harness.llm.script(SIX_BY_SEVEN)
     run_id = harness.submit("What is 6 * 7?")
     assert harness.step().outcome == Outcome.TOOL_CALLS
-    assert not harness.store.lease_held(run_id) and harness.rt.leases.held() == []
+    assert not lease_held(harness.store, run_id) and harness.rt.leases.held() == []
 
 
 def test_a_redelivered_step_reuses_the_tool_results_a_dead_worker_stored(harness: Harness) -> None:

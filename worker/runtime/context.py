@@ -14,6 +14,7 @@ from ..llm.fallback import RoutedLLM
 from ..llm.ratelimit import LimitedLLM, RateLimiter
 from ..store.cluster import ClusterStore
 from ..store.connection import Client, connect
+from ..store.leases import Leases
 from ..store.provider_limits import ProviderLimits
 from ..store.runs import RunStore
 from ..store.spend import SpendStore
@@ -62,7 +63,7 @@ class Runtime:
 
     @cached_property
     def leases(self) -> LeaseKeeper:
-        return LeaseKeeper(self.store, self.settings.lease_ttl_s)
+        return LeaseKeeper(Leases(self.redis, self.settings.run_ttl_s), self.settings.lease_ttl_s)
 
     @cached_property
     def limiter(self) -> RateLimiter:

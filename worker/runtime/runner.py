@@ -77,7 +77,7 @@ class StepRunner:
         """Make progress on step `index` of a run, and say what happened."""
         leases = self.rt.leases
         token = leases.new_token()
-        loaded = self.store.lease_and_load(run_id, index, token, leases.ttl_ms)
+        loaded = leases.store.lease_and_load(run_id, index, token, leases.ttl_ms)
         run = loaded.run
         if run is not None and run.status == RunStatus.CANCELLED and not run.cancel_recorded:
             self._record_cancel(run_id)

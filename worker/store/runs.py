@@ -25,7 +25,7 @@ import redis
 from pydantic import TypeAdapter
 
 from ..core.engine import End
-from ..core.models import LLMReply, Observation, Run, RunStatus, Step
+from ..core.models import Run, RunStatus, Step
 from . import keys
 from .batches import BatchStore, batch_keys
 from .cas import (
@@ -42,13 +42,11 @@ from .cas import (
 )
 from .events import event_command
 from .scratch import StepScratch
-from .scripts import lua
 from .submissions import SubmissionStore
 from .sweep import Sweep
 
 T = TypeVar("T")
 
-_RENEW_LEASE = lua(__file__, "renew_lease.lua")
 _STEPS = TypeAdapter(list[Step])
 
 Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
@@ -93,22 +91,6 @@ class _Decided:
 
 
 @dataclass(frozen=True)
-class Loaded:
-    """What one delivery of step `index` reads, in one round trip, as it tries to take the run's lease.
-    Beyond the run record, it is meaningful only with the lease (no holder writes behind it)."""
-
-    acquired: bool
-    snapshot: Snapshot | None  # None: no such run
-    steps: list[Step]
-    reply: LLMReply | None  # the reply stored for this step by an earlier delivery
-    results: dict[str, Observation]  # tool results stored for this step, by call id
-
-    @property
-    def run(self) -> Run | None:
-        return self.snapshot.run if self.snapshot is not None else None
-
-
-@dataclass(frozen=True)
 class Committed:
     """A recorded step: the run record as stored, and how the step ended the run (None: it goes on).
     When it ended the run: whether the run's working keys went and its events were compacted with it,
@@ -119,6 +101,11 @@ class Committed:
     trimmed: bool = False
     batch_progress: tuple[int, int] | None = None
     next_sent: bool = False  # the run goes on, and its next step's message went out with the step
+
+
+def decode_steps(raws: list[bytes]) -> list[Step]:
+    """A run's step list as stored (one JSON object per item), in one parse."""
+    return _STEPS.validate_json(b"[" + b",".join(raws) + b"]") if raws else []
 
 
 def start_deadline(run: Run, at: float) -> None:
@@ -169,28 +156,6 @@ class RunStore:
         raws = self.r.mget([keys.run(i) for i in run_ids])
         return [Run.model_validate_json(r) if r else None for r in raws]
 
-    def lease_and_load(self, run_id: str, index: int, token: str, ttl_ms: int) -> Loaded:
-        """Try to take the run's lease and read the run, its steps, and the reply and tool results
-        stored for step `index`, in one round trip."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.set(keys.lease(run_id), token, nx=True, px=ttl_ms)
-        pipe.get(keys.run(run_id))
-        pipe.lrange(keys.steps(run_id), 0, -1)
-        pipe.get(keys.reply(run_id, index))
-        pipe.hgetall(keys.tool_results(run_id, index))
-        pipe.set(keys.step_taken(run_id), f"{index}:{time.time():.3f}", ex=self.ttl)  # for the reaper
-        acquired, raw_run, raw_steps, raw_reply, raw_results, _ = pipe.execute()
-        snapshot = Snapshot(Run.model_validate_json(raw_run), raw_run) if raw_run else None
-        run = snapshot.run if snapshot else None
-        if not acquired or run is None or run.status.finished or run.current_step != index:
-            return Loaded(bool(acquired), snapshot, [], None, {})
-        return Loaded(
-            True, snapshot,
-            _STEPS.validate_json(b"[" + b",".join(raw_steps) + b"]") if raw_steps else [],
-            LLMReply.model_validate_json(raw_reply) if raw_reply else None,
-            {k.decode(): Observation.model_validate_json(v) for k, v in raw_results.items()},
-        )
-
     def copy_steps(self, run_id: str, steps: list[Step]) -> None:
         """Give a new run (a replay, before its first step is sent) the recorded steps it starts from."""
         if steps:
@@ -203,8 +168,7 @@ class RunStore:
         self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id), *names])
 
     def load_steps(self, run_id: str) -> list[Step]:
-        raws = self.r.lrange(keys.steps(run_id), 0, -1)
-        return _STEPS.validate_json(b"[" + b",".join(raws) + b"]") if raws else []
+        return decode_steps(self.r.lrange(keys.steps(run_id), 0, -1))
 
     def update_run(
         self, run_id: str, mutate: Callable[[Run], T | Declined],
@@ -383,21 +347,9 @@ class RunStore:
 
         return self.update_run(snapshot.run.id, mutate, expect=snapshot).snapshot
 
-    # --- idempotency: dispatch markers, leases ------------------------------------------------
+    # --- idempotency: dispatch markers ----------------------------------------------------------
     def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
         return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
-
-    def renew_leases(self, held: list[tuple[str, str]], ttl_ms: int) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        for run_id, token in held:
-            pipe.eval(_RENEW_LEASE, 1, keys.lease(run_id), token, ttl_ms)
-        pipe.execute()
-
-    def release_lease(self, run_id: str, token: str) -> None:
-        self.r.eval(RELEASE_LEASE, 1, keys.lease(run_id), token)  # only our own lease
-
-    def lease_held(self, run_id: str) -> bool:
-        return bool(self.r.exists(keys.lease(run_id)))
 
     # --- a run's batch, and one-off writes ------------------------------------------------------
     def move_to_batch(self, run_id: str, batch_id: str) -> None:
