@@ -167,7 +167,7 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
         log.warning("re-kicking stranded run", extra={"run_id": run.id, "step": run.current_step,
                                                       "action": action.value})
         if action is ReaperAction.SANDBOX_LOST and (reply := rt.store.scratch.get_reply(run.id, run.current_step)):
-            rt.cluster.release_dispatch(run.id, run.current_step, [call.id for call in reply.tool_calls])
+            rt.store.claims.release_dispatch(run.id, run.current_step, [call.id for call in reply.tool_calls])
         rt.cluster.touch_active(run.id)
         dispatch.next_step(run.id, run.current_step)
         metrics.REAPER_ACTIONS.labels(action).inc()

@@ -352,7 +352,7 @@ class StepRunner:
             metrics.TOOL_DURATION.labels(planned.tool).observe(obs.duration_ms / 1000)
             return self.store.scratch.save_tool_result(run.id, index, obs)
         ttl = self.rt.settings.sandbox_redispatch_after_s
-        if self.store.claim_dispatch(run.id, index, planned.call.id, ttl):
+        if self.store.claims.claim_dispatch(run.id, index, planned.call.id, ttl):
             now = time.time()
             deadline_at = run.deadline_at
             if deadline_at is None and run.deadline_s is not None:  # a first step: its clock starts now
@@ -402,7 +402,7 @@ class StepRunner:
             send_next=(lambda: to_send(run.id, step.index + 1)) if to_send is not None else None,
         )
         if committed is None:
-            self.store.run_commands(spend or [])  # the call was made and paid for, recorded or not
+            self.rt.budgets.store.run(spend or [])  # the call was made and paid for, recorded or not
             return FENCED
         self.rt.leases.forget(run.id, d.token)
         metrics.STEPS_TOTAL.labels(outcome.value).inc()

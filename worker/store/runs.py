@@ -37,9 +37,9 @@ from .cas import (
     Snapshot,
     Written,
     cas_args,
-    run_commands,
     write_watched,
 )
+from .claims import Claims
 from .events import event_command
 from .scratch import StepScratch
 from .submissions import SubmissionStore
@@ -144,6 +144,7 @@ class RunStore:
         self.submissions = SubmissionStore(client, run_ttl_s, self.batch_ttl)
         self.sweep = Sweep(client)
         self.scratch = StepScratch(client, run_ttl_s)
+        self.claims = Claims(client)
 
     # --- run records -------------------------------------------------------------------------
     def load_run(self, run_id: str) -> Run | None:
@@ -347,11 +348,7 @@ class RunStore:
 
         return self.update_run(snapshot.run.id, mutate, expect=snapshot).snapshot
 
-    # --- idempotency: dispatch markers ----------------------------------------------------------
-    def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
-        return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
-
-    # --- a run's batch, and one-off writes ------------------------------------------------------
+    # --- a run's batch ----------------------------------------------------------------------------
     def move_to_batch(self, run_id: str, batch_id: str) -> None:
         """Make a run submitted by an earlier invocation part of `batch_id`: listed in it, and its end
         pushed to the batch's finished list (at once, if it has ended or its record is gone)."""
@@ -371,13 +368,3 @@ class RunStore:
             if ended is not None:
                 pipe.hincrby(keys.batch(batch_id), keys.BATCH_STATUS_FIELD + ended.status.value, 1)
         pipe.execute()
-
-    def run_commands(self, commands: list[Command]) -> None:
-        """Run these writes in one round trip (no transaction)."""
-        run_commands(self.r, commands)
-
-    def first_time(self, key: str, ttl_s: int) -> bool:
-        """True for the first caller only (a marker that something was done once, e.g. counted)."""
-        return bool(self.r.set(key, "1", nx=True, ex=ttl_s))
-
-
