@@ -73,12 +73,11 @@ def hostile_run(harness: Harness) -> Run:
     harness.store.copy_steps(run_id, steps)
     now = time.time()
 
-    def mutate(run: Run) -> bool:
+    def mutate(run: Run) -> None:
         run.error = HOSTILE["run_error"]
         run.approvals.append(Approval(step=0, call_id="c1", tool="calculator", arguments={"expression": "[/x]"},
                                       requested_at=now, expires_at=now + 60, decision=ApprovalDecision.REJECTED,
                                       decided_by="cli:[bold]", decided_at=now, reason=HOSTILE["reason"]))
-        return True
 
     harness.store.update_run(run_id, mutate)
     return harness.run(run_id)

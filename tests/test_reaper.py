@@ -10,6 +10,7 @@ import pytest
 import redis
 from celery import Celery
 
+from tests.store_helpers import lease_held
 from tests.waiting import wait_for
 from worker import metrics
 from worker.config import Settings
@@ -80,9 +81,9 @@ def test_a_dead_workers_step_is_re_enqueued_once_its_lease_lapses(rt: Runtime, b
     for run in backlog:
         enqueue(broker, run)
     # Two workers received their steps; one keeps renewing its lease, the other died (lease lapses).
-    assert rt.store.lease_and_load(dead.id, 0, "dead-token", 200).acquired
-    assert rt.store.lease_and_load(alive.id, 0, "alive-token", 60_000).acquired
-    wait_for("the dead worker's lease to lapse", lambda: not rt.store.lease_held(dead.id), 10)
+    assert rt.leases.store.lease_and_load(dead.id, 0, "dead-token", 200).acquired
+    assert rt.leases.store.lease_and_load(alive.id, 0, "alive-token", 60_000).acquired
+    wait_for("the dead worker's lease to lapse", lambda: not lease_held(rt.store, dead.id), 10)
     before = count(ReaperAction.DEAD_WORKER)
     assert reap(rt, time.time() + LEASE_S) == {}  # a lease only just lapsed may be a slow renewal
     assert reap(rt, time.time() + 2 * LEASE_S + 1) == {dead.id: 0}  # well before STALE_S
@@ -91,9 +92,9 @@ def test_a_dead_workers_step_is_re_enqueued_once_its_lease_lapses(rt: Runtime, b
 
 def test_a_run_waiting_on_a_sandbox_task_that_vanished_is_re_kicked(rt: Runtime) -> None:
     [run] = submit(rt)
-    snapshot = rt.store.lease_and_load(run.id, 0, "token", 10_000).snapshot  # a step dispatches its python call,
+    snapshot = rt.leases.store.lease_and_load(run.id, 0, "token", 10_000).snapshot  # a step dispatches its python call,
     assert snapshot is not None and rt.store.mark_running(snapshot, 0, waiting_on="sandbox") is not None
-    rt.store.release_lease(run.id, "token")  # waits, and lets go of the run
+    rt.leases.store.release(run.id, "token")  # waits, and lets go of the run
     before = count(ReaperAction.SANDBOX_LOST)
     assert reap(rt, time.time() + SANDBOX_S - 5) == {}  # the sandbox may still be working on it
     assert reap(rt, time.time() + SANDBOX_S + 1) == {run.id: 0}
@@ -103,9 +104,9 @@ def test_a_run_waiting_on_a_sandbox_task_that_vanished_is_re_kicked(rt: Runtime)
 def wait_on_sandbox(rt: Runtime) -> Run:
     """A run whose step dispatched its python call and let go of the run, waiting for the result."""
     [run] = submit(rt)
-    snapshot = rt.store.lease_and_load(run.id, 0, "token", 10_000).snapshot
+    snapshot = rt.leases.store.lease_and_load(run.id, 0, "token", 10_000).snapshot
     assert snapshot is not None and rt.store.mark_running(snapshot, 0, waiting_on="sandbox") is not None
-    rt.store.release_lease(run.id, "token")
+    rt.leases.store.release(run.id, "token")
     waiting = rt.store.load_run(run.id)
     assert waiting is not None and waiting.deadline_at is not None
     return waiting

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from tests.harness import HARNESS_SETTINGS, Harness, call, final
+from tests.store_helpers import lease_held, save_reply
 from tests.test_steps import SIX_BY_SEVEN, complete_sandbox
 from tests.waiting import wait_for
 from tools_sandbox.models import SandboxResult
@@ -89,8 +90,9 @@ def test_a_last_step_whose_record_changed_meanwhile_still_trims_the_run(harness:
     lookup = call("search", {"query": "x"}, call_id="s1")
 
     def record_touched_meanwhile(messages: list[dict[str, Any]]) -> LLMReply:
-        harness.store.update_run(run_id, lambda run: True)  # any write: the step's compare-and-set misses
-        harness.store.save_tool_result(run_id, 0, Observation(call_id="s1", tool="search", content="a working key"))
+        harness.store.update_run(run_id, lambda run: None)  # any write: the step's compare-and-set misses
+        harness.store.scratch.save_tool_result(run_id, 0,
+                                               Observation(call_id="s1", tool="search", content="a working key"))
         return final("42")
 
     harness.llm.script(lookup, record_touched_meanwhile)
@@ -104,13 +106,14 @@ def test_the_commit_lets_go_of_the_lease(harness: Harness) -> None:
     harness.llm.script(SIX_BY_SEVEN)
     run_id = harness.submit("What is 6 * 7?")
     assert harness.step().outcome == Outcome.TOOL_CALLS
-    assert not harness.store.lease_held(run_id) and harness.rt.leases.held() == []
+    assert not lease_held(harness.store, run_id) and harness.rt.leases.held() == []
 
 
 def test_a_redelivered_step_reuses_the_tool_results_a_dead_worker_stored(harness: Harness) -> None:
     run_id = harness.submit("What is 6 * 7?")
-    harness.store.save_reply(run_id, 0, SIX_BY_SEVEN)
-    harness.store.save_tool_result(run_id, 0, Observation(call_id="c1", tool="calculator", content="42 (stored)"))
+    save_reply(harness.store, run_id, 0, SIX_BY_SEVEN)
+    harness.store.scratch.save_tool_result(run_id, 0,
+                                           Observation(call_id="c1", tool="calculator", content="42 (stored)"))
     harness.llm.script(final("42"))
     assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
     assert harness.steps(run_id)[0].observations[0].content == "42 (stored)"
@@ -144,7 +147,7 @@ def test_a_step_calling_only_idempotent_inline_tools_stores_no_reply_before_acti
     harness.llm.script(SIX_BY_SEVEN, final("42"))
     run_id = harness.submit("What is 6 * 7?")
     assert harness.step().outcome == Outcome.TOOL_CALLS
-    assert harness.store.get_reply(run_id, 0) is None
+    assert harness.store.scratch.get_reply(run_id, 0) is None
     [recorded] = harness.steps(run_id)[0].tool_calls
     assert (recorded.name, recorded.arguments) == ("calculator", {"expression": "6*7"})
 

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from tests.harness import Harness, call, calls, final
+from tests.store_helpers import lease_held, save_reply
 from tools_sandbox.models import SandboxResult
 from tools_sandbox.tasks import ExecuteRequest
 from worker.core.models import LLMReply, RunStatus, Usage
@@ -80,7 +81,7 @@ def test_a_duplicate_arriving_while_the_step_runs_backs_off_then_is_fenced(harne
 
 def test_a_redelivered_step_reuses_the_reply_a_dead_worker_stored(harness: Harness) -> None:
     run_id = harness.submit("What is 6 * 7?")
-    harness.store.save_reply(run_id, 0, SIX_BY_SEVEN)  # stored, then the worker died before recording
+    save_reply(harness.store, run_id, 0, SIX_BY_SEVEN)  # stored, then the worker died before recording
     harness.llm.script(final("42"))
     assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
     assert len(harness.llm.requests) == 1  # only step 1 asked the model
@@ -90,12 +91,12 @@ def test_a_redelivered_step_reuses_the_reply_a_dead_worker_stored(harness: Harne
 def test_a_step_whose_run_lease_is_held_is_busy_and_does_nothing(harness: Harness) -> None:
     run_id = harness.submit("What is 6 * 7?")
     harness.dispatch.steps.clear()
-    assert harness.store.lease_and_load(run_id, 0, "another-worker", 15_000).acquired
+    assert harness.rt.leases.store.lease_and_load(run_id, 0, "another-worker", 15_000).acquired
     result = harness.deliver(run_id, 0)
     assert (result.outcome, result.next_step) == (Outcome.BUSY, None)
     assert harness.llm.requests == [] and harness.dispatch.sent_steps == [(run_id, 0)]
-    assert harness.store.lease_held(run_id)  # the other holder's lease is untouched
-    harness.store.release_lease(run_id, "another-worker")
+    assert lease_held(harness.store, run_id)  # the other holder's lease is untouched
+    harness.rt.leases.store.release(run_id, "another-worker")
     harness.llm.script(final("42"))
     assert harness.deliver(run_id, 0).outcome == Outcome.FINAL_ANSWER
 
@@ -109,7 +110,7 @@ def test_the_commit_that_records_a_step_sends_the_next_one_and_a_refused_commit_
     run_id = harness.submit("What is 6 * 7 + 1?")
     first = harness.step()
     assert (first.outcome, first.next_step, first.next_sent) == (Outcome.TOOL_CALLS, 1, True)
-    assert list(harness.dispatch.steps) == [(run_id, 1)] and not harness.store.lease_held(run_id)
+    assert list(harness.dispatch.steps) == [(run_id, 1)] and not lease_held(harness.store, run_id)
 
     def cancelled_meanwhile(messages: list[dict[str, Any]]) -> LLMReply:
         cancel(harness.store, run_id)
@@ -126,7 +127,7 @@ def test_the_next_step_is_enqueued_only_after_the_lease_is_released(harness: Har
     record = harness.dispatch.next_step
 
     def next_step(run_id: str, index: int) -> None:
-        lease_held_when_sent.append(harness.store.lease_held(run_id))
+        lease_held_when_sent.append(lease_held(harness.store, run_id))
         record(run_id, index)
 
     # a dispatcher that cannot hand a message back (kombu's own transports): sent after the commit
@@ -278,9 +279,8 @@ def test_time_spent_waiting_in_the_queue_does_not_use_up_the_deadline(make_harne
     harness = make_harness(run_deadline_s=2)
     run_id = harness.submit("What is 6 * 7?")
 
-    def queued_long_ago(run: Any) -> bool:
+    def queued_long_ago(run: Any) -> None:
         run.created_at -= 3600
-        return True
 
     harness.store.update_run(run_id, queued_long_ago)
     assert harness.run(run_id).deadline_at is None
@@ -297,9 +297,8 @@ def test_a_deadline_passed_before_a_step_ends_the_run_without_asking(make_harnes
     run_id = harness.submit("What is 6 * 7?")
     harness.step()
 
-    def past_deadline(run: Any) -> bool:
+    def past_deadline(run: Any) -> None:
         run.deadline_at = time.time() - 1
-        return True
 
     harness.store.update_run(run_id, past_deadline)
     result = harness.step()
@@ -311,10 +310,10 @@ def test_a_step_commits_even_when_its_run_record_changed_underneath_without_fenc
     run_id = harness.submit("What is 6 * 7?")
 
     def record_touched_meanwhile(messages: list[dict[str, Any]]) -> LLMReply:
-        harness.store.update_run(run_id, lambda run: True)  # any write: the step's compare-and-set misses
+        harness.store.update_run(run_id, lambda run: None)  # any write: the step's compare-and-set misses
         return SIX_BY_SEVEN
 
     harness.llm.script(record_touched_meanwhile, final("42"))
     assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
     assert [s.index for s in harness.steps(run_id)] == [0, 1] and harness.run(run_id).answer == "42"
-    assert not harness.store.lease_held(run_id)
+    assert not lease_held(harness.store, run_id)

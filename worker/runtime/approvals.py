@@ -24,7 +24,6 @@ from .. import metrics
 from ..core.engine import PlannedCall
 from ..core.models import Approval, ApprovalDecision, Observation, Run, RunStatus
 from ..errors import ApprovalConflict
-from ..store import keys
 from ..store.cas import Command
 from ..store.events import event_command
 from ..store.runs import DECLINED, Declined, RunStore, start_deadline
@@ -61,7 +60,7 @@ def gate(rt: Runtime, run: Run, index: int, planned: PlannedCall) -> Observation
     approval = _find(run, index, planned.call.id)
     if approval is None or approval.decision is None:
         return Waiting.APPROVAL
-    if rt.store.first_time(keys.approval_counted(run.id, index, planned.call.id), rt.settings.retention_s):
+    if rt.store.claims.claim_approval_count(run.id, index, planned.call.id, rt.settings.retention_s):
         metrics.APPROVALS.labels(approval.decision.value).inc()
     if approval.decision == ApprovalDecision.APPROVED:
         return None

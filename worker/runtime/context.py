@@ -16,6 +16,7 @@ from ..llm.in_flight import InFlightCap
 from ..llm.ratelimit import LimitedLLM, RateLimiter
 from ..store.cluster import ClusterStore
 from ..store.connection import Client, connect
+from ..store.leases import Leases
 from ..store.llm_slots import LLMSlots
 from ..store.provider_circuit import ProviderCircuits
 from ..store.provider_limits import ProviderLimits
@@ -68,7 +69,7 @@ class Runtime:
 
     @cached_property
     def leases(self) -> LeaseKeeper:
-        return LeaseKeeper(self.store, self.settings.lease_ttl_s)
+        return LeaseKeeper(Leases(self.redis, self.settings.run_ttl_s), self.settings.lease_ttl_s)
 
     @cached_property
     def limiter(self) -> RateLimiter:

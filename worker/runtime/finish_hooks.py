@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from ..core.models import Run, Step
 from ..core.views import run_json
-from ..store import keys
 from ..store.batch_view import batch_view
 from ..store.run_keys import working_keys
 from .context import Runtime
@@ -41,7 +40,7 @@ def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Se
     info = rt.store.batches.info(batch_id)
     if not info or info.get("submitting"):
         return False  # more runs are coming; the submitter checks again when it is done
-    if not rt.store.first_time(keys.batch_webhook_sent(batch_id), rt.settings.retention_s):
+    if not rt.store.batches.claim_webhook(batch_id, rt.settings.retention_s):
         return False  # another finishing run got there first
     store = rt.webhooks
     owner = info.get("tenant") or tenant or "default"

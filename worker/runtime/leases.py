@@ -11,13 +11,13 @@ import logging
 import threading
 import uuid
 
-from ..store.runs import RunStore
+from ..store.leases import Leases
 
 log = logging.getLogger("reactq.leases")
 
 
 class LeaseKeeper:
-    def __init__(self, store: RunStore, ttl_s: float) -> None:
+    def __init__(self, store: Leases, ttl_s: float) -> None:
         self.store = store
         self.ttl_ms = max(1000, int(ttl_s * 1000))
         self._held: dict[str, str] = {}
@@ -43,7 +43,7 @@ class LeaseKeeper:
             if held:
                 del self._held[run_id]
         if held:
-            self.store.release_lease(run_id, token)
+            self.store.release(run_id, token)
 
     def held(self) -> list[str]:
         """The runs whose leases this keeper renews."""
@@ -61,7 +61,7 @@ class LeaseKeeper:
         with self._lock:
             held, self._held = self._held, {}
         for run_id, token in held.items():
-            self.store.release_lease(run_id, token)
+            self.store.release(run_id, token)
         return list(held)
 
     def _renew_forever(self) -> None:
@@ -70,6 +70,6 @@ class LeaseKeeper:
             with self._lock:
                 held = list(self._held.items())
             try:
-                self.store.renew_leases(held, self.ttl_ms)
+                self.store.renew(held, self.ttl_ms)
             except Exception:  # Redis restarting: the next round retries; a lapsed lease only costs a duplicate
                 log.exception("lease renewal failed")

@@ -86,7 +86,7 @@ def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: 
     s = rt.settings
     idle = now - progress_at
     if run.waiting_on == "sandbox":
-        if idle <= s.stale_after_s or rt.store.sandbox_pending(run.id, run.current_step):
+        if idle <= s.stale_after_s or rt.store.scratch.sandbox_pending(run.id, run.current_step):
             return None
         past_deadline = run.deadline_at is not None and now >= run.deadline_at
         if not past_deadline and idle > s.sandbox_unavailable_s and rt.cluster.live_workers(
@@ -171,8 +171,8 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
             continue
         log.warning("re-kicking stranded run", extra={"run_id": run.id, "step": run.current_step,
                                                       "action": action.value})
-        if action is ReaperAction.SANDBOX_LOST and (reply := rt.store.get_reply(run.id, run.current_step)):
-            rt.cluster.release_dispatch(run.id, run.current_step, [call.id for call in reply.tool_calls])
+        if action is ReaperAction.SANDBOX_LOST and (reply := rt.store.scratch.get_reply(run.id, run.current_step)):
+            rt.store.claims.release_dispatch(run.id, run.current_step, [call.id for call in reply.tool_calls])
         rt.cluster.touch_active(run.id)
         dispatch.next_step(run.id, run.current_step)
         metrics.REAPER_ACTIONS.labels(action).inc()

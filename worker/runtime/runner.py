@@ -28,6 +28,7 @@ from ..names import STEP_TASK, STEPS_QUEUE
 from ..store import keys
 from ..store.cas import Command, Snapshot
 from ..store.run_keys import working_keys
+from ..store.tool_cache import cache_commands
 from ..tenancy import ledger
 from ..tenancy.budgets import reserve_call
 from . import approvals
@@ -76,7 +77,7 @@ class StepRunner:
         """Make progress on step `index` of a run, and say what happened."""
         leases = self.rt.leases
         token = leases.new_token()
-        loaded = self.store.lease_and_load(run_id, index, token, leases.ttl_ms)
+        loaded = leases.store.lease_and_load(run_id, index, token, leases.ttl_ms)
         run = loaded.run
         if run is not None and run.status == RunStatus.CANCELLED and not run.cancel_recorded:
             self._record_cancel(run_id)
@@ -168,9 +169,9 @@ class StepRunner:
         store_reply = d.stored_reply is None and self._acts_outside(run, act)
         from_cache: dict[str, str | None] = {}
         if store_reply or cacheable:
-            ours, cached = self.store.prepare_act(run.id, d.index, reply if store_reply else None,
-                                                  [(p.tool, p.arguments) for p in cacheable], also=spend,
-                                                  tenant=run.spec.tenant)
+            ours, cached = self.store.scratch.prepare_act(run.id, d.index, reply if store_reply else None,
+                                                          [(p.tool, p.arguments) for p in cacheable], also=spend,
+                                                          tenant=run.spec.tenant)
             if not ours:
                 return FENCED  # another delivery, whose lease outlived ours, stored its reply first
             from_cache, spend = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}, []
@@ -184,7 +185,7 @@ class StepRunner:
         step.tools_ms = sum(o.duration_ms for o in step.observations)
         end = self._no_progress(d, step, hinted=act.hint is not None or any(p.hint for p in act.planned))
         return self._commit(snap, d, step, Outcome.TOOL_CALLS, end=end,
-                            also=self.store.cache_commands(run.spec.tenant, fresh, ttl), spend=spend)
+                            also=cache_commands(run.spec.tenant, fresh, ttl), spend=spend)
 
     def _no_progress(self, d: Delivery, step: Step, hinted: bool) -> End | None:
         """The step returned what the steps before it did: hint the model (unless another hint already
@@ -280,7 +281,7 @@ class StepRunner:
                 if exc.lost_usage is not None and exc.lost_usage.total:
                     lost, cost = exc.lost_usage, cost_usd(run.model, exc.lost_usage, s.prices_per_mtok)
                     self._count_lost(run.model, tenant, lost)
-                    self.store.run_commands(budget.settle(lost, cost) + ledger.usage_commands(run, lost, cost))
+                    self.rt.budgets.store.run(budget.settle(lost, cost) + ledger.usage_commands(run, lost, cost))
                 raise
             model = reply.routed_model or run.model  # a fallback's tokens are priced at its own price
             charged = reply.usage + reply.lost_usage
@@ -320,14 +321,14 @@ class StepRunner:
                 if gated is Waiting.APPROVAL:
                     awaiting.append(planned)
                     continue
-                obs = self.store.save_tool_result(run.id, d.index, gated)
+                obs = self.store.scratch.save_tool_result(run.id, d.index, gated)
             if obs is None and planned.sandboxed:
                 obs = self._sandbox_result(run, d.index, planned)
                 pending = pending or obs is None
             elif obs is None:
                 obs = self._run_inline(planned, cached.get(planned.call.id), run.spec.tenant)
                 if not planned.idempotent:
-                    obs = self.store.save_tool_result(run.id, d.index, obs)
+                    obs = self.store.scratch.save_tool_result(run.id, d.index, obs)
                 elif planned.cached and obs.outcome == "ok":
                     fresh.append((planned.tool, planned.arguments, obs.content))
             if obs is not None:
@@ -373,16 +374,16 @@ class StepRunner:
                            outcome=called.outcome, duration_ms=int(seconds * 1000))
 
     def _sandbox_result(self, run: Run, index: int, planned: PlannedCall) -> Observation | None:
-        raw = self.store.get_sandbox_result(run.id, index, planned.call.id)
+        raw = self.store.scratch.get_sandbox_result(run.id, index, planned.call.id)
         if raw is not None:
             obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw)
             metrics.TOOL_CALLS.labels(planned.tool, obs.outcome).inc()
             if error_type is not None:
                 metrics.TOOL_FAILURES.labels(planned.tool, metrics.error_type_label(error_type)).inc()
             metrics.TOOL_DURATION.labels(planned.tool).observe(obs.duration_ms / 1000)
-            return self.store.save_tool_result(run.id, index, obs)
+            return self.store.scratch.save_tool_result(run.id, index, obs)
         ttl = self.rt.settings.sandbox_redispatch_after_s
-        if self.store.claim_dispatch(run.id, index, planned.call.id, ttl):
+        if self.store.claims.claim_dispatch(run.id, index, planned.call.id, ttl):
             now = time.time()
             deadline_at = run.deadline_at
             if deadline_at is None and run.deadline_s is not None:  # a first step: its clock starts now
@@ -433,7 +434,7 @@ class StepRunner:
             send_next=(lambda: to_send(run.id, step.index + 1)) if to_send is not None else None,
         )
         if committed is None:
-            self.store.run_commands(spend or [])  # the call was made and paid for, recorded or not
+            self.rt.budgets.store.run(spend or [])  # the call was made and paid for, recorded or not
             return FENCED
         self.rt.leases.forget(run.id, d.token)
         metrics.STEPS_TOTAL.labels(outcome.value).inc()

@@ -139,6 +139,10 @@ class BatchStore:
         pipe.hdel(keys.batch(batch_id), "submitting")
         pipe.execute()
 
+    def claim_webhook(self, batch_id: str, ttl_s: int) -> bool:
+        """True for the first caller only: the one that sends the batch's webhook."""
+        return bool(self.r.set(keys.batch_webhook_sent(batch_id), "1", nx=True, ex=ttl_s))
+
     def record_ids(self, batch_id: str, mapping: dict[str, str]) -> None:
         """client id -> run id of runs just submitted in a batch."""
         if mapping:

@@ -111,11 +111,6 @@ class ClusterStore:
                 found.update(runs_in([raw]))
         return found
 
-    def release_dispatch(self, run_id: str, step: int, call_ids: list[str]) -> None:
-        """Forget that the step's sandboxed calls were sent, so that its re-run sends them again."""
-        if call_ids:
-            self.r.delete(*(keys.sandbox_dispatch(run_id, step, call_id) for call_id in call_ids))
-
     def suspect_again(self, run_id: str, step: int, ttl_s: int) -> bool:
         """Record that the reaper found no message for this step; True if it had already found none."""
         return self.r.set(keys.reaper_suspect(run_id), step, ex=ttl_s, get=True) == str(step).encode()

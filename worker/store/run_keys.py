@@ -26,7 +26,7 @@ def working_keys(store: RunStore, run: Run, steps: list[Step] | None = None) -> 
     current = None
     if steps is None:  # a step may be in progress: its stored reply names calls not in the step list yet
         steps = store.load_steps(run_id)
-        current = store.get_reply(run_id, run.current_step)
+        current = store.scratch.get_reply(run_id, run.current_step)
     calls_by_step = {s.index: [c.id for c in s.tool_calls] for s in steps}
     if current is not None:
         calls_by_step[run.current_step] = [c.id for c in parse_reply(run.mode, current).calls]

@@ -1,10 +1,20 @@
-"""Run records, step traces, stored LLM replies and tool results, and leases. Every change to a run
-record goes through one fenced transaction. A run's batch (`.batches`), the recording of new runs
-(`.submissions`) and the purge's scans (`.sweep`) are the store's too, each in its own module."""
+"""The run record store: run records and their step traces, read, and written through one fenced write
+(`RunStore.update_run`, compare-and-set or WATCH/MULTI: cas.py) that every change goes through: a step
+recorded, a run running, waiting, ended, cancelled, approved, moved to a batch. A run's batch
+(`.batches`), the recording of new runs (`.submissions`) and the purge's scans (`.sweep`) hang off it,
+each in its own module; a step's scratch (scratch.py), leases (leases.py), the tool cache
+(tool_cache.py) and once-only claims (claims.py) are modules of their own.
+
+One mutator convention: a mutator changes the record it is given in place and returns a `Declined`
+(DECLINED, or one with a reason) to leave it alone, or anything else to have it written; what it
+returns comes back as `Updated.value` (None from a mutator with nothing more to say). Why this one: the
+fence (is the run still at this step, unfinished) and what the change found (the approvals added, the
+status a cancel ended, why a decision was refused) come from the one read inside the transaction, so
+the mutator has to hand them back itself; a bare bool carries neither, and a value kept on the side is
+stale when the watched path re-reads and calls the mutator again."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -15,7 +25,7 @@ import redis
 from pydantic import TypeAdapter
 
 from ..core.engine import End
-from ..core.models import LLMReply, Observation, Run, RunStatus, Step
+from ..core.models import Run, RunStatus, Step
 from . import keys
 from .batches import BatchStore, batch_keys
 from .cas import (
@@ -27,17 +37,16 @@ from .cas import (
     Snapshot,
     Written,
     cas_args,
-    run_commands,
     write_watched,
 )
+from .claims import Claims
 from .events import event_command
-from .scripts import lua
+from .scratch import StepScratch
 from .submissions import SubmissionStore
 from .sweep import Sweep
 
 T = TypeVar("T")
 
-_RENEW_LEASE = lua(__file__, "renew_lease.lua")
 _STEPS = TypeAdapter(list[Step])
 
 Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
@@ -45,7 +54,7 @@ Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only 
 
 @dataclass(frozen=True)
 class Declined:
-    """What a mutator of `RunStore.update_run` returns to leave the record alone, and why."""
+    """What a mutator returns to leave the run record alone, and why."""
 
     reason: str = ""
 
@@ -55,27 +64,30 @@ DECLINED = Declined()
 
 @dataclass(frozen=True)
 class Updated(Generic[T]):
-    """What `RunStore.update_run` did: the record as written (None: not written, or no such run) and
-    what the mutator returned (None: no such run)."""
+    """What `RunStore.update_run` did: the record as written and the commands written with it (None: not
+    written), and what the mutator returned (a `Declined`: it declined; None: no such run, or a mutator
+    with nothing more to say)."""
 
-    run: Run | None
+    written: Written | None
     value: T | Declined | None
 
-
-@dataclass(frozen=True)
-class Loaded:
-    """What one delivery of step `index` reads, in one round trip, as it tries to take the run's lease.
-    Beyond the run record, it is meaningful only with the lease (no holder writes behind it)."""
-
-    acquired: bool
-    snapshot: Snapshot | None  # None: no such run
-    steps: list[Step]
-    reply: LLMReply | None  # the reply stored for this step by an earlier delivery
-    results: dict[str, Observation]  # tool results stored for this step, by call id
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self.written.snapshot if self.written is not None else None
 
     @property
     def run(self) -> Run | None:
-        return self.snapshot.run if self.snapshot is not None else None
+        return self.written.snapshot.run if self.written is not None else None
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """A mutated run record as it is to be written, the commands to write with it, and whether its
+    events are compacted after them."""
+
+    snapshot: Snapshot
+    commands: list[Command]
+    compact: bool
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,11 @@ class Committed:
     trimmed: bool = False
     batch_progress: tuple[int, int] | None = None
     next_sent: bool = False  # the run goes on, and its next step's message went out with the step
+
+
+def decode_steps(raws: list[bytes]) -> list[Step]:
+    """A run's step list as stored (one JSON object per item), in one parse."""
+    return _STEPS.validate_json(b"[" + b",".join(raws) + b"]") if raws else []
 
 
 def start_deadline(run: Run, at: float) -> None:
@@ -126,6 +143,8 @@ class RunStore:
         self._compact = client.register_script(COMPACT_SCRIPT)
         self.submissions = SubmissionStore(client, run_ttl_s, self.batch_ttl)
         self.sweep = Sweep(client)
+        self.scratch = StepScratch(client, run_ttl_s)
+        self.claims = Claims(client)
 
     # --- run records -------------------------------------------------------------------------
     def load_run(self, run_id: str) -> Run | None:
@@ -137,28 +156,6 @@ class RunStore:
             return []
         raws = self.r.mget([keys.run(i) for i in run_ids])
         return [Run.model_validate_json(r) if r else None for r in raws]
-
-    def lease_and_load(self, run_id: str, index: int, token: str, ttl_ms: int) -> Loaded:
-        """Try to take the run's lease and read the run, its steps, and the reply and tool results
-        stored for step `index`, in one round trip."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.set(keys.lease(run_id), token, nx=True, px=ttl_ms)
-        pipe.get(keys.run(run_id))
-        pipe.lrange(keys.steps(run_id), 0, -1)
-        pipe.get(keys.reply(run_id, index))
-        pipe.hgetall(keys.tool_results(run_id, index))
-        pipe.set(keys.step_taken(run_id), f"{index}:{time.time():.3f}", ex=self.ttl)  # for the reaper
-        acquired, raw_run, raw_steps, raw_reply, raw_results, _ = pipe.execute()
-        snapshot = Snapshot(Run.model_validate_json(raw_run), raw_run) if raw_run else None
-        run = snapshot.run if snapshot else None
-        if not acquired or run is None or run.status.finished or run.current_step != index:
-            return Loaded(bool(acquired), snapshot, [], None, {})
-        return Loaded(
-            True, snapshot,
-            _STEPS.validate_json(b"[" + b",".join(raw_steps) + b"]") if raw_steps else [],
-            LLMReply.model_validate_json(raw_reply) if raw_reply else None,
-            {k.decode(): Observation.model_validate_json(v) for k, v in raw_results.items()},
-        )
 
     def copy_steps(self, run_id: str, steps: list[Step]) -> None:
         """Give a new run (a replay, before its first step is sent) the recorded steps it starts from."""
@@ -172,101 +169,81 @@ class RunStore:
         self._compact(keys=[keys.events(run_id), keys.events_compacted(run_id), *names])
 
     def load_steps(self, run_id: str) -> list[Step]:
-        raws = self.r.lrange(keys.steps(run_id), 0, -1)
-        return _STEPS.validate_json(b"[" + b",".join(raws) + b"]") if raws else []
+        return decode_steps(self.r.lrange(keys.steps(run_id), 0, -1))
 
-    def update_run(self, run_id: str, mutate: Callable[[Run], T | Declined],
-                   extra: Callable[[Run, T], list[Command]] | None = None) -> Updated[T]:
-        """Apply `mutate` to the run record atomically, with the commands `extra` returns for the new
-        record and `mutate`'s value. `mutate` returns a `Declined` to leave the record alone (the fence
-        said no); whatever it returns comes back as `Updated.value`."""
+    def update_run(
+        self, run_id: str, mutate: Callable[[Run], T | Declined],
+        extra: Callable[[Run, T], list[Command]] | None = None, *,
+        expect: Snapshot | None = None, release_lease: str | None = None, trim: Trim | None = None,
+    ) -> Updated[T]:
+        """The one write of a run record: apply `mutate` to it atomically (a `Declined` leaves it alone),
+        with the commands `extra` returns for the new record and `mutate`'s value, and release the lease
+        held with `release_lease`, in one transaction. With `expect` (the record as this process last saw
+        it) that is one compare-and-set round trip unless the record changed; else, and then, a WATCH/MULTI
+        transaction that re-reads and re-decides. `trim` gives the run's working keys, dropped (and its
+        events compacted) in the same transaction if this write finishes the run."""
         value: T | Declined | None = None
 
-        def apply(run: Run) -> bool:
+        def decide(run: Run, was_finished: bool) -> _Decided | None:
             nonlocal value  # the watched path may call it again: the last call's value is the one written
-            value = mutate(run)
-            return not isinstance(value, Declined)
-
-        def commands(run: Run) -> list[Command]:
-            return extra(run, value) if extra is not None and not isinstance(value, Declined | None) else []
-
-        written = self.write_run(run_id, apply, commands if extra is not None else None)
-        return Updated(written.run if written is not None else None, value)
-
-    def write_run(
-        self,
-        run_id: str,
-        mutate: Callable[[Run], bool],
-        extra: Callable[[Run], list[Command]] | None = None,
-        *,
-        expect: Snapshot | None = None,
-        release_lease: str | None = None,
-    ) -> Snapshot | None:
-        """Apply `mutate` to the run record atomically, with the commands `extra` returns for the new
-        record; release the lease held with `release_lease` in the same transaction. With `expect`
-        (the record as this process last saw it) that is one round trip unless the record changed."""
-        written = self._write(run_id, mutate, extra, expect=expect, release_lease=release_lease)
-        return written.snapshot if written is not None else None
-
-    def _write(
-        self, run_id: str, mutate: Callable[[Run], bool], extra: Callable[[Run], list[Command]] | None = None, *,
-        expect: Snapshot | None = None, release_lease: str | None = None, trim: Trim | None = None,
-    ) -> Written | None:
-        """write_run, with each command's reply. `trim` gives the run's working keys, dropped (and its
-        events compacted) in the same transaction if this write finishes the run."""
-        if expect is not None:
-            run = expect.run.model_copy()  # mutate sets top-level fields only: a shallow copy suffices
-            if not mutate(run):
-                return None  # the record only moves forward: a fence that says no on our copy says no
-            run.updated_at = time.time()
-            raw = run.model_dump_json().encode()
-            commands, compact = self._commands(run, expect.run.status.finished, extra, trim)
-            script_keys = [keys.run(run_id), keys.lease(run_id)]
-            if compact:
-                script_keys += [keys.events(run_id), keys.events_compacted(run_id)]
-            replies = self._cas(keys=script_keys, args=cas_args(expect.raw, raw, release_lease, commands))
-            if replies != 0:
-                return Written(Snapshot(run, raw), commands, replies)
-        return self._write_watched(run_id, mutate, extra, release_lease, trim)
-
-    def _write_watched(
-        self, run_id: str, mutate: Callable[[Run], bool], extra: Callable[[Run], list[Command]] | None,
-        release_lease: str | None, trim: Trim | None,
-    ) -> Written | None:
-        key = keys.run(run_id)
-
-        def decide(stored: bytes) -> tuple[Written, QueueWrites] | None:
-            run = Run.model_validate_json(stored)
-            was_finished = run.status.finished
-            if not mutate(run):
+            value = returned = mutate(run)
+            if isinstance(returned, Declined):
                 return None
             run.updated_at = time.time()
-            raw = run.model_dump_json().encode()
-            commands, compact = self._commands(run, was_finished, extra, trim)
+            commands, compact = self._commands(run, was_finished, extra(run, returned) if extra else [], trim)
+            return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact)
+
+        written = None
+        if expect is not None:
+            decided = decide(expect.run.model_copy(), expect.run.status.finished)  # top-level fields only
+            if decided is None:
+                return Updated(None, value)  # the record only moves forward: a fence that says no on our copy says no
+            written = self._compare_and_set(run_id, expect.raw, decided, release_lease)
+        if written is None:
+            written = self._write_watched(run_id, decide, release_lease)
+        return Updated(written, value)
+
+    def _compare_and_set(self, run_id: str, expected: bytes, d: _Decided, release_lease: str | None) -> Written | None:
+        """Write the decided record if the stored one is still `expected` (cas.py); None if it is not."""
+        script_keys = [keys.run(run_id), keys.lease(run_id)]
+        if d.compact:
+            script_keys += [keys.events(run_id), keys.events_compacted(run_id)]
+        replies = self._cas(keys=script_keys, args=cas_args(expected, d.snapshot.raw, release_lease, d.commands))
+        return Written(d.snapshot, d.commands, replies) if replies != 0 else None
+
+    def _write_watched(self, run_id: str, decide: Callable[[Run, bool], _Decided | None],
+                       release_lease: str | None) -> Written | None:
+        key = keys.run(run_id)
+
+        def on_stored(stored: bytes) -> tuple[Written, QueueWrites] | None:
+            run = Run.model_validate_json(stored)
+            d = decide(run, run.status.finished)
+            if d is None:
+                return None
             replies: list[Any] = []
 
             def writes(pipe: Any) -> Callable[[list[Any]], None]:
-                pipe.set(key, raw, keepttl=True)
+                pipe.set(key, d.snapshot.raw, keepttl=True)
                 if release_lease:
                     pipe.eval(RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
-                for command in commands:
+                for command in d.commands:
                     pipe.execute_command(*command)
-                if compact:
+                if d.compact:
                     pipe.eval(COMPACT_SCRIPT, 2, keys.events(run_id), keys.events_compacted(run_id))
                 first = 1 + bool(release_lease)
-                return lambda results: replies.extend(results[first:first + len(commands)])
+                return lambda results: replies.extend(results[first:first + len(d.commands)])
 
-            return Written(Snapshot(run, raw), commands, replies), writes
+            return Written(d.snapshot, d.commands, replies), writes
 
-        return write_watched(self.r, key, decide)
+        return write_watched(self.r, key, on_stored)
 
-    def _commands(self, run: Run, was_finished: bool, extra: Callable[[Run], list[Command]] | None,
+    def _commands(self, run: Run, was_finished: bool, extra: list[Command],
                   trim: Trim | None = None) -> tuple[list[Command], bool]:
         """The writes that go with a new run record: `extra`'s, then the active set and the end of a run,
         and the expiry of every key the run keeps: refreshed while it moves. (Its batch's keys get theirs
         as its runs are submitted and as they finish: the batch outlives them.) And whether the run's
         events are to be compacted after them: a write that finishes the run, given its working keys."""
-        commands = extra(run) if extra is not None else []
+        commands = list(extra)
         compact = False
         if run.status.finished and not was_finished:
             commands += self._on_finished(run)
@@ -308,19 +285,20 @@ class RunStore:
         its working keys `trim` are dropped and its events compacted."""
         run_id = snapshot.run.id
 
-        def mutate(run: Run) -> bool:
+        def mutate(run: Run) -> Declined | None:
             if run.status.finished or run.current_step != step.index:
-                return False
+                return DECLINED
             advance(run, step, conclude, invalid=invalid)
-            return True
+            return None
 
-        def extra(run: Run) -> list[Command]:
+        def extra(run: Run, _: None) -> list[Command]:
             data = step.model_dump_json()
             going_on = send_next() if send_next is not None and not run.status.finished else []
             return [("RPUSH", keys.steps(run_id), data), event_command(run_id, "step", data),
                     *(also or []), *going_on]
 
-        written = self._write(run_id, mutate, extra, expect=snapshot, release_lease=release_lease, trim=trim)
+        written = self.update_run(run_id, mutate, extra, expect=snapshot, release_lease=release_lease,
+                                  trim=trim).written
         if written is None:
             return None
         run = written.snapshot.run
@@ -336,24 +314,24 @@ class RunStore:
     def finish(self, run_id: str, status: RunStatus, reason: str, *, only_step: int | None = None) -> Run | None:
         """End a run without recording a step (a limit, an LLM failure, a cancel)."""
 
-        def mutate(run: Run) -> bool | Declined:
+        def mutate(run: Run) -> Declined | None:
             if run.status.finished or (only_step is not None and run.current_step != only_step):
                 return DECLINED
             run.status = status
             run.error = reason or None
             run.finished_at = time.time()
-            return True
+            return None
 
         return self.update_run(run_id, mutate).run
 
     def mark_cancel_recorded(self, run_id: str) -> Run | None:
         """Note that a worker has counted this run's cancellation; the run if this call was the first."""
 
-        def mutate(run: Run) -> bool | Declined:
+        def mutate(run: Run) -> Declined | None:
             if run.cancel_recorded:
                 return DECLINED
             run.cancel_recorded = True
-            return True
+            return None
 
         return self.update_run(run_id, mutate).run
 
@@ -362,106 +340,26 @@ class RunStore:
         """Running (and, on its first step, its deadline clock started, at `started_at` or now), or waiting on
         something."""
 
-        def mutate(run: Run) -> bool:
+        def mutate(run: Run) -> Declined | None:
             if run.status.finished or run.current_step != step_index:
-                return False
+                return DECLINED
             start_deadline(run, started_at or time.time())
             run.status = RunStatus.RUNNING
             run.waiting_on = waiting_on
-            return True
+            return None
 
-        return self.write_run(snapshot.run.id, mutate, expect=snapshot)
+        return self.update_run(snapshot.run.id, mutate, expect=snapshot).snapshot
 
-    # --- idempotency: stored replies, tool results, dispatch markers, leases ------------------
-    def get_reply(self, run_id: str, step: int) -> LLMReply | None:
-        raw = self.r.get(keys.reply(run_id, step))
-        return LLMReply.model_validate_json(raw) if raw else None
-
-    def save_reply(self, run_id: str, step: int, reply: LLMReply) -> LLMReply:
-        """Store the reply unless one is there already; return the one that counts."""
-        key = keys.reply(run_id, step)
-        if self.r.set(key, reply.model_dump_json(), nx=True, ex=self.ttl):
-            return reply
-        stored = self.get_reply(run_id, step)
-        return stored or reply
-
-    def prepare_act(
-        self, run_id: str, step: int, reply: LLMReply | None, cacheable: list[tuple[str, dict[str, Any]]],
-        also: list[Command] | None = None, *, tenant: str,
-    ) -> tuple[bool, list[str | None]]:
-        """Before a step acts, in one round trip: store its `reply` unless one is stored already (None:
-        it came from the store), read `tenant`'s idempotent-tool cache for the `cacheable` (tool,
-        arguments) calls, and run the `also` writes. Returns whether our reply is the one that counts,
-        and the cached contents."""
-        pipe = self.r.pipeline(transaction=False)
-        if reply is not None:
-            pipe.set(keys.reply(run_id, step), reply.model_dump_json(), nx=True, ex=self.ttl)
-        for tool, arguments in cacheable:
-            pipe.get(keys.tool_cache(tenant, tool, self._digest(arguments)))
-        for command in also or []:
-            pipe.execute_command(*command)
-        results = pipe.execute()[:len(cacheable) + (reply is not None)]
-        stored = bool(results.pop(0)) if reply is not None else True
-        return stored, [r.decode() if r else None for r in results]
-
-    def cache_commands(self, tenant: str, entries: list[tuple[str, dict[str, Any], str]],
-                       ttl_s: int) -> list[Command]:
-        """Writes that put (tool, arguments, content) results in `tenant`'s idempotent-tool cache."""
-        if ttl_s <= 0:
-            return []
-        return [("SET", keys.tool_cache(tenant, tool, self._digest(arguments)), content, "EX", ttl_s)
-                for tool, arguments, content in entries]
-
-    def save_tool_result(self, run_id: str, step: int, obs: Observation) -> Observation:
-        """Store one call's result unless one is there already; return the one that counts."""
-        key = keys.tool_results(run_id, step)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hsetnx(key, obs.call_id, obs.model_dump_json())
-        pipe.expire(key, self.ttl)
-        if pipe.execute()[0]:
-            return obs
-        stored = self.r.hget(key, obs.call_id)
-        return Observation.model_validate_json(stored) if stored else obs
-
-    def get_sandbox_result(self, run_id: str, step: int, call_id: str) -> bytes | None:
-        """The sandbox worker's raw result object for one call, once it has stored it."""
-        return self.r.get(keys.sandbox_result(run_id, step, call_id))
-
-    def sandbox_pending(self, run_id: str, step: int) -> bool:
-        """Whether a sandbox task still works on (or waits in line for) a call of this step."""
-        return bool(self.r.exists(keys.sandbox_pending(run_id, step)))
-
-    def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
-        return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
-
-    def renew_leases(self, held: list[tuple[str, str]], ttl_ms: int) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        for run_id, token in held:
-            pipe.eval(_RENEW_LEASE, 1, keys.lease(run_id), token, ttl_ms)
-        pipe.execute()
-
-    def release_lease(self, run_id: str, token: str) -> None:
-        self.r.eval(RELEASE_LEASE, 1, keys.lease(run_id), token)  # only our own lease
-
-    def lease_held(self, run_id: str) -> bool:
-        return bool(self.r.exists(keys.lease(run_id)))
-
-    # --- idempotent-tool cache ------------------------------------------------------------------
-    @staticmethod
-    def _digest(arguments: dict[str, Any]) -> str:
-        return hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:32]
-
-
-    # --- a run's batch, and one-off writes ------------------------------------------------------
+    # --- a run's batch ----------------------------------------------------------------------------
     def move_to_batch(self, run_id: str, batch_id: str) -> None:
         """Make a run submitted by an earlier invocation part of `batch_id`: listed in it, and its end
         pushed to the batch's finished list (at once, if it has ended or its record is gone)."""
 
-        def mutate(run: Run) -> bool | Declined:
+        def mutate(run: Run) -> Declined | None:
             if run.status.finished:
                 return DECLINED
             run.spec.batch_id = batch_id
-            return True
+            return None
 
         moved = self.update_run(run_id, mutate).run
         ended = self.load_run(run_id) if moved is None else None
@@ -472,13 +370,3 @@ class RunStore:
             if ended is not None:
                 pipe.hincrby(keys.batch(batch_id), keys.BATCH_STATUS_FIELD + ended.status.value, 1)
         pipe.execute()
-
-    def run_commands(self, commands: list[Command]) -> None:
-        """Run these writes in one round trip (no transaction)."""
-        run_commands(self.r, commands)
-
-    def first_time(self, key: str, ttl_s: int) -> bool:
-        """True for the first caller only (a marker that something was done once, e.g. counted)."""
-        return bool(self.r.set(key, "1", nx=True, ex=ttl_s))
-
-
