@@ -148,3 +148,12 @@ def test_a_server_that_answers_whole_when_asked_to_stream_is_read_whole(stub_bas
     finally:
         server.shutdown()
     assert (reply.content, reply.usage.completion_tokens) == ("whole", 1)
+
+
+def test_a_whole_answer_that_never_comes_is_a_timeout_like_any(stub_base_url: str, stub_control: StubControl) -> None:
+    """The stub's dropped request sends its headers (JSON, not a stream) and then nothing: reading the body
+    times out, and that is the client's timeout error, not an exception from inside httpx."""
+    stub_control.set_faults(timeout_rate=1.0, timeout_s=30)
+    with pytest.raises(LLMError) as failed:
+        client(stub_base_url, timeout_s=0.5, max_retries=0).chat(MESSAGES, model="m")
+    assert failed.value.outcome == "timeout" and "APITimeoutError" in str(failed.value)

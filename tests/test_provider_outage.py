@@ -93,8 +93,9 @@ def test_a_provider_that_never_answers_ends_the_run_at_its_deadline_as_timeout(c
     cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_TIMEOUT_S="1", REACTQ_LLM_MAX_RETRIES="1",
                          REACTQ_LLM_CIRCUIT_BASE_S="0.5")
     run_id = cluster.reactq("ask", "What is 3 * 5?", REACTQ_RUN_DEADLINE_S="6").stdout.strip()
-    run = cluster.wait_for_run(run_id, 60)
+    run = cluster.wait_for_run(run_id, 120)  # a worker starts slowly on a loaded machine; the 6 s count from
+    # the run's first step
     assert run["status"] == "timeout", run
-    assert "deadline passed while the model provider was unavailable" in run["error"], run["error"]
+    assert "deadline reached while the model provider was unavailable" in run["error"], run["error"]
     requests = stub_control.stats()["requests"]
     assert 2 <= requests <= 12, requests  # two per delivery at most (a timeout is repeated once), in 6 s

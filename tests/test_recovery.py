@@ -99,24 +99,27 @@ def test_rate_limits_and_server_errors_are_retried(
     assert by_status.get("429", 0) > 0 and by_status.get("500", 0) > 0, by_status
 
 
-def test_llm_endpoint_down_fails_the_run_with_the_reason(
+def test_llm_endpoint_down_is_waited_for_until_the_deadline_and_the_reason_is_kept(
     cluster: Cluster, stub_control: StubControl
 ) -> None:
+    """A provider answering 503 to everything: the run waits on it (visibly), then ends `timeout` at its
+    deadline with the provider's last answer as the reason."""
     stub_control.set_faults(fail_first_n=1000, fail_status=503)
-    cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_MAX_RETRIES="2")
-    result = cluster.reactq("ask", "What is 2 + 2?", "--wait", "--json", "--timeout", "60")
-    assert result.returncode == 1
-    run = json.loads(result.stdout)
-    assert run["status"] == "failed"
-    assert "3 attempt(s)" in run["error"] and "503" in run["error"], run["error"]
+    cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_MAX_RETRIES="2", REACTQ_LLM_CIRCUIT_BASE_S="0.5")
+    run_id = cluster.reactq("ask", "What is 2 + 2?", REACTQ_RUN_DEADLINE_S="8").stdout.strip()
+    waiting = cluster.wait_for_status(run_id, lambda s: s == "running", "to wait on its provider", 120)
+    assert waiting["waiting_on"] == "provider", waiting
+    run = cluster.wait_for_run(run_id, 60)
+    assert run["status"] == "timeout", run
+    assert "model provider was unavailable" in run["error"] and "503" in run["error"], run["error"]
 
 
-def test_unreachable_llm_endpoint_fails_cleanly(cluster: Cluster) -> None:
+def test_unreachable_llm_endpoint_ends_cleanly(cluster: Cluster) -> None:
     cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_BASE_URL="http://127.0.0.1:9/v1",
-                         REACTQ_LLM_MAX_RETRIES="1")
-    result = cluster.reactq("ask", "What is 2 + 2?", "--wait", "--json", "--timeout", "60")
-    run = json.loads(result.stdout)
-    assert run["status"] == "failed"
+                         REACTQ_LLM_MAX_RETRIES="1", REACTQ_LLM_CIRCUIT_BASE_S="0.5")
+    run_id = cluster.reactq("ask", "What is 2 + 2?", REACTQ_RUN_DEADLINE_S="5").stdout.strip()
+    run = cluster.wait_for_run(run_id, 120)
+    assert run["status"] == "timeout"
     assert "APIConnectionError" in run["error"], run["error"]
     assert "127.0.0.1" not in run["error"], run["error"]  # a stored error names no endpoint URL
 

@@ -23,10 +23,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .core.models import Usage
+from typing import Any
 
 
 class ReactqError(Exception):
@@ -106,10 +103,12 @@ class LLMError(ReactqError):
     """The endpoint could not give a reply (after retries)."""
 
     def __init__(self, message: str, attempts: int, outcome: str = "error", retry_after_s: float | None = None,
-                 lost_usage: Usage | None = None) -> None:
+                 lost_usage: Any = None) -> None:
         super().__init__(message)
         self.attempts = attempts
-        self.lost_usage = lost_usage  # tokens of failed attempts the provider may bill (estimated)
+        # a worker.core.models.Usage (this module imports nothing of the package): the tokens of failed
+        # attempts the provider may bill, estimated
+        self.lost_usage = lost_usage
         self.outcome = outcome  # the last attempt's: server_error, timeout, connection_error, client_error, ...
         self.retry_after_s = retry_after_s  # when to try again, if the provider (or its circuit) says
 

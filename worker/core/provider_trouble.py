@@ -43,13 +43,15 @@ def after_failed_call(run: Run, started: float, now: float, outcome: str, reason
                       wait_s: float) -> WaitForProvider | End:
     """The run's next move when the model call of a step that began at `started` failed with `outcome`
     (`reason` says why, for people), and the provider asks for (or the backoff gives) `wait_s` seconds. The
-    wait stops at the deadline (`deadline_of`): the step then finds it passed and ends the run `timeout`,
-    with a best-effort answer if it can."""
+    wait never reaches the deadline (`deadline_of`): when the provider may not be tried again before it, the
+    run ends `timeout` now, with the provider's trouble as the reason (a step delivered at the deadline
+    could only say the deadline passed)."""
     if outcome not in TRANSIENT_OUTCOMES:
         return End(RunStatus.FAILED, reason)
     deadline = deadline_of(run, started)
     if deadline is None:
         return WaitForProvider(wait_s)
-    if now >= deadline:
-        return End(RunStatus.TIMEOUT, f"run deadline passed while the model provider was unavailable ({reason})")
-    return WaitForProvider(min(wait_s, deadline - now))
+    if now + wait_s >= deadline:
+        return End(RunStatus.TIMEOUT, f"run deadline reached while the model provider was unavailable ({reason})",
+                   safeguard="deadline")
+    return WaitForProvider(wait_s)

@@ -264,7 +264,12 @@ def _streamed(client: openai.OpenAI, body: dict[str, Any], timeout_s: float, dea
                          stream_cls=openai.Stream[object])
     with stream:
         if "text/event-stream" not in stream.response.headers.get("content-type", ""):
-            return stream.response.read()
+            try:
+                return stream.response.read()
+            except httpx2.TimeoutException as exc:  # as openai maps them when it reads the body itself
+                raise openai.APITimeoutError(request=stream.response.request) from exc
+            except httpx2.TransportError as exc:
+                raise openai.APIConnectionError(request=stream.response.request) from exc
         for chunk in stream:
             folded.add(chunk)
             keep_alive()

@@ -118,7 +118,7 @@ def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, inva
     """Apply a recorded step to the run record (the record must be at `step.index`)."""
     start_deadline(run, step.started_at)
     run.current_step = step.index + 1
-    run.usage = run.usage + step.usage
+    run.usage = run.usage + step.usage + step.lost_usage  # estimated, if lost_usage has any
     run.cost_usd += step.cost_usd
     run.waiting_on = None
     run.status = RunStatus.RUNNING
