@@ -48,6 +48,11 @@ def _echo(args: BaseModel) -> str:
 
 @pytest.fixture
 def tools() -> ToolRegistry:
+    return registry()
+
+
+def registry() -> ToolRegistry:
+    """calc, lookup, add, python (tests/test_model_output.py uses them too)."""
     reg = ToolRegistry()
     reg.register(Tool("calc", ExprArgs, "arithmetic", _echo, idempotent=True))
     reg.register(Tool("lookup", LookupArgs, "find things", _echo, idempotent=True))

@@ -278,6 +278,12 @@ TEXT_CASES = [
     case("action-without-name", 'Thought: t\nAction:\nAction Input: {"query": "x"}', thought="t",
          error="missing_action_name"),
     case("action-label-mid-line-not-a-label", "I think the Action: search would help", error="garbage"),
+    # --- a tool call written as JSON or in call tags instead (Qwen, Hermes, Llama, Mistral; more: test_model_output)
+    case("json-call-instead-of-labels", '{"name": "search", "arguments": {"query": "x"}}',
+         call=("search", {"query": "x"}), warnings=["text_tool_call"]),
+    case("tool-call-tags-after-a-thought", 'Thought: t\n<tool_call>\n{"name": "search", "arguments": {"query": "x"}}'
+         "\n</tool_call>", thought="t", call=("search", {"query": "x"}), warnings=["text_tool_call"]),
+    case("unreadable-call-tags", "<tool_call>search(x)</tool_call>", error="invalid_text_call"),
 ]  # fmt: skip
 
 
@@ -465,7 +471,7 @@ def test_fuzz_never_raises():
 def test_public_api():
     assert sorted(parser_module.__all__) == sorted(
         ["PARSE_ERROR_KINDS", "PARSE_WARNINGS", "TEXT_STOP_SEQUENCES", "ParsedTurn", "parse_text",
-         "parse_tool_reply"]
+         "parse_tool_reply", "text_tool_calls"]
     )  # fmt: skip
 
 

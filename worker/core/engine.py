@@ -21,6 +21,8 @@ from .models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
 from .parser import ParsedTurn, parse_text, parse_tool_reply
 
 TRUNCATION_MARKER = "\n…[truncated {n} chars]"
+# Format errors the engine finds (beside the parser's PARSE_ERROR_KINDS), for the parse-errors metric
+ENGINE_ERROR_KINDS: tuple[str, ...] = ("text_call_rejected",)
 
 
 class ToolLike(Protocol):
@@ -193,13 +195,16 @@ def decide(
         return Reflect(reflection.strip())
     if turn.final_answer is not None and not turn.calls:
         return Final(turn.final_answer.strip())
-    if turn.error is not None or not turn.calls:
+    error, kind = turn.error, turn.error_kind
+    if error is None and "text_tool_call" in turn.warnings:
+        error, kind = _text_calls_rejected(turn.calls, tools)
+    if error is not None or not turn.calls:
         streak = run.invalid_streak + 1
-        error = turn.error or "Invalid output: no tool call and no final answer."
+        error = error or "Invalid output: no tool call and no final answer."
         if streak >= limits.max_invalid_outputs:
             return End(RunStatus.FAILED, f"{streak} invalid model outputs in a row; last: {error}",
                        "invalid_outputs")
-        return Retry(error, turn.error_kind or "empty")
+        return Retry(error, kind or "empty")
 
     same_thought = repeated_thought(history, turn.thought)
     if same_thought >= limits.thought_fail_at:
@@ -261,6 +266,28 @@ def decide(
                         "Think again from the observations you have, or give your Final Answer; "
                         "one more repetition ends the run.")
     return Act(planned, rejected, thought_hint)
+
+
+def _text_calls_rejected(calls: Sequence[ToolCall], tools: ToolLookup) -> tuple[str | None, str | None]:
+    """A tool call the model wrote as text (JSON, call tags) runs only if each of its calls names an offered
+    tool with arguments that tool accepts; otherwise the whole turn is a format error saying what is wrong
+    (never the final answer, never an unknown-tool observation: the model may not have meant a call)."""
+    problems = []
+    for call in calls:
+        tool = tools.get(call.name)
+        if tool is None:
+            refused = tools.refusal(call.name)
+            problems.append(refused or f"{call.name[:64]!r} is not one of the tools")
+            continue
+        try:
+            tool.validate(call.arguments)
+        except InvalidArguments as exc:
+            problems.append(str(exc))
+    if not problems:
+        return None, None
+    return (f"Invalid format: your reply is a tool call written as text, and {'; '.join(problems)}. Call one "
+            f"of the tools ({', '.join(tools.names()) or 'none'}) with arguments it accepts, or reply with "
+            "the final answer only."), "text_call_rejected"
 
 
 def _normal(text: str | None) -> str:

@@ -44,8 +44,14 @@ next label line; `\r\n` and `\r` end lines. The rules, in order:
 Native function calling (`parse_tool_reply`): string arguments are decoded as JSON ("" is `{}`);
 one that is not a JSON object stays the raw string, for the engine to turn into that call's
 observation, with warning "invalid_tool_arguments" (not an error of the turn). Content beside
-tool calls is the thought. Without tool calls the content is the final answer (a `Final Answer:`
-label is stripped and text before it is the thought); no content -> "empty".
+tool calls is the thought. Without tool calls, content that is a tool call written as text
+(`text_tool_calls`: JSON with `name` and `arguments`/`parameters`, bare or fenced, or inside
+`<tool_call>`, `<tools>`, `<|python_tag|>`, `[TOOL_CALLS]`; small models served without native tool
+calls write these) is that call, warning "text_tool_call" (the engine runs it only if it names an offered
+tool with valid arguments, else it is a format error); unreadable content inside call tags ->
+"invalid_text_call". Otherwise the content is the final answer (a `Final Answer:` label is stripped and
+text before it is the thought; a label before any call tag wins); no content -> "empty". In text mode a
+reply without an Action or Final Answer label is read the same way, and its first call runs.
 """
 
 from __future__ import annotations
@@ -60,16 +66,17 @@ from pydantic import BaseModel, Field
 from .models import ToolCall
 
 __all__ = ["PARSE_ERROR_KINDS", "PARSE_WARNINGS", "TEXT_STOP_SEQUENCES", "ParsedTurn", "parse_text",
-           "parse_tool_reply"]  # fmt: skip
+           "parse_tool_reply", "text_tool_calls"]  # fmt: skip
 
 PARSE_ERROR_KINDS: tuple[str, ...] = (
     "empty", "garbage", "no_action", "missing_action_name", "missing_action_input",
-    "invalid_action_input", "empty_final_answer", "no_tool", "text_after_bracket",
+    "invalid_action_input", "empty_final_answer", "no_tool", "text_after_bracket", "invalid_text_call",
 )  # fmt: skip
 PARSE_WARNINGS: tuple[str, ...] = (
     "hallucinated_observation", "action_and_final_answer", "multiple_actions", "numbered_labels",
     "bracket_action", "json_action", "plain_string_input", "python_literal_input", "trailing_text",
     "unlabelled_action_input", "invalid_tool_arguments", "call_syntax_action", "partial_stop_sequence",
+    "text_tool_call",
 )  # fmt: skip
 # The OpenAI API accepts at most four stop sequences.
 TEXT_STOP_SEQUENCES: list[str] = ["\nObservation:", "\n观察:", "\n观察："]
@@ -255,6 +262,10 @@ def parse_text(text: str | None) -> ParsedTurn:
         blocks.append(_Block(kind, rest))
     if numbered:
         warnings.append("numbered_labels")
+    if not blocks or all(b.kind not in ("action", "final") for b in blocks):
+        written = text_tool_calls(text)
+        if written is not None:
+            return _first_text_call(written, warnings)
     if not blocks:
         return _error("garbage", "Invalid format: no 'Action:' or 'Final Answer:' found. " + _FORMAT_HINT)
 
@@ -273,6 +284,13 @@ def parse_text(text: str | None) -> ParsedTurn:
     if any(b.kind == "action" for b in later):
         warnings.append("multiple_actions")
     return _action(decisive, later, thought, warnings)
+
+
+def _first_text_call(turn: ParsedTurn, warnings: list[str]) -> ParsedTurn:
+    """A call written as JSON or in call tags instead of the text format: text mode runs its first call."""
+    if len(turn.calls) > 1:
+        warnings.append("multiple_actions")
+    return turn.model_copy(update={"calls": turn.calls[:1], "warnings": warnings + turn.warnings})
 
 
 def _partial_stop(line: str) -> bool:
@@ -420,9 +438,167 @@ def parse_tool_reply(content: str | None, tool_calls: list[ToolCall]) -> ParsedT
     for i, line in enumerate(lines):
         found = _label(line)
         if found is not None and found[0] == "final":
+            before = "\n".join(lines[:i])
+            if _CALL_TAGS.search(before) is not None:
+                break  # the call tags come first: the reply is a call
             answer = "\n".join([found[1], *lines[i + 1 :]]).strip()
-            return _final(answer, _strip_thought_label("\n".join(lines[:i])), [])
-    return ParsedTurn(final_answer=text)
+            return _final(answer, _strip_thought_label(before), [])
+    return text_tool_calls(text) or ParsedTurn(final_answer=text)
+
+
+# --- tool calls written as text --------------------------------------------------------------------------
+_CALL_TAGS = re.compile(r"<tool_call>|<tools>|<\|python_tag\|>|\[TOOL_CALLS\]")
+_TAG_ENDS = {"<tool_call>": ("</tool_call>",), "<tools>": ("</tools>",),
+             "<|python_tag|>": ("<|eom_id|>", "<|eot_id|>"), "[TOOL_CALLS]": ()}  # fmt: skip
+_JSON_START = re.compile(r"^[ \t]{0,16}(?:[{\[]|```)", re.MULTILINE)
+_TEXT_CALL_CANDIDATES = 8  # places where a bare or fenced call may start: bounded, so linear in the input
+_TEXT_CALLS_MAX = 16
+_NO_CALL = object()
+
+
+def text_tool_calls(text: str | None) -> ParsedTurn | None:
+    """A reply whose text is a tool call, as models that do not (or cannot) use native function calling
+    write one; None when it is none. The forms: a JSON object with `name` and `arguments` (or
+    `parameters`; also nested as `{"function": {...}}`), or a list of them, bare or in a code fence, the
+    whole reply or its end (text before it is the thought) or its start (text after it is dropped,
+    "trailing_text"); or anything inside the tags `<tool_call>…</tool_call>`, `<tools>…</tools>` (Qwen,
+    Hermes), `<|python_tag|>…` (Llama) or `[TOOL_CALLS]…` (Mistral), where one object, a list or several
+    objects count, and anything else is an "invalid_text_call" error: the tags mean a call. The calls
+    are named as written (the engine checks that they name an offered tool with valid arguments); their
+    ids are "text-0", "text-1"... Prose that merely shows JSON (inside a sentence, or with text on both
+    sides) is no call."""
+    if text is None or not text.strip():
+        return None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    tag = _CALL_TAGS.search(text)
+    if tag is not None:
+        return _tagged(text, tag)
+    for n, m in enumerate(_JSON_START.finditer(text)):
+        if n >= _TEXT_CALL_CANDIDATES:
+            break
+        start = m.end() - (3 if m.group().endswith("```") else 1)
+        body, rest = _fenced(text[start:]) if text.startswith("```", start) else _json_head(text[start:])
+        if body is _NO_CALL:
+            continue
+        before = text[: m.start()].strip()
+        if before and rest.strip():
+            continue  # JSON with prose on both sides: shown, not called
+        calls = _calls_from(body, require_arguments=True)
+        if calls:
+            warnings = ["text_tool_call"] + (["trailing_text"] if rest.strip() else [])
+            return ParsedTurn(thought=_strip_thought_label(before) if before else None, calls=calls,
+                              warnings=warnings)  # fmt: skip
+    return None
+
+
+def _json_head(s: str) -> tuple[Any, str]:
+    """The JSON value at the start of `s` and the text after it, or (_NO_CALL, "")."""
+    try:
+        value, end = _DECODER.raw_decode(s)
+    except (ValueError, RecursionError):
+        return _NO_CALL, ""
+    return value, s[end:]
+
+
+def _fenced(s: str) -> tuple[Any, str]:
+    """The JSON value that is the whole body of the code fence at the start of `s`, and the text after
+    the fence, or (_NO_CALL, "")."""
+    body = s[3:]
+    lang = _FENCE_LANG.match(body)
+    if lang:
+        body = body[lang.end() :]
+    end = body.find("```")
+    inner, rest = (body, "") if end < 0 else (body[:end], body[end + 3 :])
+    inner = inner.strip()
+    if not inner.startswith(("{", "[")):
+        return _NO_CALL, ""
+    value, after = _json_head(inner)
+    return (value, rest) if value is not _NO_CALL and not after.strip() else (_NO_CALL, "")
+
+
+def _tagged(text: str, first: re.Match[str]) -> ParsedTurn:
+    """The calls inside call tags (the first at `first`); text before the first tag is the thought."""
+    thought = _strip_thought_label(text[: first.start()]) if text[: first.start()].strip() else None
+    values: list[Any] = []
+    trailing = False
+    tag: re.Match[str] | None = first
+    while tag is not None:
+        start = tag.end()
+        following = _CALL_TAGS.search(text, start)
+        stop = following.start() if following is not None else len(text)
+        ends = [i for e in _TAG_ENDS[tag.group()] if (i := text.find(e, start, stop)) >= 0]
+        body = text[start : min(ends)] if ends else text[start:stop]
+        if ends:
+            after_end = text[min(ends) : stop]
+            for e in _TAG_ENDS[tag.group()]:
+                after_end = after_end.replace(e, "", 1) if after_end.startswith(e) else after_end
+            trailing = trailing or bool(after_end.strip())
+        parsed = _json_values(body)
+        if parsed is None or len(values) + len(parsed) > _TEXT_CALLS_MAX:
+            return _invalid_text_call(tag.group(), thought)
+        values.extend(parsed)
+        tag = following
+    calls = _calls_from(values, require_arguments=False)
+    if not calls:
+        return _invalid_text_call(first.group(), thought)
+    return ParsedTurn(thought=thought, calls=calls,
+                      warnings=["text_tool_call"] + (["trailing_text"] if trailing else []))  # fmt: skip
+
+
+def _json_values(body: str) -> list[Any] | None:
+    """The JSON values in a tag's body: one, a list (flattened), or several separated by white space or
+    commas, possibly fenced; None if anything else is there."""
+    s, _ = _unfence(body)
+    values: list[Any] = []
+    pos = 0
+    while True:
+        while pos < len(s) and (s[pos].isspace() or s[pos] == ","):
+            pos += 1
+        if pos >= len(s):
+            return values or None
+        if s[pos] not in "{[" or len(values) >= _TEXT_CALLS_MAX:
+            return None
+        try:
+            value, pos = _DECODER.raw_decode(s, pos)
+        except (ValueError, RecursionError):
+            return None
+        values.extend(value if isinstance(value, list) else [value])
+
+
+def _calls_from(value: Any, *, require_arguments: bool) -> list[ToolCall]:
+    """Tool calls from a decoded object or list of objects; [] unless every element is a call."""
+    items = value if isinstance(value, list) else [value]
+    if not items or len(items) > _TEXT_CALLS_MAX:
+        return []
+    calls = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            return []
+        if isinstance(item.get("function"), dict) and "name" in item["function"]:
+            item = item["function"]  # the OpenAI shape: {"type": "function", "function": {...}}
+        name = item.get("name")
+        key = "arguments" if "arguments" in item else "parameters" if "parameters" in item else None
+        if not isinstance(name, str) or not name.strip() or (key is None and require_arguments):
+            return []
+        raw = item.get(key) if key is not None else None
+        arguments: dict[str, Any] | str
+        if raw is None:
+            arguments = {}
+        elif isinstance(raw, dict):
+            arguments = raw
+        elif isinstance(raw, str):
+            decoded = _decode_tool_arguments(raw)
+            arguments = raw if decoded is None else decoded
+        else:
+            arguments = json.dumps(raw, ensure_ascii=False)
+        calls.append(ToolCall(id=f"text-{i}", name=name.strip(), arguments=arguments))
+    return calls
+
+
+def _invalid_text_call(tag: str, thought: str | None) -> ParsedTurn:
+    return _error("invalid_text_call", f"Invalid format: the tool call after {tag} could not be read. Write the "
+                  'call as one JSON object with the tool\'s "name" and its "arguments" (an object), or reply '
+                  "with the final answer only.", thought)  # fmt: skip
 
 
 def _decode_tool_arguments(raw: str) -> dict[str, Any] | None:

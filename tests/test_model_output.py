@@ -1,0 +1,218 @@
+"""Model output as real small models write it (issue 30, item 3): tool calls written as text in tools
+mode, reasoning (`reasoning_content`, `<think>`), replies cut at max_tokens, and format hints that give a
+concrete example instead of placeholders a model could echo back. Pure: the parser and the engine, with
+a small registry of our own tools."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_engine import ExprArgs, _echo, registry
+from worker.core.engine import ENGINE_ERROR_KINDS, Act, End, Limits, Retry, decide, parse_reply
+from worker.core.models import LLMReply, Mode, Run, RunSpec, RunStatus, ToolCall
+from worker.core.parser import PARSE_ERROR_KINDS, PARSE_WARNINGS, parse_text, parse_tool_reply, text_tool_calls
+from worker.tools.registry import Tool, ToolRegistry
+
+
+@pytest.fixture
+def tools() -> ToolRegistry:
+    return registry()  # calc, lookup, add, python
+
+
+def run_(mode: Mode = Mode.TOOLS, **kw) -> Run:
+    return Run(spec=RunSpec(question="q"), mode=mode, **kw)
+
+
+def reply(content: str | None, finish_reason: str | None = "stop", **kw) -> LLMReply:
+    return LLMReply(content=content, finish_reason=finish_reason, **kw)
+
+
+CALC = {"name": "calc", "arguments": {"expression": "2+2"}}
+LOOKUP = {"name": "lookup", "arguments": {"query": "x"}}
+
+
+def j(value) -> str:
+    return json.dumps(value)
+
+
+# --- 1. tool calls written as text -----------------------------------------------------------------------
+
+WRITTEN_CALLS = [
+    pytest.param(j(CALC), None, [CALC], id="bare-json"),
+    pytest.param("  \n" + j(CALC) + "\n", None, [CALC], id="bare-json-with-blank-lines"),
+    pytest.param(j({"name": "calc", "parameters": {"expression": "2+2"}}), None, [CALC], id="parameters"),
+    pytest.param(j({"name": "calc", "arguments": j({"expression": "2+2"})}), None, [CALC], id="string-arguments"),
+    pytest.param(j({"type": "function", "function": CALC}), None, [CALC], id="openai-shape"),
+    pytest.param(j([CALC, LOOKUP]), None, [CALC, LOOKUP], id="bare-list"),
+    pytest.param("```json\n" + j(CALC) + "\n```", None, [CALC], id="fenced"),
+    pytest.param("```\n" + j(CALC) + "\n```", None, [CALC], id="fenced-no-language"),
+    pytest.param("I will compute it.\n```json\n" + j(CALC) + "\n```", "I will compute it.", [CALC],
+                 id="prose-then-fence"),
+    pytest.param("Thought: compute it\n" + j(CALC), "compute it", [CALC], id="thought-label-then-json"),
+    pytest.param("<tool_call>\n" + j(CALC) + "\n</tool_call>", None, [CALC], id="tool-call-tag"),
+    pytest.param("<tool_call>\n" + j(CALC) + "\n</tool_call>\n<tool_call>\n" + j(LOOKUP) + "\n</tool_call>",
+                 None, [CALC, LOOKUP], id="two-tool-call-tags"),
+    pytest.param("<tool_call>" + j(CALC), None, [CALC], id="unclosed-tag"),
+    pytest.param("<tools>\n" + j([CALC, LOOKUP]) + "\n</tools>", None, [CALC, LOOKUP], id="tools-tag-list"),
+    pytest.param("<tools>\n" + j(CALC) + "\n" + j(LOOKUP) + "\n</tools>", None, [CALC, LOOKUP],
+                 id="tools-tag-two-objects"),
+    pytest.param("<tool_call>\n```json\n" + j(CALC) + "\n```\n</tool_call>", None, [CALC], id="fence-in-tag"),
+    pytest.param("<|python_tag|>" + j({"name": "calc", "parameters": {"expression": "2+2"}}), None, [CALC],
+                 id="llama-python-tag"),
+    pytest.param("<|python_tag|>" + j(CALC) + "<|eom_id|>", None, [CALC], id="llama-python-tag-eom"),
+    pytest.param("[TOOL_CALLS]" + j([CALC]), None, [CALC], id="mistral"),
+    pytest.param("[TOOL_CALLS] " + j([CALC, LOOKUP]), None, [CALC, LOOKUP], id="mistral-two"),
+    pytest.param("Let me look.\n<tool_call>" + j(LOOKUP) + "</tool_call>", "Let me look.", [LOOKUP],
+                 id="prose-then-tag"),
+    pytest.param("I'll search. <tool_call>" + j(LOOKUP) + "</tool_call>", "I'll search.", [LOOKUP],
+                 id="tag-inline-after-prose"),
+    pytest.param(j({"name": "calc"}).replace("}", ', "arguments": null}'), None,
+                 [{"name": "calc", "arguments": {}}], id="null-arguments"),
+    pytest.param("<tool_call>" + j({"name": "calc"}) + "</tool_call>", None, [{"name": "calc", "arguments": {}}],
+                 id="tag-without-arguments"),
+]
+
+
+def _calls(turn) -> list[dict]:
+    return [{"name": c.name, "arguments": c.arguments} for c in turn.calls]
+
+
+@pytest.mark.parametrize(("content", "thought", "calls"), WRITTEN_CALLS)
+def test_tools_mode_reads_a_call_written_as_text(content, thought, calls):
+    turn = parse_tool_reply(content, [])
+    assert turn.error is None and turn.final_answer is None
+    assert _calls(turn) == calls
+    assert turn.thought == thought
+    assert [c.id for c in turn.calls] == [f"text-{i}" for i in range(len(calls))]
+    assert "text_tool_call" in turn.warnings
+
+
+@pytest.mark.parametrize(("content", "thought", "calls"), WRITTEN_CALLS)
+def test_text_mode_reads_the_first_call_written_as_text(content, thought, calls):
+    turn = parse_text(content)
+    assert turn.error is None and turn.final_answer is None
+    assert _calls(turn) == calls[:1] and turn.calls[0].id == "text-0"
+    assert ("multiple_actions" in turn.warnings) == (len(calls) > 1)
+
+
+@pytest.mark.parametrize("content", [
+    j(CALC) + "\nI will wait for the result.",
+    "```json\n" + j(CALC) + "\n```\nThen I will answer.",
+    "<tool_call>" + j(CALC) + "</tool_call>\nThen I will answer.",
+])  # fmt: skip
+def test_text_after_a_leading_call_is_dropped(content):
+    turn = parse_tool_reply(content, [])
+    assert _calls(turn) == [CALC]
+    assert "trailing_text" in turn.warnings
+
+
+@pytest.mark.parametrize("content", [
+    'The API answers {"name": "calc", "arguments": {}} when it is called.',
+    'Send this:\n{"name": "calc", "arguments": {"expression": "1"}}\nand the server computes it.',
+    "The answer is 4.",
+    j({"name": "Ada Lovelace", "born": 1815}),
+    j({"arguments": {"x": 1}}),
+    j({"name": "", "arguments": {}}),
+    j([]),
+    j([CALC, {"name": "calc"}]),  # not every element a call (bare JSON needs the arguments)
+    j(["calc", "lookup"]),
+    "```python\nprint(1)\n```",
+    "{not json at all}",
+    "Use the format {\"name\": ..., \"arguments\": ...} to call a tool.",
+])  # fmt: skip
+def test_prose_that_mentions_json_stays_an_answer(content):
+    turn = parse_tool_reply(content, [])
+    assert turn.final_answer == content.strip() and not turn.calls and turn.error is None
+    assert text_tool_calls(content) is None
+
+
+@pytest.mark.parametrize("content", [
+    "<tool_call>calc(2+2)</tool_call>",
+    "<tool_call></tool_call>",
+    "<tool_call>" + j({"arguments": {}}) + "</tool_call>",
+    "<tool_call>" + j(["calc"]) + "</tool_call>",
+    "<|python_tag|>calc.call(expression=\"2+2\")",
+    "[TOOL_CALLS] [{\"name\": \"calc\", ",
+    "<tools>" + j(CALC) + " trailing words</tools>",
+    "<tool_call>" + j(CALC) + "</tool_call><tool_call>oops</tool_call>",
+])  # fmt: skip
+def test_call_tags_around_something_unreadable_are_a_format_error(content):
+    for turn in (parse_tool_reply(content, []), parse_text(content)):
+        assert turn.error_kind == "invalid_text_call" and turn.error
+        assert not turn.calls and turn.final_answer is None
+        assert "<tool>" not in turn.error  # no placeholder a model could copy back
+
+
+def test_tools_mode_final_answer_label_before_tags_is_the_answer():
+    turn = parse_tool_reply("Final Answer: models write <tool_call> tags", [])
+    assert turn.final_answer == "models write <tool_call> tags"
+
+
+def test_native_tool_calls_win_over_a_call_written_in_the_content():
+    native = ToolCall(id="n1", name="lookup", arguments='{"query": "y"}')
+    turn = parse_tool_reply("<tool_call>" + j(CALC) + "</tool_call>", [native])
+    assert _calls(turn) == [{"name": "lookup", "arguments": {"query": "y"}}]
+    assert "text_tool_call" not in turn.warnings
+
+
+def test_text_mode_labels_win_over_json():
+    turn = parse_text('Thought: t\nAction: lookup\nAction Input: {"query": "x"}')
+    assert _calls(turn) == [LOOKUP] and "text_tool_call" not in turn.warnings
+
+
+def test_many_json_lines_stay_linear():
+    content = "\n".join(["{"] * 20_000 + [j(CALC)])
+    assert text_tool_calls(content) is None  # only the first few candidates are tried
+    assert text_tool_calls("<tools>" + "{" * 50_000 + "</tools>").error_kind == "invalid_text_call"
+
+
+def test_new_labels_are_declared():
+    assert "invalid_text_call" in PARSE_ERROR_KINDS and "text_tool_call" in PARSE_WARNINGS
+    assert "text_call_rejected" in ENGINE_ERROR_KINDS
+
+
+def test_a_written_call_of_an_offered_tool_with_valid_arguments_runs(tools):
+    turn = parse_reply(Mode.TOOLS, reply("<tool_call>" + j(CALC) + "</tool_call>"))
+    decision = decide(run_(), [], turn, tools, Limits())
+    assert isinstance(decision, Act) and not decision.rejected
+    assert [(p.tool, p.arguments) for p in decision.planned] == [("calc", {"expression": "2+2"})]
+
+
+def test_a_written_call_by_an_alias_or_other_case_runs(tools):
+    reg = ToolRegistry()
+    reg.register(Tool("calc", ExprArgs, "arithmetic", _echo, idempotent=True, aliases=("calculator",)))
+    turn = parse_reply(Mode.TOOLS, reply(j({"name": "Calculator", "arguments": {"expression": "1"}})))
+    decision = decide(run_(), [], turn, reg, Limits())
+    assert isinstance(decision, Act) and decision.planned[0].tool == "calc"
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (j({"name": "weather", "arguments": {"city": "Paris"}}), "'weather' is not one of the tools"),
+    (j({"name": "<tool name>", "arguments": {}}), "'<tool name>' is not one of the tools"),
+    (j({"name": "calc", "arguments": {"expr": "1"}}), "invalid arguments for calc: expression"),
+    (j({"name": "calc", "arguments": "{broken"}), "invalid arguments for calc"),
+    (j({"name": "lookup", "arguments": {"query": "x", "limit": "many"}}), "invalid arguments for lookup: limit"),
+    (j([CALC, {"name": "nope", "arguments": {}}]), "'nope' is not one of the tools"),
+])  # fmt: skip
+def test_a_written_call_that_is_not_a_valid_call_is_a_format_error(tools, content, says):
+    for mode in Mode if content.startswith("{") else [Mode.TOOLS]:  # text mode runs only a list's first call
+        turn = parse_reply(mode, reply(content))
+        decision = decide(run_(mode), [], turn, tools, Limits())
+        assert isinstance(decision, Retry), (mode, decision)
+        assert decision.kind == "text_call_rejected"
+        assert says in decision.error and "add, calc, lookup, python" in decision.error
+
+
+def test_rejected_written_calls_count_towards_the_invalid_output_limit(tools):
+    turn = parse_reply(Mode.TOOLS, reply(j({"name": "nope", "arguments": {}})))
+    decision = decide(run_(invalid_streak=2), [], turn, tools, Limits())
+    assert isinstance(decision, End) and decision.status == RunStatus.FAILED
+    assert decision.safeguard == "invalid_outputs" and "'nope' is not one of the tools" in decision.reason
+
+
+def test_a_native_call_of_an_unknown_tool_is_still_an_observation(tools):
+    turn = parse_reply(Mode.TOOLS, reply(None, tool_calls=[ToolCall(id="a", name="nope", arguments="{}")]))
+    decision = decide(run_(), [], turn, tools, Limits())
+    assert isinstance(decision, Act) and decision.rejected[0].outcome == "unknown_tool"
