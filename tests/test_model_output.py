@@ -8,11 +8,33 @@ from __future__ import annotations
 import json
 
 import pytest
+from rich.console import Console
 
 from tests.test_engine import ExprArgs, _echo, registry
-from worker.core.engine import ENGINE_ERROR_KINDS, Act, End, Limits, Retry, decide, parse_reply
-from worker.core.models import LLMReply, Mode, Run, RunSpec, RunStatus, ToolCall
-from worker.core.parser import PARSE_ERROR_KINDS, PARSE_WARNINGS, parse_text, parse_tool_reply, text_tool_calls
+from worker.cli.display import print_trace
+from worker.core.best_effort import answer_from
+from worker.core.engine import (
+    ENGINE_ERROR_KINDS,
+    Act,
+    End,
+    Final,
+    Limits,
+    Retry,
+    decide,
+    parse_reply,
+    reply_reasoning,
+)
+from worker.core.models import LLMReply, Mode, Run, RunSpec, RunStatus, Step, ToolCall, Usage
+from worker.core.parser import (
+    PARSE_ERROR_KINDS,
+    PARSE_WARNINGS,
+    parse_text,
+    parse_tool_reply,
+    split_reasoning,
+    text_tool_calls,
+)
+from worker.core.views import run_json
+from worker.llm.client import parse_completion
 from worker.tools.registry import Tool, ToolRegistry
 
 
@@ -216,3 +238,94 @@ def test_a_native_call_of_an_unknown_tool_is_still_an_observation(tools):
     turn = parse_reply(Mode.TOOLS, reply(None, tool_calls=[ToolCall(id="a", name="nope", arguments="{}")]))
     decision = decide(run_(), [], turn, tools, Limits())
     assert isinstance(decision, Act) and decision.rejected[0].outcome == "unknown_tool"
+
+
+# --- 2. reasoning models -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("content", "reasoning", "rest"), [
+    ("<think>a\nb</think>\nFinal Answer: 4", "a\nb", "Final Answer: 4"),
+    ("<think>\n\n</think>\n\n4", None, "4"),  # Qwen3 with thinking off: an empty block
+    ("<THINKING>x</THINKING> y", "x", "y"),
+    ("<think>cut at max_tokens, never closed", "cut at max_tokens, never closed", None),
+    ("the template opened it</think>\n\n4", "the template opened it", "4"),
+    ("a</think>b<think>c</think>d", "a\n\nc", "b\nd"),
+    ("I think so.", None, "I think so."),
+    ("<b>no</b> thinking here", None, "<b>no</b> thinking here"),
+    (None, None, None),
+])  # fmt: skip
+def test_split_reasoning(content, reasoning, rest):
+    assert split_reasoning(content) == (reasoning, rest)
+
+
+def test_split_reasoning_stays_linear():
+    split_reasoning("<think>" * 20_000)
+    split_reasoning("</think>" * 20_000 + "x")
+
+
+def _completion(message: dict, usage: dict | None = None) -> str:
+    return json.dumps({"model": "m", "choices": [{"message": {"role": "assistant", **message},
+                                                  "finish_reason": "stop"}],
+                       "usage": usage or {"prompt_tokens": 7, "completion_tokens": 30}})
+
+
+@pytest.mark.parametrize(("message", "content", "reasoning"), [
+    ({"content": "4", "reasoning_content": "2+2 is 4"}, "4", "2+2 is 4"),
+    ({"content": "4", "reasoning": "2+2 is 4"}, "4", "2+2 is 4"),
+    ({"content": "<think>2+2 is 4</think>\n4"}, "4", "2+2 is 4"),
+    ({"content": "<think>more</think>4", "reasoning_content": "first"}, "4", "first\n\nmore"),
+    ({"content": "<think>cut", "reasoning_content": None}, None, "cut"),
+    ({"content": "4"}, "4", None),
+])  # fmt: skip
+def test_the_llm_edge_keeps_reasoning_out_of_the_content(message, content, reasoning):
+    got = parse_completion(_completion(message))
+    assert (got.content, got.reasoning) == (content, reasoning)
+    assert got.usage == Usage(prompt_tokens=7, completion_tokens=30)  # reasoning tokens are in completion_tokens
+
+
+def test_the_llm_edge_keeps_the_reported_reasoning_tokens():
+    usage = {"prompt_tokens": 7, "completion_tokens": 30, "completion_tokens_details": {"reasoning_tokens": 25}}
+    got = parse_completion(_completion({"content": "4", "reasoning_content": "..."}, usage))
+    assert got.reasoning_tokens == 25 and got.usage.completion_tokens == 30
+    assert parse_completion(_completion({"content": "4"})).reasoning_tokens is None
+    odd = {"prompt_tokens": 1, "completion_tokens": 2, "completion_tokens_details": None}
+    assert parse_completion(_completion({"content": "4"}, odd)).reasoning_tokens is None
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_reasoning_is_kept_out_of_the_answer_and_the_parser(mode, tools):
+    answer = "Final Answer: 4" if mode == Mode.TEXT else "4"
+    content = "<think>Final Answer: 5? No. Action: calc</think>\n" + answer
+    for r in (reply(content), reply(answer, reasoning="Final Answer: 5? No. Action: calc")):
+        turn = parse_reply(mode, r)
+        assert turn.final_answer == "4" and not turn.calls
+        assert turn.reasoning == "Final Answer: 5? No. Action: calc"
+        assert decide(run_(mode), [], turn, tools, Limits()) == Final("4")
+
+
+def test_reasoning_beside_a_call_is_not_the_thought(tools):
+    r = reply("<think>need calc</think>", tool_calls=[ToolCall(id="a", name="calc", arguments='{"expression": "1"}')])
+    turn = parse_reply(Mode.TOOLS, r)
+    assert turn.thought is None and turn.reasoning == "need calc" and turn.calls[0].name == "calc"
+
+
+def test_only_reasoning_and_no_reply_is_an_empty_reply():
+    turn = parse_reply(Mode.TOOLS, reply("<think>hmm</think>"))
+    assert turn.error_kind == "empty" and turn.reasoning == "hmm"
+
+
+def test_the_best_effort_answer_leaves_the_reasoning_out():
+    assert answer_from(Mode.TOOLS, reply("<think>so 4</think>\n4")) == "4"
+    assert answer_from(Mode.TEXT, reply("<think>so 4</think>\nFinal Answer: 4")) == "4"
+    assert answer_from(Mode.TOOLS, reply(j(CALC))) is None  # a call written as text is no answer
+    assert reply_reasoning(reply("<think>b</think>4", reasoning="a")) == "a\n\nb"
+
+
+def test_the_trace_shows_the_reasoning():
+    run = run_(status=RunStatus.SUCCEEDED, answer="4")
+    step = Step(index=0, reasoning="2+2 is 4", reasoning_tokens=12, final_answer="4")
+    console = Console(record=True, width=200)
+    print_trace(console, run, [step])
+    text = console.export_text()
+    assert "reasoning (12 tokens): 2+2 is 4" in text
+    assert run_json(run, [step])["trace"][0]["reasoning"] == "2+2 is 4"

@@ -471,7 +471,7 @@ def test_fuzz_never_raises():
 def test_public_api():
     assert sorted(parser_module.__all__) == sorted(
         ["PARSE_ERROR_KINDS", "PARSE_WARNINGS", "TEXT_STOP_SEQUENCES", "ParsedTurn", "parse_text",
-         "parse_tool_reply", "text_tool_calls"]
+         "parse_tool_reply", "join_reasoning", "split_reasoning", "text_tool_calls"]
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from .engine import End, Limits
 from .models import LLMReply, Mode, Run, RunStatus
-from .parser import parse_text, parse_tool_reply
+from .parser import parse_text, parse_tool_reply, split_reasoning
 
 # The safeguards of `End`s that get a best-effort answer (with max_steps): the model's own loops.
 LOOP_SAFEGUARDS = frozenset({"loop", "invalid_outputs", "repeated_thought", "no_progress"})
@@ -65,12 +65,15 @@ def answer_from(mode: Mode, reply: LLMReply) -> str | None:
     """The answer in the final call's reply: the Final Answer if there is one, else the reply's text
     without the ReAct format's lines (tool calls, if the model made any anyway, are ignored); None if
     nothing is left."""
+    content = split_reasoning(reply.content)[1]  # a reasoning model's <think> is not the answer
     if mode == Mode.TOOLS:
-        turn = parse_tool_reply(reply.content, [])
+        turn = parse_tool_reply(content, [])
     else:
-        turn = parse_text(reply.content)
+        turn = parse_text(content)
     if turn.final_answer is not None and turn.final_answer.strip():
         return turn.final_answer.strip()
-    kept = [line for line in (reply.content or "").splitlines() if not _FORMAT_LINE.match(line)]
+    if turn.calls and "text_tool_call" in turn.warnings:
+        return None  # a tool call written as text: no answer
+    kept = [line for line in (content or "").splitlines() if not _FORMAT_LINE.match(line)]
     text = "\n".join(kept).strip()
     return text or None

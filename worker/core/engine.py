@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from ..errors import InvalidArguments
 from .models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
-from .parser import ParsedTurn, parse_text, parse_tool_reply
+from .parser import ParsedTurn, join_reasoning, parse_text, parse_tool_reply, split_reasoning
 
 TRUNCATION_MARKER = "\n…[truncated {n} chars]"
 # Format errors the engine finds (beside the parser's PARSE_ERROR_KINDS), for the parse-errors metric
@@ -136,9 +136,16 @@ def call_signature(name: str, arguments: dict[str, Any] | str) -> str:
 def parse_reply(mode: Mode, reply: LLMReply) -> ParsedTurn:
     """The model's turn in `reply`, read as `mode` says, with call ids made unique (the ids under which
     a step stores its calls' results: the step and the retention sweep must agree on them)."""
-    turn = parse_tool_reply(reply.content, reply.tool_calls) if mode == Mode.TOOLS else parse_text(reply.content)
+    thinking, content = split_reasoning(reply.content)  # a reply stored or scripted with its <think> still in
+    turn = parse_tool_reply(content, reply.tool_calls) if mode == Mode.TOOLS else parse_text(content)
     turn.calls = unique_call_ids(turn.calls)
+    turn.reasoning = join_reasoning(reply.reasoning, thinking)
     return turn
+
+
+def reply_reasoning(reply: LLMReply) -> str | None:
+    """A reasoning model's thinking in `reply`: its reasoning field and any <think> left in its content."""
+    return join_reasoning(reply.reasoning, split_reasoning(reply.content)[0])
 
 
 def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:

@@ -66,7 +66,7 @@ from pydantic import BaseModel, Field
 from .models import ToolCall
 
 __all__ = ["PARSE_ERROR_KINDS", "PARSE_WARNINGS", "TEXT_STOP_SEQUENCES", "ParsedTurn", "parse_text",
-           "parse_tool_reply", "text_tool_calls"]  # fmt: skip
+           "parse_tool_reply", "join_reasoning", "split_reasoning", "text_tool_calls"]  # fmt: skip
 
 PARSE_ERROR_KINDS: tuple[str, ...] = (
     "empty", "garbage", "no_action", "missing_action_name", "missing_action_input",
@@ -91,6 +91,7 @@ class ParsedTurn(BaseModel):
     error: str | None = None  # shown to the model as the observation; says what format is expected
     error_kind: str | None = None  # one of PARSE_ERROR_KINDS, for metrics
     warnings: list[str] = Field(default_factory=list)  # labels from PARSE_WARNINGS
+    reasoning: str | None = None  # a reasoning model's thinking, kept out of everything above (split_reasoning)
 
 
 _FORMAT_HINT = (
@@ -599,6 +600,39 @@ def _invalid_text_call(tag: str, thought: str | None) -> ParsedTurn:
     return _error("invalid_text_call", f"Invalid format: the tool call after {tag} could not be read. Write the "
                   'call as one JSON object with the tool\'s "name" and its "arguments" (an object), or reply '
                   "with the final answer only.", thought)  # fmt: skip
+
+
+_THINK = re.compile(r"<(think|thinking)>(.*?)(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE)
+_THINK_END = re.compile(r"</think(?:ing)?>", re.IGNORECASE)
+
+
+def split_reasoning(content: str | None) -> tuple[str | None, str | None]:
+    """(reasoning, the rest) of a reply's content: `<think>…</think>` blocks (also `<thinking>`) are the
+    reasoning; one left open (the reply was cut inside it) runs to the end; a `</think>` with no opening
+    tag (the chat template opened it in the prompt: Qwen3, DeepSeek-R1) closes reasoning that started the
+    content. Content without these tags is returned as it is."""
+    if content is None or "think" not in content.lower():
+        return None, content
+    thoughts: list[str] = []
+    first = _THINK.search(content)
+    head_end = _THINK_END.search(content, 0, first.start() if first is not None else len(content))
+    if head_end is not None:
+        thoughts.append(content[: head_end.start()])
+        content = content[head_end.end() :]
+    def taken(m: re.Match[str]) -> str:
+        thoughts.append(m.group(2))
+        return "\n"
+
+    rest = _THINK.sub(taken, content)
+    reasoning = "\n\n".join(t.strip() for t in thoughts if t.strip()) or None
+    if not thoughts:
+        return None, content
+    return reasoning, rest.strip() or None
+
+
+def join_reasoning(*parts: str | None) -> str | None:
+    """Reasoning from several places (the message's field, tags in its content), in order; None if none."""
+    return "\n\n".join(p.strip() for p in parts if p and p.strip()) or None
 
 
 def _decode_tool_arguments(raw: str) -> dict[str, Any] | None:

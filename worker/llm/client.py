@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from ..core.models import LLMReply, ToolCall, Usage
+from ..core.parser import join_reasoning, split_reasoning
 from ..errors import LLMError
 from .http_pool import LLMHTTPClient
 
@@ -238,6 +239,8 @@ class _Call(BaseModel):
 class _Message(BaseModel):
     content: str | None = None
     tool_calls: list[_Call] | None = None
+    reasoning_content: str | None = None  # a reasoning model's thinking (DeepSeek, vLLM, llama.cpp) ...
+    reasoning: str | None = None  # ... as some providers name it (OpenRouter, Ollama)
 
 
 class _Choice(BaseModel):
@@ -245,9 +248,14 @@ class _Choice(BaseModel):
     finish_reason: str | None = None
 
 
+class _CompletionDetails(BaseModel):
+    reasoning_tokens: int | None = None
+
+
 class _Usage(BaseModel):
     prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    completion_tokens: int | None = None  # reasoning tokens included
+    completion_tokens_details: _CompletionDetails | None = None
 
 
 class _Completion(BaseModel):
@@ -277,12 +285,17 @@ def parse_completion(body: bytes | str, attempts: int = 1, duration_ms: int = 0)
         if c.function is not None
     ]
     usage = completion.usage or _Usage()
+    message = choice.message
+    thinking, content = split_reasoning(message.content)  # <think>…</think> is never part of the answer
+    details = usage.completion_tokens_details
     return LLMReply(
-        content=choice.message.content,
+        content=content,
         tool_calls=calls,
         finish_reason=choice.finish_reason,
         model=completion.model or "",
         usage=Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=usage.completion_tokens or 0),
         duration_ms=duration_ms,
         attempts=attempts,
+        reasoning=join_reasoning(message.reasoning_content or message.reasoning, thinking),
+        reasoning_tokens=details.reasoning_tokens if details is not None else None,
     )

@@ -130,6 +130,7 @@ class StepRunner:
         model = reply.routed_model or run.model
         step = Step(
             index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
+            reasoning=turn.reasoning, reasoning_tokens=reply.reasoning_tokens,
             cost_usd=cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok),
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
@@ -227,7 +228,8 @@ class StepRunner:
         price = cost_usd(model, reply.usage, self.rt.settings.prices_per_mtok)
         step = Step(
             index=d.index, raw_output=reply.content, final_answer=best_effort.answer_from(run.mode, reply),
-            best_effort=True, usage=reply.usage, cost_usd=price,
+            best_effort=True, usage=reply.usage, cost_usd=price, reasoning=engine.reply_reasoning(reply),
+            reasoning_tokens=reply.reasoning_tokens,
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
         if step.final_answer is not None:
