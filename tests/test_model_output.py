@@ -12,6 +12,7 @@ from rich.console import Console
 
 from tests.test_engine import ExprArgs, _echo, registry
 from worker.cli.display import print_trace
+from worker.core import best_effort
 from worker.core.best_effort import answer_from
 from worker.core.engine import (
     ENGINE_ERROR_KINDS,
@@ -35,6 +36,8 @@ from worker.core.parser import (
 )
 from worker.core.views import run_json
 from worker.llm.client import parse_completion
+from worker.metrics import SAFEGUARD_KINDS
+from worker.store.runs import advance
 from worker.tools.registry import Tool, ToolRegistry
 
 
@@ -329,3 +332,76 @@ def test_the_trace_shows_the_reasoning():
     text = console.export_text()
     assert "reasoning (12 tokens): 2+2 is 4" in text
     assert run_json(run, [step])["trace"][0]["reasoning"] == "2+2 is 4"
+
+
+# --- 3. replies cut off at max_tokens ----------------------------------------------------------------------
+
+CUT = [
+    pytest.param(Mode.TOOLS, "The capital of France is", id="tools-prose"),
+    pytest.param(Mode.TOOLS, "Final Answer: The capital of France is", id="tools-final-label"),
+    pytest.param(Mode.TOOLS, "<think>Let me think about this very long", id="tools-cut-in-reasoning"),
+    pytest.param(Mode.TOOLS, '<tool_call>{"name": "calc", "argum', id="tools-written-call-cut"),
+    pytest.param(Mode.TEXT, "Thought: I know it\nFinal Answer: The capital of France is", id="text-final"),
+    pytest.param(Mode.TEXT, "Thought: I should look it up and then I should", id="text-thought-only"),
+    pytest.param(Mode.TEXT, "Thought: t\nAction: lookup\nAction Input: capital of Fr", id="text-plain-input"),
+    pytest.param(Mode.TEXT, 'Thought: t\nAction: lookup\nAction Input: {"query": "capital of Fr', id="text-json-cut"),
+    pytest.param(Mode.TEXT, "", id="text-empty"),
+]
+
+
+@pytest.mark.parametrize(("mode", "content"), CUT)
+def test_a_reply_cut_at_max_tokens_is_never_an_answer(mode, content, tools):
+    turn = parse_reply(mode, reply(content, "length"))
+    assert turn.error_kind == "truncated" and not turn.calls and turn.final_answer is None
+    assert "cut off" in turn.error and "max_tokens" in turn.error and "shorter" in turn.error
+    decision = decide(run_(mode), [], turn, tools, Limits())
+    assert isinstance(decision, Retry) and decision.kind == "truncated"
+
+
+def test_a_cut_off_tool_reply_with_broken_native_arguments_is_a_format_error(tools):
+    cut = [ToolCall(id="a", name="calc", arguments='{"expression": "2+')]
+    turn = parse_reply(Mode.TOOLS, reply(None, "length", tool_calls=cut))
+    assert turn.error_kind == "truncated" and not turn.calls
+
+
+@pytest.mark.parametrize(("mode", "r"), [
+    (Mode.TOOLS, reply(None, "length", tool_calls=[ToolCall(id="a", name="calc", arguments='{"expression": "1"}')])),
+    (Mode.TOOLS, reply("<think>long</think>" + j(CALC), "length")),
+    (Mode.TEXT, reply('Thought: t\nAction: calc\nAction Input: {"expression": "1"}', "length")),
+])  # fmt: skip
+def test_complete_calls_in_a_cut_off_reply_still_run(mode, r, tools):
+    turn = parse_reply(mode, r)
+    assert turn.error is None and turn.calls[0].name == "calc"
+    assert isinstance(decide(run_(mode), [], turn, tools, Limits()), Act)
+
+
+@pytest.mark.parametrize("finish_reason", ["stop", None, "tool_calls", "content_filter"])
+def test_other_finish_reasons_leave_the_answer_alone(finish_reason):
+    assert parse_reply(Mode.TOOLS, reply("Paris", finish_reason)).final_answer == "Paris"
+
+
+def test_cut_off_replies_use_the_format_error_budget_and_end_with_their_own_reason(tools):
+    turn = parse_reply(Mode.TOOLS, reply("The capital", "length"))
+    assert isinstance(decide(run_(invalid_streak=1), [], turn, tools, Limits()), Retry)
+    end = decide(run_(invalid_streak=2), [], turn, tools, Limits())
+    assert isinstance(end, End) and end.status == RunStatus.FAILED and end.safeguard == "cut_off"
+    assert end.reason.startswith("the model's reply was cut off at max_tokens")
+    assert best_effort.eligible(end)  # a best-effort answer follows: the run ends with partial=true
+    assert "cut off" in best_effort.instruction(end) and "short" in best_effort.instruction(end)
+    other = decide(run_(invalid_streak=2), [], parse_reply(Mode.TOOLS, reply("")), tools, Limits())
+    assert isinstance(other, End) and other.safeguard == "invalid_outputs"  # the last one was not cut off
+
+
+def test_a_run_ended_by_cut_off_replies_is_partial_with_its_best_effort_answer():
+    run = run_(status=RunStatus.RUNNING, current_step=3)
+    end = End(RunStatus.FAILED, "the model's reply was cut off at max_tokens (3 invalid model outputs in a row, "
+              "the last one cut off)", "cut_off")
+    step = Step(index=3, best_effort=True, final_answer="Paris")
+    advance(run, step, lambda r: end, invalid=False)
+    assert (run.status, run.partial, run.answer) == (RunStatus.FAILED, True, "Paris")
+    assert run.error.startswith("the model's reply was cut off at max_tokens")
+
+
+def test_cut_off_is_a_declared_safeguard():
+    assert "cut_off" in SAFEGUARD_KINDS and "cut_off" in best_effort.LOOP_SAFEGUARDS
+    assert "truncated" in ENGINE_ERROR_KINDS

@@ -54,7 +54,8 @@ QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queu
 
 SAFEGUARD_KINDS = ("repeat_hint", "loop", "invalid_outputs", "observation_truncated", "context_compacted",
                    "max_steps", "deadline", "token_budget",
-                   "thought_hint", "repeated_thought", "no_progress_hint", "no_progress", "best_effort_answer")
+                   "thought_hint", "repeated_thought", "no_progress_hint", "no_progress", "best_effort_answer",
+                   "cut_off")
 # Recorded steps by what they did, and "ended" for a run stopped between steps (limit, LLM failure).
 STEP_OUTCOMES = (Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER, Outcome.REFLECTION, Outcome.INVALID_OUTPUT,
                  Outcome.ENDED, Outcome.BEST_EFFORT)

@@ -13,7 +13,7 @@ from .models import LLMReply, Mode, Run, RunStatus
 from .parser import parse_text, parse_tool_reply, split_reasoning
 
 # The safeguards of `End`s that get a best-effort answer (with max_steps): the model's own loops.
-LOOP_SAFEGUARDS = frozenset({"loop", "invalid_outputs", "repeated_thought", "no_progress"})
+LOOP_SAFEGUARDS = frozenset({"loop", "invalid_outputs", "cut_off", "repeated_thought", "no_progress"})
 
 _WHY = {
     "max_steps": "You have reached the step limit.",
@@ -21,8 +21,10 @@ _WHY = {
     "repeated_thought": "You have repeated the same thought too many times.",
     "no_progress": "Your last actions all returned the same observation.",
     "invalid_outputs": "Your last outputs could not be read.",
+    "cut_off": "Your last replies were cut off at the token limit.",
 }
 _ASK = "Using only the observations above, give your best Final Answer now, even if approximate."
+_SHORT = " Keep it short."
 _TOOLS_TAIL = " Do not call any tool: answer in plain text."
 _TEXT_TAIL = " Reply with one line starting with \"Final Answer:\"."
 
@@ -46,7 +48,8 @@ def has_room(run: Run, now: float, limits: Limits) -> bool:
 
 
 def instruction(end: End) -> str:
-    return f"{_WHY.get(end.safeguard, 'You have reached a limit.')} {_ASK}"
+    short = _SHORT if end.safeguard == "cut_off" else ""
+    return f"{_WHY.get(end.safeguard, 'You have reached a limit.')} {_ASK}{short}"
 
 
 def final_request(mode: Mode, messages: list[dict[str, Any]], options: dict[str, Any],

@@ -4,6 +4,24 @@ Whose fault decides the outcome (see STYLE.md): the model's mistakes (bad format
 bad arguments, repeating itself) become observations and the run goes on; limits (max steps,
 deadline, token budget, too many invalid outputs in a row, a loop that a hint did not break) end
 the run with a status and a reason.
+
+Model output as small and reasoning models write it (issue 30):
+- A tool call written as text (JSON, fenced, or in call tags: parser.text_tool_calls) runs like a native
+  call only if every call in it names an offered tool (a name or an alias the tenant's plan allows) with
+  arguments the tool accepts (the same `validate` as native calls); otherwise the turn is a format error
+  (`text_call_rejected`) naming what is wrong, and counts towards `max_invalid_outputs`. Unlike a native
+  call of an unknown tool (an observation, the run goes on without counting), such text may not have been
+  meant as a call at all, so it is never run half-way nor taken as the answer.
+- Reasoning (`LLMReply.reasoning`, `<think>…</think>` left in the content) is split off before parsing
+  (`parse_reply`) and kept on the turn for the step's trace.
+- A reply cut at max_tokens (finish_reason "length") is never a final answer: unless it is complete calls
+  (each call's arguments a whole JSON object), the turn is a format error (`truncated`) telling the model
+  its reply was cut off and to reply much shorter. It uses the same budget as every format error
+  (`max_invalid_outputs` in a row); when the last one of the streak was cut off the run ends `failed` with
+  the reason "the model's reply was cut off at max_tokens (...)" and safeguard `cut_off`, which, like
+  `invalid_outputs`, gets a best-effort answer (best_effort.py) when those are on: the run then has
+  `partial` true. There is no RunStatus "partial": `Run.partial` (a best-effort answer at a limit, the
+  status says which) is the existing way to say so, and a new status would change the contract.
 """
 
 from __future__ import annotations
@@ -22,7 +40,8 @@ from .parser import ParsedTurn, join_reasoning, parse_text, parse_tool_reply, sp
 
 TRUNCATION_MARKER = "\n…[truncated {n} chars]"
 # Format errors the engine finds (beside the parser's PARSE_ERROR_KINDS), for the parse-errors metric
-ENGINE_ERROR_KINDS: tuple[str, ...] = ("text_call_rejected",)
+ENGINE_ERROR_KINDS: tuple[str, ...] = ("text_call_rejected", "truncated")
+CUT_OFF_REASON = "the model's reply was cut off at max_tokens"
 
 
 class ToolLike(Protocol):
@@ -138,9 +157,28 @@ def parse_reply(mode: Mode, reply: LLMReply) -> ParsedTurn:
     a step stores its calls' results: the step and the retention sweep must agree on them)."""
     thinking, content = split_reasoning(reply.content)  # a reply stored or scripted with its <think> still in
     turn = parse_tool_reply(content, reply.tool_calls) if mode == Mode.TOOLS else parse_text(content)
+    if reply.finish_reason == "length" and not _complete_calls(turn):
+        turn = ParsedTurn(thought=turn.thought, error=cut_off_error(mode), error_kind="truncated",
+                          warnings=turn.warnings)  # fmt: skip
     turn.calls = unique_call_ids(turn.calls)
     turn.reasoning = join_reasoning(reply.reasoning, thinking)
     return turn
+
+
+def _complete_calls(turn: ParsedTurn) -> bool:
+    """A reply cut at max_tokens still acts if its calls were complete: every call's arguments a whole JSON
+    object (a plain-text input or raw arguments may have been cut mid-way)."""
+    return (turn.error is None and bool(turn.calls) and all(isinstance(c.arguments, dict) for c in turn.calls)
+            and "trailing_text" not in turn.warnings)  # fmt: skip
+
+
+def cut_off_error(mode: Mode) -> str:
+    """What the model is told when its reply was cut off at max_tokens (finish_reason "length")."""
+    shape = ("call one tool, or give the final answer in a few sentences" if mode == Mode.TOOLS else
+             "one short 'Thought:' line, then either an 'Action:' and its 'Action Input:', or the 'Final Answer:'")
+    return (f"{'Invalid format: ' if mode == Mode.TEXT else ''}your reply was cut off: it reached the token "
+            f"limit (max_tokens) before it was complete, so it was not used. Reply again, much shorter: {shape}. "
+            "If you think before replying, think briefly.")
 
 
 def reply_reasoning(reply: LLMReply) -> str | None:
@@ -208,6 +246,9 @@ def decide(
     if error is not None or not turn.calls:
         streak = run.invalid_streak + 1
         error = error or "Invalid output: no tool call and no final answer."
+        if streak >= limits.max_invalid_outputs and kind == "truncated":
+            return End(RunStatus.FAILED, f"{CUT_OFF_REASON} ({streak} invalid model outputs in a row, the last "
+                       "one cut off)", "cut_off")
         if streak >= limits.max_invalid_outputs:
             return End(RunStatus.FAILED, f"{streak} invalid model outputs in a row; last: {error}",
                        "invalid_outputs")
