@@ -34,6 +34,7 @@ from worker.core.parser import (
     split_reasoning,
     text_tool_calls,
 )
+from worker.core.prompts import format_example
 from worker.core.views import run_json
 from worker.llm.client import parse_completion
 from worker.metrics import SAFEGUARD_KINDS
@@ -215,7 +216,6 @@ def test_a_written_call_by_an_alias_or_other_case_runs(tools):
 
 @pytest.mark.parametrize(("content", "says"), [
     (j({"name": "weather", "arguments": {"city": "Paris"}}), "'weather' is not one of the tools"),
-    (j({"name": "<tool name>", "arguments": {}}), "'<tool name>' is not one of the tools"),
     (j({"name": "calc", "arguments": {"expr": "1"}}), "invalid arguments for calc: expression"),
     (j({"name": "calc", "arguments": "{broken"}), "invalid arguments for calc"),
     (j({"name": "lookup", "arguments": {"query": "x", "limit": "many"}}), "invalid arguments for lookup: limit"),
@@ -228,6 +228,46 @@ def test_a_written_call_that_is_not_a_valid_call_is_a_format_error(tools, conten
         assert isinstance(decision, Retry), (mode, decision)
         assert decision.kind == "text_call_rejected"
         assert says in decision.error and "add, calc, lookup, python" in decision.error
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+@pytest.mark.parametrize("name", ["<tool name>", "<tool>", "<calc>", "< lookup >"])
+def test_a_placeholder_tool_name_is_a_format_error_not_a_call(tools, mode, name):
+    content = (j({"name": name, "arguments": {"expression": "1"}}) if mode == Mode.TOOLS
+               else f'Thought: t\nAction: {name}\nAction Input: {{"expression": "1"}}')
+    native = reply(None, tool_calls=[ToolCall(id="a", name=name, arguments='{"expression": "1"}')])
+    for r in (reply(content), native) if mode == Mode.TOOLS else (reply(content),):
+        turn = parse_reply(mode, r)
+        decision = decide(run_(mode), [], turn, tools, Limits())
+        assert isinstance(decision, Retry) and decision.kind == "placeholder", decision
+        assert "is a placeholder, not a tool name" in decision.error and "add, calc, lookup, python" in decision.error
+
+
+def test_an_offered_tool_named_in_angle_brackets_runs():
+    reg = ToolRegistry()
+    reg.register(Tool("<calc>", ExprArgs, "odd but offered", _echo, idempotent=True))
+    turn = parse_reply(Mode.TEXT, reply('Action: <calc>\nAction Input: {"expression": "1"}'))
+    assert isinstance(decide(run_(Mode.TEXT), [], turn, reg, Limits()), Act)
+
+
+def test_echoed_hint_placeholders_in_text_mode_are_format_errors(tools):
+    example = format_example(registry().all())
+    for content in ("Thought: t\nAction: <tool name>\nAction Input: <JSON arguments>",
+                    "Thought: t\nAction: calc\nAction Input: <JSON arguments>",
+                    "Thought: t\nFinal Answer: <answer>"):
+        turn = parse_reply(Mode.TEXT, reply(content), example)
+        assert turn.error_kind == "placeholder" and "placeholder" in turn.error
+        assert "<tool name>" not in turn.error.split("placeholder", 1)[1]  # the hint after it shows a real call
+        decision = decide(run_(Mode.TEXT), [], turn, tools, Limits())
+        assert isinstance(decision, Retry) and decision.kind == "placeholder"
+
+
+def test_format_errors_show_a_call_of_the_first_offered_tool(tools):
+    example = format_example(registry().all())
+    assert example is not None and example.tool == "add"
+    for mode, content in ((Mode.TEXT, "blah"), (Mode.TOOLS, "<tool_call>oops</tool_call>")):
+        error = parse_reply(mode, reply(content), example).error
+        assert "add" in error and '{"a": 3, "b": 3}' in error
 
 
 def test_rejected_written_calls_count_towards_the_invalid_output_limit(tools):

@@ -14,6 +14,10 @@ Model output as small and reasoning models write it (issue 30):
   meant as a call at all, so it is never run half-way nor taken as the answer.
 - Reasoning (`LLMReply.reasoning`, `<think>…</think>` left in the content) is split off before parsing
   (`parse_reply`) and kept on the turn for the step's trace.
+- A call named like a placeholder (`<tool name>`, any `<…>` that is not an offered tool) is a format error
+  (`placeholder`), never a call of an unknown tool; so is an Action Input or Final Answer that is a
+  placeholder of a hint or the prompt (the parser finds those). Format hints never show placeholders: they
+  show a call of the first offered tool with plausible arguments (prompts.format_example).
 - A reply cut at max_tokens (finish_reason "length") is never a final answer: unless it is complete calls
   (each call's arguments a whole JSON object), the turn is a format error (`truncated`) telling the model
   its reply was cut off and to reply much shorter. It uses the same budget as every format error
@@ -36,7 +40,15 @@ from pydantic import BaseModel
 
 from ..errors import InvalidArguments
 from .models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
-from .parser import ParsedTurn, join_reasoning, parse_text, parse_tool_reply, split_reasoning
+from .parser import (
+    FormatExample,
+    ParsedTurn,
+    is_placeholder_name,
+    join_reasoning,
+    parse_text,
+    parse_tool_reply,
+    split_reasoning,
+)
 
 TRUNCATION_MARKER = "\n…[truncated {n} chars]"
 # Format errors the engine finds (beside the parser's PARSE_ERROR_KINDS), for the parse-errors metric
@@ -152,11 +164,13 @@ def call_signature(name: str, arguments: dict[str, Any] | str) -> str:
     return f"{name.strip().lower()}:{canonical}"
 
 
-def parse_reply(mode: Mode, reply: LLMReply) -> ParsedTurn:
+def parse_reply(mode: Mode, reply: LLMReply, example: FormatExample | None = None) -> ParsedTurn:
     """The model's turn in `reply`, read as `mode` says, with call ids made unique (the ids under which
-    a step stores its calls' results: the step and the retention sweep must agree on them)."""
+    a step stores its calls' results: the step and the retention sweep must agree on them; `example`, the
+    call format errors show (prompts.format_example), changes no id)."""
     thinking, content = split_reasoning(reply.content)  # a reply stored or scripted with its <think> still in
-    turn = parse_tool_reply(content, reply.tool_calls) if mode == Mode.TOOLS else parse_text(content)
+    turn = (parse_tool_reply(content, reply.tool_calls, example) if mode == Mode.TOOLS
+            else parse_text(content, example))  # fmt: skip
     if reply.finish_reason == "length" and not _complete_calls(turn):
         turn = ParsedTurn(thought=turn.thought, error=cut_off_error(mode), error_kind="truncated",
                           warnings=turn.warnings)  # fmt: skip
@@ -241,6 +255,8 @@ def decide(
     if turn.final_answer is not None and not turn.calls:
         return Final(turn.final_answer.strip())
     error, kind = turn.error, turn.error_kind
+    if error is None:
+        error, kind = _placeholder_calls(turn.calls, tools)
     if error is None and "text_tool_call" in turn.warnings:
         error, kind = _text_calls_rejected(turn.calls, tools)
     if error is not None or not turn.calls:
@@ -314,6 +330,17 @@ def decide(
                         "Think again from the observations you have, or give your Final Answer; "
                         "one more repetition ends the run.")
     return Act(planned, rejected, thought_hint)
+
+
+def _placeholder_calls(calls: Sequence[ToolCall], tools: ToolLookup) -> tuple[str | None, str | None]:
+    """A call named like a placeholder (`<tool name>`, any `<…>` that is no offered tool): the model copied
+    the format instead of filling it in; a format error, never a call of an unknown tool."""
+    for call in calls:
+        if is_placeholder_name(call.name) and tools.get(call.name) is None:
+            return (f"Invalid format: {call.name[:64]!r} is a placeholder, not a tool name. Write the name of one "
+                    f"of the tools ({', '.join(tools.names()) or 'none'}) as it is, without angle brackets."
+                    ), "placeholder"  # fmt: skip
+    return None, None
 
 
 def _text_calls_rejected(calls: Sequence[ToolCall], tools: ToolLookup) -> tuple[str | None, str | None]:

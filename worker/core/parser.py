@@ -41,6 +41,12 @@ next label line; `\r\n` and `\r` end lines. The rules, in order:
    call with one quoted string, `search("x")` ("call_syntax_action").
    The one call of a text turn has id "text-0".
 
+Format errors say what to write with a call of an offered tool (`FormatExample`: the first offered tool
+and plausible arguments from its schema, prompts.format_example), never with placeholders such as
+`Action: <tool name>`, which small models copy back. A copied placeholder is itself an error
+("placeholder"): an Action Input like `<JSON arguments>`, a Final Answer like `<answer>` or the prompt's
+"the final answer to the question"; a `<…>` tool name is left to the engine, which knows the offered tools.
+
 Native function calling (`parse_tool_reply`): string arguments are decoded as JSON ("" is `{}`);
 one that is not a JSON object stays the raw string, for the engine to turn into that call's
 observation, with warning "invalid_tool_arguments" (not an error of the turn). Content beside
@@ -59,6 +65,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -66,11 +73,13 @@ from pydantic import BaseModel, Field
 from .models import ToolCall
 
 __all__ = ["PARSE_ERROR_KINDS", "PARSE_WARNINGS", "TEXT_STOP_SEQUENCES", "ParsedTurn", "parse_text",
-           "parse_tool_reply", "join_reasoning", "split_reasoning", "text_tool_calls"]  # fmt: skip
+           "parse_tool_reply", "join_reasoning", "split_reasoning", "text_tool_calls", "FormatExample",
+           "is_placeholder_name"]  # fmt: skip
 
 PARSE_ERROR_KINDS: tuple[str, ...] = (
     "empty", "garbage", "no_action", "missing_action_name", "missing_action_input",
     "invalid_action_input", "empty_final_answer", "no_tool", "text_after_bracket", "invalid_text_call",
+    "placeholder",
 )  # fmt: skip
 PARSE_WARNINGS: tuple[str, ...] = (
     "hallucinated_observation", "action_and_final_answer", "multiple_actions", "numbered_labels",
@@ -94,10 +103,48 @@ class ParsedTurn(BaseModel):
     reasoning: str | None = None  # a reasoning model's thinking, kept out of everything above (split_reasoning)
 
 
-_FORMAT_HINT = (
-    "Reply with either\nThought: ...\nAction: <tool name>\nAction Input: <JSON arguments>\n"
-    "or\nThought: ...\nFinal Answer: <answer>"
-)
+@dataclass(frozen=True)
+class FormatExample:
+    """The call a format hint shows: an offered tool and plausible arguments for it as JSON text
+    (prompts.format_example builds it from the first offered tool's schema). Hints never show a
+    placeholder such as `<tool name>`: small models copy the hint back word for word."""
+
+    tool: str
+    arguments: str
+
+
+def _example_input(tool: str, example: FormatExample | None) -> str:
+    """How to write a call's arguments, shown with the example's when it is another tool's."""
+    if example is None:
+        return 'e.g.\nAction Input: {"query": "capital of France"}'
+    other = "" if example.tool.strip().lower() == tool.strip().lower() else f" (for {example.tool})"
+    return f"e.g.{other}\nAction Input: {example.arguments}"
+
+
+def _format_hint(example: FormatExample | None) -> str:
+    if example is None:
+        return ("Reply with a 'Thought:' line, then either an 'Action:' line with the name of a tool and an "
+                "'Action Input:' line with its arguments as a JSON object, or a 'Final Answer:' line with your "
+                "answer.")
+    return (f"Reply like this to use a tool:\nThought: I should use {example.tool}.\nAction: {example.tool}\n"
+            f"Action Input: {example.arguments}\nor, once you know the answer, with a 'Thought:' line and then "
+            "'Final Answer:' followed by your answer.")
+
+
+# Placeholders of format hints and prompts that a small model may copy back instead of a value
+_PLACEHOLDER_INPUT = re.compile(r"<[ \t]{0,3}[\w \-]{0,30}(?:json|argument|input|param|args|value)[\w \-]{0,30}>",
+                                re.IGNORECASE)
+_PLACEHOLDER_ANSWER = re.compile(r"<[^<>\n]{0,30}answer[^<>\n]{0,30}>", re.IGNORECASE)
+_PLACEHOLDER_ANSWERS = frozenset({
+    "the final answer to the question", "(the answer, taken from the observation)", "your answer",
+    "the answer", "(your answer)",
+})  # fmt: skip
+
+
+def is_placeholder_name(name: str) -> bool:
+    """A tool name written as a placeholder: `<tool name>`, `<tool>`, any name in angle brackets."""
+    name = name.strip()
+    return len(name) >= 2 and name[0] == "<" and name[-1] == ">"
 _LABEL = re.compile(
     r"[ \t]{0,16}(?P<pre>[*_#>\-][*_#>\- \t]{0,7})?"
     r"(?P<label>final[ \t_]{0,3}answer|action[ \t_]{0,3}(?:input|param(?:eter)?s)|action|act|thoughts?"
@@ -232,15 +279,21 @@ def _json_action(text: str, thought: str | None, warnings: list[str]) -> ParsedT
 
 def _final(answer: str, thought: str | None, warnings: list[str]) -> ParsedTurn:
     if not answer:
-        return _error("empty_final_answer", "Invalid format: 'Final Answer:' is empty. Write the answer "
-                      "after it, e.g.\nFinal Answer: <answer>", thought, warnings)  # fmt: skip
+        return _error("empty_final_answer", "Invalid format: 'Final Answer:' is empty. Write your answer on the "
+                      "same line, after 'Final Answer:'.", thought, warnings)  # fmt: skip
+    if answer.strip().rstrip(".").casefold() in _PLACEHOLDER_ANSWERS or _PLACEHOLDER_ANSWER.fullmatch(answer.strip()):
+        return _error("placeholder", f"Invalid format: {answer.strip()[:64]!r} is a placeholder copied from the "
+                      "instructions, not an answer. Write your actual answer after 'Final Answer:'.", thought,
+                      warnings)  # fmt: skip
     return ParsedTurn(thought=thought, final_answer=answer, warnings=warnings)
 
 
-def parse_text(text: str | None) -> ParsedTurn:
-    """Parse one reply in the Thought / Action / Action Input / Final Answer text format."""
+def parse_text(text: str | None, example: FormatExample | None = None) -> ParsedTurn:
+    """Parse one reply in the Thought / Action / Action Input / Final Answer text format; format errors show
+    `example` (an offered tool's call) as the way to write a call."""
+    hint = _format_hint(example)
     if text is None or not text.strip():
-        return _error("empty", "Invalid format: your reply was empty. " + _FORMAT_HINT)
+        return _error("empty", "Invalid format: your reply was empty. " + hint)
     lines = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n").rstrip().split("\n")
     warnings: list[str] = []
     if len(lines) > 1 and _partial_stop(lines[-1]):
@@ -264,18 +317,18 @@ def parse_text(text: str | None) -> ParsedTurn:
     if numbered:
         warnings.append("numbered_labels")
     if not blocks or all(b.kind not in ("action", "final") for b in blocks):
-        written = text_tool_calls(text)
+        written = text_tool_calls(text, example)
         if written is not None:
             return _first_text_call(written, warnings)
     if not blocks:
-        return _error("garbage", "Invalid format: no 'Action:' or 'Final Answer:' found. " + _FORMAT_HINT)
+        return _error("garbage", "Invalid format: no 'Action:' or 'Final Answer:' found. " + hint)
 
     at = next((i for i, b in enumerate(blocks) if b.kind in ("action", "final")), None)
     before = blocks[:at] if at is not None else blocks
     last_thought = next((b.text for b in reversed(before) if b.kind == "thought"), "")
     thought = last_thought or "\n".join(preamble).strip() or None
     if at is None:
-        return _error("no_action", "Invalid format: no 'Action:' or 'Final Answer:' found. " + _FORMAT_HINT,
+        return _error("no_action", "Invalid format: no 'Action:' or 'Final Answer:' found. " + hint,
                       thought, warnings)  # fmt: skip
     decisive, later = blocks[at], blocks[at + 1 :]
     if any(b.kind != decisive.kind and b.kind in ("action", "final") for b in later):
@@ -284,7 +337,7 @@ def parse_text(text: str | None) -> ParsedTurn:
         return _final(decisive.text, thought, warnings)
     if any(b.kind == "action" for b in later):
         warnings.append("multiple_actions")
-    return _action(decisive, later, thought, warnings)
+    return _action(decisive, later, thought, warnings, example)
 
 
 def _first_text_call(turn: ParsedTurn, warnings: list[str]) -> ParsedTurn:
@@ -301,7 +354,8 @@ def _partial_stop(line: str) -> bool:
     return word in ("观", "观察") or (len(word) >= 3 and word[0] == "O" and "observation".startswith(word.lower()))
 
 
-def _action(block: _Block, later: list[_Block], thought: str | None, warnings: list[str]) -> ParsedTurn:
+def _action(block: _Block, later: list[_Block], thought: str | None, warnings: list[str],
+            example: FormatExample | None) -> ParsedTurn:
     content = block.text
     blob = _json_action(content, thought, warnings)
     if blob is not None:
@@ -326,23 +380,32 @@ def _action(block: _Block, later: list[_Block], thought: str | None, warnings: l
     if inputs is not None:
         name, raw = first, inputs.text
     elif brace < 0 and not extra.lstrip().startswith(("{", "```")):
-        return _without_input(line, extra, thought, warnings)
+        return _without_input(line, extra, thought, warnings, example)
     else:
         warnings.append("unlabelled_action_input")
         name, raw = (first[:brace], content[brace:]) if brace >= 0 else (first, extra)
     name = _clean_name(name)
     if not name:
-        return _no_name(thought, warnings)
+        return _no_name(thought, warnings, example)
     arguments = _decode_input(raw, warnings)
     if arguments is None:
         return _error("invalid_action_input", f"Invalid format: the Action Input for '{name[:64]}' is not "
-                      "valid JSON. Write it as one JSON object with double-quoted keys and strings, e.g.\n"
-                      'Action Input: {"query": "..."}', thought, warnings)  # fmt: skip
+                      "valid JSON. Write it as one JSON object with double-quoted keys and strings, "
+                      + _example_input(name, example), thought, warnings)  # fmt: skip
+    if isinstance(arguments, str) and _PLACEHOLDER_INPUT.fullmatch(arguments.strip()) and is_placeholder_name(name):
+        return _error("placeholder", f"Invalid format: 'Action: {name[:64]}' and 'Action Input: {arguments[:64]}' "
+                      "are placeholders copied from the instructions, not a tool and its arguments. "
+                      + _format_hint(example), thought, warnings)  # fmt: skip
+    if isinstance(arguments, str) and _PLACEHOLDER_INPUT.fullmatch(arguments.strip()):
+        return _error("placeholder", f"Invalid format: {arguments.strip()[:64]!r} is a placeholder copied from the "
+                      f"instructions, not the arguments for '{name[:64]}'. Write them as a JSON object, "
+                      + _example_input(name, example), thought, warnings)  # fmt: skip
     return ParsedTurn(thought=thought, calls=[ToolCall(id="text-0", name=name, arguments=arguments)],
                       warnings=warnings)  # fmt: skip
 
 
-def _without_input(line: str, extra: str, thought: str | None, warnings: list[str]) -> ParsedTurn:
+def _without_input(line: str, extra: str, thought: str | None, warnings: list[str],
+                   example: FormatExample | None) -> ParsedTurn:
     """An Action line with no Action Input: a `name("text")` call, or an error saying what is wrong."""
     call = _CALL.fullmatch(line)
     if call:
@@ -355,18 +418,18 @@ def _without_input(line: str, extra: str, thought: str | None, warnings: list[st
     if tail:
         return _error("text_after_bracket", "Invalid format: unexpected text after the closing bracket: "
                       f"{tail['tail'].strip()[:80]!r}. Put the whole argument inside the brackets, e.g.\n"
-                      f"Action: {tail['name']}[<argument>]", thought, warnings)  # fmt: skip
+                      f"Action: {tail['name']}[{tail['arg'].strip()[:80]}]", thought, warnings)  # fmt: skip
     name = _clean_name(line)
     if not name:
-        return _no_name(thought, warnings)
+        return _no_name(thought, warnings, example)
     if any(c.isspace() for c in name):
         return _error("missing_action_input", f"Invalid format: 'Action: {name[:64]}' is not a tool name. Write "
                       "one tool name on the 'Action:' line and its arguments as JSON on an 'Action Input:' "
-                      "line. " + _FORMAT_HINT, thought, warnings)  # fmt: skip
+                      "line. " + _format_hint(example), thought, warnings)  # fmt: skip
     after = " (the text after it has no 'Action Input:' label)" if extra.strip() else ""
     return _error("missing_action_input", f"Invalid format: 'Action: {name[:64]}' is not followed by an "
                   f"'Action Input:' line{after}. Give the tool's arguments as a JSON object on an 'Action "
-                  "Input:' line ({} for a tool without arguments). " + _FORMAT_HINT, thought,
+                  "Input:' line ({} for a tool without arguments). " + _format_hint(example), thought,
                   warnings)  # fmt: skip
 
 
@@ -408,16 +471,18 @@ def _clean_name(name: str) -> str:
 
 def _no_tool(name: str, thought: str | None, warnings: list[str]) -> ParsedTurn:
     return _error("no_tool", f"Invalid format: 'Action: {name[:64]}' means no tool: give a Final Answer "
-                  "instead, e.g.\nThought: ...\nFinal Answer: <answer>", thought, warnings)  # fmt: skip
+                  "instead: a 'Thought:' line, then 'Final Answer:' followed by your answer.", thought,
+                  warnings)  # fmt: skip
 
 
-def _no_name(thought: str | None, warnings: list[str]) -> ParsedTurn:
-    return _error("missing_action_name", "Invalid format: 'Action:' has no tool name. " + _FORMAT_HINT,
+def _no_name(thought: str | None, warnings: list[str], example: FormatExample | None) -> ParsedTurn:
+    return _error("missing_action_name", "Invalid format: 'Action:' has no tool name. " + _format_hint(example),
                   thought, warnings)  # fmt: skip
 
 
-def parse_tool_reply(content: str | None, tool_calls: list[ToolCall]) -> ParsedTurn:
-    """Parse one reply in native function-calling mode."""
+def parse_tool_reply(content: str | None, tool_calls: list[ToolCall], example: FormatExample | None = None
+                     ) -> ParsedTurn:  # fmt: skip
+    """Parse one reply in native function-calling mode (`example`: the call a format error shows)."""
     text = (content or "").strip()
     if tool_calls:
         calls: list[ToolCall] = []
@@ -444,7 +509,7 @@ def parse_tool_reply(content: str | None, tool_calls: list[ToolCall]) -> ParsedT
                 break  # the call tags come first: the reply is a call
             answer = "\n".join([found[1], *lines[i + 1 :]]).strip()
             return _final(answer, _strip_thought_label(before), [])
-    return text_tool_calls(text) or ParsedTurn(final_answer=text)
+    return text_tool_calls(text, example) or ParsedTurn(final_answer=text)
 
 
 # --- tool calls written as text --------------------------------------------------------------------------
@@ -457,7 +522,7 @@ _TEXT_CALLS_MAX = 16
 _NO_CALL = object()
 
 
-def text_tool_calls(text: str | None) -> ParsedTurn | None:
+def text_tool_calls(text: str | None, example: FormatExample | None = None) -> ParsedTurn | None:
     """A reply whose text is a tool call, as models that do not (or cannot) use native function calling
     write one; None when it is none. The forms: a JSON object with `name` and `arguments` (or
     `parameters`; also nested as `{"function": {...}}`), or a list of them, bare or in a code fence, the
@@ -473,7 +538,7 @@ def text_tool_calls(text: str | None) -> ParsedTurn | None:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     tag = _CALL_TAGS.search(text)
     if tag is not None:
-        return _tagged(text, tag)
+        return _tagged(text, tag, example)
     for n, m in enumerate(_JSON_START.finditer(text)):
         if n >= _TEXT_CALL_CANDIDATES:
             break
@@ -517,7 +582,7 @@ def _fenced(s: str) -> tuple[Any, str]:
     return (value, rest) if value is not _NO_CALL and not after.strip() else (_NO_CALL, "")
 
 
-def _tagged(text: str, first: re.Match[str]) -> ParsedTurn:
+def _tagged(text: str, first: re.Match[str], example: FormatExample | None) -> ParsedTurn:
     """The calls inside call tags (the first at `first`); text before the first tag is the thought."""
     thought = _strip_thought_label(text[: first.start()]) if text[: first.start()].strip() else None
     values: list[Any] = []
@@ -536,12 +601,12 @@ def _tagged(text: str, first: re.Match[str]) -> ParsedTurn:
             trailing = trailing or bool(after_end.strip())
         parsed = _json_values(body)
         if parsed is None or len(values) + len(parsed) > _TEXT_CALLS_MAX:
-            return _invalid_text_call(tag.group(), thought)
+            return _invalid_text_call(tag.group(), thought, example)
         values.extend(parsed)
         tag = following
     calls = _calls_from(values, require_arguments=False)
     if not calls:
-        return _invalid_text_call(first.group(), thought)
+        return _invalid_text_call(first.group(), thought, example)
     return ParsedTurn(thought=thought, calls=calls,
                       warnings=["text_tool_call"] + (["trailing_text"] if trailing else []))  # fmt: skip
 
@@ -596,10 +661,12 @@ def _calls_from(value: Any, *, require_arguments: bool) -> list[ToolCall]:
     return calls
 
 
-def _invalid_text_call(tag: str, thought: str | None) -> ParsedTurn:
+def _invalid_text_call(tag: str, thought: str | None, example: FormatExample | None) -> ParsedTurn:
+    shape = (f', e.g. {{"name": {json.dumps(example.tool)}, "arguments": {example.arguments}}}' if example
+             else "")
     return _error("invalid_text_call", f"Invalid format: the tool call after {tag} could not be read. Write the "
-                  'call as one JSON object with the tool\'s "name" and its "arguments" (an object), or reply '
-                  "with the final answer only.", thought)  # fmt: skip
+                  'call as one JSON object with the tool\'s "name" and its "arguments" (an object)'
+                  f"{shape}, or reply with the final answer only.", thought)  # fmt: skip
 
 
 _THINK = re.compile(r"<(think|thinking)>(.*?)(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE)

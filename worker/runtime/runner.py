@@ -122,10 +122,11 @@ class StepRunner:
         except BudgetExceeded as exc:
             return self._end(run, End(RunStatus.BUDGET_EXCEEDED, str(exc)), d.index, Outcome.BUDGET_EXCEEDED)
 
-        turn = engine.parse_reply(run.mode, reply)
+        offered = self.rt.tools_for(run.spec.tenant)
+        turn = engine.parse_reply(run.mode, reply, prompts.format_example(offered.all()))
         for warning in turn.warnings:
             log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
-        decision = engine.decide(run, d.steps, turn, self.rt.tools_for(run.spec.tenant), limits,
+        decision = engine.decide(run, d.steps, turn, offered, limits,
                                  reflection=(reply.content or "") if reflecting else None)
         model = reply.routed_model or run.model
         step = Step(
