@@ -13,7 +13,8 @@ from .models import LLMReply, Mode, Run, RunStatus
 from .parser import parse_text, parse_tool_reply, split_reasoning
 
 # The safeguards of `End`s that get a best-effort answer (with max_steps): the model's own loops.
-LOOP_SAFEGUARDS = frozenset({"loop", "invalid_outputs", "cut_off", "repeated_thought", "no_progress"})
+LOOP_SAFEGUARDS = frozenset({"loop", "invalid_outputs", "cut_off", "repeated_thought", "no_progress",
+                             "context_exceeded"})
 
 _WHY = {
     "max_steps": "You have reached the step limit.",
@@ -22,6 +23,7 @@ _WHY = {
     "no_progress": "Your last actions all returned the same observation.",
     "invalid_outputs": "Your last outputs could not be read.",
     "cut_off": "Your last replies were cut off at the token limit.",
+    "context_exceeded": "The conversation has grown too long for you.",
 }
 _ASK = "Using only the observations above, give your best Final Answer now, even if approximate."
 _SHORT = " Keep it short."

@@ -26,6 +26,9 @@ Model output as small and reasoning models write it (issue 30):
   `invalid_outputs`, gets a best-effort answer (best_effort.py) when those are on: the run then has
   `partial` true. There is no RunStatus "partial": `Run.partial` (a best-effort answer at a limit, the
   status says which) is the existing way to say so, and a new status would change the contract.
+- A prompt the provider refuses as larger than the model's context (the LLM edge's outcome
+  "context_exceeded") is sent once more without older observations' bodies; refused again, the run ends
+  `failed` (safeguard `context_exceeded`) with a best-effort answer: `after_context_exceeded`.
 """
 
 from __future__ import annotations
@@ -457,6 +460,20 @@ def check_progress(history: Sequence[Step], observations: Sequence[Observation],
 # with this error, and the model never sees the call's observation.
 UNAVAILABLE_OUTCOME = "unavailable"
 SANDBOX_UNAVAILABLE = "sandbox_unavailable: no sandbox backend could run the code in time"
+
+
+CONTEXT_EXCEEDED_REASON = "the conversation does not fit the model's context window, even compacted"
+
+
+def after_context_exceeded(retried: bool) -> str | End:
+    """What a step does when the provider refused its prompt as larger than the model's context (the LLM
+    edge's LLMError outcome "context_exceeded"): the first time, "compact": send the conversation again
+    with older observations' bodies dropped (prompts.drop_observation_bodies); when that was refused too,
+    end the run (failed, safeguard `context_exceeded`), with a best-effort answer from the compacted
+    conversation when those are on (best_effort.eligible)."""
+    if not retried:
+        return "compact"
+    return End(RunStatus.FAILED, CONTEXT_EXCEEDED_REASON, "context_exceeded")
 
 
 def after_step(run: Run, step: Step, now: float, limits: Limits) -> End | None:

@@ -6,7 +6,10 @@ parameters, example, returns, when to use), the limits, the run's date and extra
 module never imports the template engine: it is handed a compiled template (`SystemTemplate`).
 
 When the conversation would exceed the context budget, older steps are compacted into one summary
-message (every older step keeps a line); the system prompt, the question and the latest steps stay.
+message (every older step keeps a line); the system prompt, the question and the latest steps stay. The
+budget follows the model's context window when REACTQ_MODELS gives it (`context_budget`); a prompt the
+provider refused as too large anyway can be sent again without older observations' bodies
+(`drop_observation_bodies`, engine.after_context_exceeded).
 """
 
 from __future__ import annotations
@@ -187,6 +190,47 @@ def prompt_variables(mode: Mode, tools: Sequence[ToolDescription], context: Prom
 def estimate_tokens(messages: Sequence[Message]) -> int:
     """A cheap, offline estimate (~4 characters a token) used only for the context budget."""
     return sum(4 + len(json.dumps(m, ensure_ascii=False)) // 4 for m in messages)
+
+
+CONTEXT_MARGIN = 0.85  # of what is left of a model's window: the estimate above is rough (CJK, code)
+MIN_CONTEXT_BUDGET = 256
+
+
+def context_budget(default_tokens: int, context_tokens: int | None, reply_tokens: int,
+                   tools: Sequence[ToolDescription] = ()) -> int:
+    """The conversation's token budget: with the model's context window known (REACTQ_MODELS'
+    `context_tokens`), the window less the reply's max_tokens and the tool schemas sent beside the
+    messages (tools mode), times CONTEXT_MARGIN; else `default_tokens` (REACTQ_CONTEXT_BUDGET_TOKENS)."""
+    if not context_tokens:
+        return default_tokens
+    schemas = estimate_tokens([t.openai_schema() for t in tools])
+    return max(MIN_CONTEXT_BUDGET, int((context_tokens - reply_tokens - schemas) * CONTEXT_MARGIN))
+
+
+DROPPED = "[dropped to fit the model's context window: {n} chars]"
+
+
+def drop_observation_bodies(messages: Sequence[Message], keep_last: int = 1) -> tuple[list[Message], int]:
+    """The conversation with the bodies of all observations but the last `keep_last` replaced by a short
+    marker (tool messages in tools mode, "Observation:" user turns in text mode), and how many were
+    dropped: what a step sends again after the provider refused the prompt as larger than the model's
+    context (engine.after_context_exceeded). The system prompt, the question, the model's own turns, a
+    summary of compacted steps and the latest observations stay."""
+    def is_observation(m: Message) -> bool:
+        content = m.get("content")
+        return m.get("role") == "tool" or (m.get("role") == "user" and isinstance(content, str)
+                                          and content.startswith("Observation: "))
+
+    places = [i for i, m in enumerate(messages) if is_observation(m)]
+    drop = set(places[: max(0, len(places) - keep_last)])
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        if i in drop:
+            content = str(m.get("content") or "")
+            body = DROPPED.format(n=len(content))
+            m = {**m, "content": f"Observation: {body}" if m.get("role") == "user" else body}
+        out.append(m)
+    return out, len(drop)
 
 
 def system_message(mode: Mode, tools: Sequence[ToolDescription], template: SystemTemplate,

@@ -211,8 +211,33 @@ def _outcome(exc: BaseException) -> str:
     if isinstance(exc, openai.RateLimitError):
         return "rate_limited"
     if isinstance(exc, openai.APIStatusError):
+        if context_exceeded(exc.status_code, exc.body, exc.message):
+            return CONTEXT_EXCEEDED
         return "server_error" if exc.status_code >= 500 else "client_error"
     return "error"
+
+
+CONTEXT_EXCEEDED = "context_exceeded"  # an LLMError outcome: the prompt does not fit the model's context window
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error", "context_window_exceeded",
+                            "string_above_max_length"})  # fmt: skip
+_CONTEXT_WORDS = ("maximum context length", "exceeds the available context size", "context length exceeded",
+                  "context window", "exceed_context_size", "context_length_exceeded", "too many tokens in the prompt",
+                  "prompt is too long")  # fmt: skip
+
+
+def context_exceeded(status: int, body: object, message: str | None = None) -> bool:
+    """Whether an HTTP error is the provider refusing a prompt larger than the model's context: llama.cpp's
+    `exceed_context_size_error` (400), OpenAI's `context_length_exceeded` (400), vLLM's "This model's
+    maximum context length is ..." (400). `body` is the decoded error body (its "error" object or the
+    whole of it), `message` the client's message for it."""
+    if status not in (400, 413, 422):
+        return False
+    error = body.get("error", body) if isinstance(body, dict) else body
+    fields = [error.get("code"), error.get("type"), error.get("message")] if isinstance(error, dict) else [error]
+    if any(isinstance(f, str) and f.strip().lower() in _CONTEXT_CODES for f in fields):
+        return True
+    text = " ".join(f for f in [*fields, message] if isinstance(f, str)).lower()
+    return any(words in text for words in _CONTEXT_WORDS)
 
 
 def _describe(exc: BaseException) -> str:
@@ -222,6 +247,8 @@ def _describe(exc: BaseException) -> str:
 
     if isinstance(exc, openai.APIStatusError):
         kind = exc.type if isinstance(getattr(exc, "type", None), str) else exc.__class__.__name__
+        if context_exceeded(exc.status_code, exc.body, exc.message):
+            return f"HTTP {exc.status_code} ({kind}): the prompt exceeds the model's context window"
         return f"HTTP {exc.status_code} ({kind})"
     return exc.__class__.__name__
 
