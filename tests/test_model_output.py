@@ -445,3 +445,29 @@ def test_a_run_ended_by_cut_off_replies_is_partial_with_its_best_effort_answer()
 def test_cut_off_is_a_declared_safeguard():
     assert "cut_off" in SAFEGUARD_KINDS and "cut_off" in best_effort.LOOP_SAFEGUARDS
     assert "truncated" in ENGINE_ERROR_KINDS
+
+
+# --- properties over random input
+
+
+_PIECES = ["<tool_call>", "</tool_call>", "<tools>", "</tools>", "<|python_tag|>", "<|eom_id|>", "[TOOL_CALLS]",
+           "<think>", "</think>", "```json\n", "```", "\n", " ", "{", "}", "[", "]", ",", ":", '"name"', '"calc"',
+           '"arguments"', '"parameters"', '"expression"', '"1"', "null", "Final Answer:", "Thought:", "Action:",
+           "Action Input:", "<tool name>", "<JSON arguments>", j(CALC), j([CALC, LOOKUP]), "x", "é", "\\"]
+
+
+def test_fuzz_never_raises_and_keeps_one_outcome(tools):
+    import random
+
+    rng = random.Random(30)
+    for _ in range(3000):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 30)))
+        for mode in Mode:
+            r = reply(text, rng.choice(["stop", "length", None]), reasoning=rng.choice([None, "r"]))
+            turn = parse_reply(mode, r, format_example(registry().all()))
+            outcomes = [bool(turn.calls), turn.final_answer is not None, turn.error is not None]
+            assert sum(outcomes) == 1, (text, turn)
+            assert turn.error_kind is None or turn.error_kind in (*PARSE_ERROR_KINDS, *ENGINE_ERROR_KINDS)
+            assert mode == Mode.TOOLS or len(turn.calls) <= 1
+            assert "<think>" not in (turn.final_answer or "") and "</think>" not in (turn.final_answer or "")
+            decide(run_(mode), [], turn, tools, Limits())  # never raises either

@@ -690,7 +690,7 @@ def split_reasoning(content: str | None) -> tuple[str | None, str | None]:
         thoughts.append(m.group(2))
         return "\n"
 
-    rest = _THINK.sub(taken, content)
+    rest = _THINK_END.sub("", _THINK.sub(taken, content))  # a stray closing tag is no part of the reply
     reasoning = "\n\n".join(t.strip() for t in thoughts if t.strip()) or None
     if not thoughts:
         return None, content
