@@ -14,7 +14,7 @@ from tests.test_prompts import TOOLS, tool_step
 from worker.config import ModelSpec, Settings
 from worker.core import best_effort
 from worker.core.engine import CONTEXT_EXCEEDED_REASON, End, after_context_exceeded
-from worker.core.models import Mode, RunStatus
+from worker.core.models import LLMReply, Mode, RunStatus
 from worker.core.prompts import (
     CONTEXT_MARGIN,
     DROPPED,
@@ -26,6 +26,7 @@ from worker.core.prompts import (
 )
 from worker.errors import LLMError
 from worker.llm.client import CONTEXT_EXCEEDED, OpenAIChat, context_exceeded
+from worker.llm.context_guard import ContextGuard
 from worker.metrics import LLM_OUTCOMES, SAFEGUARD_KINDS
 
 LLAMA_CPP = {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
@@ -159,3 +160,62 @@ def _template(mode: Mode):
     from worker.prompt_templates import system_template
 
     return system_template(Settings(), mode)
+
+
+# --- the LLM client that compacts once after a refusal (worker/llm/context_guard.py)
+
+
+class Refusing:
+    """An LLMClient that refuses conversations longer than `fits` characters as too large for the model."""
+
+    def __init__(self, fits: int, outcome: str = CONTEXT_EXCEEDED) -> None:
+        self.fits = fits
+        self.outcome = outcome
+        self.sent: list[list[dict]] = []
+
+    def chat(self, messages, **options):
+        self.sent.append(messages)
+        if len(json.dumps(messages)) > self.fits:
+            raise LLMError("HTTP 400 (exceed_context_size_error)", 1, self.outcome)
+        return LLMReply(content="ok")
+
+
+def _conversation() -> list[dict]:
+    steps = [tool_step(i, ("calc", {"expression": f"{i}"}, "x" * 2000)) for i in range(3)]
+    return build_messages(Mode.TOOLS, "q", steps, TOOLS, context_budget_tokens=10**9,
+                          system_template=_template(Mode.TOOLS))[0]
+
+
+def test_a_refused_conversation_is_sent_again_compacted():
+    messages = _conversation()
+    inner = Refusing(fits=len(json.dumps(messages)) - 1000)
+    assert ContextGuard(inner).chat(messages, model="m").content == "ok"
+    assert inner.sent[0] == messages and inner.sent[1] == drop_observation_bodies(messages)[0]
+
+
+def test_refused_again_the_call_fails_saying_why():
+    inner = Refusing(fits=100)
+    with pytest.raises(LLMError) as failed:
+        ContextGuard(inner).chat(_conversation(), model="m")
+    assert failed.value.outcome == CONTEXT_EXCEEDED and failed.value.attempts == 2 and len(inner.sent) == 2
+    assert str(failed.value).startswith(CONTEXT_EXCEEDED_REASON)
+
+
+def test_nothing_to_drop_fails_at_once():
+    inner = Refusing(fits=10)
+    with pytest.raises(LLMError) as failed:
+        ContextGuard(inner).chat([{"role": "user", "content": "q"}], model="m")
+    assert failed.value.outcome == CONTEXT_EXCEEDED and len(inner.sent) == 1
+
+
+def test_other_failures_pass_through_untouched():
+    inner = Refusing(fits=10, outcome="client_error")
+    with pytest.raises(LLMError) as failed:
+        ContextGuard(inner).chat(_conversation(), model="m")
+    assert failed.value.outcome == "client_error" and len(inner.sent) == 1
+
+
+def test_the_runtime_guards_its_model():
+    from worker.runtime.context import Runtime
+
+    assert isinstance(Runtime(settings=Settings()).llm, ContextGuard)  # no connection is made yet

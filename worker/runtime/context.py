@@ -10,6 +10,7 @@ from .. import metrics
 from ..config import Settings, get_settings
 from ..core.engine import Limits
 from ..llm.client import LLMClient, OpenAIChat
+from ..llm.context_guard import ContextGuard
 from ..llm.fallback import RoutedLLM
 from ..llm.ratelimit import LimitedLLM, RateLimiter
 from ..store.cluster import ClusterStore
@@ -82,7 +83,7 @@ class Runtime:
             before_send=self.limiter.before_send,
         )
         limited: LLMClient = LimitedLLM(chat, self.limiter) if self.limiter.models else chat
-        return RoutedLLM(limited, s.models)
+        return ContextGuard(RoutedLLM(limited, s.models))
 
     @cached_property
     def tools(self) -> ToolRegistry:
