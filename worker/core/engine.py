@@ -28,7 +28,9 @@ Model output as small and reasoning models write it (issue 30):
   status says which) is the existing way to say so, and a new status would change the contract.
 - A prompt the provider refuses as larger than the model's context (the LLM edge's outcome
   "context_exceeded") is sent once more without older observations' bodies; refused again, the run ends
-  `failed` (safeguard `context_exceeded`) with a best-effort answer: `after_context_exceeded`.
+  `failed` (safeguard `context_exceeded`) with a best-effort answer: `after_context_exceeded`. Wired so
+  far: the compaction and retry (worker/llm/context_guard.py); the step still ends such a run `failed`
+  with the LLM error, without the best-effort call (that is the runner's LLMError handling).
 """
 
 from __future__ import annotations
