@@ -118,19 +118,21 @@ def test_threads_share_a_bounded_number_of_clients(stub_base_url: str, stub_cont
     assert client.chat(MESSAGES, model="m").content  # a closed client builds its shard again
 
 
-def test_a_providers_cookies_are_not_sent_back() -> None:
-    """The clients are shared by every run and tenant of a worker: a cookie one reply sets (a load
-    balancer's affinity, say) must not ride along on the next caller's request."""
-    seen: list[str | None] = []
+def json_provider(status: int, payload: str, headers: dict[str, str] | None = None,
+                  cookies: list[str | None] | None = None) -> ThreadingHTTPServer:
+    """A provider on a free port that answers every POST with `status` and the JSON `payload` (and
+    `headers`), noting each request's Cookie header in `cookies`. The caller shuts it down."""
 
     class Provider(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             self.rfile.read(int(self.headers["Content-Length"]))
-            seen.append(self.headers.get("Cookie"))
-            reply = body({"content": "ok"}).encode()
-            self.send_response(200)
+            if cookies is not None:
+                cookies.append(self.headers.get("Cookie"))
+            reply = payload.encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Set-Cookie", "affinity=tenant-a; Path=/")
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(reply)))
             self.end_headers()
             self.wfile.write(reply)
@@ -140,6 +142,14 @@ def test_a_providers_cookies_are_not_sent_back() -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_providers_cookies_are_not_sent_back() -> None:
+    """The clients are shared by every run and tenant of a worker: a cookie one reply sets (a load
+    balancer's affinity, say) must not ride along on the next caller's request."""
+    seen: list[str | None] = []
+    server = json_provider(200, body({"content": "ok"}), {"Set-Cookie": "affinity=tenant-a; Path=/"}, seen)
     try:
         client = chat_client(f"http://127.0.0.1:{server.server_port}/v1", max_connections=1)
         assert [client.chat(MESSAGES, model="m").content for _ in range(2)] == ["ok", "ok"]

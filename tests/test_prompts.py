@@ -153,7 +153,7 @@ def test_text_mode_names_only_offered_tools():
     assert "calculator" in content
     assert not re.search(r"\b(search|python)\b", content)
     generic = system_of(Mode.TEXT, tools=[TOOLS[1]], context=PromptContext())
-    assert "Action: lookup\nAction Input: {\"query\": \"...\"}" in generic
+    assert "Action: lookup\nAction Input: {\"query\": \"capital of France\"}" in generic
     assert "calculator" not in generic
 
 
@@ -186,7 +186,7 @@ def test_an_operator_replaces_the_templates(tmp_path):
     assert system_of(Mode.TOOLS, template=system_template(settings, Mode.TOOLS)) == \
         "I am Athena-7 on 2031-02-03; tools: calc,lookup"
     assert system_of(Mode.TEXT, template=system_template(settings, Mode.TEXT)) == \
-        'TEXT Athena-7: calc={"expression": "..."} lookup={"query": "..."}'
+        'TEXT Athena-7: calc={"expression": "2 + 3 * 4"} lookup={"query": "capital of France"}'
     one = write(tmp_path / "one.j2", "only {{ mode }}")
     settings = Settings(prompt_templates_dir=str(tmp_path), prompt_text_template=str(one))
     assert system_of(Mode.TEXT, template=system_template(settings, Mode.TEXT)) == "only text"
@@ -342,10 +342,11 @@ def test_text_mode_head_lists_the_tools():
     assert system["role"] == "system"
     content = system["content"]
     assert "Tool: calc\n  What it does: Evaluate arithmetic.\n  Parameters:\n    - expression (string, required)\n" \
-        '  Example Action Input: {"expression": "..."}\n  Returns: the number\n  Use it: for arithmetic\n' in content
+        '  Example Action Input: {"expression": "2 + 3 * 4"}\n  Returns: the number\n' \
+        "  Use it: for arithmetic\n" in content
     assert "Tool: lookup\n" in content
     assert "    - query (string, required)\n    - limit (integer)\n" in content
-    assert 'Example Action Input: {"query": "..."}' in content  # optional fields stay out of the example
+    assert 'Example Action Input: {"query": "capital of France"}' in content  # optional fields stay out
     assert "one of [calc, lookup]" in content
     assert "Final Answer:" in content
     assert question == {"role": "user", "content": "Question: What is 6 * 7?"}
@@ -686,3 +687,55 @@ def test_trace_prompt_prints_what_the_model_was_sent(mode, redis_url, stub_base_
     finally:
         cluster.stop()
         proxy.stop()
+
+
+# --- examples built from a tool's JSON schema: plausible values, never placeholders (issue 30)
+
+
+@pytest.mark.parametrize(("schema", "expected"), [
+    ({"properties": {"expression": {"type": "string"}}, "required": ["expression"]}, {"expression": "2 + 3 * 4"}),
+    ({"properties": {"q": {"type": "string", "examples": ["Nomadland director"]}}}, {"q": "Nomadland director"}),
+    ({"properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["unit"]},
+     {"unit": "celsius"}),
+    ({"properties": {"n": {"type": "integer", "minimum": 10, "maximum": 20}}, "required": ["n"]}, {"n": 10}),
+    ({"properties": {"n": {"type": "integer", "maximum": 2}}, "required": ["n"]}, {"n": 2}),
+    ({"properties": {"x": {"type": "number", "default": 0.5}}, "required": ["x"]}, {"x": 0.5}),
+    ({"properties": {"flag": {"type": "boolean"}}, "required": ["flag"]}, {"flag": True}),
+    ({"properties": {"when": {"type": "string", "format": "date"}}, "required": ["when"]}, {"when": "2024-01-31"}),
+    ({"properties": {"city_name": {"type": "string"}}, "required": ["city_name"]}, {"city_name": "Paris"}),
+    ({"properties": {"zzz": {"type": "string", "minLength": 10, "maxLength": 12}}, "required": ["zzz"]},
+     {"zzz": "examplexxx"}),
+    ({"properties": {"tags": {"type": "array", "items": {"type": "string"}}}, "required": ["tags"]},
+     {"tags": ["example"]}),
+    ({"properties": {"opt": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}, "required": ["opt"]}, {"opt": 3}),
+    ({"properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}, {"a": "example"}),  # none required
+    ({"properties": {}}, {}),
+    ({}, {}),
+    ({"properties": {"inner": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}},
+      "required": ["inner"]}, {"inner": {"url": "https://example.com"}}),
+])  # fmt: skip
+def test_example_arguments_are_plausible_values(schema, expected):
+    from worker.core.prompts import example_arguments
+
+    assert example_arguments(schema) == expected
+
+
+def test_example_arguments_are_accepted_by_the_builtin_tools():
+    from worker.core.prompts import format_example
+    from worker.tools import REGISTRY
+
+    for tool in REGISTRY.all():
+        example = format_example([tool])
+        assert example is not None and example.tool == tool.name
+        tool.validate(json.loads(example.arguments))  # raises if the example is not valid for the tool
+        assert "..." not in example.arguments and "<" not in example.arguments
+
+
+def test_format_example_is_the_first_offered_tool_as_the_prompt_shows_it():
+    from worker.core.prompts import format_example
+
+    assert format_example([]) is None
+    example = format_example(TOOLS)
+    assert (example.tool, example.arguments) == ("calc", '{"expression": "2 + 3 * 4"}')
+    content = system_of(Mode.TEXT, context=PromptContext())
+    assert f"Action: {example.tool}\nAction Input: {example.arguments}" in content

@@ -215,3 +215,15 @@ def test_the_tokens_of_failed_attempts_are_charged_with_the_reply_or_when_the_ca
     assert step.lost_usage == lost and step.usage == reply.usage
     assert spend.usage("default")["prompt_tokens"] == 300 + 300 + reply.usage.prompt_tokens
     assert spend.usage("default")["completion_tokens"] == 40 + 40 + reply.usage.completion_tokens
+
+
+def test_a_prompt_refused_as_too_large_even_compacted_ends_the_run_with_its_best_answer(harness: Harness) -> None:
+    harness.llm.script(call("calculator", {"expression": "6*7"}),
+                       LLMError("the conversation does not fit the model's context window", 2, "context_exceeded"),
+                       final("It is 42."))
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.BEST_EFFORT]
+    run = harness.run(run_id)
+    assert run.status == RunStatus.FAILED and run.partial and run.answer == "It is 42.", run
+    assert "context" in (run.error or "")
+    assert harness.llm.options[-1].get("tool_choice") == "none"  # the last call asked for an answer, tools off

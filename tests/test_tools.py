@@ -525,7 +525,7 @@ def test_validate_messages():
         t.validate({"a": 1})
     assert info.value.error_type == "invalid_arguments"
     assert str(info.value) == (
-        'invalid arguments for pair: b: Field required. Expected JSON like {"a": "...", "b": "..."}'
+        'invalid arguments for pair: b: Field required. Expected JSON like {"a": 3, "b": 3}'
     )
     with pytest.raises(InvalidArguments, match="pair takes a JSON object with fields"):
         t.validate("1 2")

@@ -28,6 +28,9 @@ class ModelSpec(BaseModel):
     max_in_flight: int | None = Field(None, ge=1)
     fallbacks: list[str] = Field(default_factory=list)
     prices_per_mtok: tuple[float, float] | None = None  # USD per 1M prompt, completion tokens
+    # the model's context window in tokens (llama-server's -c, the provider's limit): the conversation's
+    # budget follows it (prompts.context_budget) instead of REACTQ_CONTEXT_BUDGET_TOKENS; None: that setting
+    context_tokens: int | None = Field(None, ge=512)
 
 
 class Settings(BaseSettings):

@@ -61,11 +61,13 @@ QUEUE_DEPTH = Gauge("reactq_queue_depth", "Messages waiting in a queue.", ["queu
 
 SAFEGUARD_KINDS = ("repeat_hint", "loop", "invalid_outputs", "observation_truncated", "context_compacted",
                    "max_steps", "deadline", "token_budget",
-                   "thought_hint", "repeated_thought", "no_progress_hint", "no_progress", "best_effort_answer")
+                   "thought_hint", "repeated_thought", "no_progress_hint", "no_progress", "best_effort_answer",
+                   "cut_off", "context_exceeded")
 # Recorded steps by what they did, and "ended" for a run stopped between steps (limit, LLM failure).
 STEP_OUTCOMES = (Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER, Outcome.REFLECTION, Outcome.INVALID_OUTPUT,
                  Outcome.ENDED, Outcome.BEST_EFFORT)
-LLM_OUTCOMES = ("ok", "rate_limited", "server_error", "client_error", "timeout", "connection_error")
+LLM_OUTCOMES = ("ok", "rate_limited", "server_error", "client_error", "timeout", "connection_error",
+                "context_exceeded")
 
 
 _ERROR_TYPE = re.compile(r"[a-z][a-z0-9_]{0,39}")

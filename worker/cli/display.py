@@ -50,6 +50,9 @@ def print_trace(console: Console, run: Run, steps: list[Step]) -> None:
     for step in steps:
         console.rule(f"step {step.index + 1}  ({step.usage.prompt_tokens}+{step.usage.completion_tokens} tokens, "
                      f"llm {step.llm_ms} ms, tools {step.tools_ms} ms)")
+        if step.reasoning:
+            tokens = f" ({step.reasoning_tokens} tokens)" if step.reasoning_tokens is not None else ""
+            console.print(labelled(f"reasoning{tokens}:", "dim cyan", step.reasoning))
         if step.thought:
             console.print(labelled("reflection:" if step.reflection else "thought:", "cyan", step.thought))
         for call in step.tool_calls:

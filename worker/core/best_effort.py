@@ -10,10 +10,11 @@ from typing import Any
 
 from .engine import End, Limits
 from .models import LLMReply, Mode, Run, RunStatus
-from .parser import parse_text, parse_tool_reply
+from .parser import parse_text, parse_tool_reply, split_reasoning
 
 # The safeguards of `End`s that get a best-effort answer (with max_steps): the model's own loops.
-LOOP_SAFEGUARDS = frozenset({"loop", "invalid_outputs", "repeated_thought", "no_progress"})
+LOOP_SAFEGUARDS = frozenset({"loop", "invalid_outputs", "cut_off", "repeated_thought", "no_progress",
+                             "context_exceeded"})
 
 _WHY = {
     "max_steps": "You have reached the step limit.",
@@ -21,8 +22,11 @@ _WHY = {
     "repeated_thought": "You have repeated the same thought too many times.",
     "no_progress": "Your last actions all returned the same observation.",
     "invalid_outputs": "Your last outputs could not be read.",
+    "cut_off": "Your last replies were cut off at the token limit.",
+    "context_exceeded": "The conversation has grown too long for you.",
 }
 _ASK = "Using only the observations above, give your best Final Answer now, even if approximate."
+_SHORT = " Keep it short."
 _TOOLS_TAIL = " Do not call any tool: answer in plain text."
 _TEXT_TAIL = " Reply with one line starting with \"Final Answer:\"."
 
@@ -46,7 +50,8 @@ def has_room(run: Run, now: float, limits: Limits) -> bool:
 
 
 def instruction(end: End) -> str:
-    return f"{_WHY.get(end.safeguard, 'You have reached a limit.')} {_ASK}"
+    short = _SHORT if end.safeguard == "cut_off" else ""
+    return f"{_WHY.get(end.safeguard, 'You have reached a limit.')} {_ASK}{short}"
 
 
 def final_request(mode: Mode, messages: list[dict[str, Any]], options: dict[str, Any],
@@ -65,12 +70,15 @@ def answer_from(mode: Mode, reply: LLMReply) -> str | None:
     """The answer in the final call's reply: the Final Answer if there is one, else the reply's text
     without the ReAct format's lines (tool calls, if the model made any anyway, are ignored); None if
     nothing is left."""
+    content = split_reasoning(reply.content)[1]  # a reasoning model's <think> is not the answer
     if mode == Mode.TOOLS:
-        turn = parse_tool_reply(reply.content, [])
+        turn = parse_tool_reply(content, [])
     else:
-        turn = parse_text(reply.content)
+        turn = parse_text(content)
     if turn.final_answer is not None and turn.final_answer.strip():
         return turn.final_answer.strip()
-    kept = [line for line in (reply.content or "").splitlines() if not _FORMAT_LINE.match(line)]
+    if turn.calls and "text_tool_call" in turn.warnings:
+        return None  # a tool call written as text: no answer
+    kept = [line for line in (content or "").splitlines() if not _FORMAT_LINE.match(line)]
     text = "\n".join(kept).strip()
     return text or None

@@ -4,6 +4,33 @@ Whose fault decides the outcome (see docs/STYLE.md): the model's mistakes (bad f
 bad arguments, repeating itself) become observations and the run goes on; limits (max steps,
 deadline, token budget, too many invalid outputs in a row, a loop that a hint did not break) end
 the run with a status and a reason.
+
+Model output as small and reasoning models write it (issue 30):
+- A tool call written as text (JSON, fenced, or in call tags: parser.text_tool_calls) runs like a native
+  call only if every call in it names an offered tool (a name or an alias the tenant's plan allows) with
+  arguments the tool accepts (the same `validate` as native calls); otherwise the turn is a format error
+  (`text_call_rejected`) naming what is wrong, and counts towards `max_invalid_outputs`. Unlike a native
+  call of an unknown tool (an observation, the run goes on without counting), such text may not have been
+  meant as a call at all, so it is never run half-way nor taken as the answer.
+- Reasoning (`LLMReply.reasoning`, `<think>…</think>` left in the content) is split off before parsing
+  (`parse_reply`) and kept on the turn for the step's trace.
+- A call named like a placeholder (`<tool name>`, any `<…>` that is not an offered tool) is a format error
+  (`placeholder`), never a call of an unknown tool; so is an Action Input or Final Answer that is a
+  placeholder of a hint or the prompt (the parser finds those). Format hints never show placeholders: they
+  show a call of the first offered tool with plausible arguments (prompts.format_example).
+- A reply cut at max_tokens (finish_reason "length") is never a final answer: unless it is complete calls
+  (each call's arguments a whole JSON object), the turn is a format error (`truncated`) telling the model
+  its reply was cut off and to reply much shorter. It uses the same budget as every format error
+  (`max_invalid_outputs` in a row); when the last one of the streak was cut off the run ends `failed` with
+  the reason "the model's reply was cut off at max_tokens (...)" and safeguard `cut_off`, which, like
+  `invalid_outputs`, gets a best-effort answer (best_effort.py) when those are on: the run then has
+  `partial` true. There is no RunStatus "partial": `Run.partial` (a best-effort answer at a limit, the
+  status says which) is the existing way to say so, and a new status would change the contract.
+- A prompt the provider refuses as larger than the model's context (the LLM edge's outcome
+  "context_exceeded") is sent once more without older observations' bodies; refused again, the run ends
+  `failed` (safeguard `context_exceeded`) with a best-effort answer: `after_context_exceeded`. Wired so
+  far: the compaction and retry (worker/llm/context_guard.py); the step still ends such a run `failed`
+  with the LLM error, without the best-effort call (that is the runner's LLMError handling).
 """
 
 from __future__ import annotations
@@ -18,9 +45,20 @@ from pydantic import BaseModel
 
 from ..errors import InvalidArguments
 from .models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall
-from .parser import ParsedTurn, parse_text, parse_tool_reply
+from .parser import (
+    FormatExample,
+    ParsedTurn,
+    is_placeholder_name,
+    join_reasoning,
+    parse_text,
+    parse_tool_reply,
+    split_reasoning,
+)
 
 TRUNCATION_MARKER = "\n…[truncated {n} chars]"
+# Format errors the engine finds (beside the parser's PARSE_ERROR_KINDS), for the parse-errors metric
+ENGINE_ERROR_KINDS: tuple[str, ...] = ("text_call_rejected", "truncated")
+CUT_OFF_REASON = "the model's reply was cut off at max_tokens"
 
 
 class ToolLike(Protocol):
@@ -131,12 +169,40 @@ def call_signature(name: str, arguments: dict[str, Any] | str) -> str:
     return f"{name.strip().lower()}:{canonical}"
 
 
-def parse_reply(mode: Mode, reply: LLMReply) -> ParsedTurn:
+def parse_reply(mode: Mode, reply: LLMReply, example: FormatExample | None = None) -> ParsedTurn:
     """The model's turn in `reply`, read as `mode` says, with call ids made unique (the ids under which
-    a step stores its calls' results: the step and the retention sweep must agree on them)."""
-    turn = parse_tool_reply(reply.content, reply.tool_calls) if mode == Mode.TOOLS else parse_text(reply.content)
+    a step stores its calls' results: the step and the retention sweep must agree on them; `example`, the
+    call format errors show (prompts.format_example), changes no id)."""
+    thinking, content = split_reasoning(reply.content)  # a reply stored or scripted with its <think> still in
+    turn = (parse_tool_reply(content, reply.tool_calls, example) if mode == Mode.TOOLS
+            else parse_text(content, example))  # fmt: skip
+    if reply.finish_reason == "length" and not _complete_calls(turn):
+        turn = ParsedTurn(thought=turn.thought, error=cut_off_error(mode), error_kind="truncated",
+                          warnings=turn.warnings)  # fmt: skip
     turn.calls = unique_call_ids(turn.calls)
+    turn.reasoning = join_reasoning(reply.reasoning, thinking)
     return turn
+
+
+def _complete_calls(turn: ParsedTurn) -> bool:
+    """A reply cut at max_tokens still acts if its calls were complete: every call's arguments a whole JSON
+    object (a plain-text input or raw arguments may have been cut mid-way)."""
+    return (turn.error is None and bool(turn.calls) and all(isinstance(c.arguments, dict) for c in turn.calls)
+            and "trailing_text" not in turn.warnings)  # fmt: skip
+
+
+def cut_off_error(mode: Mode) -> str:
+    """What the model is told when its reply was cut off at max_tokens (finish_reason "length")."""
+    shape = ("call one tool, or give the final answer in a few sentences" if mode == Mode.TOOLS else
+             "one short 'Thought:' line, then either an 'Action:' and its 'Action Input:', or the 'Final Answer:'")
+    return (f"{'Invalid format: ' if mode == Mode.TEXT else ''}your reply was cut off: it reached the token "
+            f"limit (max_tokens) before it was complete, so it was not used. Reply again, much shorter: {shape}. "
+            "If you think before replying, think briefly.")
+
+
+def reply_reasoning(reply: LLMReply) -> str | None:
+    """A reasoning model's thinking in `reply`: its reasoning field and any <think> left in its content."""
+    return join_reasoning(reply.reasoning, split_reasoning(reply.content)[0])
 
 
 def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
@@ -193,13 +259,21 @@ def decide(
         return Reflect(reflection.strip())
     if turn.final_answer is not None and not turn.calls:
         return Final(turn.final_answer.strip())
-    if turn.error is not None or not turn.calls:
+    error, kind = turn.error, turn.error_kind
+    if error is None:
+        error, kind = _placeholder_calls(turn.calls, tools)
+    if error is None and "text_tool_call" in turn.warnings:
+        error, kind = _text_calls_rejected(turn.calls, tools)
+    if error is not None or not turn.calls:
         streak = run.invalid_streak + 1
-        error = turn.error or "Invalid output: no tool call and no final answer."
+        error = error or "Invalid output: no tool call and no final answer."
+        if streak >= limits.max_invalid_outputs and kind == "truncated":
+            return End(RunStatus.FAILED, f"{CUT_OFF_REASON} ({streak} invalid model outputs in a row, the last "
+                       "one cut off)", "cut_off")
         if streak >= limits.max_invalid_outputs:
             return End(RunStatus.FAILED, f"{streak} invalid model outputs in a row; last: {error}",
                        "invalid_outputs")
-        return Retry(error, turn.error_kind or "empty")
+        return Retry(error, kind or "empty")
 
     same_thought = repeated_thought(history, turn.thought)
     if same_thought >= limits.thought_fail_at:
@@ -261,6 +335,39 @@ def decide(
                         "Think again from the observations you have, or give your Final Answer; "
                         "one more repetition ends the run.")
     return Act(planned, rejected, thought_hint)
+
+
+def _placeholder_calls(calls: Sequence[ToolCall], tools: ToolLookup) -> tuple[str | None, str | None]:
+    """A call named like a placeholder (`<tool name>`, any `<…>` that is no offered tool): the model copied
+    the format instead of filling it in; a format error, never a call of an unknown tool."""
+    for call in calls:
+        if is_placeholder_name(call.name) and tools.get(call.name) is None:
+            return (f"Invalid format: {call.name[:64]!r} is a placeholder, not a tool name. Write the name of one "
+                    f"of the tools ({', '.join(tools.names()) or 'none'}) as it is, without angle brackets."
+                    ), "placeholder"  # fmt: skip
+    return None, None
+
+
+def _text_calls_rejected(calls: Sequence[ToolCall], tools: ToolLookup) -> tuple[str | None, str | None]:
+    """A tool call the model wrote as text (JSON, call tags) runs only if each of its calls names an offered
+    tool with arguments that tool accepts; otherwise the whole turn is a format error saying what is wrong
+    (never the final answer, never an unknown-tool observation: the model may not have meant a call)."""
+    problems = []
+    for call in calls:
+        tool = tools.get(call.name)
+        if tool is None:
+            refused = tools.refusal(call.name)
+            problems.append(refused or f"{call.name[:64]!r} is not one of the tools")
+            continue
+        try:
+            tool.validate(call.arguments)
+        except InvalidArguments as exc:
+            problems.append(str(exc))
+    if not problems:
+        return None, None
+    return (f"Invalid format: your reply is a tool call written as text, and {'; '.join(problems)}. Call one "
+            f"of the tools ({', '.join(tools.names()) or 'none'}) with arguments it accepts, or reply with "
+            "the final answer only."), "text_call_rejected"
 
 
 def _normal(text: str | None) -> str:
@@ -355,6 +462,20 @@ def check_progress(history: Sequence[Step], observations: Sequence[Observation],
 # with this error, and the model never sees the call's observation.
 UNAVAILABLE_OUTCOME = "unavailable"
 SANDBOX_UNAVAILABLE = "sandbox_unavailable: no sandbox backend could run the code in time"
+
+
+CONTEXT_EXCEEDED_REASON = "the conversation does not fit the model's context window, even compacted"
+
+
+def after_context_exceeded(retried: bool) -> str | End:
+    """What a step does when the provider refused its prompt as larger than the model's context (the LLM
+    edge's LLMError outcome "context_exceeded"): the first time, "compact": send the conversation again
+    with older observations' bodies dropped (prompts.drop_observation_bodies); when that was refused too,
+    end the run (failed, safeguard `context_exceeded`), with a best-effort answer from the compacted
+    conversation when those are on (best_effort.eligible)."""
+    if not retried:
+        return "compact"
+    return End(RunStatus.FAILED, CONTEXT_EXCEEDED_REASON, "context_exceeded")
 
 
 def after_step(run: Run, step: Step, now: float, limits: Limits) -> End | None:

@@ -95,6 +95,10 @@ class LLMReply(BaseModel):
     routed_model: str | None = None  # the model reactq asked (REACTQ_MODELS name) ...
     fallback_from: str | None = None  # ... when it was a fallback for this one, after repeated failures
     lost_usage: Usage = Field(default_factory=Usage)  # attempts that failed mid-call, which the provider may bill
+    # a reasoning model's thinking: the message's reasoning_content / reasoning, and <think>…</think> taken
+    # out of `content` (never part of the answer nor parsed); its tokens are in `usage.completion_tokens`
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None  # as the provider reported them (completion_tokens_details), if it did
 
 
 class SandboxFacts(BaseModel):
@@ -126,6 +130,8 @@ class Step(BaseModel):
 
     index: int
     thought: str | None = None
+    reasoning: str | None = None  # a reasoning model's thinking before its reply (LLMReply.reasoning), for the trace
+    reasoning_tokens: int | None = None  # of `usage.completion_tokens`, when the provider reported them
     raw_output: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
     observations: list[Observation] = Field(default_factory=list)

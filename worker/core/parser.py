@@ -41,11 +41,23 @@ next label line; `\r\n` and `\r` end lines. The rules, in order:
    call with one quoted string, `search("x")` ("call_syntax_action").
    The one call of a text turn has id "text-0".
 
+Format errors say what to write with a call of an offered tool (`FormatExample`: the first offered tool
+and plausible arguments from its schema, prompts.format_example), never with placeholders such as
+`Action: <tool name>`, which small models copy back. A copied placeholder is itself an error
+("placeholder"): an Action Input like `<JSON arguments>`, a Final Answer like `<answer>` or the prompt's
+"the final answer to the question"; a `<…>` tool name is left to the engine, which knows the offered tools.
+
 Native function calling (`parse_tool_reply`): string arguments are decoded as JSON ("" is `{}`);
 one that is not a JSON object stays the raw string, for the engine to turn into that call's
 observation, with warning "invalid_tool_arguments" (not an error of the turn). Content beside
-tool calls is the thought. Without tool calls the content is the final answer (a `Final Answer:`
-label is stripped and text before it is the thought); no content -> "empty".
+tool calls is the thought. Without tool calls, content that is a tool call written as text
+(`text_tool_calls`: JSON with `name` and `arguments`/`parameters`, bare or fenced, or inside
+`<tool_call>`, `<tools>`, `<|python_tag|>`, `[TOOL_CALLS]`; small models served without native tool
+calls write these) is that call, warning "text_tool_call" (the engine runs it only if it names an offered
+tool with valid arguments, else it is a format error); unreadable content inside call tags ->
+"invalid_text_call". Otherwise the content is the final answer (a `Final Answer:` label is stripped and
+text before it is the thought; a label before any call tag wins); no content -> "empty". In text mode a
+reply without an Action or Final Answer label is read the same way, and its first call runs.
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -60,16 +73,19 @@ from pydantic import BaseModel, Field
 from .models import ToolCall
 
 __all__ = ["PARSE_ERROR_KINDS", "PARSE_WARNINGS", "TEXT_STOP_SEQUENCES", "ParsedTurn", "parse_text",
-           "parse_tool_reply"]  # fmt: skip
+           "parse_tool_reply", "join_reasoning", "split_reasoning", "text_tool_calls", "FormatExample",
+           "is_placeholder_name"]  # fmt: skip
 
 PARSE_ERROR_KINDS: tuple[str, ...] = (
     "empty", "garbage", "no_action", "missing_action_name", "missing_action_input",
-    "invalid_action_input", "empty_final_answer", "no_tool", "text_after_bracket",
+    "invalid_action_input", "empty_final_answer", "no_tool", "text_after_bracket", "invalid_text_call",
+    "placeholder",
 )  # fmt: skip
 PARSE_WARNINGS: tuple[str, ...] = (
     "hallucinated_observation", "action_and_final_answer", "multiple_actions", "numbered_labels",
     "bracket_action", "json_action", "plain_string_input", "python_literal_input", "trailing_text",
     "unlabelled_action_input", "invalid_tool_arguments", "call_syntax_action", "partial_stop_sequence",
+    "text_tool_call",
 )  # fmt: skip
 # The OpenAI API accepts at most four stop sequences.
 TEXT_STOP_SEQUENCES: list[str] = ["\nObservation:", "\n观察:", "\n观察："]
@@ -84,12 +100,51 @@ class ParsedTurn(BaseModel):
     error: str | None = None  # shown to the model as the observation; says what format is expected
     error_kind: str | None = None  # one of PARSE_ERROR_KINDS, for metrics
     warnings: list[str] = Field(default_factory=list)  # labels from PARSE_WARNINGS
+    reasoning: str | None = None  # a reasoning model's thinking, kept out of everything above (split_reasoning)
 
 
-_FORMAT_HINT = (
-    "Reply with either\nThought: ...\nAction: <tool name>\nAction Input: <JSON arguments>\n"
-    "or\nThought: ...\nFinal Answer: <answer>"
-)
+@dataclass(frozen=True)
+class FormatExample:
+    """The call a format hint shows: an offered tool and plausible arguments for it as JSON text
+    (prompts.format_example builds it from the first offered tool's schema). Hints never show a
+    placeholder such as `<tool name>`: small models copy the hint back word for word."""
+
+    tool: str
+    arguments: str
+
+
+def _example_input(tool: str, example: FormatExample | None) -> str:
+    """How to write a call's arguments, shown with the example's when it is another tool's."""
+    if example is None:
+        return 'e.g.\nAction Input: {"query": "capital of France"}'
+    other = "" if example.tool.strip().lower() == tool.strip().lower() else f" (for {example.tool})"
+    return f"e.g.{other}\nAction Input: {example.arguments}"
+
+
+def _format_hint(example: FormatExample | None) -> str:
+    if example is None:
+        return ("Reply with a 'Thought:' line, then either an 'Action:' line with the name of a tool and an "
+                "'Action Input:' line with its arguments as a JSON object, or a 'Final Answer:' line with your "
+                "answer.")
+    return (f"Reply like this to use a tool:\nThought: I should use {example.tool}.\nAction: {example.tool}\n"
+            f"Action Input: {example.arguments}\nor, once you know the answer, with a 'Thought:' line and then "
+            "'Final Answer:' followed by your answer.")
+
+
+# Placeholders of format hints and prompts that a small model may copy back instead of a value
+_PLACEHOLDER_INPUT = re.compile(r"<[ \t]{0,3}[\w \-]{0,30}(?:json|argument|input|param|args|value)[\w \-]{0,30}>",
+                                re.IGNORECASE)
+_PLACEHOLDER_ANSWER = re.compile(r"<[^<>\n]{0,30}answer[^<>\n]{0,30}>", re.IGNORECASE)
+_PLACEHOLDER_ANSWERS = frozenset({
+    "the final answer to the question", "(the answer, taken from the observation)", "your answer",
+    "the answer", "(your answer)",
+})  # fmt: skip
+
+
+def is_placeholder_name(name: str) -> bool:
+    """A tool name written as a placeholder: `<tool name>`, `<tool>`, any name in angle brackets."""
+    name = name.strip()
+    return len(name) >= 2 and name[0] == "<" and name[-1] == ">"
 _LABEL = re.compile(
     r"[ \t]{0,16}(?P<pre>[*_#>\-][*_#>\- \t]{0,7})?"
     r"(?P<label>final[ \t_]{0,3}answer|action[ \t_]{0,3}(?:input|param(?:eter)?s)|action|act|thoughts?"
@@ -224,15 +279,21 @@ def _json_action(text: str, thought: str | None, warnings: list[str]) -> ParsedT
 
 def _final(answer: str, thought: str | None, warnings: list[str]) -> ParsedTurn:
     if not answer:
-        return _error("empty_final_answer", "Invalid format: 'Final Answer:' is empty. Write the answer "
-                      "after it, e.g.\nFinal Answer: <answer>", thought, warnings)  # fmt: skip
+        return _error("empty_final_answer", "Invalid format: 'Final Answer:' is empty. Write your answer on the "
+                      "same line, after 'Final Answer:'.", thought, warnings)  # fmt: skip
+    if answer.strip().rstrip(".").casefold() in _PLACEHOLDER_ANSWERS or _PLACEHOLDER_ANSWER.fullmatch(answer.strip()):
+        return _error("placeholder", f"Invalid format: {answer.strip()[:64]!r} is a placeholder copied from the "
+                      "instructions, not an answer. Write your actual answer after 'Final Answer:'.", thought,
+                      warnings)  # fmt: skip
     return ParsedTurn(thought=thought, final_answer=answer, warnings=warnings)
 
 
-def parse_text(text: str | None) -> ParsedTurn:
-    """Parse one reply in the Thought / Action / Action Input / Final Answer text format."""
+def parse_text(text: str | None, example: FormatExample | None = None) -> ParsedTurn:
+    """Parse one reply in the Thought / Action / Action Input / Final Answer text format; format errors show
+    `example` (an offered tool's call) as the way to write a call."""
+    hint = _format_hint(example)
     if text is None or not text.strip():
-        return _error("empty", "Invalid format: your reply was empty. " + _FORMAT_HINT)
+        return _error("empty", "Invalid format: your reply was empty. " + hint)
     lines = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n").rstrip().split("\n")
     warnings: list[str] = []
     if len(lines) > 1 and _partial_stop(lines[-1]):
@@ -255,15 +316,19 @@ def parse_text(text: str | None) -> ParsedTurn:
         blocks.append(_Block(kind, rest))
     if numbered:
         warnings.append("numbered_labels")
+    if not blocks or all(b.kind not in ("action", "final") for b in blocks):
+        written = text_tool_calls(text, example)
+        if written is not None:
+            return _first_text_call(written, warnings)
     if not blocks:
-        return _error("garbage", "Invalid format: no 'Action:' or 'Final Answer:' found. " + _FORMAT_HINT)
+        return _error("garbage", "Invalid format: no 'Action:' or 'Final Answer:' found. " + hint)
 
     at = next((i for i, b in enumerate(blocks) if b.kind in ("action", "final")), None)
     before = blocks[:at] if at is not None else blocks
     last_thought = next((b.text for b in reversed(before) if b.kind == "thought"), "")
     thought = last_thought or "\n".join(preamble).strip() or None
     if at is None:
-        return _error("no_action", "Invalid format: no 'Action:' or 'Final Answer:' found. " + _FORMAT_HINT,
+        return _error("no_action", "Invalid format: no 'Action:' or 'Final Answer:' found. " + hint,
                       thought, warnings)  # fmt: skip
     decisive, later = blocks[at], blocks[at + 1 :]
     if any(b.kind != decisive.kind and b.kind in ("action", "final") for b in later):
@@ -272,7 +337,14 @@ def parse_text(text: str | None) -> ParsedTurn:
         return _final(decisive.text, thought, warnings)
     if any(b.kind == "action" for b in later):
         warnings.append("multiple_actions")
-    return _action(decisive, later, thought, warnings)
+    return _action(decisive, later, thought, warnings, example)
+
+
+def _first_text_call(turn: ParsedTurn, warnings: list[str]) -> ParsedTurn:
+    """A call written as JSON or in call tags instead of the text format: text mode runs its first call."""
+    if len(turn.calls) > 1:
+        warnings.append("multiple_actions")
+    return turn.model_copy(update={"calls": turn.calls[:1], "warnings": warnings + turn.warnings})
 
 
 def _partial_stop(line: str) -> bool:
@@ -282,7 +354,8 @@ def _partial_stop(line: str) -> bool:
     return word in ("观", "观察") or (len(word) >= 3 and word[0] == "O" and "observation".startswith(word.lower()))
 
 
-def _action(block: _Block, later: list[_Block], thought: str | None, warnings: list[str]) -> ParsedTurn:
+def _action(block: _Block, later: list[_Block], thought: str | None, warnings: list[str],
+            example: FormatExample | None) -> ParsedTurn:
     content = block.text
     blob = _json_action(content, thought, warnings)
     if blob is not None:
@@ -307,23 +380,32 @@ def _action(block: _Block, later: list[_Block], thought: str | None, warnings: l
     if inputs is not None:
         name, raw = first, inputs.text
     elif brace < 0 and not extra.lstrip().startswith(("{", "```")):
-        return _without_input(line, extra, thought, warnings)
+        return _without_input(line, extra, thought, warnings, example)
     else:
         warnings.append("unlabelled_action_input")
         name, raw = (first[:brace], content[brace:]) if brace >= 0 else (first, extra)
     name = _clean_name(name)
     if not name:
-        return _no_name(thought, warnings)
+        return _no_name(thought, warnings, example)
     arguments = _decode_input(raw, warnings)
     if arguments is None:
         return _error("invalid_action_input", f"Invalid format: the Action Input for '{name[:64]}' is not "
-                      "valid JSON. Write it as one JSON object with double-quoted keys and strings, e.g.\n"
-                      'Action Input: {"query": "..."}', thought, warnings)  # fmt: skip
+                      "valid JSON. Write it as one JSON object with double-quoted keys and strings, "
+                      + _example_input(name, example), thought, warnings)  # fmt: skip
+    if isinstance(arguments, str) and _PLACEHOLDER_INPUT.fullmatch(arguments.strip()) and is_placeholder_name(name):
+        return _error("placeholder", f"Invalid format: 'Action: {name[:64]}' and 'Action Input: {arguments[:64]}' "
+                      "are placeholders copied from the instructions, not a tool and its arguments. "
+                      + _format_hint(example), thought, warnings)  # fmt: skip
+    if isinstance(arguments, str) and _PLACEHOLDER_INPUT.fullmatch(arguments.strip()):
+        return _error("placeholder", f"Invalid format: {arguments.strip()[:64]!r} is a placeholder copied from the "
+                      f"instructions, not the arguments for '{name[:64]}'. Write them as a JSON object, "
+                      + _example_input(name, example), thought, warnings)  # fmt: skip
     return ParsedTurn(thought=thought, calls=[ToolCall(id="text-0", name=name, arguments=arguments)],
                       warnings=warnings)  # fmt: skip
 
 
-def _without_input(line: str, extra: str, thought: str | None, warnings: list[str]) -> ParsedTurn:
+def _without_input(line: str, extra: str, thought: str | None, warnings: list[str],
+                   example: FormatExample | None) -> ParsedTurn:
     """An Action line with no Action Input: a `name("text")` call, or an error saying what is wrong."""
     call = _CALL.fullmatch(line)
     if call:
@@ -336,18 +418,18 @@ def _without_input(line: str, extra: str, thought: str | None, warnings: list[st
     if tail:
         return _error("text_after_bracket", "Invalid format: unexpected text after the closing bracket: "
                       f"{tail['tail'].strip()[:80]!r}. Put the whole argument inside the brackets, e.g.\n"
-                      f"Action: {tail['name']}[<argument>]", thought, warnings)  # fmt: skip
+                      f"Action: {tail['name']}[{tail['arg'].strip()[:80]}]", thought, warnings)  # fmt: skip
     name = _clean_name(line)
     if not name:
-        return _no_name(thought, warnings)
+        return _no_name(thought, warnings, example)
     if any(c.isspace() for c in name):
         return _error("missing_action_input", f"Invalid format: 'Action: {name[:64]}' is not a tool name. Write "
                       "one tool name on the 'Action:' line and its arguments as JSON on an 'Action Input:' "
-                      "line. " + _FORMAT_HINT, thought, warnings)  # fmt: skip
+                      "line. " + _format_hint(example), thought, warnings)  # fmt: skip
     after = " (the text after it has no 'Action Input:' label)" if extra.strip() else ""
     return _error("missing_action_input", f"Invalid format: 'Action: {name[:64]}' is not followed by an "
                   f"'Action Input:' line{after}. Give the tool's arguments as a JSON object on an 'Action "
-                  "Input:' line ({} for a tool without arguments). " + _FORMAT_HINT, thought,
+                  "Input:' line ({} for a tool without arguments). " + _format_hint(example), thought,
                   warnings)  # fmt: skip
 
 
@@ -389,16 +471,18 @@ def _clean_name(name: str) -> str:
 
 def _no_tool(name: str, thought: str | None, warnings: list[str]) -> ParsedTurn:
     return _error("no_tool", f"Invalid format: 'Action: {name[:64]}' means no tool: give a Final Answer "
-                  "instead, e.g.\nThought: ...\nFinal Answer: <answer>", thought, warnings)  # fmt: skip
+                  "instead: a 'Thought:' line, then 'Final Answer:' followed by your answer.", thought,
+                  warnings)  # fmt: skip
 
 
-def _no_name(thought: str | None, warnings: list[str]) -> ParsedTurn:
-    return _error("missing_action_name", "Invalid format: 'Action:' has no tool name. " + _FORMAT_HINT,
+def _no_name(thought: str | None, warnings: list[str], example: FormatExample | None) -> ParsedTurn:
+    return _error("missing_action_name", "Invalid format: 'Action:' has no tool name. " + _format_hint(example),
                   thought, warnings)  # fmt: skip
 
 
-def parse_tool_reply(content: str | None, tool_calls: list[ToolCall]) -> ParsedTurn:
-    """Parse one reply in native function-calling mode."""
+def parse_tool_reply(content: str | None, tool_calls: list[ToolCall], example: FormatExample | None = None
+                     ) -> ParsedTurn:  # fmt: skip
+    """Parse one reply in native function-calling mode (`example`: the call a format error shows)."""
     text = (content or "").strip()
     if tool_calls:
         calls: list[ToolCall] = []
@@ -420,9 +504,202 @@ def parse_tool_reply(content: str | None, tool_calls: list[ToolCall]) -> ParsedT
     for i, line in enumerate(lines):
         found = _label(line)
         if found is not None and found[0] == "final":
+            before = "\n".join(lines[:i])
+            if _CALL_TAGS.search(before) is not None:
+                break  # the call tags come first: the reply is a call
             answer = "\n".join([found[1], *lines[i + 1 :]]).strip()
-            return _final(answer, _strip_thought_label("\n".join(lines[:i])), [])
-    return ParsedTurn(final_answer=text)
+            return _final(answer, _strip_thought_label(before), [])
+    return text_tool_calls(text, example) or ParsedTurn(final_answer=text)
+
+
+# --- tool calls written as text --------------------------------------------------------------------------
+_CALL_TAGS = re.compile(r"<tool_call>|<tools>|<\|python_tag\|>|\[TOOL_CALLS\]")
+_TAG_ENDS = {"<tool_call>": ("</tool_call>",), "<tools>": ("</tools>",),
+             "<|python_tag|>": ("<|eom_id|>", "<|eot_id|>"), "[TOOL_CALLS]": ()}  # fmt: skip
+_JSON_START = re.compile(r"^[ \t]{0,16}(?:[{\[]|```)", re.MULTILINE)
+_TEXT_CALL_CANDIDATES = 8  # places where a bare or fenced call may start: bounded, so linear in the input
+_TEXT_CALLS_MAX = 16
+_NO_CALL = object()
+
+
+def text_tool_calls(text: str | None, example: FormatExample | None = None) -> ParsedTurn | None:
+    """A reply whose text is a tool call, as models that do not (or cannot) use native function calling
+    write one; None when it is none. The forms: a JSON object with `name` and `arguments` (or
+    `parameters`; also nested as `{"function": {...}}`), or a list of them, bare or in a code fence, the
+    whole reply or its end (text before it is the thought) or its start (text after it is dropped,
+    "trailing_text"); or anything inside the tags `<tool_call>…</tool_call>`, `<tools>…</tools>` (Qwen,
+    Hermes), `<|python_tag|>…` (Llama) or `[TOOL_CALLS]…` (Mistral), where one object, a list or several
+    objects count, and anything else is an "invalid_text_call" error: the tags mean a call. The calls
+    are named as written (the engine checks that they name an offered tool with valid arguments); their
+    ids are "text-0", "text-1"... Prose that merely shows JSON (inside a sentence, or with text on both
+    sides) is no call."""
+    if text is None or not text.strip():
+        return None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    tag = _CALL_TAGS.search(text)
+    if tag is not None:
+        return _tagged(text, tag, example)
+    for n, m in enumerate(_JSON_START.finditer(text)):
+        if n >= _TEXT_CALL_CANDIDATES:
+            break
+        start = m.end() - (3 if m.group().endswith("```") else 1)
+        body, rest = _fenced(text[start:]) if text.startswith("```", start) else _json_head(text[start:])
+        if body is _NO_CALL:
+            continue
+        before = text[: m.start()].strip()
+        if before and rest.strip():
+            continue  # JSON with prose on both sides: shown, not called
+        calls = _calls_from(body, require_arguments=True)
+        if calls:
+            warnings = ["text_tool_call"] + (["trailing_text"] if rest.strip() else [])
+            return ParsedTurn(thought=_strip_thought_label(before) if before else None, calls=calls,
+                              warnings=warnings)  # fmt: skip
+    return None
+
+
+def _json_head(s: str) -> tuple[Any, str]:
+    """The JSON value at the start of `s` and the text after it, or (_NO_CALL, "")."""
+    try:
+        value, end = _DECODER.raw_decode(s)
+    except (ValueError, RecursionError):
+        return _NO_CALL, ""
+    return value, s[end:]
+
+
+def _fenced(s: str) -> tuple[Any, str]:
+    """The JSON value that is the whole body of the code fence at the start of `s`, and the text after
+    the fence, or (_NO_CALL, "")."""
+    body = s[3:]
+    lang = _FENCE_LANG.match(body)
+    if lang:
+        body = body[lang.end() :]
+    end = body.find("```")
+    inner, rest = (body, "") if end < 0 else (body[:end], body[end + 3 :])
+    inner = inner.strip()
+    if not inner.startswith(("{", "[")):
+        return _NO_CALL, ""
+    value, after = _json_head(inner)
+    return (value, rest) if value is not _NO_CALL and not after.strip() else (_NO_CALL, "")
+
+
+def _tagged(text: str, first: re.Match[str], example: FormatExample | None) -> ParsedTurn:
+    """The calls inside call tags (the first at `first`); text before the first tag is the thought."""
+    thought = _strip_thought_label(text[: first.start()]) if text[: first.start()].strip() else None
+    values: list[Any] = []
+    trailing = False
+    tag: re.Match[str] | None = first
+    while tag is not None:
+        start = tag.end()
+        following = _CALL_TAGS.search(text, start)
+        stop = following.start() if following is not None else len(text)
+        ends = [i for e in _TAG_ENDS[tag.group()] if (i := text.find(e, start, stop)) >= 0]
+        body = text[start : min(ends)] if ends else text[start:stop]
+        if ends:
+            after_end = text[min(ends) : stop]
+            for e in _TAG_ENDS[tag.group()]:
+                after_end = after_end.replace(e, "", 1) if after_end.startswith(e) else after_end
+            trailing = trailing or bool(after_end.strip())
+        parsed = _json_values(body)
+        if parsed is None or len(values) + len(parsed) > _TEXT_CALLS_MAX:
+            return _invalid_text_call(tag.group(), thought, example)
+        values.extend(parsed)
+        tag = following
+    calls = _calls_from(values, require_arguments=False)
+    if not calls:
+        return _invalid_text_call(first.group(), thought, example)
+    return ParsedTurn(thought=thought, calls=calls,
+                      warnings=["text_tool_call"] + (["trailing_text"] if trailing else []))  # fmt: skip
+
+
+def _json_values(body: str) -> list[Any] | None:
+    """The JSON values in a tag's body: one, a list (flattened), or several separated by white space or
+    commas, possibly fenced; None if anything else is there."""
+    s, _ = _unfence(body)
+    values: list[Any] = []
+    pos = 0
+    while True:
+        while pos < len(s) and (s[pos].isspace() or s[pos] == ","):
+            pos += 1
+        if pos >= len(s):
+            return values or None
+        if s[pos] not in "{[" or len(values) >= _TEXT_CALLS_MAX:
+            return None
+        try:
+            value, pos = _DECODER.raw_decode(s, pos)
+        except (ValueError, RecursionError):
+            return None
+        values.extend(value if isinstance(value, list) else [value])
+
+
+def _calls_from(value: Any, *, require_arguments: bool) -> list[ToolCall]:
+    """Tool calls from a decoded object or list of objects; [] unless every element is a call."""
+    items = value if isinstance(value, list) else [value]
+    if not items or len(items) > _TEXT_CALLS_MAX:
+        return []
+    calls = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            return []
+        if isinstance(item.get("function"), dict) and "name" in item["function"]:
+            item = item["function"]  # the OpenAI shape: {"type": "function", "function": {...}}
+        name = item.get("name")
+        key = "arguments" if "arguments" in item else "parameters" if "parameters" in item else None
+        if not isinstance(name, str) or not name.strip() or (key is None and require_arguments):
+            return []
+        raw = item.get(key) if key is not None else None
+        arguments: dict[str, Any] | str
+        if raw is None:
+            arguments = {}
+        elif isinstance(raw, dict):
+            arguments = raw
+        elif isinstance(raw, str):
+            decoded = _decode_tool_arguments(raw)
+            arguments = raw if decoded is None else decoded
+        else:
+            arguments = json.dumps(raw, ensure_ascii=False)
+        calls.append(ToolCall(id=f"text-{i}", name=name.strip(), arguments=arguments))
+    return calls
+
+
+def _invalid_text_call(tag: str, thought: str | None, example: FormatExample | None) -> ParsedTurn:
+    shape = (f', e.g. {{"name": {json.dumps(example.tool)}, "arguments": {example.arguments}}}' if example
+             else "")
+    return _error("invalid_text_call", f"Invalid format: the tool call after {tag} could not be read. Write the "
+                  'call as one JSON object with the tool\'s "name" and its "arguments" (an object)'
+                  f"{shape}, or reply with the final answer only.", thought)  # fmt: skip
+
+
+_THINK = re.compile(r"<(think|thinking)>(.*?)(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE)
+_THINK_END = re.compile(r"</think(?:ing)?>", re.IGNORECASE)
+
+
+def split_reasoning(content: str | None) -> tuple[str | None, str | None]:
+    """(reasoning, the rest) of a reply's content: `<think>…</think>` blocks (also `<thinking>`) are the
+    reasoning; one left open (the reply was cut inside it) runs to the end; a `</think>` with no opening
+    tag (the chat template opened it in the prompt: Qwen3, DeepSeek-R1) closes reasoning that started the
+    content. Content without these tags is returned as it is."""
+    if content is None or "think" not in content.lower():
+        return None, content
+    thoughts: list[str] = []
+    first = _THINK.search(content)
+    head_end = _THINK_END.search(content, 0, first.start() if first is not None else len(content))
+    if head_end is not None:
+        thoughts.append(content[: head_end.start()])
+        content = content[head_end.end() :]
+    def taken(m: re.Match[str]) -> str:
+        thoughts.append(m.group(2))
+        return "\n"
+
+    rest = _THINK_END.sub("", _THINK.sub(taken, content))  # a stray closing tag is no part of the reply
+    reasoning = "\n\n".join(t.strip() for t in thoughts if t.strip()) or None
+    if not thoughts:
+        return None, content
+    return reasoning, rest.strip() or None
+
+
+def join_reasoning(*parts: str | None) -> str | None:
+    """Reasoning from several places (the message's field, tags in its content), in order; None if none."""
+    return "\n\n".join(p.strip() for p in parts if p and p.strip()) or None
 
 
 def _decode_tool_arguments(raw: str) -> dict[str, Any] | None:

@@ -6,7 +6,10 @@ parameters, example, returns, when to use), the limits, the run's date and extra
 module never imports the template engine: it is handed a compiled template (`SystemTemplate`).
 
 When the conversation would exceed the context budget, older steps are compacted into one summary
-message (every older step keeps a line); the system prompt, the question and the latest steps stay.
+message (every older step keeps a line); the system prompt, the question and the latest steps stay. The
+budget follows the model's context window when REACTQ_MODELS gives it (`context_budget`); a prompt the
+provider refused as too large anyway can be sent again without older observations' bodies
+(`drop_observation_bodies`, engine.after_context_exceeded).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .models import Mode, Step, ToolCall
+from .parser import FormatExample
 
 Message = dict[str, Any]
 
@@ -69,8 +73,20 @@ def run_date(created_at: float, override: str | None = None) -> str:
     return override or datetime.fromtimestamp(created_at, UTC).date().isoformat()
 
 
-_EXAMPLE_BY_TYPE: dict[str, Any] = {"string": "...", "integer": 1, "number": 1.5, "boolean": True,
-                                    "array": [], "object": {}}
+# Plausible values for a string parameter without examples, by a word in its name (first match wins): an
+# example a model copies must be a value the tool could take, never a placeholder ("...", "<query>").
+_STRING_BY_NAME: tuple[tuple[str, str], ...] = (
+    ("expr", "2 + 3 * 4"), ("formula", "2 + 3 * 4"), ("math", "2 + 3 * 4"), ("query", "capital of France"),
+    ("search", "capital of France"), ("keyword", "capital of France"), ("question", "What is the capital of France?"),
+    ("code", "print(2 + 3)"), ("script", "print(2 + 3)"), ("url", "https://example.com"), ("link", "https://example.com"),
+    ("email", "ada@example.com"), ("city", "Paris"), ("location", "Paris"), ("place", "Paris"),
+    ("country", "France"), ("date", "2024-01-31"), ("time", "12:00"), ("lang", "en"), ("path", "notes.txt"),
+    ("file", "notes.txt"), ("name", "Ada Lovelace"), ("title", "Nomadland"), ("id", "42"),
+    ("text", "hello world"), ("content", "hello world"), ("message", "hello world"), ("prompt", "hello world"),
+)  # fmt: skip
+_STRING_BY_FORMAT = {"date": "2024-01-31", "date-time": "2024-01-31T12:00:00Z", "email": "ada@example.com",
+                     "uri": "https://example.com", "url": "https://example.com", "time": "12:00:00"}
+_EXAMPLE_DEPTH = 3
 
 
 def _param_type(prop: Mapping[str, Any]) -> str:
@@ -80,19 +96,79 @@ def _param_type(prop: Mapping[str, Any]) -> str:
     return " or ".join(options) or "any"
 
 
+def example_value(name: str, prop: Mapping[str, Any], depth: int = 0) -> Any:
+    """A plausible value for one parameter from its JSON schema: its own example, default, first enum value
+    or const, else one made up from its type (and, for a string, its name or format), within its bounds."""
+    for key in ("examples", "enum"):
+        if isinstance(prop.get(key), list) and prop[key]:
+            return prop[key][0]
+    if prop.get("default") is not None:
+        return prop["default"]
+    if "const" in prop:
+        return prop["const"]
+    if "$ref" in prop:
+        return {}  # a nested model: its schema is elsewhere ($defs)
+    options = [o for o in prop.get("anyOf", []) if isinstance(o, Mapping) and o.get("type") not in (None, "null")]
+    if "type" not in prop and options:
+        return example_value(name, options[0], depth)
+    kind = prop.get("type")
+    kind = next((k for k in kind if k != "null"), "string") if isinstance(kind, list) else kind
+    if kind in ("integer", "number"):
+        low = prop.get("minimum", prop.get("exclusiveMinimum"))
+        value: float = 3 if low is None else low + (1 if "exclusiveMinimum" in prop and "minimum" not in prop else 0)
+        high = prop.get("maximum")
+        value = min(value, high) if high is not None else value
+        return int(value) if kind == "integer" else value
+    if kind == "boolean":
+        return True
+    if kind == "array":
+        items = prop.get("items")
+        if isinstance(items, Mapping) and depth < _EXAMPLE_DEPTH:
+            return [example_value(name, items, depth + 1)] * max(1, int(prop.get("minItems", 1)))
+        return []
+    if kind == "object":
+        return example_arguments(prop, depth + 1) if depth < _EXAMPLE_DEPTH else {}
+    text = _STRING_BY_FORMAT.get(str(prop.get("format", "")))
+    if text is None:
+        lowered = name.lower()
+        text = next((v for word, v in _STRING_BY_NAME if word in lowered), "example")
+    low, high = int(prop.get("minLength", 0)), prop.get("maxLength")
+    text = text if len(text) >= low else text + "x" * (low - len(text))
+    return text[: int(high)] if high is not None else text
+
+
+def example_arguments(schema: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+    """Plausible arguments for a JSON schema of an object: its required properties and those with examples
+    (else its first property, so that an example is never empty when the tool takes something)."""
+    props = schema.get("properties")
+    if not isinstance(props, Mapping) or not props:
+        return {}
+    required = set(schema.get("required", []))
+    names = [n for n, p in props.items() if n in required or (isinstance(p, Mapping) and p.get("examples"))]
+    return {n: example_value(n, props[n] if isinstance(props[n], Mapping) else {}, depth)
+            for n in names or [next(iter(props))]}
+
+
 def tool_variables(tool: ToolDescription) -> dict[str, Any]:
     """One tool as the templates see it: parameters with their types, an example call, returns, when."""
     schema = tool.openai_schema()["function"].get("parameters", {})
     required = set(schema.get("required", []))
-    params, example = [], {}
+    params = []
     for name, prop in schema.get("properties", {}).items():
-        kind = _param_type(prop)
-        params.append({"name": name, "type": kind, "required": name in required,
+        params.append({"name": name, "type": _param_type(prop), "required": name in required,
                        "description": str(prop.get("description", ""))})
-        if name in required or prop.get("examples"):
-            example[name] = (prop.get("examples") or [_EXAMPLE_BY_TYPE.get(kind, "...")])[0]
     return {"name": tool.name, "description": tool.description, "parameters": params,
-            "example": json.dumps(example, ensure_ascii=False), "returns": tool.returns, "when": tool.when}
+            "example": json.dumps(example_arguments(schema), ensure_ascii=False), "returns": tool.returns,
+            "when": tool.when}
+
+
+def format_example(tools: Sequence[ToolDescription]) -> FormatExample | None:
+    """The call the format hints show (parser.FormatExample): the first offered tool with plausible arguments
+    built from its schema, the same as the system prompt's example for it; None without tools."""
+    if not tools:
+        return None
+    first = tool_variables(tools[0])
+    return FormatExample(tool=first["name"], arguments=first["example"])
 
 
 def prompt_variables(mode: Mode, tools: Sequence[ToolDescription], context: PromptContext) -> dict[str, Any]:
@@ -114,6 +190,47 @@ def prompt_variables(mode: Mode, tools: Sequence[ToolDescription], context: Prom
 def estimate_tokens(messages: Sequence[Message]) -> int:
     """A cheap, offline estimate (~4 characters a token) used only for the context budget."""
     return sum(4 + len(json.dumps(m, ensure_ascii=False)) // 4 for m in messages)
+
+
+CONTEXT_MARGIN = 0.85  # of what is left of a model's window: the estimate above is rough (CJK, code)
+MIN_CONTEXT_BUDGET = 256
+
+
+def context_budget(default_tokens: int, context_tokens: int | None, reply_tokens: int,
+                   tools: Sequence[ToolDescription] = ()) -> int:
+    """The conversation's token budget: with the model's context window known (REACTQ_MODELS'
+    `context_tokens`), the window less the reply's max_tokens and the tool schemas sent beside the
+    messages (tools mode), times CONTEXT_MARGIN; else `default_tokens` (REACTQ_CONTEXT_BUDGET_TOKENS)."""
+    if not context_tokens:
+        return default_tokens
+    schemas = estimate_tokens([t.openai_schema() for t in tools])
+    return max(MIN_CONTEXT_BUDGET, int((context_tokens - reply_tokens - schemas) * CONTEXT_MARGIN))
+
+
+DROPPED = "[dropped to fit the model's context window: {n} chars]"
+
+
+def drop_observation_bodies(messages: Sequence[Message], keep_last: int = 1) -> tuple[list[Message], int]:
+    """The conversation with the bodies of all observations but the last `keep_last` replaced by a short
+    marker (tool messages in tools mode, "Observation:" user turns in text mode), and how many were
+    dropped: what a step sends again after the provider refused the prompt as larger than the model's
+    context (engine.after_context_exceeded). The system prompt, the question, the model's own turns, a
+    summary of compacted steps and the latest observations stay."""
+    def is_observation(m: Message) -> bool:
+        content = m.get("content")
+        return m.get("role") == "tool" or (m.get("role") == "user" and isinstance(content, str)
+                                          and content.startswith("Observation: "))
+
+    places = [i for i, m in enumerate(messages) if is_observation(m)]
+    drop = set(places[: max(0, len(places) - keep_last)])
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        if i in drop:
+            content = str(m.get("content") or "")
+            body = DROPPED.format(n=len(content))
+            m = {**m, "content": f"Observation: {body}" if m.get("role") == "user" else body}
+        out.append(m)
+    return out, len(drop)
 
 
 def system_message(mode: Mode, tools: Sequence[ToolDescription], template: SystemTemplate,

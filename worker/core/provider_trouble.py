@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from .engine import End
 from .models import Run, RunStatus
 
+# The LLMError.outcome of a prompt the provider refused as larger than the model's context window.
+CONTEXT_EXCEEDED = "context_exceeded"
 # LLMError.outcome values that a later attempt may turn into a reply.
 TRANSIENT_OUTCOMES = frozenset({"connection_error", "timeout", "server_error", "rate_limited", "circuit_open"})
 

@@ -22,6 +22,8 @@ from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from ..core.models import LLMReply, ToolCall, Usage
+from ..core.parser import join_reasoning, split_reasoning
+from ..core.provider_trouble import CONTEXT_EXCEEDED
 from ..errors import LLMError
 from .http_pool import LLMHTTPClient
 from .in_flight import InFlightCap, KeepAlive
@@ -309,8 +311,32 @@ def _outcome(exc: BaseException) -> str:
     if isinstance(exc, openai.RateLimitError):
         return "rate_limited"
     if isinstance(exc, openai.APIStatusError):
+        if context_exceeded(exc.status_code, exc.body, exc.message):
+            return CONTEXT_EXCEEDED
         return "server_error" if exc.status_code >= 500 else "client_error"
     return "error"
+
+
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error", "context_window_exceeded",
+                            "string_above_max_length"})  # fmt: skip
+_CONTEXT_WORDS = ("maximum context length", "exceeds the available context size", "context length exceeded",
+                  "context window", "exceed_context_size", "context_length_exceeded", "too many tokens in the prompt",
+                  "prompt is too long")  # fmt: skip
+
+
+def context_exceeded(status: int, body: object, message: str | None = None) -> bool:
+    """Whether an HTTP error is the provider refusing a prompt larger than the model's context: llama.cpp's
+    `exceed_context_size_error` (400), OpenAI's `context_length_exceeded` (400), vLLM's "This model's
+    maximum context length is ..." (400). `body` is the decoded error body (its "error" object or the
+    whole of it), `message` the client's message for it."""
+    if status not in (400, 413, 422):
+        return False
+    error = body.get("error", body) if isinstance(body, dict) else body
+    fields = [error.get("code"), error.get("type"), error.get("message")] if isinstance(error, dict) else [error]
+    if any(isinstance(f, str) and f.strip().lower() in _CONTEXT_CODES for f in fields):
+        return True
+    text = " ".join(f for f in [*fields, message] if isinstance(f, str)).lower()
+    return any(words in text for words in _CONTEXT_WORDS)
 
 
 def _describe(exc: BaseException) -> str:
@@ -320,6 +346,8 @@ def _describe(exc: BaseException) -> str:
 
     if isinstance(exc, openai.APIStatusError):
         kind = exc.type if isinstance(getattr(exc, "type", None), str) else exc.__class__.__name__
+        if context_exceeded(exc.status_code, exc.body, exc.message):
+            return f"HTTP {exc.status_code} ({kind}): the prompt exceeds the model's context window"
         return f"HTTP {exc.status_code} ({kind})"
     return exc.__class__.__name__
 
@@ -337,6 +365,8 @@ class _Call(BaseModel):
 class _Message(BaseModel):
     content: str | None = None
     tool_calls: list[_Call] | None = None
+    reasoning_content: str | None = None  # a reasoning model's thinking (DeepSeek, vLLM, llama.cpp) ...
+    reasoning: str | None = None  # ... as some providers name it (OpenRouter, Ollama)
 
 
 class _Choice(BaseModel):
@@ -344,9 +374,14 @@ class _Choice(BaseModel):
     finish_reason: str | None = None
 
 
+class _CompletionDetails(BaseModel):
+    reasoning_tokens: int | None = None
+
+
 class _Usage(BaseModel):
     prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    completion_tokens: int | None = None  # reasoning tokens included
+    completion_tokens_details: _CompletionDetails | None = None
 
 
 class _Completion(BaseModel):
@@ -378,12 +413,17 @@ def parse_completion(body: bytes | str | dict[str, Any], attempts: int = 1, dura
         if c.function is not None
     ]
     usage = completion.usage or _Usage()
+    message = choice.message
+    thinking, content = split_reasoning(message.content)  # <think>…</think> is never part of the answer
+    details = usage.completion_tokens_details
     return LLMReply(
-        content=choice.message.content,
+        content=content,
         tool_calls=calls,
         finish_reason=choice.finish_reason,
         model=completion.model or "",
         usage=Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=usage.completion_tokens or 0),
         duration_ms=duration_ms,
         attempts=attempts,
+        reasoning=join_reasoning(message.reasoning_content or message.reasoning, thinking),
+        reasoning_tokens=details.reasoning_tokens if details is not None else None,
     )

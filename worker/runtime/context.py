@@ -11,6 +11,7 @@ from ..config import Settings, get_settings
 from ..core.engine import Limits
 from ..llm.circuit import CircuitLLM
 from ..llm.client import LLMClient, OpenAIChat
+from ..llm.context_guard import ContextGuard
 from ..llm.fallback import RoutedLLM
 from ..llm.in_flight import InFlightCap
 from ..llm.ratelimit import LimitedLLM, RateLimiter
@@ -91,7 +92,7 @@ class Runtime:
         limited: LLMClient = LimitedLLM(chat, self.limiter) if self.limiter.models else chat
         guarded = CircuitLLM(limited, ProviderCircuits(self.redis), base_s=s.llm_circuit_base_s,
                              cap_s=s.llm_circuit_max_s)
-        return RoutedLLM(guarded, s.models)
+        return ContextGuard(RoutedLLM(guarded, s.models))
 
     def _in_flight_cap(self) -> InFlightCap | None:
         caps = {name: spec.max_in_flight for name, spec in self.settings.models.items() if spec.max_in_flight}

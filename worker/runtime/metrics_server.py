@@ -30,6 +30,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import make_wsgi_app
 
 from .. import metrics
+from ..core.engine import ENGINE_ERROR_KINDS
 from ..core.parser import PARSE_ERROR_KINDS
 from ..errors import StoreUnavailable
 from ..names import SANDBOX_QUEUE
@@ -43,7 +44,8 @@ Check = Callable[[], tuple[bool, str]]
 
 
 def initialise(rt: Runtime) -> None:
-    metrics.initialise(rt.settings.model, rt.settings.tenants, rt.tools.names(), (*PARSE_ERROR_KINDS, "loop"))
+    metrics.initialise(rt.settings.model, rt.settings.tenants, rt.tools.names(),
+                       (*PARSE_ERROR_KINDS, *ENGINE_ERROR_KINDS, "loop"))
     try:
         from tools_sandbox.metrics import init_labels as init_sandbox
     except ImportError:  # a step-only host without tools_sandbox

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core import prompts
-from ..core.models import Run, Step
+from ..core.models import Mode, Run, Step
 from ..prompt_templates import system_template
 from .context import Runtime
 
@@ -32,8 +32,11 @@ def turn_messages(rt: Runtime, run: Run, steps: Sequence[Step],
                   tools: Sequence[Any]) -> tuple[list[prompts.Message], int]:
     """The messages of the turn that follows `steps`, and how many older steps were compacted."""
     s = rt.settings
+    spec = s.models.get(run.model)
+    budget = prompts.context_budget(s.context_budget_tokens, spec.context_tokens if spec is not None else None,
+                                    s.llm_max_tokens, tools if run.mode == Mode.TOOLS else ())
     return prompts.build_messages(
-        run.mode, run.spec.question, steps, tools, context_budget_tokens=s.context_budget_tokens,
+        run.mode, run.spec.question, steps, tools, context_budget_tokens=budget,
         system_template=system_template(s, run.mode), prompt=prompt_context(rt, run),
         keep_recent_steps=s.keep_recent_steps, reflect_every=s.reflect_every,
     )

@@ -123,15 +123,16 @@ class StepRunner:
         except BudgetExceeded as exc:
             return self._end(run, End(RunStatus.BUDGET_EXCEEDED, str(exc)), d.index, Outcome.BUDGET_EXCEEDED)
 
-        turn = engine.parse_reply(run.mode, reply)
+        offered = self.rt.tools_for(run.spec.tenant)
+        turn = engine.parse_reply(run.mode, reply, prompts.format_example(offered.all()))
         for warning in turn.warnings:
             log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
-        decision = engine.decide(run, d.steps, turn, self.rt.tools_for(run.spec.tenant), limits,
+        decision = engine.decide(run, d.steps, turn, offered, limits,
                                  reflection=(reply.content or "") if reflecting else None)
         model = reply.routed_model or run.model
         step = Step(
             index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
-            lost_usage=reply.lost_usage,
+            lost_usage=reply.lost_usage, reasoning=turn.reasoning, reasoning_tokens=reply.reasoning_tokens,
             cost_usd=cost_usd(model, reply.usage + reply.lost_usage, self.rt.settings.prices_per_mtok),
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
@@ -230,6 +231,7 @@ class StepRunner:
         step = Step(
             index=d.index, raw_output=reply.content, final_answer=best_effort.answer_from(run.mode, reply),
             best_effort=True, usage=reply.usage, lost_usage=reply.lost_usage, cost_usd=price,
+            reasoning=engine.reply_reasoning(reply), reasoning_tokens=reply.reasoning_tokens,
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
         if step.final_answer is not None:
@@ -240,6 +242,12 @@ class StepRunner:
         """A provider in trouble is waited out (the step goes back to the queue, the run shows it waits on the
         provider) until the run's deadline; a refusal no retry changes ends the run failed, with its reason."""
         run, s = snap.run, self.rt.settings
+        if exc.outcome == provider_trouble.CONTEXT_EXCEEDED:  # refused again, compacted: ends with its best answer
+            end = engine.after_context_exceeded(retried=True)
+            assert isinstance(end, End)
+            if s.best_effort_answer and best_effort.eligible(end):
+                return self._best_effort(snap, d, end, started)
+            return self._end(run, end, d.index, Outcome.LLM_FAILED)
         wait_s = exc.retry_after_s if exc.retry_after_s is not None else s.llm_circuit_base_s
         move = provider_trouble.after_failed_call(run, started, time.time(), exc.outcome, str(exc), wait_s)
         if isinstance(move, End):

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ..core.prompts import example_value
 from ..errors import InvalidArguments, ToolError
 
 __all__ = ["InvalidArguments", "Tool", "ToolError", "ToolRegistry", "REGISTRY", "tool", "ISOLATIONS"]
@@ -82,8 +83,10 @@ class Tool:
             f"{self.name} takes a JSON object with fields {list(self.args_model.model_fields)}, got a string"
         )
 
-    def _example(self) -> dict[str, str]:
-        return {name: "..." for name in self.args_model.model_fields}
+    def _example(self) -> dict[str, Any]:
+        """Every field with a plausible value from its schema (never "...": a model copies the example)."""
+        params = self.openai_schema()["function"].get("parameters", {})
+        return {name: example_value(name, prop) for name, prop in params.get("properties", {}).items()}
 
     def run(self, args: BaseModel) -> str:
         if self.func is None:
