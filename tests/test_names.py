@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import tools_sandbox.tasks
+import tools_sandbox.edges.tasks
 from tests.test_layering import ROOT, imported_modules, resolve
 from worker import names
 
 
 def test_tools_sandbox_uses_the_same_queue_and_task_names() -> None:
-    assert tools_sandbox.tasks.QUEUE == names.SANDBOX_QUEUE
-    assert tools_sandbox.tasks.TASK_NAME == names.SANDBOX_TASK
+    assert tools_sandbox.edges.tasks.QUEUE == names.SANDBOX_QUEUE
+    assert tools_sandbox.edges.tasks.TASK_NAME == names.SANDBOX_TASK
 
 
 def test_names_is_pure() -> None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT, STDERR_TAIL_LINES, render
+from tools_sandbox.base.render import PROTOCOL_VIOLATION_TEXT, STDERR_TAIL_LINES, render
 from worker.core.engine import UNAVAILABLE_OUTCOME
 from worker.runtime.sandbox_bridge import UNAVAILABLE, UNREADABLE, observation_from_sandbox
 

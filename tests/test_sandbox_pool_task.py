@@ -14,7 +14,7 @@ from celery import Celery
 
 from tests.fixtures_sandbox import labelled_containers
 from tools_sandbox import SandboxResult, SandboxService, load_tiers
-from tools_sandbox.pool import WarmPool
+from tools_sandbox.backends.pool import WarmPool
 
 
 @pytest.mark.docker
@@ -22,8 +22,8 @@ def test_orphans_of_a_dead_worker_are_reaped(sandbox_image, docker_engine, test_
     # A "worker" starts a sandbox and is SIGKILLed mid-execution: its container stays behind.
     script = textwrap.dedent(f"""
         import os, signal
-        from tools_sandbox.docker_backend import DockerBackend
-        from tools_sandbox.tiers import load_tiers
+        from tools_sandbox.backends.docker_backend import DockerBackend
+        from tools_sandbox.base.tiers import load_tiers
         b = DockerBackend({sandbox_image!r}); b.start()
         sb = b.create_sandbox(load_tiers({str(test_tiers_file)!r})["tiny"])
         sb.raw.sendall(b"")
@@ -35,7 +35,7 @@ def test_orphans_of_a_dead_worker_are_reaped(sandbox_image, docker_engine, test_
     assert orphan, proc.stderr
     assert orphan in [c["Id"] for c in labelled_containers(docker_engine)]
 
-    from tools_sandbox.docker_backend import DockerBackend
+    from tools_sandbox.backends.docker_backend import DockerBackend
 
     backend = DockerBackend(sandbox_image)
     backend.start()
@@ -77,7 +77,7 @@ def _celery_app(redis_url: str) -> Celery:
 
 
 def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monkeypatch) -> None:
-    from tools_sandbox import tasks
+    from tools_sandbox.edges import tasks
 
     monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
     monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "process")
@@ -125,7 +125,7 @@ def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monk
 def test_task_with_the_engine_gone_sends_the_call_again(redis_url: str, sandbox_settings, monkeypatch) -> None:
     """No Docker engine: the call is not answered but sent back to the queue for another sandbox worker, the
     service reports its backend down; past the window the result is `unavailable`, in fixed words."""
-    from tools_sandbox import health, tasks
+    from tools_sandbox.edges import health, tasks
 
     monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
     monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "docker")
@@ -155,7 +155,7 @@ def test_task_with_the_engine_gone_sends_the_call_again(redis_url: str, sandbox_
 
 
 def test_the_allowed_continuation_is_the_workers_step_task() -> None:
-    from tools_sandbox.tasks import ALLOWED_CONTINUATIONS
+    from tools_sandbox.edges.tasks import ALLOWED_CONTINUATIONS
     from worker.names import STEP_TASK
 
     assert frozenset({STEP_TASK}) == ALLOWED_CONTINUATIONS

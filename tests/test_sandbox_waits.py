@@ -20,8 +20,8 @@ from tests.fixtures_sandbox import TEST_TIERS, tier_toml
 from tests.harness import Harness, call, final
 from tests.waiting import wait_for
 from tools_sandbox import SandboxResult, load_tiers, render_result
-from tools_sandbox import keys as sandbox_keys
-from tools_sandbox.quotas import QuotaGate, Rejection, Slot, Wait
+from tools_sandbox.base import keys as sandbox_keys
+from tools_sandbox.base.quotas import QuotaGate, Rejection, Slot, Wait
 from worker import metrics
 from worker.core.outcome import Outcome
 from worker.runtime.reaper import ReaperAction, reap_once
@@ -128,8 +128,8 @@ def test_a_waiter_that_stopped_polling_leaves_the_line(redis_url: str, wait_tier
 # --- the task, run in this process on a real Redis ------------------------------------------------------------
 
 def use_eager_task(redis_url: str, wait_tiers: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """tools_sandbox.tasks, its service started afresh on this Redis and the wait tiers (process backend)."""
-    from tools_sandbox import tasks
+    """tools_sandbox.edges.tasks, its service started afresh on this Redis and the wait tiers (process backend)."""
+    from tools_sandbox.edges import tasks
 
     monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
     monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "process")
@@ -144,7 +144,7 @@ def use_eager_task(redis_url: str, wait_tiers: Path, monkeypatch: pytest.MonkeyP
 @pytest.fixture
 def celery_producer(redis_url: str) -> Iterator[Celery]:
     """The current app while a task runs eagerly: where a waiting call re-queues itself."""
-    from tools_sandbox import tasks
+    from tools_sandbox.edges import tasks
 
     app = Celery("sandbox-waits-test", broker=redis_url)
     app.set_current()

@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from tests.harness import Harness, call, calls, final
-from tools_sandbox.models import SandboxResult
-from tools_sandbox.tasks import ExecuteRequest
+from tools_sandbox.base.models import SandboxResult
+from tools_sandbox.edges.tasks import ExecuteRequest
 from worker.core.models import LLMReply, RunStatus, Usage
 from worker.core.outcome import Outcome
 from worker.core.prompts import REFLECTION

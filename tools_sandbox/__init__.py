@@ -14,16 +14,24 @@ Public API (checked by a test against `__all__`):
                   └─ ImageBuildError
 
 Never imports `worker`: a sandbox worker host runs this package alone.
+
+Layers, bottom first (tests/test_layering.py checks imports go down only):
+
+    inside/    what runs inside the sandbox: the supervisor (_agent.py), standard library only
+    base/      models, errors, settings, tiers, the wire protocol, keys, quotas (Redis), metrics,
+               the renderer, the seam a backend implements
+    backends/  Docker, the warm pool, the process backend, cgroup reading, the image build
+    edges/     the service (constructs the backends), backend health, the Celery task, the CLI
 """
 
-from .config import SandboxSettings
-from .errors import ImageBuildError, SandboxError, SandboxUnavailable, TierConfigError, UnknownTierError
-from .health import backend_up
-from .models import ErrorKind, SandboxResult, TenantQuota, Tier
-from .render import Rendered
-from .render import render as render_result
-from .service import SandboxService, run_code
-from .tiers import load_tiers
+from .base.config import SandboxSettings
+from .base.errors import ImageBuildError, SandboxError, SandboxUnavailable, TierConfigError, UnknownTierError
+from .base.models import ErrorKind, SandboxResult, TenantQuota, Tier
+from .base.render import Rendered
+from .base.render import render as render_result
+from .base.tiers import load_tiers
+from .edges.health import backend_up
+from .edges.service import SandboxService, run_code
 
 __all__ = [
     "ErrorKind",

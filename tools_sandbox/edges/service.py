@@ -10,7 +10,7 @@ back to the weaker process backend, and then every result names it (`backend="pr
 The tenant's CPU quota and `reactq_sandbox_cpu_seconds_total` are charged with the CPU time
 the host measured; where it measured nothing, with wall time x the tier's CPUs.
 
-Quotas (tools_sandbox/quotas.py): a call over its tenant's concurrency or per-minute quota waits
+Quotas (tools_sandbox/base/quotas.py): a call over its tenant's concurrency or per-minute quota waits
 in line, first come first served; only the CPU-day quota refuses. `execute` waits in its own
 thread (the CLI, scripts); the Celery task asks `admit` once per delivery and re-queues itself
 while the answer is a `Wait`, then runs the call with `run_admitted` (or stores `gave_up`'s
@@ -26,18 +26,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..backends.docker_backend import DockerBackend
+from ..backends.pool import Limits, PooledDocker, WarmPool
+from ..backends.process_backend import ProcessBackend
+from ..base.backend import SandboxBackend
+from ..base.config import SandboxSettings
+from ..base.errors import SandboxUnavailable, TierUnavailable
+from ..base.metrics import CPU_SECONDS, DURATION, EXECUTIONS, QUOTA_REJECTIONS, REAPED, init_labels, tenant_label
+from ..base.models import ErrorKind, ReapReason, SandboxResult, Tier
+from ..base.quotas import IN_PROGRESS, QuotaGate, Rejection, Slot, Wait
+from ..base.sweeper import Sweeper, SweepPolicy
+from ..base.tiers import get_tier, load_tiers
 from . import health
-from .backend import PooledDocker, SandboxBackend
-from .config import SandboxSettings
-from .docker_backend import DockerBackend
-from .errors import SandboxUnavailable, TierUnavailable
-from .metrics import CPU_SECONDS, DURATION, EXECUTIONS, QUOTA_REJECTIONS, REAPED, init_labels, tenant_label
-from .models import ErrorKind, SandboxResult, Tier
-from .pool import Limits, WarmPool
-from .process_backend import ProcessBackend
-from .quotas import IN_PROGRESS, QuotaGate, Rejection, Slot, Wait
-from .sweeper import ReapReason, Sweeper, SweepPolicy
-from .tiers import get_tier, load_tiers
 
 log = logging.getLogger(__name__)
 

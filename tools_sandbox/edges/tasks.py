@@ -9,7 +9,7 @@ worker_process_init when this worker consumes `reactq.sandbox` (never in the for
 parent, never in step workers), else lazily on first use; closed at shutdown.
 
 No call is ever dropped. A call over its tenant's concurrency or per-minute quota waits in
-its (tier, tenant)'s line (tools_sandbox/quotas.py; its ticket is its result key, its place
+its (tier, tenant)'s line (tools_sandbox/base/quotas.py; its ticket is its result key, its place
 its `queued_at`): each delivery asks for a slot once, and while the answer is "wait" the task
 re-sends itself with a countdown of a few seconds (never Celery's retry counter, never a long
 block: a waiting call holds no worker process, so other tenants' calls go on) and refreshes the
@@ -21,7 +21,7 @@ A call no backend can run (this worker's backend is down, or failed during the c
 ours broke) is not answered: it goes back to the queue with a growing countdown (1 s doubling to 30 s,
 never Celery's retry counter), so another sandbox worker may take it, its pending marker kept alive
 meanwhile. A worker whose backend is down stops consuming `reactq.sandbox` until a probe finds it
-back (tools_sandbox/health.py). Only once REACTQ_SANDBOX_UNAVAILABLE_S have passed since the call
+back (tools_sandbox/edges/health.py). Only once REACTQ_SANDBOX_UNAVAILABLE_S have passed since the call
 first found no backend is its result `unavailable`, with a fixed text (the cause is in the log, never
 in the result), and its run ends failed (`sandbox_unavailable`). Every other way out ends with a
 stored result and the continuation too; a Redis that stays unreachable past the retries leaves
@@ -45,12 +45,12 @@ from celery import current_app, shared_task
 from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown, worker_ready
 from pydantic import BaseModel, Field, ValidationError
 
+from ..base.config import SandboxSettings
+from ..base.errors import UnknownTierError
+from ..base.metrics import CALLS_WAITING
+from ..base.models import ErrorKind, SandboxResult
+from ..base.quotas import IN_PROGRESS, Wait
 from . import health
-from .config import SandboxSettings
-from .errors import UnknownTierError
-from .metrics import CALLS_WAITING
-from .models import ErrorKind, SandboxResult
-from .quotas import IN_PROGRESS, Wait
 from .service import SandboxService
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .models import ErrorKind, SandboxResult, Tier
-from .protocol import FrameParser, decode, interpret_exit
-from .render import PROTOCOL_VIOLATION
+from ..base.models import ErrorKind, SandboxResult, Tier
+from ..base.protocol import FrameParser, decode, interpret_exit
+from ..base.render import PROTOCOL_VIOLATION
 
 log = logging.getLogger(__name__)
 

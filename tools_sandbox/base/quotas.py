@@ -22,7 +22,7 @@ A waiting Celery call is *parked*: its request is left in a hash beside the line
 message of it waits in the broker. `wake` hands back the requests of as many calls at the head of the
 line as there is capacity free (minus those woken but not yet arrived), and of every parked call whose
 deadline passed; the sandbox task calls it after each execution it finishes, and each sandbox worker
-process every second (tools_sandbox/tasks.py), so a freed slot is taken within milliseconds, in order.
+process every second (tools_sandbox/edges/tasks.py), so a freed slot is taken within milliseconds, in order.
 Parked and just-woken tickets never count as gone quiet.
 """
 

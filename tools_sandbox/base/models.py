@@ -30,6 +30,15 @@ class ErrorKind(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
+class ReapReason(StrEnum):
+    """Why the sweeper removed a container (the `reason` label of reactq_sandbox_reaped_total)."""
+
+    ORPHAN = "orphan"
+    OVERRAN = "overran"
+    EXPIRED = "expired"
+    LEFTOVER = "leftover"
+
+
 class SandboxResult(BaseModel):
     """What one execution produced; a failure of the code is data here, never an exception.
 
