@@ -22,16 +22,49 @@ Layers, bottom first (tests/test_layering.py checks imports go down only):
                the renderer, the seam a backend implements
     backends/  Docker, the warm pool, the process backend, cgroup reading, the image build
     edges/     the service (constructs the backends), backend health, the Celery task, the CLI
+
+Importing a name loads its module then (PEP 562), so `import tools_sandbox.base.names` (worker/names.py)
+loads nothing else.
 """
 
-from .base.config import SandboxSettings
-from .base.errors import ImageBuildError, SandboxError, SandboxUnavailable, TierConfigError, UnknownTierError
-from .base.models import ErrorKind, SandboxResult, TenantQuota, Tier
-from .base.render import Rendered
-from .base.render import render as render_result
-from .base.tiers import load_tiers
-from .edges.health import backend_up
-from .edges.service import SandboxService, run_code
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .base.config import SandboxSettings
+    from .base.errors import ImageBuildError, SandboxError, SandboxUnavailable, TierConfigError, UnknownTierError
+    from .base.models import ErrorKind, SandboxResult, TenantQuota, Tier
+    from .base.render import Rendered
+    from .base.render import render as render_result
+    from .base.tiers import load_tiers
+    from .edges.health import backend_up
+    from .edges.service import SandboxService, run_code
+
+# Each public name: the module it lives in, and its name there.
+_PUBLIC = {
+    "SandboxSettings": (".base.config", "SandboxSettings"),
+    **{name: (".base.errors", name) for name in
+       ("ImageBuildError", "SandboxError", "SandboxUnavailable", "TierConfigError", "UnknownTierError")},
+    **{name: (".base.models", name) for name in ("ErrorKind", "SandboxResult", "TenantQuota", "Tier")},
+    "Rendered": (".base.render", "Rendered"),
+    "render_result": (".base.render", "render"),
+    "load_tiers": (".base.tiers", "load_tiers"),
+    "backend_up": (".edges.health", "backend_up"),
+    "SandboxService": (".edges.service", "SandboxService"),
+    "run_code": (".edges.service", "run_code"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'tools_sandbox' has no attribute {name!r}")
+    module, attr = _PUBLIC[name]
+    value = getattr(importlib.import_module(module, __name__), attr)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ErrorKind",

@@ -49,23 +49,22 @@ from ..base.config import SandboxSettings
 from ..base.errors import UnknownTierError
 from ..base.metrics import CALLS_WAITING
 from ..base.models import ErrorKind, SandboxResult
+from ..base.names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK
 from ..base.quotas import IN_PROGRESS, Wait
 from . import health
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
 
-QUEUE = "reactq.sandbox"
-TASK_NAME = "reactq.sandbox.execute"
+QUEUE = SANDBOX_QUEUE
+TASK_NAME = SANDBOX_TASK
 RESULT_TTL_S = 7 * 24 * 3600
 # A Redis that does not answer: the delivery is retried (Celery's retry, this many times, 2 s apart).
 REDIS_RETRIES = 30
 REDIS_RETRY_S = 2
 # A waiting call looks again after at most this long (and the line drops a ticket quiet for 30 s).
 MAX_POLL_S = 5.0
-# The only task a sandbox call may continue to: the worker's step task (tools_sandbox never imports
-# worker; tests/test_sandbox_pool_task.py checks this name against worker's own constant).
-STEP_TASK = "reactq.step"
+# The only task a sandbox call may continue to: the worker's step task.
 ALLOWED_CONTINUATIONS = frozenset({STEP_TASK})
 
 _lock = threading.Lock()
