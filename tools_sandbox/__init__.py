@@ -5,6 +5,7 @@ Public API (checked by a test against `__all__`):
     run_code(code, *, tier, tenant, backend, redis_url) -> SandboxResult
     SandboxService        a worker's long-lived service (warm pool, quotas, metrics)
     SandboxResult, Tier   data (ErrorKind: the closed set of a result's `error_kind`)
+    ExecuteRequest        what a step sends the sandbox task (its answer: a SandboxResult)
     render_result(result) -> Rendered   the one text a model sees for a result
     load_tiers(path=None) the tiers file (deploy/sandbox/tiers.toml by default)
     SandboxSettings       REACTQ_* environment settings
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from .base.models import ErrorKind, SandboxResult, TenantQuota, Tier
     from .base.render import Rendered
     from .base.render import render as render_result
+    from .base.request import ExecuteRequest
     from .base.tiers import load_tiers
     from .edges.health import backend_up
     from .edges.service import SandboxService, run_code
@@ -49,6 +51,7 @@ _PUBLIC = {
        ("ImageBuildError", "SandboxError", "SandboxUnavailable", "TierConfigError", "UnknownTierError")},
     **{name: (".base.models", name) for name in ("ErrorKind", "SandboxResult", "TenantQuota", "Tier")},
     "Rendered": (".base.render", "Rendered"),
+    "ExecuteRequest": (".base.request", "ExecuteRequest"),
     "render_result": (".base.render", "render"),
     "load_tiers": (".base.tiers", "load_tiers"),
     "backend_up": (".edges.health", "backend_up"),
@@ -68,6 +71,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ErrorKind",
+    "ExecuteRequest",
     "Rendered",
     "render_result",
     "ImageBuildError",

@@ -43,7 +43,7 @@ import kombu.exceptions
 import redis
 from celery import current_app, shared_task
 from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown, worker_ready
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from ..base.config import SandboxSettings
 from ..base.errors import UnknownTierError
@@ -51,6 +51,7 @@ from ..base.metrics import CALLS_WAITING
 from ..base.models import ErrorKind, SandboxResult
 from ..base.names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK
 from ..base.quotas import IN_PROGRESS, Wait
+from ..base.request import ExecuteRequest
 from . import health
 from .service import SandboxService
 
@@ -79,31 +80,6 @@ RUNNING_MARK_GRACE_S = 15.0
 UNAVAILABLE_RETRY_FIRST_S = 1.0
 UNAVAILABLE_RETRY_MAX_S = 30.0
 RETRYING = "unavailable_retry"
-
-
-class ExecuteRequest(BaseModel):
-    """The task's single argument."""
-
-    code: str
-    tier: str = "standard"
-    tenant: str = "default"
-    result_key: str
-    continue_task: str | None = None
-    continue_args: list[Any] = Field(default_factory=list)
-    continue_queue: str | None = None
-    # The run's deadline (epoch seconds): a call still waiting in line then gets a quota_exceeded result.
-    # None (older senders): queued_at + REACTQ_SANDBOX_WAIT_MAX_S.
-    deadline_at: float | None = None
-    # When the call was sent (epoch seconds): its place in its tenant's line. None: when first seen here.
-    queued_at: float | None = None
-    # A key in the sandbox's namespace the task keeps alive while the call waits or runs (the reaper
-    # re-sends a lost call only once it has expired); None: no marker.
-    pending_key: str | None = None
-    # Times the call was re-queued to wait (for the log).
-    waits: int = 0
-    # When the call first found no backend to run it (epoch seconds), and how often it was sent again since.
-    unavailable_since: float | None = None
-    unavailable_tries: int = 0
 
 
 def get_service() -> SandboxService:

@@ -24,8 +24,6 @@ from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, St
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
 from ..errors import BudgetExceeded, LLMError
-from ..names import STEP_TASK, STEPS_QUEUE
-from ..store import keys
 from ..store.cas import Command, Snapshot
 from ..store.run_keys import working_keys
 from ..tenancy import ledger
@@ -35,7 +33,7 @@ from .approvals import Waiting
 from .context import Runtime
 from .finish_hooks import SendWebhook, after_finish
 from .prompt_inputs import turn_messages
-from .sandbox_bridge import observation_from_sandbox
+from .sandbox_bridge import observation_from_sandbox, sandbox_request
 from .tool_exec import Called, shared_executor
 
 log = logging.getLogger("reactq.step")
@@ -356,20 +354,9 @@ class StepRunner:
             deadline_at = run.deadline_at
             if deadline_at is None and run.deadline_s is not None:  # a first step: its clock starts now
                 deadline_at = now + run.deadline_s
-            self.dispatch.sandbox({
-                "code": planned.arguments.get("code", ""),
-                "tier": run.spec.tier,
-                "tenant": run.spec.tenant,
-                "result_key": keys.sandbox_result(run.id, index, planned.call.id),
-                "continue_task": STEP_TASK,
-                "continue_args": [run.id, index],
-                "continue_queue": STEPS_QUEUE,
-                # The call waits in its tenant's line (by queued_at) until a slot frees or the run's
-                # deadline passes, keeping pending_key alive meanwhile (tools_sandbox/edges/tasks.py).
-                "deadline_at": deadline_at,
-                "queued_at": now,
-                "pending_key": keys.sandbox_pending(run.id, index),
-            })
+            self.dispatch.sandbox(sandbox_request(
+                planned.arguments.get("code", ""), run_id=run.id, index=index, call_id=planned.call.id,
+                tier=run.spec.tier, tenant=run.spec.tenant, deadline_at=deadline_at, queued_at=now))
         return None
 
     # --- recording ----------------------------------------------------------------------------
