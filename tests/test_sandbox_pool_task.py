@@ -15,6 +15,7 @@ from celery import Celery
 from tests.fixtures_sandbox import labelled_containers
 from tools_sandbox import SandboxResult, SandboxService, load_tiers
 from tools_sandbox.backends.pool import WarmPool
+from tools_sandbox.base.render import UNAVAILABLE_TEXT
 
 
 @pytest.mark.docker
@@ -146,7 +147,7 @@ def test_task_with_the_engine_gone_sends_the_call_again(redis_url: str, sandbox_
         out = tasks.execute.apply(args=[dict(request, unavailable_since=time.time() - 301)]).get()
         assert out["outcome"] == "unavailable"
         stored = SandboxResult.model_validate_json(client.get("test:result:gone"))
-        assert stored.error == tasks.GAVE_UP_TEXT and stored.error_kind == "unavailable"
+        assert stored.error == UNAVAILABLE_TEXT and stored.error_kind == "unavailable"
         assert client.llen("reactq.test.continue") == 1
     finally:
         tasks.close_service()

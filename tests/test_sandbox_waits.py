@@ -22,6 +22,7 @@ from tests.waiting import wait_for
 from tools_sandbox import SandboxResult, load_tiers, render_result
 from tools_sandbox.base import keys as sandbox_keys
 from tools_sandbox.base.quotas import QuotaGate, Rejection, Slot, Wait
+from tools_sandbox.base.render import UNAVAILABLE_TEXT
 from worker import metrics
 from worker.core.outcome import Outcome
 from worker.runtime.reaper import ReaperAction, reap_once
@@ -264,7 +265,7 @@ def test_a_failure_of_ours_is_sent_again_until_the_window_passes(eager_task: Any
     past = dict(again, unavailable_since=time.time() - 301)  # the default window has passed since
     assert eager_task.execute.apply(args=[past]).get()["outcome"] == "unavailable"
     stored = SandboxResult.model_validate_json(client.get("test:waits:4"))
-    assert stored.error_kind == "unavailable" and stored.error == eager_task.GAVE_UP_TEXT
+    assert stored.error_kind == "unavailable" and stored.error == UNAVAILABLE_TEXT
     assert client.llen(CONTINUE) == 1
     client.close()
 

@@ -51,6 +51,7 @@ from ..base.metrics import CALLS_WAITING
 from ..base.models import ErrorKind, SandboxResult
 from ..base.names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK
 from ..base.quotas import IN_PROGRESS, Wait
+from ..base.render import UNAVAILABLE_TEXT
 from ..base.request import ExecuteRequest
 from . import health
 from .service import SandboxService
@@ -175,10 +176,6 @@ end
 """
 
 
-# The result of a call no backend could run within REACTQ_SANDBOX_UNAVAILABLE_S: no cause, no exception text.
-GAVE_UP_TEXT = "sandbox_unavailable: no sandbox backend could run the code; it did not run"
-
-
 def _blank(req: ExecuteRequest, error: str, kind: ErrorKind) -> SandboxResult:
     return SandboxResult(exit_code=None, stdout="", stderr="", tier=req.tier, error=error, error_kind=kind,
                          backend="none")
@@ -193,7 +190,7 @@ def _no_backend(task: Any, req: ExecuteRequest, store: redis.Redis, settings: Sa
     if now - since >= window:
         log.error("sandbox call %s: no sandbox backend could run it for %.0f s; its run ends failed",
                   req.result_key, now - since)
-        return _blank(req, GAVE_UP_TEXT, ErrorKind.UNAVAILABLE)
+        return _blank(req, UNAVAILABLE_TEXT, ErrorKind.UNAVAILABLE)
     countdown = min(UNAVAILABLE_RETRY_FIRST_S * 2 ** min(req.unavailable_tries, 10), UNAVAILABLE_RETRY_MAX_S)
     countdown = min(countdown * (1 + random.random() / 4), max(0.2, since + window - now))
     again = req.model_copy(update={"unavailable_since": since, "unavailable_tries": req.unavailable_tries + 1})

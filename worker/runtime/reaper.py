@@ -53,8 +53,9 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 
+from tools_sandbox.base.render import UNAVAILABLE_TEXT
+
 from .. import metrics
-from ..core.engine import SANDBOX_UNAVAILABLE
 from ..core.models import Run, RunStatus
 from ..names import SANDBOX_QUEUE, STEPS_QUEUE, queue_lists
 from ..store.ops import OpsStore
@@ -156,7 +157,7 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
             continue
         if action in (ReaperAction.SANDBOX_DEADLINE, ReaperAction.SANDBOX_UNAVAILABLE):
             status, reason = ((RunStatus.TIMEOUT, SANDBOX_DEADLINE_REASON) if action is ReaperAction.SANDBOX_DEADLINE
-                              else (RunStatus.FAILED, SANDBOX_UNAVAILABLE))
+                              else (RunStatus.FAILED, UNAVAILABLE_TEXT))
             log.warning("ending a run that waited for a sandbox result no sandbox worker gave",
                         extra={"run_id": run.id, "step": run.current_step, "action": action.value})
             if (ended := rt.store.finish(run.id, status, reason, only_step=run.current_step)) is not None:
