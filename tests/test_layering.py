@@ -250,9 +250,10 @@ SANDBOX_LAYERS = [
     "tools_sandbox.edges",  # the service (it constructs the backends), backend health, the Celery task, the CLI
     "tools_sandbox",  # the public API (__init__.py) and `python -m tools_sandbox.cli`, an alias of edges/cli.py
 ]
-# Each framework is imported by exactly one package of tools_sandbox/.
+# Each framework is imported by exactly one package of tools_sandbox/: Redis by the base (the quota gate and
+# the calls' records share a sandbox worker's one client), Celery by the edges.
 SANDBOX_FRAMEWORKS = {"celery": "tools_sandbox.edges", "kombu": "tools_sandbox.edges",
-                      "click": "tools_sandbox.edges", "docker": "tools_sandbox.backends"}
+                      "click": "tools_sandbox.edges", "docker": "tools_sandbox.backends", "redis": "tools_sandbox.base"}
 SANDBOX = ROOT / "tools_sandbox"
 SANDBOX_MODULES = sorted(_module_name(p) for p in SANDBOX.rglob("*.py"))
 

@@ -16,6 +16,7 @@ from tests.fixtures_sandbox import labelled_containers
 from tools_sandbox import SandboxResult, SandboxService, load_tiers
 from tools_sandbox.backends.pool import WarmPool
 from tools_sandbox.base.render import UNAVAILABLE_TEXT
+from tools_sandbox.edges import sandbox_worker
 
 
 @pytest.mark.docker
@@ -83,7 +84,7 @@ def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monk
     monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
     monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "process")
     monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(sandbox_settings.sandbox_tiers_file))
-    tasks.close_service()
+    sandbox_worker.stop()
     app = _celery_app(redis_url)
     request = {"code": "print(6*7)", "tier": "tiny", "tenant": "acme", "result_key": "test:result:1",
                "continue_task": "reactq.step", "continue_args": ["run-1", 3],
@@ -118,7 +119,7 @@ def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monk
         assert SandboxResult.model_validate_json(client.get("test:result:3")).stdout == "42\n"
         assert client.llen("reactq.test.continue") == before
     finally:
-        tasks.close_service()
+        sandbox_worker.stop()
         client.close()
         app.close()
 
@@ -132,7 +133,7 @@ def test_task_with_the_engine_gone_sends_the_call_again(redis_url: str, sandbox_
     monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "docker")
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(sandbox_settings.sandbox_tiers_file))
-    tasks.close_service()
+    sandbox_worker.stop()
     app = _celery_app(redis_url)
     client = redis.Redis.from_url(redis_url)
     request = {"code": "print(1)", "tier": "tiny", "tenant": "acme", "result_key": "test:result:gone",
@@ -140,7 +141,7 @@ def test_task_with_the_engine_gone_sends_the_call_again(redis_url: str, sandbox_
     try:
         out = tasks.execute.apply(args=[request]).get()
         assert out["outcome"] == "unavailable_retry"
-        assert not health.backend_up() and tasks.get_service().up is False
+        assert not health.backend_up() and sandbox_worker.current().service.up is False
         assert client.get("test:result:gone") is None and client.llen("reactq.test.continue") == 0
         [message] = [json.loads(raw) for raw in client.lrange("reactq.sandbox", 0, -1)]
         assert message["headers"]["task"] == "reactq.sandbox.execute"
@@ -150,13 +151,13 @@ def test_task_with_the_engine_gone_sends_the_call_again(redis_url: str, sandbox_
         assert stored.error == UNAVAILABLE_TEXT and stored.error_kind == "unavailable"
         assert client.llen("reactq.test.continue") == 1
     finally:
-        tasks.close_service()
+        sandbox_worker.stop()
         client.close()
         app.close()
 
 
 def test_the_allowed_continuation_is_the_workers_step_task() -> None:
-    from tools_sandbox.edges.tasks import ALLOWED_CONTINUATIONS
+    from tools_sandbox.edges.sandbox_worker import ALLOWED_CONTINUATIONS
     from worker.names import STEP_TASK
 
     assert frozenset({STEP_TASK}) == ALLOWED_CONTINUATIONS

@@ -91,10 +91,12 @@ class SandboxService:
     """Executes code for tenants under their tier's limits and quotas."""
 
     def __init__(self, settings: SandboxSettings | None = None, *, backend: str | None = None,
-                 redis_url: str | None = None, pool: bool = True) -> None:
+                 redis_url: str | None = None, pool: bool = True, quotas: QuotaGate | None = None) -> None:
+        """Quotas are checked on `redis_url`'s Redis, or by the gate given (a sandbox worker's, on its client)."""
         self.settings = settings or SandboxSettings()
         self.backend_choice = backend or self.settings.sandbox_backend
         self.redis_url = redis_url
+        self._gate = quotas
         self.use_pool = pool
         self.tiers: dict[str, Tier] = {}
         self.backend: SandboxBackend | None = None
@@ -117,8 +119,9 @@ class SandboxService:
         self._closed.clear()
         self.tiers = load_tiers(self.settings.sandbox_tiers_file)
         init_labels(self.tiers, self.settings.tenants)
-        if self.redis_url:
-            self.quotas = QuotaGate(self.redis_url, waiter_stale_s=self.settings.sandbox_waiter_stale_s)
+        if self._gate is not None or self.redis_url:
+            self.quotas = self._gate or QuotaGate(self.redis_url or "",
+                                                  waiter_stale_s=self.settings.sandbox_waiter_stale_s)
             self.quotas.start()
         if not self._start_backend():
             self._probe_later()

@@ -5,7 +5,7 @@ Each run makes progress from what is stored: the LLM reply of step n, each tool 
 sandbox dispatch. The step is recorded exactly once, by a transaction fenced on the step number.
 A sandboxed call is sent with the run's deadline, when it was sent (its place in its tenant's line for
 a sandbox slot) and the step's pending marker, which its sandbox task keeps alive while it waits or runs
-(tools_sandbox/edges/tasks.py; the reaper reads the marker).
+(tools_sandbox/edges/sandbox_worker.py; the reaper reads the marker).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def sandbox_request(code: str, *, run_id: str, index: int, call_id: str, tier: s
     """The sandbox task's argument for one call of step `index`: it stores its result where this step reads
     it, then continues the run with the step task. The call waits in its tenant's line (by `queued_at`) until
     a slot frees or the run's deadline passes, keeping the step's pending marker alive meanwhile (the reaper
-    reads the marker; tools_sandbox/edges/tasks.py)."""
+    reads the marker; tools_sandbox/edges/sandbox_worker.py)."""
     return ExecuteRequest(
         code=code, tier=tier, tenant=tenant, result_key=keys.sandbox_result(run_id, index, call_id),
         continue_task=STEP_TASK, continue_args=[run_id, index], continue_queue=STEPS_QUEUE,

@@ -112,9 +112,10 @@ def _start_background(sender: Any = None, **_: Any) -> None:
     queues = os.environ.get("REACTQ_WORKER_QUEUES", STEPS_QUEUE).split(",")
     start_reaper(get_runtime(), CELERY_DISPATCH, queues)
     if SANDBOX_QUEUE in queues:  # warm the sandbox pool now rather than on the first python call
-        from tools_sandbox.edges.tasks import get_service
+        from tools_sandbox.edges import sandbox_worker
 
-        threading.Thread(target=get_service, name="reactq-sandbox-warmup", daemon=True).start()
+        threading.Thread(target=sandbox_worker.current().ensure_started, name="reactq-sandbox-warmup",
+                         daemon=True).start()
 
 
 @signals.worker_shutting_down.connect
