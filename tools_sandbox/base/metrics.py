@@ -1,4 +1,4 @@
-"""Prometheus metrics of the sandbox (names and labels fixed by DESIGN.md)."""
+"""Prometheus metrics of the sandbox (names and labels fixed by docs/DESIGN.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Data shapes: the result of one execution, its error kind, a tier, and a tenant's quotas.
 
-SandboxResult is the contract's result object (DESIGN.md) plus `backend`, so every
+SandboxResult is the contract's result object (docs/DESIGN.md) plus `backend`, so every
 observation says which isolation produced it: "docker", or the weaker "process"
 (bubblewrap) or "process-unshare" (util-linux unshare, for hosts without bwrap).
 Every figure in it was measured by the host (the sandboxed program can forge
