@@ -65,7 +65,6 @@ class Site:
                "REACTQ_TENANTS": '["a", "b"]', "REACTQ_STALE_AFTER_S": "600", "REACTQ_WEBHOOK_ALLOW_PRIVATE": "1",
                "REACTQ_WEBHOOK_RETRY_BASE_S": "1", "REACTQ_WEBHOOK_RETRY_MAX_S": "2"}
         if shared:  # the layout before issue 22: one pool for steps and webhooks
-            env["REACTQ_WORKER_QUEUES"] = "reactq.steps,reactq.webhooks"
             argv = [sys.executable, "-m", "celery", "-A", "worker.tasks.app", "worker", "-Q",
                     "reactq.steps,reactq.webhooks", "-P", "threads", "-c", str(args.concurrency),
                     "--without-gossip", "--without-mingle", "--loglevel", args.loglevel]
