@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from celery import current_app, shared_task
-from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
 from pydantic import ValidationError
 
 from ..base.names import SANDBOX_QUEUE, SANDBOX_TASK
@@ -25,9 +25,6 @@ log = logging.getLogger(__name__)
 # A Redis that does not answer: the delivery is retried (Celery's retry, this many times, 2 s apart).
 REDIS_RETRIES = 30
 REDIS_RETRY_S = 2
-
-# Whether this worker consumes `reactq.sandbox` (noted at celeryd_after_setup).
-_serves_sandbox = False
 
 
 @shared_task(name=SANDBOX_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=REDIS_RETRIES)
@@ -51,13 +48,12 @@ def execute(self: Any, request: dict[str, Any]) -> dict[str, Any]:
     return {"result_key": req.result_key, "outcome": attempt.outcome}
 
 
-@celeryd_after_setup.connect
-def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    global _serves_sandbox
+def _serves_sandbox(app: Any) -> bool:
+    """Whether this worker consumes `reactq.sandbox` (named with -Q, or among the app's queues without -Q)."""
     try:
-        _serves_sandbox = SANDBOX_QUEUE in instance.app.amqp.queues.consume_from
+        return SANDBOX_QUEUE in app.amqp.queues.consume_from
     except AttributeError:
-        _serves_sandbox = False
+        return False
 
 
 @worker_ready.connect
@@ -66,13 +62,15 @@ def _start_in_worker(sender: Any = None, **_: Any) -> None:
     start the sandbox worker in: start it here once the worker is ready, and take sandbox tasks only while
     its backend can run them."""
     pool = str(getattr(getattr(sender, "controller", None), "pool_cls", "") or getattr(sender, "pool_cls", ""))
-    if "prefork" not in pool:
-        follow = _serves_sandbox and hasattr(sender, "call_soon")
-        if follow:
-            health.on_change(lambda up: _consume(sender))
-        _start_in_child()
-        if follow:
-            _consume(sender)
+    app = getattr(sender, "app", None)
+    if "prefork" in pool or app is None or not _serves_sandbox(app):
+        return
+    follow = hasattr(sender, "call_soon")
+    if follow:
+        health.on_change(lambda up: _consume(sender))
+    _start(app)
+    if follow:
+        _consume(sender)
 
 
 def _consume(consumer: Any) -> None:
@@ -91,13 +89,18 @@ def _consume(consumer: Any) -> None:
 
 @worker_process_init.connect
 def _start_in_child(**_: Any) -> None:
-    if _serves_sandbox:
-        worker = sandbox_worker.current()
-        try:
-            worker.ensure_started()
-        except Exception:  # noqa: BLE001 - a worker must come up; executions will report the cause
-            log.exception("sandbox service failed to start")
-        worker.ensure_pump(current_app)  # calls parked before this worker started wait for a pump too
+    """A pool child of a worker that takes sandbox tasks (never the forking parent)."""
+    if _serves_sandbox(current_app):
+        _start(current_app)
+
+
+def _start(app: Any) -> None:
+    worker = sandbox_worker.current()
+    try:
+        worker.ensure_started()
+    except Exception:  # noqa: BLE001 - a worker must come up; executions will report the cause
+        log.exception("sandbox service failed to start")
+    worker.ensure_pump(app)  # calls parked before this worker started wait for a pump too
 
 
 @worker_process_shutdown.connect
