@@ -81,7 +81,7 @@ class AgentResult:
 
 def tiers_file(runtime: str, workdir: Path) -> Path:
     """tools_sandbox/tiers.toml with `runtime = "<runtime>"` under every [tiers.X] table (runc: unchanged)."""
-    from tools_sandbox.tiers import requiring_runtime
+    from tools_sandbox.base.tiers import requiring_runtime
 
     path = workdir / f"tiers-{runtime}.toml"
     path.write_text(requiring_runtime((ROOT / "tools_sandbox" / "tiers.toml").read_text(), runtime))

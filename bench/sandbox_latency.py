@@ -34,8 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools_sandbox import SandboxService, SandboxSettings  # noqa: E402
-from tools_sandbox.config import DEFAULT_TIERS_FILE  # noqa: E402
-from tools_sandbox.tiers import requiring_runtime  # noqa: E402
+from tools_sandbox.base.config import DEFAULT_TIERS_FILE  # noqa: E402
+from tools_sandbox.base.tiers import requiring_runtime  # noqa: E402
 
 SNIPPET = "print(6*7)"
 def pct(samples: list[float], p: float) -> float:

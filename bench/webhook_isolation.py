@@ -64,8 +64,7 @@ class Site:
         env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1",
                "REACTQ_TENANTS": '["a", "b"]', "REACTQ_STALE_AFTER_S": "600", "REACTQ_WEBHOOK_ALLOW_PRIVATE": "1",
                "REACTQ_WEBHOOK_RETRY_BASE_S": "1", "REACTQ_WEBHOOK_RETRY_MAX_S": "2"}
-        if shared:  # no webhook worker: one pool for steps and webhooks
-            env["REACTQ_WORKER_QUEUES"] = "reactq.steps,reactq.webhooks"
+        if shared:  # one pool for steps and webhooks, as before webhooks had their own worker
             argv = [sys.executable, "-m", "celery", "-A", "worker.tasks.app", "worker", "-Q",
                     "reactq.steps,reactq.webhooks", "-P", "threads", "-c", str(args.concurrency),
                     "--without-gossip", "--without-mingle", "--loglevel", args.loglevel]

@@ -1,7 +1,7 @@
 """Build the compose stack's images with no registry: the reactq image, Redis, Prometheus, Alertmanager and
 the Redis exporter.
 
-Machines here cannot pull images, so (like the sandbox image, tools_sandbox/image.py) everything starts
+Machines here cannot pull images, so (like the sandbox image, tools_sandbox/backends/image.py) everything starts
 from a Debian bookworm root filesystem made by debootstrap and `docker import`ed as the base. The other
 images are built FROM that local base with deploy/stack/*.Dockerfile:
 - `reactq-redis`, `reactq-prometheus`, `reactq-alertmanager` and `reactq-redis-exporter` install Debian's
@@ -36,8 +36,8 @@ import docker.errors
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools_sandbox.errors import ImageBuildError  # noqa: E402
-from tools_sandbox.image import SUITE, _run, _slim, apt_mirror, image_present  # noqa: E402
+from tools_sandbox.backends.image import SUITE, _run, _slim, apt_mirror, image_present  # noqa: E402
+from tools_sandbox.base.errors import ImageBuildError  # noqa: E402
 
 STACK_DIR = ROOT / "deploy" / "stack"
 BASE_PACKAGES = ["python3", "python3-venv", "tini", "ca-certificates", "passwd"]

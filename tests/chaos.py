@@ -434,8 +434,8 @@ def built_sandbox_image() -> str:
     fixture does, for bench/chaos_soak.py)."""
     import docker
 
-    from tools_sandbox.config import SandboxSettings
-    from tools_sandbox.image import build_image
+    from tools_sandbox.backends.image import build_image
+    from tools_sandbox.base.config import SandboxSettings
 
     tag = SandboxSettings().sandbox_image
     client = docker.from_env(timeout=120)

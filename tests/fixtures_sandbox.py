@@ -63,7 +63,7 @@ def tier_toml(name: str, quota: tuple[int, int, float], **fields: object) -> str
 
 def tiers_on(runtime: str, text: str = TEST_TIERS) -> str:
     """The tiers file `text` with every tier requiring `runtime` (runc is the engine's default)."""
-    from tools_sandbox.tiers import requiring_runtime
+    from tools_sandbox.base.tiers import requiring_runtime
 
     return requiring_runtime(text, runtime)
 
@@ -104,8 +104,8 @@ def docker_engine() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def sandbox_image(docker_engine: object) -> str:
     """The sandbox image, built offline once (reused when present)."""
-    from tools_sandbox.config import SandboxSettings
-    from tools_sandbox.image import build_image
+    from tools_sandbox.backends.image import build_image
+    from tools_sandbox.base.config import SandboxSettings
 
     tag = SandboxSettings().sandbox_image
     build_image(docker_engine, tag, log=lambda _msg: None)  # type: ignore[arg-type]
@@ -122,7 +122,7 @@ def test_tiers_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def sandbox_settings(test_tiers_file: Path) -> object:
-    from tools_sandbox.config import SandboxSettings
+    from tools_sandbox.base.config import SandboxSettings
 
     return SandboxSettings(sandbox_tiers_file=test_tiers_file)
 
@@ -130,7 +130,7 @@ def sandbox_settings(test_tiers_file: Path) -> object:
 @pytest.fixture
 def docker_backend(sandbox_image: str) -> Iterator[object]:
     """A started DockerBackend (no pool); closing waits for its removals."""
-    from tools_sandbox.docker_backend import DockerBackend
+    from tools_sandbox.backends.docker_backend import DockerBackend
 
     backend = DockerBackend(sandbox_image)
     backend.start()
@@ -141,8 +141,8 @@ def docker_backend(sandbox_image: str) -> Iterator[object]:
 def labelled_containers(client: object, *, mine: bool = False) -> list[dict]:
     """Every container carrying the sandbox label on the test engine, or (`mine`) only those this test
     process started: other engineers' tests share the engine, and their containers are none of ours."""
-    from tools_sandbox.docker_backend import LABEL_OWNER
-    from tools_sandbox.owners import owner_id
+    from tools_sandbox.backends.docker_backend import LABEL_OWNER
+    from tools_sandbox.backends.owners import owner_id
 
     label = f"{LABEL_OWNER}={owner_id()}" if mine else "reactq.sandbox=1"
     return client.api.containers(all=True, filters={"label": label})  # type: ignore[attr-defined]
@@ -152,7 +152,7 @@ def worker_containers(client: object, pid: int, *, running: bool = False) -> lis
     """The sandbox containers that the worker process `pid` started (owner label host/pid/start-time), or
     (`running`) only those still running. The low-level listing: the SDK's containers.list() inspects each
     container, and on the shared engine one can vanish in between (a 404)."""
-    from tools_sandbox.docker_backend import LABEL, LABEL_OWNER
+    from tools_sandbox.backends.docker_backend import LABEL, LABEL_OWNER
 
     filters = {"label": f"{LABEL}=1", **({"status": "running"} if running else {})}
     listed = client.api.containers(all=True, filters=filters)  # type: ignore[attr-defined]

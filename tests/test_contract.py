@@ -150,20 +150,20 @@ def variables(settings: type[BaseSettings]) -> set[str]:
 
 
 def test_settings() -> None:
-    from tools_sandbox.config import SandboxSettings
+    from tools_sandbox.base.config import SandboxSettings
     from worker.config import Settings
 
     heading = "Settings"
     rows = keyed(table(heading), "variable", heading)
     declared = {"worker": variables(Settings), "sandbox": variables(SandboxSettings)}
     both_ways(heading, set(rows), declared["worker"] | declared["sandbox"],
-              "worker/config.py Settings or tools_sandbox/config.py SandboxSettings")
+              "worker/config.py Settings or tools_sandbox/base/config.py SandboxSettings")
     for variable, row in rows.items():
         documented = {part.strip() for part in row["declared in"].split(",")}
         in_code = {where for where, names in declared.items() if variable in names}
         assert documented == in_code, (
             f"docs/DESIGN.md `#### {heading}`: {variable} is declared in {sorted(in_code)} "
-            f"(worker: worker/config.py, sandbox: tools_sandbox/config.py), the row says {sorted(documented)}")
+            f"(worker: worker/config.py, sandbox: tools_sandbox/base/config.py), the row says {sorted(documented)}")
 
 
 # -- HTTP routes --------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 - Its data source is the variable `${datasource}` (import asks for input DS_PROMETHEUS, the provisioned
   compose/k8s Grafana falls back to its one Prometheus), and every query is scoped by `$namespace` and `$job`.
 - Bar gauges and stats ask for the current value (instant queries).
-- Every metric family the code registers (worker.metrics, tools_sandbox.metrics, the stub's registry) is in a
+- Every metric family the code registers (worker.metrics, tools_sandbox.base.metrics, the stub's registry) is in a
   panel or an alert, directly or through a recording rule that one of them uses.
 - Every panel expression and variable selector is valid PromQL for the real `promtool check rules`.
 - grafana-foundation-sdk (Grafana's own typed models) decodes the dashboard without dropping anything but
@@ -67,7 +67,7 @@ def rules() -> list[dict[str, Any]]:
 
 def registered_families() -> list[Metric]:
     """Every reactq metric family the code registers: the default registry and the stub's own."""
-    import tools_sandbox.metrics  # noqa: F401 - registers the sandbox metrics
+    import tools_sandbox.base.metrics  # noqa: F401 - registers the sandbox metrics
     import worker.metrics  # noqa: F401
     from api_stub.server import _Metrics
 

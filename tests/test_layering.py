@@ -1,7 +1,8 @@
 """Which way imports go (docs/DESIGN.md, docs/decisions/layout.md): worker/ is a stack of packages, each importing
 only the packages below it; the pure engine (`worker/core/`) imports only itself, `worker.errors`, the
 standard library and pydantic; celery, fastapi, click and rich each live in one package; tools_sandbox
-never imports worker and api_stub imports neither. A module is classified by the folder it is in."""
+is a stack of its own (SANDBOX_LAYERS) by the same rules; tools_sandbox never imports worker and api_stub
+imports neither. A module is classified by the folder it is in."""
 
 from __future__ import annotations
 
@@ -238,3 +239,80 @@ def test_no_import_cycles() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# tools_sandbox/ is a stack by the same rules (its layers are described in tools_sandbox/__init__.py), bottom
+# first: a package may import only the rows above its own.
+SANDBOX_LAYERS = [
+    "tools_sandbox.inside",  # what runs inside the sandbox: the supervisor (_agent.py), standard library only
+    "tools_sandbox.base",  # models, errors, settings, tiers, the wire protocol, keys, quotas, metrics, the seam
+    "tools_sandbox.backends",  # Docker, the warm pool, the process backend, cgroup reading, the image build
+    "tools_sandbox.edges",  # the service (it constructs the backends), backend health, the Celery task, the CLI
+    "tools_sandbox",  # the public API (__init__.py) and `python -m tools_sandbox.cli`, an alias of edges/cli.py
+]
+# Each framework is imported by exactly one package of tools_sandbox/: Redis by the base (the quota gate and
+# the calls' records share a sandbox worker's one client), Celery by the edges.
+SANDBOX_FRAMEWORKS = {"celery": "tools_sandbox.edges", "kombu": "tools_sandbox.edges",
+                      "click": "tools_sandbox.edges", "docker": "tools_sandbox.backends", "redis": "tools_sandbox.base"}
+SANDBOX = ROOT / "tools_sandbox"
+SANDBOX_MODULES = sorted(_module_name(p) for p in SANDBOX.rglob("*.py"))
+
+
+def sandbox_package_of(module: str) -> str:
+    """The SANDBOX_LAYERS row of a tools_sandbox module (or of a name inside one), by its folder."""
+    parts = module.split(".")
+    if len(parts) >= 2 and (SANDBOX / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return "tools_sandbox"  # the package's __init__ or a module at its root
+
+
+def sandbox_rank(package: str) -> int:
+    return SANDBOX_LAYERS.index(package)
+
+
+def test_every_sandbox_package_is_in_the_table() -> None:
+    folders = {f"tools_sandbox.{p.name}" for p in SANDBOX.iterdir() if (p / "__init__.py").exists()}
+    assert folders | {"tools_sandbox"} == set(SANDBOX_LAYERS)
+
+
+@pytest.mark.parametrize("module", SANDBOX_MODULES)
+def test_each_sandbox_package_imports_only_the_packages_below_it(module: str) -> None:
+    here = sandbox_package_of(module)
+    path = module_path(module)
+    for name in imported_modules(path):
+        target = resolve(path, name)
+        if target.split(".")[0] != "tools_sandbox":
+            continue
+        there = sandbox_package_of(target)
+        assert there == here or sandbox_rank(there) < sandbox_rank(here), (
+            f"{module} ({here}) imports {target} ({there}), which is not below it in tests/test_layering.py "
+            "SANDBOX_LAYERS")
+
+
+@pytest.mark.parametrize("path", sorted((SANDBOX / "inside").rglob("*.py")), ids=lambda p: p.name)
+def test_what_runs_inside_the_sandbox_imports_only_the_standard_library(path: Path) -> None:
+    for name in imported_modules(path):
+        top = resolve(path, name).split(".")[0]
+        assert top in sys.stdlib_module_names, f"{path.relative_to(ROOT)} imports {name} (the sandbox has the stdlib)"
+
+
+@pytest.mark.parametrize("framework", sorted(SANDBOX_FRAMEWORKS))
+def test_each_framework_is_imported_by_one_sandbox_package(framework: str) -> None:
+    importers = {sandbox_package_of(module) for module in SANDBOX_MODULES
+                 if any(name.split(".")[0] == framework for name in imported_modules(module_path(module)))}
+    assert importers <= {SANDBOX_FRAMEWORKS[framework]}, (
+        f"{framework} is imported outside {SANDBOX_FRAMEWORKS[framework]}: {importers}")
+
+
+def test_the_seam_names_no_concrete_backend() -> None:
+    """base/backend.py is what the service holds; the edge (edges/service.py) constructs the backends."""
+    path = SANDBOX / "base" / "backend.py"
+    assert not {resolve(path, name) for name in imported_modules(path)
+                if resolve(path, name).startswith("tools_sandbox.backends")}
+
+
+def test_sandbox_modules_are_classified_by_their_folder() -> None:
+    assert sandbox_package_of("tools_sandbox.base.models.SandboxResult") == "tools_sandbox.base"
+    assert sandbox_package_of("tools_sandbox.cli") == "tools_sandbox"
+    assert sandbox_package_of("tools_sandbox") == "tools_sandbox"
+    assert sandbox_rank("tools_sandbox.base") < sandbox_rank("tools_sandbox.edges")

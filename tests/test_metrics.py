@@ -26,7 +26,7 @@ from tests.fixtures_cluster import Cluster, cluster_environment
 from tests.fixtures_prometheus import Samples, promtool_binary, scrape, series, total
 from tests.fixtures_services import RedisServer, free_port
 from tests.waiting import wait_for
-from tools_sandbox import keys as sandbox_keys
+from tools_sandbox.base import keys as sandbox_keys
 from worker import logs, metrics
 
 BATCH = [

@@ -1,22 +1,26 @@
-"""Queue and task names are defined once in worker/names.py; tools_sandbox's own copy agrees, and no
-module imports the Celery app just to read a name."""
+"""Queue and task names are defined once: in worker/names.py, or, for the exchange with the sandbox, in
+tools_sandbox/base/names.py (which worker/names.py imports); no module imports the Celery app just to read a
+name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import tools_sandbox.tasks
 from tests.test_layering import ROOT, imported_modules, resolve
 from worker import names
 
 
-def test_tools_sandbox_uses_the_same_queue_and_task_names() -> None:
-    assert tools_sandbox.tasks.QUEUE == names.SANDBOX_QUEUE
-    assert tools_sandbox.tasks.TASK_NAME == names.SANDBOX_TASK
-
-
 def test_names_is_pure() -> None:
-    assert imported_modules(ROOT / "worker" / "names.py") == set()
+    assert imported_modules(ROOT / "worker" / "names.py") == {"tools_sandbox.base.names"}
+    assert imported_modules(ROOT / "tools_sandbox" / "base" / "names.py") == set()
+
+
+def test_tools_sandbox_spells_its_task_names_once() -> None:
+    for path in (ROOT / "tools_sandbox").rglob("*.py"):
+        if path.name == "names.py":
+            continue
+        for name in (names.SANDBOX_TASK, names.STEP_TASK):  # (the queue's name is also a container label)
+            assert f'"{name}"' not in path.read_text(), f"{path.relative_to(ROOT)} spells out {name!r}"
 
 
 def test_only_the_task_module_and_the_worker_command_import_the_celery_app() -> None:

@@ -129,7 +129,7 @@ def test_a_budget_reservation_is_no_smaller_than_the_text_could_tokenise_to() ->
 
 def test_the_operator_plan_allows_a_tier_added_to_the_tiers_file(tmp_path, monkeypatch) -> None:
     from tests.fixtures_sandbox import tier_toml
-    from tools_sandbox.config import DEFAULT_TIERS_FILE
+    from tools_sandbox.base.config import DEFAULT_TIERS_FILE
     from worker.config import Settings
     from worker.core.models import RunSpec
     from worker.service.submit import validate_spec

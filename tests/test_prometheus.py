@@ -97,7 +97,7 @@ def rule_expressions() -> dict[str, str]:
 
 def exported_names() -> set[str]:
     """Every sample name this project's processes export (worker, sandbox, and the stub's own registry)."""
-    import tools_sandbox.metrics  # noqa: F401 - registers the sandbox metrics
+    import tools_sandbox.base.metrics  # noqa: F401 - registers the sandbox metrics
     import worker.metrics  # noqa: F401
     from api_stub.server import _Metrics
 

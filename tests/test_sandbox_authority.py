@@ -23,8 +23,8 @@ from prometheus_client import REGISTRY
 from tests.fixtures_sandbox import TEST_TIERS, require_runtime, tier_toml, tiers_on
 from tests.waiting import wait_for
 from tools_sandbox import ErrorKind, SandboxResult, SandboxService, SandboxSettings, load_tiers, render_result
-from tools_sandbox.protocol import FrameParser, parse_exit_record
-from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT
+from tools_sandbox.base.protocol import FrameParser, parse_exit_record
+from tools_sandbox.base.render import PROTOCOL_VIOLATION_TEXT
 
 GRACE_S = SandboxSettings().sandbox_sweep_grace_s
 VALID = {"exit_code": 0, "signal": None, "cpu_s": 0.0, "oom_kills": 0, "truncated": False, "memory_error": False}
@@ -162,7 +162,7 @@ def one_shot(request, authority_tiers: Path, docker_engine):
 
 
 def _my_running_containers(engine) -> list[dict]:
-    from tools_sandbox.owners import owner_id
+    from tools_sandbox.backends.owners import owner_id
 
     return engine.api.containers(filters={"label": f"reactq.sandbox.owner={owner_id()}", "status": "running"})
 
@@ -311,7 +311,7 @@ def test_the_warm_pool_never_builds_a_tier_whose_runtime_is_missing(authority_ti
 @pytest.mark.docker
 def test_a_preferred_runtime_is_used_where_the_engine_has_it_and_runc_elsewhere(
         authority_tiers: Path, sandbox_image: str, docker_engine) -> None:
-    from tools_sandbox.docker_backend import DockerBackend
+    from tools_sandbox.backends.docker_backend import DockerBackend
 
     require_runtime(docker_engine, "runsc")
     tiers = load_tiers(authority_tiers)
@@ -362,7 +362,7 @@ def test_tiers_file_may_name_a_runtime(authority_tiers: Path) -> None:
 def test_without_a_view_of_the_cgroup_the_engine_measures_and_kills(sandbox_image: str, authority_tiers: Path,
                                                                      docker_engine) -> None:
     """A remote engine (dind): no local cgroup or pidfd, so the stats API measures and the API kills."""
-    from tools_sandbox.docker_backend import DockerBackend
+    from tools_sandbox.backends.docker_backend import DockerBackend
 
     backend = DockerBackend(sandbox_image)
     backend.start()

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tools_sandbox.render import PROTOCOL_VIOLATION_TEXT, STDERR_TAIL_LINES, render
+from tools_sandbox.base.render import PROTOCOL_VIOLATION_TEXT, STDERR_TAIL_LINES, UNAVAILABLE_TEXT, render
 from worker.core.engine import UNAVAILABLE_OUTCOME
-from worker.runtime.sandbox_bridge import UNAVAILABLE, UNREADABLE, observation_from_sandbox
+from worker.runtime.sandbox_bridge import UNREADABLE, observation_from_sandbox
 
 
 def result(**kw) -> str:
@@ -106,7 +106,7 @@ def test_an_unavailable_result_is_not_for_the_model():
                               stderr="Traceback", error_kind="unavailable")
     assert error_type == "unavailable"
     assert obs.outcome == UNAVAILABLE_OUTCOME
-    assert obs.content == UNAVAILABLE and "Error while" not in obs.content and "Traceback" not in obs.content
+    assert obs.content == UNAVAILABLE_TEXT and "Error while" not in obs.content and "Traceback" not in obs.content
 
 
 def test_error_wins_over_timeout_flags():

@@ -14,7 +14,9 @@ from celery import Celery
 
 from tests.fixtures_sandbox import labelled_containers
 from tools_sandbox import SandboxResult, SandboxService, load_tiers
-from tools_sandbox.pool import WarmPool
+from tools_sandbox.backends.pool import WarmPool
+from tools_sandbox.base.render import UNAVAILABLE_TEXT
+from tools_sandbox.edges import sandbox_worker
 
 
 @pytest.mark.docker
@@ -22,8 +24,8 @@ def test_orphans_of_a_dead_worker_are_reaped(sandbox_image, docker_engine, test_
     # A "worker" starts a sandbox and is SIGKILLed mid-execution: its container stays behind.
     script = textwrap.dedent(f"""
         import os, signal
-        from tools_sandbox.docker_backend import DockerBackend
-        from tools_sandbox.tiers import load_tiers
+        from tools_sandbox.backends.docker_backend import DockerBackend
+        from tools_sandbox.base.tiers import load_tiers
         b = DockerBackend({sandbox_image!r}); b.start()
         sb = b.create_sandbox(load_tiers({str(test_tiers_file)!r})["tiny"])
         sb.raw.sendall(b"")
@@ -35,7 +37,7 @@ def test_orphans_of_a_dead_worker_are_reaped(sandbox_image, docker_engine, test_
     assert orphan, proc.stderr
     assert orphan in [c["Id"] for c in labelled_containers(docker_engine)]
 
-    from tools_sandbox.docker_backend import DockerBackend
+    from tools_sandbox.backends.docker_backend import DockerBackend
 
     backend = DockerBackend(sandbox_image)
     backend.start()
@@ -77,12 +79,12 @@ def _celery_app(redis_url: str) -> Celery:
 
 
 def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monkeypatch) -> None:
-    from tools_sandbox import tasks
+    from tools_sandbox.edges import tasks
 
     monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
     monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "process")
     monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(sandbox_settings.sandbox_tiers_file))
-    tasks.close_service()
+    sandbox_worker.stop()
     app = _celery_app(redis_url)
     request = {"code": "print(6*7)", "tier": "tiny", "tenant": "acme", "result_key": "test:result:1",
                "continue_task": "reactq.step", "continue_args": ["run-1", 3],
@@ -117,7 +119,7 @@ def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monk
         assert SandboxResult.model_validate_json(client.get("test:result:3")).stdout == "42\n"
         assert client.llen("reactq.test.continue") == before
     finally:
-        tasks.close_service()
+        sandbox_worker.stop()
         client.close()
         app.close()
 
@@ -125,13 +127,13 @@ def test_task_stores_result_and_continues(redis_url: str, sandbox_settings, monk
 def test_task_with_the_engine_gone_sends_the_call_again(redis_url: str, sandbox_settings, monkeypatch) -> None:
     """No Docker engine: the call is not answered but sent back to the queue for another sandbox worker, the
     service reports its backend down; past the window the result is `unavailable`, in fixed words."""
-    from tools_sandbox import health, tasks
+    from tools_sandbox.edges import health, tasks
 
     monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
     monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "docker")
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(sandbox_settings.sandbox_tiers_file))
-    tasks.close_service()
+    sandbox_worker.stop()
     app = _celery_app(redis_url)
     client = redis.Redis.from_url(redis_url)
     request = {"code": "print(1)", "tier": "tiny", "tenant": "acme", "result_key": "test:result:gone",
@@ -139,23 +141,23 @@ def test_task_with_the_engine_gone_sends_the_call_again(redis_url: str, sandbox_
     try:
         out = tasks.execute.apply(args=[request]).get()
         assert out["outcome"] == "unavailable_retry"
-        assert not health.backend_up() and tasks.get_service().up is False
+        assert not health.backend_up() and sandbox_worker.current().service.up is False
         assert client.get("test:result:gone") is None and client.llen("reactq.test.continue") == 0
         [message] = [json.loads(raw) for raw in client.lrange("reactq.sandbox", 0, -1)]
         assert message["headers"]["task"] == "reactq.sandbox.execute"
         out = tasks.execute.apply(args=[dict(request, unavailable_since=time.time() - 301)]).get()
         assert out["outcome"] == "unavailable"
         stored = SandboxResult.model_validate_json(client.get("test:result:gone"))
-        assert stored.error == tasks.GAVE_UP_TEXT and stored.error_kind == "unavailable"
+        assert stored.error == UNAVAILABLE_TEXT and stored.error_kind == "unavailable"
         assert client.llen("reactq.test.continue") == 1
     finally:
-        tasks.close_service()
+        sandbox_worker.stop()
         client.close()
         app.close()
 
 
 def test_the_allowed_continuation_is_the_workers_step_task() -> None:
-    from tools_sandbox.tasks import ALLOWED_CONTINUATIONS
+    from tools_sandbox.edges.sandbox_worker import ALLOWED_CONTINUATIONS
     from worker.names import STEP_TASK
 
     assert frozenset({STEP_TASK}) == ALLOWED_CONTINUATIONS

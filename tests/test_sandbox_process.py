@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tools_sandbox import load_tiers
-from tools_sandbox.errors import SandboxUnavailable
-from tools_sandbox.process_backend import ProcessBackend, unshare_unavailable
-from tools_sandbox.service import SandboxService
+from tools_sandbox.backends.process_backend import ProcessBackend, unshare_unavailable
+from tools_sandbox.base.errors import SandboxUnavailable
+from tools_sandbox.edges.service import SandboxService
 
 NAMES = {"bwrap": "process", "unshare": "process-unshare"}
 # `tiny` allows 2 s; the programs below would run for 60 s or forever. A bound well above the deadline
@@ -141,7 +141,7 @@ def test_confinement_from_the_environment(monkeypatch, test_tiers_file: Path) ->
     """REACTQ_SANDBOX_PROCESS_CONFINEMENT reaches the backend the service builds."""
     if os.geteuid() != 0:
         pytest.skip("the unshare confinement needs root")
-    from tools_sandbox.config import SandboxSettings
+    from tools_sandbox.base.config import SandboxSettings
 
     monkeypatch.setenv("REACTQ_SANDBOX_PROCESS_CONFINEMENT", "unshare")
     with SandboxService(SandboxSettings(sandbox_tiers_file=test_tiers_file), backend="process", pool=False) as svc:

@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
-from tools_sandbox import cgroup as cgroup_module
-from tools_sandbox.errors import SandboxUnavailable, TierUnavailable
-from tools_sandbox.models import ErrorKind, Tier
-from tools_sandbox.process_backend import ProcessBackend
+from tools_sandbox.backends import cgroup as cgroup_module
+from tools_sandbox.backends.process_backend import ProcessBackend
+from tools_sandbox.base.errors import SandboxUnavailable, TierUnavailable
+from tools_sandbox.base.models import ErrorKind, Tier
 
 MB = 1024 * 1024
 TIER = Tier.model_validate({

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tools_sandbox import SandboxService, SandboxSettings, load_tiers
-from tools_sandbox.quotas import SLOT_GRACE_S, QuotaGate, Rejection, Slot, Wait
+from tools_sandbox.base.quotas import SLOT_GRACE_S, QuotaGate, Rejection, Slot, Wait
 
 pytestmark = pytest.mark.integration
 NOW = 1_700_000_050.0  # 10 s into a minute

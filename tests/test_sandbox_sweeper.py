@@ -18,8 +18,8 @@ from prometheus_client import REGISTRY
 from tests.fixtures_sandbox import TEST_TIERS
 from tests.waiting import wait_for
 from tools_sandbox import SandboxService, SandboxSettings
-from tools_sandbox.sweeper import UNKNOWN_TIER_CAP_S, ReapReason, SweepPolicy
-from tools_sandbox.tiers import parse_tiers
+from tools_sandbox.base.sweeper import UNKNOWN_TIER_CAP_S, ReapReason, SweepPolicy
+from tools_sandbox.base.tiers import parse_tiers
 
 SWEEP_TIER = """
 [tiers.sweep]
@@ -138,8 +138,8 @@ def test_leaked_containers_are_swept_and_counted(sandbox_image: str, docker_engi
 
 
 def test_the_pool_grows_with_the_take_rate_and_is_capped() -> None:
-    from tools_sandbox.docker_backend import DockerBackend
-    from tools_sandbox.pool import RATE_WINDOW_S, Limits, WarmPool
+    from tools_sandbox.backends.docker_backend import DockerBackend
+    from tools_sandbox.backends.pool import RATE_WINDOW_S, Limits, WarmPool
 
     tiers = parse_tiers(TEST_TIERS)
     pool = WarmPool(DockerBackend(), tiers, {"tiny": 2}, limits=Limits(max_size=6))  # never started: no engine

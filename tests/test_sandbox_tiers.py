@@ -9,10 +9,10 @@ import pytest
 
 import tools_sandbox
 from tools_sandbox import SandboxError, SandboxResult, load_tiers, run_code
-from tools_sandbox.config import DEFAULT_TIERS_FILE
-from tools_sandbox.errors import TierConfigError, UnknownTierError
-from tools_sandbox.protocol import ExitRecord, FrameParser, encode_request, interpret_exit
-from tools_sandbox.tiers import get_tier, parse_tiers, requiring_runtime
+from tools_sandbox.base.config import DEFAULT_TIERS_FILE
+from tools_sandbox.base.errors import TierConfigError, UnknownTierError
+from tools_sandbox.base.protocol import ExitRecord, FrameParser, encode_request, interpret_exit
+from tools_sandbox.base.tiers import get_tier, parse_tiers, requiring_runtime
 
 
 def test_public_api_is_all() -> None:

@@ -27,7 +27,7 @@ from tests.fixtures_cluster import Cluster, metrics_port
 from tests.fixtures_prometheus import scrape, total
 from tests.fixtures_sandbox import TEST_TIERS, start_backendless_worker, tiers_on
 from tests.waiting import wait_for
-from worker.runtime.sandbox_bridge import UNAVAILABLE
+from tools_sandbox.base.render import UNAVAILABLE_TEXT
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,7 @@ def test_no_exception_text_reaches_the_model_the_answer_or_the_run(unavailable_c
     check_clean_failure(cluster, api_client, second_id)
     # Its step was recorded with the call's fixed-words observation (which no model saw: the run ended there).
     [step] = api_client.get(f"/v1/runs/{second_id}", params={"trace": "true"}).json()["trace"]
-    assert [(o["outcome"], o["content"]) for o in step["observations"]] == [("unavailable", UNAVAILABLE)]
+    assert [(o["outcome"], o["content"]) for o in step["observations"]] == [("unavailable", UNAVAILABLE_TEXT)]
     assert "found no backend to run it" in cluster.log(refusing)  # it was sent again before giving up
 
 

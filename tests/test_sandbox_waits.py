@@ -20,8 +20,10 @@ from tests.fixtures_sandbox import TEST_TIERS, tier_toml
 from tests.harness import Harness, call, final
 from tests.waiting import wait_for
 from tools_sandbox import SandboxResult, load_tiers, render_result
-from tools_sandbox import keys as sandbox_keys
-from tools_sandbox.quotas import QuotaGate, Rejection, Slot, Wait
+from tools_sandbox.base import keys as sandbox_keys
+from tools_sandbox.base.quotas import QuotaGate, Rejection, Slot, Wait
+from tools_sandbox.base.render import UNAVAILABLE_TEXT
+from tools_sandbox.edges import sandbox_worker
 from worker import metrics
 from worker.core.outcome import Outcome
 from worker.runtime.reaper import ReaperAction, reap_once
@@ -128,28 +130,27 @@ def test_a_waiter_that_stopped_polling_leaves_the_line(redis_url: str, wait_tier
 # --- the task, run in this process on a real Redis ------------------------------------------------------------
 
 def use_eager_task(redis_url: str, wait_tiers: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """tools_sandbox.tasks, its service started afresh on this Redis and the wait tiers (process backend)."""
-    from tools_sandbox import tasks
+    """The sandbox task, its sandbox worker built afresh on this Redis and the wait tiers (process backend)."""
+    from tools_sandbox.edges import tasks
 
     monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
     monkeypatch.setenv("REACTQ_SANDBOX_BACKEND", "process")
     monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(wait_tiers))
     # No background pump in the test process: the test wakes the line itself (the real-worker tests below
     # run the pump).
-    monkeypatch.setattr(tasks, "_ensure_pump", lambda app: None)
-    tasks.close_service()
+    monkeypatch.setattr(sandbox_worker.SandboxWorker, "ensure_pump", lambda self, app: None)
+    sandbox_worker.stop()
     return tasks
 
 
 @pytest.fixture
 def celery_producer(redis_url: str) -> Iterator[Celery]:
     """The current app while a task runs eagerly: where a waiting call re-queues itself."""
-    from tools_sandbox import tasks
 
     app = Celery("sandbox-waits-test", broker=redis_url)
     app.set_current()
     yield app
-    tasks.close_service()
+    sandbox_worker.stop()
     app.close()
 
 
@@ -186,11 +187,11 @@ def test_a_waiting_call_is_parked_and_woken_when_its_slot_frees(eager_task: Any,
     [parked] = [json.loads(raw) for raw in client.hvals(sandbox_keys.quota_parked("lane", "acme"))]
     assert parked["waits"] == 1 and parked["queued_at"] is not None  # ... it is parked, keeping its place
     assert client.zrange(sandbox_keys.quota_line("lane", "acme"), 0, -1) == [b"test:waits:1"]
-    assert eager_task.wake_line(celery_producer, "lane", "acme") == 0  # no slot free: stays parked
+    assert sandbox_worker.current().wake_line(celery_producer, "lane", "acme") == 0  # no slot free: stays parked
     # The slot frees: the wake sends it again at once (no countdown), and that delivery runs it.
     client.delete(sandbox_keys.quota_running("lane", "acme"))
-    assert eager_task.wake_line(celery_producer, "lane", "acme") == 1
-    assert eager_task.wake_line(celery_producer, "lane", "acme") == 0  # woken once only
+    assert sandbox_worker.current().wake_line(celery_producer, "lane", "acme") == 1
+    assert sandbox_worker.current().wake_line(celery_producer, "lane", "acme") == 0  # woken once only
     [message] = sandbox_messages(client)
     assert message["headers"]["task"] == "reactq.sandbox.execute" and message["headers"]["eta"] is None
     [again], _, _ = json.loads(base64.b64decode(message["body"]))
@@ -206,7 +207,7 @@ def test_a_parked_call_whose_deadline_passes_is_woken_to_end_with_a_result(eager
     occupy(client, "lane")
     assert eager_task.execute.apply(args=[request(6, deadline_at=time.time() + 0.5)]).get()["outcome"] == "waiting"
     time.sleep(0.6)
-    assert eager_task.wake_line(celery_producer, "lane", "acme") == 1  # past its deadline: woken, slot or not
+    assert sandbox_worker.current().wake_line(celery_producer, "lane", "acme") == 1  # past its deadline: woken anyway
     [message] = sandbox_messages(client)
     [again], _, _ = json.loads(base64.b64decode(message["body"]))
     assert eager_task.execute.apply(args=[again]).get()["outcome"] == "quota_exceeded"
@@ -236,7 +237,7 @@ def test_an_old_message_without_a_deadline_waits_a_bounded_time(eager_task: Any,
     old = {k: v for k, v in request(3).items() if k != "pending_key"}  # what an older sender sent
     assert eager_task.execute.apply(args=[old]).get()["outcome"] == "waiting"
     monkeypatch.setenv("REACTQ_SANDBOX_WAIT_MAX_S", "0")  # the bound from settings, here: none left
-    eager_task.close_service()
+    sandbox_worker.stop()
     assert eager_task.execute.apply(args=[old]).get()["outcome"] == "quota_exceeded"
     assert client.llen(CONTINUE) == 1
     client.close()
@@ -249,10 +250,10 @@ def test_a_failure_of_ours_is_sent_again_until_the_window_passes(eager_task: Any
     `unavailable`, in fixed words, and the run is continued (to end failed)."""
     client = redis.Redis.from_url(redis_url)
 
-    def broken() -> Any:
+    def broken(*_: Any) -> Any:
         raise RuntimeError("the service is broken")
 
-    monkeypatch.setattr(eager_task, "get_service", broken)
+    monkeypatch.setattr(sandbox_worker.SandboxWorker, "_attempt", broken)
     out = eager_task.execute.apply(args=[request(4)]).get()
     assert out["outcome"] == "unavailable_retry"
     assert client.get("test:waits:4") is None and client.llen(CONTINUE) == 0
@@ -264,7 +265,7 @@ def test_a_failure_of_ours_is_sent_again_until_the_window_passes(eager_task: Any
     past = dict(again, unavailable_since=time.time() - 301)  # the default window has passed since
     assert eager_task.execute.apply(args=[past]).get()["outcome"] == "unavailable"
     stored = SandboxResult.model_validate_json(client.get("test:waits:4"))
-    assert stored.error_kind == "unavailable" and stored.error == eager_task.GAVE_UP_TEXT
+    assert stored.error_kind == "unavailable" and stored.error == UNAVAILABLE_TEXT
     assert client.llen(CONTINUE) == 1
     client.close()
 

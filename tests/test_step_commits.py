@@ -14,7 +14,7 @@ from tests.harness import HARNESS_SETTINGS, Harness, call, final
 from tests.store_helpers import lease_held, save_reply
 from tests.test_steps import SIX_BY_SEVEN, complete_sandbox
 from tests.waiting import wait_for
-from tools_sandbox.models import SandboxResult
+from tools_sandbox.base.models import SandboxResult
 from worker.config import Settings
 from worker.core.models import LLMReply, Observation, RunSpec, RunStatus
 from worker.core.outcome import Outcome

@@ -8,8 +8,7 @@ from typing import Any
 
 from tests.harness import Harness, call, calls, final
 from tests.store_helpers import lease_held, save_reply
-from tools_sandbox.models import SandboxResult
-from tools_sandbox.tasks import ExecuteRequest
+from tools_sandbox import ExecuteRequest, SandboxResult
 from worker.core.models import LLMReply, RunStatus, Usage
 from worker.core.outcome import Outcome
 from worker.core.prompts import REFLECTION
@@ -180,6 +179,10 @@ def test_a_sandboxed_call_waits_for_its_result_and_the_continuation_finishes_the
     assert (request["continue_task"], request["continue_args"], request["continue_queue"]) == (
         STEP_TASK, [run_id, 0], STEPS_QUEUE)
     assert harness.run(run_id).waiting_on == "sandbox"
+    # the message's argument is what steps have always sent (a sandbox worker of any version reads it)
+    assert list(request) == ["code", "tier", "tenant", "result_key", "continue_task", "continue_args",
+                             "continue_queue", "deadline_at", "queued_at", "pending_key"]
+    assert ExecuteRequest.model_validate(request).wire() == request
 
     # the continuation (or a redelivery) before the result: still waiting, not sent twice
     assert harness.deliver(run_id, 0).outcome == Outcome.WAITING

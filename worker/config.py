@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(15.0, gt=0)
     sandbox_redispatch_after_s: int = Field(300, ge=10)  # a sandbox call not answered by then is sent again
     # A sandbox call no backend could run for this long ends its run failed (sandbox_unavailable); also read
-    # by the sandbox workers (tools_sandbox/config.py), which send such a call again meanwhile.
+    # by the sandbox workers (tools_sandbox/base/config.py), which send such a call again meanwhile.
     sandbox_unavailable_s: float = Field(300.0, gt=0)
     visibility_timeout_s: int = Field(3600, ge=60)
     drain_timeout_s: float = Field(60.0, gt=0)  # SIGTERM: steps still running after this go back to the queue

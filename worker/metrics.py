@@ -1,7 +1,7 @@
 """Prometheus metrics of the API and step workers (names fixed by docs/DESIGN.md; dashboards query them).
 
 Label values are bounded: statuses, outcomes, tool names, models, configured tenants (others
-count as "other"). Never a run id or free text. Sandbox metrics live in tools_sandbox.metrics.
+count as "other"). Never a run id or free text. Sandbox metrics live in tools_sandbox.base.metrics.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def register(group: click.Group) -> None:
     for module in VERB_MODULES:
         module.register(group)
     try:
-        from tools_sandbox.cli import sandbox
+        from tools_sandbox.edges.cli import sandbox
     except ImportError:
         return
     group.add_command(sandbox)

@@ -459,9 +459,9 @@ def check_progress(history: Sequence[Step], observations: Sequence[Observation],
 
 
 # A tool call the infrastructure could not run (no sandbox backend answered in time): the run ends failed
-# with this error, and the model never sees the call's observation.
+# with the call's observation as its error (fixed words, tools_sandbox's one text for it), and the model never
+# sees that observation.
 UNAVAILABLE_OUTCOME = "unavailable"
-SANDBOX_UNAVAILABLE = "sandbox_unavailable: no sandbox backend could run the code in time"
 
 
 CONTEXT_EXCEEDED_REASON = "the conversation does not fit the model's context window, even compacted"
@@ -486,8 +486,8 @@ def after_step(run: Run, step: Step, now: float, limits: Limits) -> End | None:
     """
     if step.final_answer is not None:
         return End(RunStatus.SUCCEEDED, "")
-    if any(o.outcome == UNAVAILABLE_OUTCOME for o in step.observations):
-        return End(RunStatus.FAILED, SANDBOX_UNAVAILABLE)
+    for unavailable in (o for o in step.observations if o.outcome == UNAVAILABLE_OUTCOME):
+        return End(RunStatus.FAILED, unavailable.content)
     return _limit_reached(run, step.index + 1, now, limits)
 
 

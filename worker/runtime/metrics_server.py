@@ -47,7 +47,7 @@ def initialise(rt: Runtime) -> None:
     metrics.initialise(rt.settings.model, rt.settings.tenants, rt.tools.names(),
                        (*PARSE_ERROR_KINDS, *ENGINE_ERROR_KINDS, "loop"))
     try:
-        from tools_sandbox.metrics import init_labels as init_sandbox
+        from tools_sandbox.base.metrics import init_labels as init_sandbox
     except ImportError:  # a step-only host without tools_sandbox
         return
     init_sandbox(known_tiers(rt.settings), rt.settings.tenants)

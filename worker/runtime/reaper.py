@@ -34,7 +34,7 @@ backlog of thousands waits:
   `failed` (`sandbox_unavailable`). Checked before `sandbox_lost`, whose re-send would restart the idle
   clock: with the defaults (both 300 s) such a run ends at 300 s; with REACTQ_SANDBOX_UNAVAILABLE_S above
   REACTQ_SANDBOX_REDISPATCH_AFTER_S it is re-sent instead, and ends at its deadline. A call that a
-  sandbox worker took ends through its own result instead (tools_sandbox/tasks.py).
+  sandbox worker took ends through its own result instead (tools_sandbox/edges/sandbox_worker.py).
 - `dropped`: a finished or vanished run left in the active set is removed from it.
 A run `waiting_on=provider` (its model call failed for now; the step went back to the queue with a countdown)
 is never `dead_worker`: it is re-kicked only as `lost_message` or `long_stale`, when its message is gone.
@@ -55,8 +55,9 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 
+from tools_sandbox.base.render import UNAVAILABLE_TEXT
+
 from .. import metrics
-from ..core.engine import SANDBOX_UNAVAILABLE
 from ..core.models import Run, RunStatus
 from ..names import SANDBOX_QUEUE, STEPS_QUEUE, queue_lists
 from ..store.ops import OpsStore
@@ -161,7 +162,7 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
             continue
         if action in (ReaperAction.SANDBOX_DEADLINE, ReaperAction.SANDBOX_UNAVAILABLE):
             status, reason = ((RunStatus.TIMEOUT, SANDBOX_DEADLINE_REASON) if action is ReaperAction.SANDBOX_DEADLINE
-                              else (RunStatus.FAILED, SANDBOX_UNAVAILABLE))
+                              else (RunStatus.FAILED, UNAVAILABLE_TEXT))
             log.warning("ending a run that waited for a sandbox result no sandbox worker gave",
                         extra={"run_id": run.id, "step": run.current_step, "action": action.value})
             if (ended := rt.store.finish(run.id, status, reason, only_step=run.current_step)) is not None:

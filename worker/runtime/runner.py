@@ -5,7 +5,7 @@ Each run makes progress from what is stored: the LLM reply of step n, each tool 
 sandbox dispatch. The step is recorded exactly once, by a transaction fenced on the step number.
 A sandboxed call is sent with the run's deadline, when it was sent (its place in its tenant's line for
 a sandbox slot) and the step's pending marker, which its sandbox task keeps alive while it waits or runs
-(tools_sandbox/tasks.py; the reaper reads the marker).
+(tools_sandbox/edges/sandbox_worker.py; the reaper reads the marker).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, St
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
 from ..errors import BudgetExceeded, LLMError
-from ..names import STEP_TASK, STEPS_QUEUE
-from ..store import keys
 from ..store.cas import Command, Snapshot
 from ..store.run_keys import working_keys
 from ..store.tool_cache import cache_commands
@@ -36,7 +34,7 @@ from .approvals import Waiting
 from .context import Runtime
 from .finish_hooks import SendWebhook, after_finish
 from .prompt_inputs import turn_messages
-from .sandbox_bridge import observation_from_sandbox
+from .sandbox_bridge import observation_from_sandbox, sandbox_request
 from .tool_exec import Called, shared_executor
 
 log = logging.getLogger("reactq.step")
@@ -396,20 +394,9 @@ class StepRunner:
             deadline_at = run.deadline_at
             if deadline_at is None and run.deadline_s is not None:  # a first step: its clock starts now
                 deadline_at = now + run.deadline_s
-            self.dispatch.sandbox({
-                "code": planned.arguments.get("code", ""),
-                "tier": run.spec.tier,
-                "tenant": run.spec.tenant,
-                "result_key": keys.sandbox_result(run.id, index, planned.call.id),
-                "continue_task": STEP_TASK,
-                "continue_args": [run.id, index],
-                "continue_queue": STEPS_QUEUE,
-                # The call waits in its tenant's line (by queued_at) until a slot frees or the run's
-                # deadline passes, keeping pending_key alive meanwhile (tools_sandbox/tasks.py).
-                "deadline_at": deadline_at,
-                "queued_at": now,
-                "pending_key": keys.sandbox_pending(run.id, index),
-            })
+            self.dispatch.sandbox(sandbox_request(
+                planned.arguments.get("code", ""), run_id=run.id, index=index, call_id=planned.call.id,
+                tier=run.spec.tier, tenant=run.spec.tenant, deadline_at=deadline_at, queued_at=now))
         return None
 
     # --- recording ----------------------------------------------------------------------------

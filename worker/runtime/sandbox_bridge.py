@@ -1,23 +1,42 @@
-"""Turning a stored sandbox result object into the observation the model sees.
+"""The step's side of its exchange with the sandbox: the request it sends, and the observation the model
+sees from the stored result object.
 
 The stored JSON crosses a trust boundary (another process wrote it to Redis), so it is validated
 as tools_sandbox's SandboxResult before anything reads it; the words the model sees come from
 tools_sandbox's one renderer, whichever path produced the result. A result no backend could produce
 (`unavailable`: the sandbox task gave up after REACTQ_SANDBOX_UNAVAILABLE_S) is not for the model: its
-observation says so in fixed words, with the outcome that ends the run failed (engine.after_step).
+observation is tools_sandbox's one fixed text for it, with the outcome that ends the run failed with that
+text (engine.after_step).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ValidationError
 
-from tools_sandbox import ErrorKind, SandboxResult, render_result
+from tools_sandbox import ErrorKind, ExecuteRequest, SandboxResult, render_result
+from tools_sandbox.base.render import UNAVAILABLE_TEXT
 
 from ..core.engine import UNAVAILABLE_OUTCOME
 from ..core.models import Observation, SandboxFacts
+from ..names import STEP_TASK, STEPS_QUEUE
+from ..store import keys
 
 UNREADABLE = "Error: the sandbox's result could not be read; the code's output is unknown."
-UNAVAILABLE = "Error: no sandbox could run the code; it did not run."
+
+
+def sandbox_request(code: str, *, run_id: str, index: int, call_id: str, tier: str, tenant: str,
+                    deadline_at: float | None, queued_at: float) -> dict[str, Any]:
+    """The sandbox task's argument for one call of step `index`: it stores its result where this step reads
+    it, then continues the run with the step task. The call waits in its tenant's line (by `queued_at`) until
+    a slot frees or the run's deadline passes, keeping the step's pending marker alive meanwhile (the reaper
+    reads the marker; tools_sandbox/edges/sandbox_worker.py)."""
+    return ExecuteRequest(
+        code=code, tier=tier, tenant=tenant, result_key=keys.sandbox_result(run_id, index, call_id),
+        continue_task=STEP_TASK, continue_args=[run_id, index], continue_queue=STEPS_QUEUE,
+        deadline_at=deadline_at, queued_at=queued_at, pending_key=keys.sandbox_pending(run_id, index),
+    ).wire()
 
 
 def observation_from_sandbox(call_id: str, tool: str, raw: bytes | str) -> tuple[Observation, str | None]:
@@ -29,7 +48,7 @@ def observation_from_sandbox(call_id: str, tool: str, raw: bytes | str) -> tuple
         return obs, "unreadable_result"
     facts = _facts(result)
     if result.error_kind is ErrorKind.UNAVAILABLE:
-        obs = Observation(call_id=call_id, tool=tool, content=UNAVAILABLE, outcome=UNAVAILABLE_OUTCOME,
+        obs = Observation(call_id=call_id, tool=tool, content=UNAVAILABLE_TEXT, outcome=UNAVAILABLE_OUTCOME,
                           duration_ms=result.duration_ms, sandbox=facts)
         return obs, ErrorKind.UNAVAILABLE.value
     rendered = render_result(result)

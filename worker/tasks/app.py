@@ -16,8 +16,8 @@ from .broker import transport_for
 def make_app() -> Celery:
     settings = get_settings()
     app = Celery("reactq", broker=settings.redis_url,
-                 include=["worker.tasks.steps", "worker.tasks.webhooks", "worker.tasks.health", "tools_sandbox.tasks",
-                          "worker.tasks.worker_setup"])
+                 include=["worker.tasks.steps", "worker.tasks.webhooks", "worker.tasks.health",
+                          "tools_sandbox.edges.tasks", "worker.tasks.worker_setup"])
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -106,18 +104,6 @@ def _make_broker_pools(sender: Any = None, **_: Any) -> None:
     soak; the step failed and the reaper re-kicked its run)."""
     app.pool  # noqa: B018 - the properties create the pools
     app.amqp.producer_pool  # noqa: B018
-
-
-@signals.worker_ready.connect
-def _start_background(sender: Any = None, **_: Any) -> None:
-    from ..runtime.reaper import start_reaper
-
-    queues = os.environ.get("REACTQ_WORKER_QUEUES", STEPS_QUEUE).split(",")
-    start_reaper(get_runtime(), CELERY_DISPATCH, queues)
-    if SANDBOX_QUEUE in queues:  # warm the sandbox pool now rather than on the first python call
-        from tools_sandbox.tasks import get_service
-
-        threading.Thread(target=get_service, name="reactq-sandbox-warmup", daemon=True).start()
 
 
 @signals.worker_shutting_down.connect

@@ -10,8 +10,12 @@ signals here give it the rest, once per worker process:
 - setup_logging: the JSON logs of worker/logs.py instead of Celery's;
 - celeryd_after_setup (logging is set up, the consumer not started yet): stdout and stderr to the log
   (worker_redirect_stdouts), /metrics on REACTQ_METRICS_PORT, and the webhook worker;
+- worker_ready (the consumer takes messages): the probes learn which queues it consumes, and the reaper
+  and its heartbeats start with the queues worker_init chose;
 - worker_shutdown: the webhook worker is stopped.
-The reaper, heartbeats and SIGTERM drain are worker/tasks/steps.py's (worker_ready, worker_shutting_down).
+The SIGTERM drain is worker/tasks/steps.py's (worker_shutting_down); the sandbox worker of a worker that
+takes reactq.sandbox is started by tools_sandbox's own task module (tools_sandbox/edges/tasks.py), which
+does not import worker.
 Celery's own flags (-Q, -X, -c, -P solo|threads|..., -E, --hostname, ...) win over these defaults; not
 `-P prefork`, which Celery takes for its own default and replaces with worker_pool. A process that only
 imports the app (the API, the CLI, tests) runs none of it: only a worker sends these signals, and only a
@@ -76,7 +80,6 @@ def _configure_worker(sender: Any = None, **_: Any) -> None:
     if WEBHOOKS_QUEUE in selected and WEBHOOKS_QUEUE not in queues:
         sender.app.amqp.queues.deselect([WEBHOOKS_QUEUE])
     _started["queues"] = queues
-    os.environ["REACTQ_WORKER_QUEUES"] = ",".join(queues)  # the reaper's heartbeats (worker/tasks/steps.py)
     _started["beside"] = beside
     given = sender.options.get("concurrency")
     if not given and not sender.app.conf.worker_concurrency and not is_auto_concurrency(sender.concurrency):
@@ -104,6 +107,21 @@ def _start_services(instance: Any = None, **_: Any) -> None:
 
         level = logging.getLevelName(instance.loglevel)  # Celery's number for -l
         _started["webhook_pool"] = WebhookPool(max(1, settings.webhook_concurrency), level).start()
+
+
+@signals.worker_ready.connect(weak=False, dispatch_uid="reactq-worker-ready")
+def _start_background(sender: Any = None, **_: Any) -> None:
+    """Once the consumer takes messages: the probes learn what it consumes, and the reaper and its heartbeats
+    start (a heartbeat names the queues this worker serves)."""
+    from ..runtime.context import get_runtime
+    from ..runtime.metrics_server import HEALTH
+    from ..runtime.reaper import start_reaper
+    from .steps import CELERY_DISPATCH
+
+    if sender is not None:
+        queues = sender.app.amqp.queues
+        HEALTH.consuming(queues.consume_from or queues)
+    start_reaper(get_runtime(), CELERY_DISPATCH, _started.get("queues", [STEPS_QUEUE]))
 
 
 @signals.worker_shutdown.connect(weak=False, dispatch_uid="reactq-worker-shutdown")

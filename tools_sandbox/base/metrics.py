@@ -1,4 +1,4 @@
-"""Prometheus metrics of the sandbox (names and labels fixed by DESIGN.md)."""
+"""Prometheus metrics of the sandbox (names and labels fixed by docs/DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from .models import ErrorKind
-from .sweeper import ReapReason
+from .models import ErrorKind, ReapReason
 
 # `ok`, `error` (the program exited non-zero) and the error kinds; only `unavailable` is ours.
 OUTCOMES = ("ok", "error", *(kind.value for kind in ErrorKind))

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .metrics import BACKEND_UP
+from ..base.metrics import BACKEND_UP
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ A waiting Celery call is *parked*: its request is left in a hash beside the line
 message of it waits in the broker. `wake` hands back the requests of as many calls at the head of the
 line as there is capacity free (minus those woken but not yet arrived), and of every parked call whose
 deadline passed; the sandbox task calls it after each execution it finishes, and each sandbox worker
-process every second (tools_sandbox/tasks.py), so a freed slot is taken within milliseconds, in order.
+process every second (edges/sandbox_worker.py), so a freed slot is taken within milliseconds, in order.
 Parked and just-woken tickets never count as gone quiet.
 """
 
@@ -32,6 +32,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 from redis.commands.core import Script
@@ -46,88 +47,13 @@ IN_PROGRESS = "in_progress"
 
 # KEYS: running, minute, cpu day, line, seen, parked, woken
 # ARGV: now, ticket, slot ttl, concurrent, per minute, cpu per day, minute reset, day reset, arrival, stale
-_ACQUIRE = """
-local now = tonumber(ARGV[1])
-local ticket = ARGV[2]
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZSCORE', KEYS[1], ticket) then
-  return {'in_progress', '1', '0'}
-end
-if tonumber(redis.call('GET', KEYS[3]) or '0') >= tonumber(ARGV[6]) then
-  redis.call('ZREM', KEYS[4], ticket)
-  redis.call('ZREM', KEYS[5], ticket)
-  return {'cpu_seconds_per_day', ARGV[8], '0'}
-end
-local stale_before = now - tonumber(ARGV[10])
-local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', stale_before)
-for _, waiter in ipairs(gone) do
-  if redis.call('HEXISTS', KEYS[6], waiter) == 0 and not redis.call('ZSCORE', KEYS[7], waiter) then
-    redis.call('ZREM', KEYS[4], waiter)  -- polled no more, and neither parked nor just woken: gone
-  end
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', stale_before)
-redis.call('ZADD', KEYS[4], 'NX', tonumber(ARGV[9]), ticket)
-redis.call('ZADD', KEYS[5], now, ticket)
-local line_ttl = math.ceil(tonumber(ARGV[10]) * 2) + 60
-redis.call('EXPIRE', KEYS[4], line_ttl)
-redis.call('EXPIRE', KEYS[5], line_ttl)
-local rank = redis.call('ZRANK', KEYS[4], ticket)
-local free = tonumber(ARGV[4]) - redis.call('ZCARD', KEYS[1])
-if rank >= free then
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  local wait = first[2] and tostring(tonumber(first[2]) - now) or '1'
-  return {'concurrent_executions', wait, tostring(rank)}
-end
-if rank >= tonumber(ARGV[5]) - tonumber(redis.call('GET', KEYS[2]) or '0') then
-  return {'executions_per_minute', ARGV[7], tostring(rank)}
-end
-redis.call('ZREM', KEYS[4], ticket)
-redis.call('ZREM', KEYS[5], ticket)
-redis.call('ZREM', KEYS[7], ticket)
-redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], 120)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ticket)
-redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) + 60)
-return {'ok', '0', '0'}
-"""
+_ACQUIRE = (Path(__file__).parent / "acquire_slot.lua").read_text()
 
 # Wake the calls at the head of a line for the capacity free now (and every parked call whose deadline
 # passed), taking their requests out of the parked hash: each is woken exactly once.
 # KEYS: running, minute, line, parked, parked deadlines, woken, parked lines
 # ARGV: now, concurrent, per minute, woken ttl, line name (for parked lines), scan limit
-_WAKE = """
-local now = tonumber(ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - tonumber(ARGV[4]))
-local free = math.min(tonumber(ARGV[2]) - redis.call('ZCARD', KEYS[1]),
-                      tonumber(ARGV[3]) - tonumber(redis.call('GET', KEYS[2]) or '0'))
-free = free - redis.call('ZCARD', KEYS[6])
-local out = {}
-local function take(ticket)
-  local request = redis.call('HGET', KEYS[4], ticket)
-  if request then
-    redis.call('HDEL', KEYS[4], ticket)
-    redis.call('ZREM', KEYS[5], ticket)
-    redis.call('ZADD', KEYS[6], now, ticket)
-    out[#out + 1] = request
-    return true
-  end
-  return false
-end
-for _, ticket in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
-  take(ticket)
-end
-if free > 0 then
-  for _, ticket in ipairs(redis.call('ZRANGE', KEYS[3], 0, free + tonumber(ARGV[6]) - 1)) do
-    if free <= 0 then break end
-    if take(ticket) then free = free - 1 end
-  end
-end
-if redis.call('HLEN', KEYS[4]) == 0 then
-  redis.call('SREM', KEYS[7], ARGV[5])
-end
-return out
-"""
+_WAKE = (Path(__file__).parent / "wake_line.lua").read_text()
 WOKEN_TTL_S = 10.0
 
 
@@ -172,24 +98,27 @@ class Slot:
 
 
 class QuotaGate:
-    """Acquire/release of quota slots on one Redis; construct, then call start()."""
+    """Acquire/release of quota slots on one Redis; construct, then call start(). Given a `client`, it uses
+    that one (its owner closes it), else it connects to `redis_url`."""
 
-    def __init__(self, redis_url: str, *, waiter_stale_s: float = WAITER_STALE_S) -> None:
+    def __init__(self, redis_url: str = "", *, client: redis.Redis | None = None,
+                 waiter_stale_s: float = WAITER_STALE_S) -> None:
         self.redis_url = redis_url
         self.waiter_stale_s = waiter_stale_s
+        self._given = client
         self._client: redis.Redis | None = None
         self._acquire: Script | None = None
         self._wake: Script | None = None
 
     def start(self) -> None:
-        self._client = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self._client = self._given or redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._wake = self._client.register_script(_WAKE)
 
     def close(self) -> None:
-        if self._client is not None:
+        if self._client is not None and self._given is None:
             self._client.close()
-            self._client = None
+        self._client = None
 
     @property
     def client(self) -> redis.Redis:

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_TIERS_FILE = Path(__file__).resolve().parent / "tiers.toml"  # deploy/sandbox/tiers.toml links here
+DEFAULT_TIERS_FILE = Path(__file__).resolve().parent.parent / "tiers.toml"  # deploy/sandbox/tiers.toml links here
 
 
 class SandboxSettings(BaseSettings):
@@ -51,7 +51,7 @@ class SandboxSettings(BaseSettings):
     # How the process backend confines code: bubblewrap, util-linux unshare (root only,
     # for hosts without bwrap), or auto = bwrap when installed, else unshare.
     sandbox_process_confinement: Literal["auto", "bwrap", "unshare"] = "auto"
-    # Waiting in line for a slot (tools_sandbox/quotas.py): a call whose request names no deadline
+    # Waiting in line for a slot (tools_sandbox/base/quotas.py): a call whose request names no deadline
     # waits at most this long; a waiting call polls about this often (the Celery task re-queues
     # itself with a countdown of about this, growing with its position up to 5 s); a ticket that
     # has not polled for `sandbox_waiter_stale_s` is dropped from the line (its task vanished).

@@ -25,22 +25,12 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
-from .models import Tier
+from .models import ReapReason, Tier
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_TIER_CAP_S = 3600.0
-
-
-class ReapReason(StrEnum):
-    """Why the sweeper removed a container (the `reason` label of reactq_sandbox_reaped_total)."""
-
-    ORPHAN = "orphan"
-    OVERRAN = "overran"
-    EXPIRED = "expired"
-    LEFTOVER = "leftover"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from .errors import ImageBuildError
+from ..base.errors import ImageBuildError
 
 PACKAGES = ["python3", "python3-numpy", "tini", "ca-certificates"]
 SUITE = "bookworm"
@@ -104,6 +104,20 @@ def build_image(
         raise ImageBuildError(f"docker import reported success but {tag} is not there")
     log(f"built {tag} in {time.monotonic() - started:.0f}s")
     return True
+
+
+def build_with_local_engine(tag: str, *, force: bool = False, mirror: str = "",
+                            log: Callable[[str], None] = print) -> bool:
+    """`build_image` on this host's Docker engine (the CLI's form); ImageBuildError when no engine answers."""
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise ImageBuildError(f"no Docker engine answers ({exc}); run scripts/start-dockerd.sh") from exc
+    try:
+        return build_image(client, tag, force=force, mirror=mirror, log=log)
+    finally:
+        client.close()
 
 
 def _slim(rootfs: Path) -> None:

@@ -14,6 +14,10 @@ from .models import ErrorKind, SandboxResult
 STDERR_TAIL_LINES = 20
 PROTOCOL_VIOLATION = "the program interfered with the sandbox's reporting; its result was discarded"
 PROTOCOL_VIOLATION_TEXT = f"Error: {PROTOCOL_VIOLATION}."
+# The one text of a call no sandbox could run: the `error` of the `unavailable` result the task stores, the
+# observation recorded for it (worker/runtime/sandbox_bridge.py) and its run's end reason. Fixed words: the
+# cause is in the sandbox worker's log, never in anything a user or the model reads.
+UNAVAILABLE_TEXT = "sandbox_unavailable: no sandbox backend could run the code"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Data shapes: the result of one execution, its error kind, a tier, and a tenant's quotas.
 
-SandboxResult is the contract's result object (DESIGN.md) plus `backend`, so every
+SandboxResult is the contract's result object (docs/DESIGN.md) plus `backend`, so every
 observation says which isolation produced it: "docker", or the weaker "process"
 (bubblewrap) or "process-unshare" (util-linux unshare, for hosts without bwrap).
 Every figure in it was measured by the host (the sandboxed program can forge
@@ -28,6 +28,15 @@ class ErrorKind(StrEnum):
     QUOTA_EXCEEDED = "quota_exceeded"
     UNKNOWN_TIER = "unknown_tier"
     UNAVAILABLE = "unavailable"
+
+
+class ReapReason(StrEnum):
+    """Why the sweeper removed a container (the `reason` label of reactq_sandbox_reaped_total)."""
+
+    ORPHAN = "orphan"
+    OVERRAN = "overran"
+    EXPIRED = "expired"
+    LEFTOVER = "leftover"
 
 
 class SandboxResult(BaseModel):

@@ -1,4 +1,4 @@
-"""Host side of the agent wire format (see _agent.py): request encoding, frame parsing.
+"""Host side of the agent wire format (see inside/_agent.py): request encoding, frame parsing.
 
 The parser is incremental and bounded: it never holds more than the tier's output
 cap per stream, whatever the sandbox sends (a hostile program can write raw bytes
@@ -76,7 +76,7 @@ def parse_ready_record(raw: bytes) -> ReadyRecord | None:
 @lru_cache(maxsize=1)
 def agent_source() -> str:
     """The agent program passed as `python3 -c` to every sandbox."""
-    return (Path(__file__).with_name("_agent.py")).read_text(encoding="utf-8")
+    return (Path(__file__).parent.parent / "inside" / "_agent.py").read_text(encoding="utf-8")
 
 
 def encode_request(code: str, tier: Tier, *, tenant: str = "", as_bytes: int | None = None,

@@ -16,14 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .models import ErrorKind, SandboxResult, Tier
-from .protocol import FrameParser, decode, interpret_exit
-from .render import PROTOCOL_VIOLATION
+from ..base.models import ErrorKind, SandboxResult, Tier
+from ..base.protocol import FrameParser, decode, interpret_exit
+from ..base.render import PROTOCOL_VIOLATION, UNAVAILABLE_TEXT
 
 log = logging.getLogger(__name__)
-
-UNAVAILABLE_TEXT = "sandbox_unavailable: the sandbox infrastructure failed during the call; try again"
-
 
 @dataclass(frozen=True)
 class HostFacts:

@@ -40,13 +40,13 @@ import signal
 import subprocess
 import time
 
+from ..base.config import SandboxSettings
+from ..base.errors import SandboxUnavailable, TierUnavailable
+from ..base.models import ReapReason, SandboxResult, Tier
+from ..base.protocol import FrameParser, agent_source, decode, encode_request
+from ..base.sweeper import SweepPolicy
 from .cgroup import ProcessCgroup, Usage, limits_unavailable
-from .config import SandboxSettings
-from .errors import SandboxUnavailable, TierUnavailable
-from .models import SandboxResult, Tier
 from .outcome import HostFacts, finish
-from .protocol import FrameParser, agent_source, decode, encode_request
-from .sweeper import ReapReason, SweepPolicy
 
 _ERR_CAP = 4096
 NOBODY = 65534

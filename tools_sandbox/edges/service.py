@@ -10,7 +10,7 @@ back to the weaker process backend, and then every result names it (`backend="pr
 The tenant's CPU quota and `reactq_sandbox_cpu_seconds_total` are charged with the CPU time
 the host measured; where it measured nothing, with wall time x the tier's CPUs.
 
-Quotas (tools_sandbox/quotas.py): a call over its tenant's concurrency or per-minute quota waits
+Quotas (tools_sandbox/base/quotas.py): a call over its tenant's concurrency or per-minute quota waits
 in line, first come first served; only the CPU-day quota refuses. `execute` waits in its own
 thread (the CLI, scripts); the Celery task asks `admit` once per delivery and re-queues itself
 while the answer is a `Wait`, then runs the call with `run_admitted` (or stores `gave_up`'s
@@ -26,18 +26,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..backends.docker_backend import DockerBackend
+from ..backends.pool import Limits, PooledDocker, WarmPool
+from ..backends.process_backend import ProcessBackend
+from ..base.backend import SandboxBackend
+from ..base.config import SandboxSettings
+from ..base.errors import SandboxUnavailable, TierUnavailable
+from ..base.metrics import CPU_SECONDS, DURATION, EXECUTIONS, QUOTA_REJECTIONS, REAPED, init_labels, tenant_label
+from ..base.models import ErrorKind, ReapReason, SandboxResult, Tier
+from ..base.quotas import IN_PROGRESS, QuotaGate, Rejection, Slot, Wait
+from ..base.sweeper import Sweeper, SweepPolicy
+from ..base.tiers import get_tier, load_tiers
 from . import health
-from .backend import PooledDocker, SandboxBackend
-from .config import SandboxSettings
-from .docker_backend import DockerBackend
-from .errors import SandboxUnavailable, TierUnavailable
-from .metrics import CPU_SECONDS, DURATION, EXECUTIONS, QUOTA_REJECTIONS, REAPED, init_labels, tenant_label
-from .models import ErrorKind, SandboxResult, Tier
-from .pool import Limits, WarmPool
-from .process_backend import ProcessBackend
-from .quotas import IN_PROGRESS, QuotaGate, Rejection, Slot, Wait
-from .sweeper import ReapReason, Sweeper, SweepPolicy
-from .tiers import get_tier, load_tiers
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +91,12 @@ class SandboxService:
     """Executes code for tenants under their tier's limits and quotas."""
 
     def __init__(self, settings: SandboxSettings | None = None, *, backend: str | None = None,
-                 redis_url: str | None = None, pool: bool = True) -> None:
+                 redis_url: str | None = None, pool: bool = True, quotas: QuotaGate | None = None) -> None:
+        """Quotas are checked on `redis_url`'s Redis, or by the gate given (a sandbox worker's, on its client)."""
         self.settings = settings or SandboxSettings()
         self.backend_choice = backend or self.settings.sandbox_backend
         self.redis_url = redis_url
+        self._gate = quotas
         self.use_pool = pool
         self.tiers: dict[str, Tier] = {}
         self.backend: SandboxBackend | None = None
@@ -117,8 +119,9 @@ class SandboxService:
         self._closed.clear()
         self.tiers = load_tiers(self.settings.sandbox_tiers_file)
         init_labels(self.tiers, self.settings.tenants)
-        if self.redis_url:
-            self.quotas = QuotaGate(self.redis_url, waiter_stale_s=self.settings.sandbox_waiter_stale_s)
+        if self._gate is not None or self.redis_url:
+            self.quotas = self._gate or QuotaGate(self.redis_url or "",
+                                                  waiter_stale_s=self.settings.sandbox_waiter_stale_s)
             self.quotas.start()
         if not self._start_backend():
             self._probe_later()

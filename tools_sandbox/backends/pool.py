@@ -18,7 +18,7 @@ Bounds: a tenant keeps as many idle containers as it recently had executions at 
 observed concurrency over the last `RATE_WINDOW_S` x 3), and a worker keeps at most
 `max_bound` idle bound containers in all, evicting the least recently used. Idle
 containers unused for their tier's max idle age are retired, so none waits long enough for
-the sweeper's age cap (see sweeper.py). Start-up first reaps orphans: labelled containers
+the sweeper's age cap (see base/sweeper.py). Start-up first reaps orphans: labelled containers
 whose owning worker process on this host is gone (a worker that died mid-execution).
 """
 
@@ -32,10 +32,11 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from functools import partial
 
+from ..base.errors import SandboxUnavailable
+from ..base.metrics import RETIRED, WARM
+from ..base.models import ReapReason, SandboxResult, Tier
+from ..base.sweeper import SweepPolicy
 from .docker_backend import DockerBackend, DockerSandbox
-from .errors import SandboxUnavailable
-from .metrics import RETIRED, WARM
-from .models import Tier
 
 log = logging.getLogger(__name__)
 
@@ -358,3 +359,39 @@ class WarmPool:
             if closing:
                 self.backend.destroy(sandbox)
                 return
+
+
+class PooledDocker:
+    """The Docker backend behind a warm pool: an execution takes its tenant's warm container, or binds a
+    started one, and gives it back when it may serve the tenant again."""
+
+    def __init__(self, docker: DockerBackend, pool: WarmPool) -> None:
+        self.docker = docker
+        self.pool = pool
+
+    @property
+    def name(self) -> str:
+        return self.docker.name
+
+    def execute(self, code: str, tier: Tier, tenant: str) -> SandboxResult:
+        started = time.monotonic()
+        sandbox = self.pool.acquire(tier, tenant)
+        try:
+            executed = self.docker.run(sandbox, code, tenant=tenant, started=started)
+        except BaseException:
+            self.docker.destroy(sandbox)
+            self.pool.release(sandbox, retired_because="error")
+            raise
+        self.pool.release(sandbox, executed.retired_because)
+        return executed.result
+
+    def ping(self) -> None:
+        self.docker.ping()
+
+    def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
+        self.pool.retire_idle()
+        return self.docker.sweep(policy)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.docker.close()

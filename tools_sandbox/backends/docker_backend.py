@@ -1,6 +1,6 @@
 """The production backend: locked-down Docker containers, each serving one tenant on one tier.
 
-Each sandbox is a container running the supervisor (see _agent.py) under tini, with every
+Each sandbox is a container running the supervisor (see inside/_agent.py) under tini, with every
 hardening applied whatever the tier: no network, read-only root, a capped tmpfs at /tmp as
 the only writable place, all capabilities dropped but the supervisor's SETUID, SETGID and
 KILL, no-new-privileges, pids/memory(+no swap)/CPU limits, fsize/nofile ulimits, no
@@ -16,7 +16,7 @@ record is read from the supervisor, never from the code. Any anomaly — a timeo
 kill, a protocol violation, a cleanup the supervisor could not finish or did not report in
 time, an engine that cannot be measured — retires the container: it is killed synchronously
 (the kill has completed before the result is returned) and queued for removal; a removal
-that fails is retried, and anything still left is the sweeper's (sweeper.py). A tier whose
+that fails is retried, and anything still left is the sweeper's (base/sweeper.py). A tier whose
 OCI runtime the engine lacks is unavailable: it never runs on runc instead. A tier that only
 prefers a runtime (`prefer_runtime`, e.g. gVisor for the untrusted tiers) gets it where the
 engine has it, and runc elsewhere.
@@ -35,14 +35,14 @@ from datetime import datetime
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from ..base.errors import SandboxUnavailable, TierUnavailable
+from ..base.models import ReapReason, SandboxResult, Tier
+from ..base.protocol import FrameParser, agent_source, encode_request
+from ..base.sweeper import SweepPolicy
 from .cgroup import CgroupMeter, Usage
-from .errors import SandboxUnavailable, TierUnavailable
 from .frames import Demux, anomaly
-from .models import SandboxResult, Tier
 from .outcome import HostFacts, finish
 from .owners import owner_alive, owner_id
-from .protocol import FrameParser, agent_source, encode_request
-from .sweeper import ReapReason, SweepPolicy
 
 if TYPE_CHECKING:
     import docker
@@ -71,7 +71,7 @@ SANDBOX_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 # The supervisor is the container's root with only what it needs to start each execution as another
-# uid and to end every process of that uid; the code gets none of it (see _agent.py).
+# uid and to end every process of that uid; the code gets none of it (see inside/_agent.py).
 SUPERVISOR_USER = "0:0"
 SUPERVISOR_CAPS = ["SETUID", "SETGID", "KILL"]
 # How long the supervisor may take to clean up after the program before the container is retired.
@@ -458,7 +458,7 @@ class DockerBackend:
         return reaped
 
     def sweep(self, policy: SweepPolicy) -> list[tuple[str, ReapReason]]:
-        """Kill and remove every labelled container the policy condemns (see sweeper.py)."""
+        """Kill and remove every labelled container the policy condemns (see base/sweeper.py)."""
         reaped = []
         now = time.time()
         for c in self.list_sandboxes():

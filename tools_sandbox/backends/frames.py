@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import struct
 
+from ..base.protocol import FrameParser
 from .cgroup import Usage
-from .protocol import FrameParser
 
 log = logging.getLogger(__name__)
 
