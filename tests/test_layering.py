@@ -316,3 +316,48 @@ def test_sandbox_modules_are_classified_by_their_folder() -> None:
     assert sandbox_package_of("tools_sandbox.cli") == "tools_sandbox"
     assert sandbox_package_of("tools_sandbox") == "tools_sandbox"
     assert sandbox_rank("tools_sandbox.base") < sandbox_rank("tools_sandbox.edges")
+
+
+# Where the environment and the settings may be read: the top of each program (its CLI, its API, its Celery task
+# modules) and the settings classes themselves; every module below is passed what it needs. The sandbox's
+# supervisor runs inside the container, a program of its own.
+SETTINGS_READERS = ("worker/cli/", "worker/api/", "worker/tasks/", "worker/config.py", "tools_sandbox/edges/",
+                    "tools_sandbox/base/config.py", "tools_sandbox/inside/", "tools_sandbox/cli.py")
+SETTINGS_BUILDERS = {"get_settings", "Settings", "SandboxSettings"}
+
+
+def _reads_settings_or_environment(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else (
+                node.func.attr if isinstance(node.func, ast.Attribute) else "")
+            if name in SETTINGS_BUILDERS and not node.args and not node.keywords:
+                found.append(f"line {node.lineno}: {name}()")
+            if name == "getenv":
+                found.append(f"line {node.lineno}: getenv")
+        elif isinstance(node, ast.Attribute) and node.attr == "environ":
+            found.append(f"line {node.lineno}: os.environ")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in ("environ", "getenv") for a in node.names):
+            found.append(f"line {node.lineno}: from os import {', '.join(a.name for a in node.names)}")
+    return found
+
+
+def test_only_the_top_of_each_program_reads_the_environment_or_builds_the_settings() -> None:
+    offenders = {}
+    for package in ("worker", "tools_sandbox"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative.startswith(SETTINGS_READERS):
+                continue
+            if found := _reads_settings_or_environment(ast.parse(path.read_text(encoding="utf-8"))):
+                offenders[relative] = found
+    assert not offenders, f"settings must be passed in, not read deep: {offenders}"
+
+
+def test_the_settings_check_sees_each_way_of_reading_them() -> None:
+    seen = _reads_settings_or_environment(ast.parse(
+        "import os\nfrom os import environ\na = get_settings()\nb = config.SandboxSettings()\n"
+        "c = os.environ.get('X')\nd = os.getenv('X')\ne = Settings(tiers=['x'])\n"))
+    assert sorted(s.split(":")[0] for s in seen) == ["line 2", "line 3", "line 4", "line 5", "line 6"], seen

@@ -139,14 +139,16 @@ def test_the_operator_plan_allows_a_tier_added_to_the_tiers_file(tmp_path, monke
     tiers_file = tmp_path / "tiers.toml"
     tiers_file.write_text(DEFAULT_TIERS_FILE.read_text() + tier_toml("gpu", (2, 10, 100.0)))
     monkeypatch.setenv("REACTQ_SANDBOX_TIERS_FILE", str(tiers_file))
-    plans = load_plans()
+    settings = Settings()  # the setting reaches the plans through what the tenants pass: load_plans's tiers_file
+    assert settings.sandbox_tiers_file == str(tiers_file)
+    plans = load_plans(tiers_file=settings.sandbox_tiers_file)
     assert plans["operator"].tiers[-1] == "gpu" and {"free", "standard", "pro"} <= set(plans["operator"].tiers)
     assert "gpu" not in plans["pro"].tiers  # a plan that names its tiers gets only those
     operator = Policy("ops", plans["operator"], plans["operator"].budgets)
     assert operator.check_tier("gpu") is None
-    settings = Settings()
     validate_spec(RunSpec(question="q", tenant="ops", tier="gpu"), settings, known_tiers(settings), policy=operator)
     assert "not allowed" in (Policy("p", plans["pro"], plans["pro"].budgets).check_tier("gpu") or "")
+    assert "gpu" not in load_plans()["operator"].tiers  # without it: the shipped tiers file
 
     tiers_file.write_text(DEFAULT_TIERS_FILE.read_text())  # the tier removed again: gone from the plan too
     import os

@@ -138,6 +138,9 @@ class Settings(BaseSettings):
     ui_session_ttl_s: int = Field(8 * 3600, ge=60, le=30 * 86400)
     ui_cookie_secure: bool = False
     tiers: list[str] = Field(default_factory=lambda: ["free", "standard", "pro"])
+    # the sandbox tiers that exist (also read by the sandbox workers, tools_sandbox's settings); None: the
+    # shipped tiers file; an unreadable file: `tiers` above
+    sandbox_tiers_file: str | None = None
     prices_per_mtok: dict[str, tuple[float, float]] = Field(
         default_factory=lambda: {"reactq-stub": (0.15, 0.60)}
     )  # model -> (USD per 1M prompt tokens, USD per 1M completion tokens)

@@ -40,7 +40,6 @@ import signal
 import subprocess
 import time
 
-from ..base.config import SandboxSettings
 from ..base.errors import SandboxUnavailable, TierUnavailable
 from ..base.models import ReapReason, SandboxResult, Tier
 from ..base.protocol import FrameParser, agent_source, decode, encode_request
@@ -74,16 +73,15 @@ class ProcessBackend:
 
     name = "process"
 
-    def __init__(self, python: str = "/usr/bin/python3", confinement: str | None = None) -> None:
+    def __init__(self, python: str = "/usr/bin/python3", confinement: str = "auto") -> None:
         self.python = python
-        # None = REACTQ_SANDBOX_PROCESS_CONFINEMENT, read at start().
-        self.confinement = confinement
+        self.confinement = confinement  # REACTQ_SANDBOX_PROCESS_CONFINEMENT, passed by the service
         self._bwrap: str | None = None
         self._unshare: str | None = None
         self._libc: ctypes.CDLL | None = None
 
     def start(self) -> None:
-        choice = self.confinement or SandboxSettings().sandbox_process_confinement
+        choice = self.confinement
         if choice not in CONFINEMENTS:
             raise ValueError(f"unknown process confinement {choice!r}; use {', '.join(CONFINEMENTS)}")
         if not os.path.exists(self.python):

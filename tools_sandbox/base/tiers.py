@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from functools import lru_cache
@@ -42,18 +41,6 @@ def requiring_runtime(text: str, runtime: str) -> str:
     return re.sub(r"^(\[tiers\.[A-Za-z0-9_-]+\])$", rf'\1\nruntime = "{runtime}"', text, flags=re.M)
 
 
-TIERS_FILE_ENV = "REACTQ_SANDBOX_TIERS_FILE"
-
-
-@lru_cache(maxsize=8)
-def _default_tiers_file(env_value: str | None) -> Path:
-    """The settings' tiers file, memoised on the one variable that sets it: building SandboxSettings
-    reads the whole environment (~0.5 ms), and every submission checks its tier against this file."""
-    from .config import SandboxSettings
-
-    return SandboxSettings().sandbox_tiers_file
-
-
 @lru_cache(maxsize=8)
 def _load_cached(path: str, mtime_ns: int) -> dict[str, Tier]:
     try:
@@ -64,8 +51,11 @@ def _load_cached(path: str, mtime_ns: int) -> dict[str, Tier]:
 
 
 def load_tiers(path: str | Path | None = None) -> dict[str, Tier]:
-    """All tiers from `path` (default: settings' tiers file), re-read when the file changes."""
-    p = Path(path) if path is not None else _default_tiers_file(os.environ.get(TIERS_FILE_ENV))
+    """All tiers from `path` (default: the shipped tiers file; the settings name another), re-read when the
+    file changes."""
+    from .config import DEFAULT_TIERS_FILE
+
+    p = Path(path) if path is not None else DEFAULT_TIERS_FILE
     try:
         mtime = p.stat().st_mtime_ns
     except OSError as exc:

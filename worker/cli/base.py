@@ -24,11 +24,12 @@ def error(message: object) -> None:
 def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `reactq stub` need no Redis
     """The process runtime, once Redis answers. People get an answer within seconds (`patient=False`);
     daemons (`worker`) wait through a Redis restart."""
+    from ..config import get_settings
     from ..errors import StoreUnavailable
     from ..runtime.context import get_runtime
     from ..store.connection import ping, ping_quickly
 
-    rt = get_runtime()
+    rt = get_runtime(get_settings)
     try:
         if patient:
             ping(rt.redis, rt.settings.redis_url)

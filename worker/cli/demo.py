@@ -36,13 +36,14 @@ def demo(outfile: Path) -> None:
 
 
 def run_demo(outfile: Path, console: Console, out: Console) -> int:
+    from ..config import get_settings
     from ..evals.table import EvalTable
     from ..runtime.context import get_runtime
     from ..tasks.steps import send_step
     from .evaluation import bundled_set_path, run_eval
     from .local_stack import http_ok, redis_reachable, start_redis, start_stub, start_worker  # not at `reactq --help`
 
-    rt = get_runtime()
+    rt = get_runtime(get_settings)
     s = rt.settings
     workdir = Path(tempfile.mkdtemp(prefix="reactq-demo-"))
     started: list[Started] = []

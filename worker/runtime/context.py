@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from .. import metrics
-from ..config import Settings, get_settings
+from ..config import Settings
 from ..core.engine import Limits
 from ..llm.circuit import CircuitLLM
 from ..llm.client import LLMClient, OpenAIChat
@@ -133,9 +134,11 @@ _lock = threading.Lock()
 _runtime: Runtime | None = None
 
 
-def get_runtime() -> Runtime:
+def get_runtime(settings: Callable[[], Settings]) -> Runtime:
+    """The process's runtime, built once from `settings()`, which its first caller passes: a task module, the
+    CLI or the API, the layers that read the environment (nothing below them does)."""
     global _runtime
     with _lock:
         if _runtime is None:
-            _runtime = Runtime(get_settings())
+            _runtime = Runtime(settings())
         return _runtime

@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery, signals
 
+from ..config import get_settings
 from ..core.outcome import Outcome
 from ..errors import LLMThrottled
 from ..names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, step_reprs
@@ -84,7 +85,7 @@ def step(self: Any, run_id: str, index: int) -> str:
     whose model call failed for now (worker/core/provider_trouble.py)."""
     try:
         with IN_FLIGHT.track(run_id, index):
-            result = StepRunner(get_runtime(), CELERY_DISPATCH).run_step(run_id, index)
+            result = StepRunner(get_runtime(get_settings), CELERY_DISPATCH).run_step(run_id, index)
     except LLMThrottled as exc:
         send_step(run_id, index, countdown=exc.wait_s)
         return "throttled"
@@ -110,5 +111,5 @@ def _make_broker_pools(sender: Any = None, **_: Any) -> None:
 def _drain_on_shutdown(sender: Any = None, sig: str = "", how: str = "", **_: Any) -> None:
     """SIGTERM (warm shutdown): Celery takes no new message; bound how long the steps in flight may take."""
     if how == "Warm":
-        rt = get_runtime()
+        rt = get_runtime(get_settings)
         start_drain(rt.settings.drain_timeout_s, send_step, rt.leases)

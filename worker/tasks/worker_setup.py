@@ -101,7 +101,7 @@ def _start_services(instance: Any = None, **_: Any) -> None:
         from ..runtime.context import get_runtime
         from ..runtime.metrics_server import start_metrics_server
 
-        start_metrics_server(settings.metrics_port, get_runtime())
+        start_metrics_server(settings.metrics_port, get_runtime(get_settings))
     if _started["beside"]:
         from ..runtime.webhook_pool import WebhookPool
 
@@ -121,7 +121,7 @@ def _start_background(sender: Any = None, **_: Any) -> None:
     if sender is not None:
         queues = sender.app.amqp.queues
         HEALTH.consuming(queues.consume_from or queues)
-    start_reaper(get_runtime(), CELERY_DISPATCH, _started.get("queues", [STEPS_QUEUE]))
+    start_reaper(get_runtime(get_settings), CELERY_DISPATCH, _started.get("queues", [STEPS_QUEUE]))
 
 
 @signals.worker_shutdown.connect(weak=False, dispatch_uid="reactq-worker-shutdown")

@@ -101,7 +101,8 @@ def _load_cached(path: str, mtime_ns: int, tiers: tuple[str, ...]) -> dict[str, 
     return parse_plans(text, source=path, tiers=tiers)
 
 
-def load_plans(path: str | Path | None = None, tiers: Sequence[str] | None = None) -> dict[str, Plan]:
+def load_plans(path: str | Path | None = None, tiers: Sequence[str] | None = None,
+               tiers_file: str | None = None) -> dict[str, Plan]:
     """All plans from `path` (default: the shipped file), re-read when it or the tiers file changes.
     `tiers = ["*"]` is every tier of `tiers` (default: the sandbox tiers file's, in its order)."""
     p = Path(path) if path else DEFAULT_PLANS_FILE
@@ -109,15 +110,15 @@ def load_plans(path: str | Path | None = None, tiers: Sequence[str] | None = Non
         mtime = p.stat().st_mtime_ns
     except OSError as exc:
         raise PlanConfigError(f"cannot read plans file {p}: {exc.strerror}") from None
-    return _load_cached(str(p), mtime, tuple(_tiers_file_tiers() if tiers is None else tiers))
+    return _load_cached(str(p), mtime, tuple(_tiers_file_tiers(tiers_file) if tiers is None else tiers))
 
 
-def _tiers_file_tiers() -> list[str]:
+def _tiers_file_tiers(tiers_file: str | None) -> list[str]:
     """The tiers of tools_sandbox's tiers file in its order, else the settings' default list."""
     try:
         from tools_sandbox import load_tiers
 
-        return list(load_tiers())
+        return list(load_tiers(tiers_file))
     except Exception:  # tools_sandbox absent or its tiers file unreadable: fall back to settings
         return list(Settings.model_fields["tiers"].get_default(call_default_factory=True))
 
@@ -153,6 +154,6 @@ def known_tiers(settings: Settings) -> list[str]:
     try:
         from tools_sandbox import load_tiers
 
-        return sorted(load_tiers())
+        return sorted(load_tiers(settings.sandbox_tiers_file))
     except Exception:  # tools_sandbox absent or its tiers file unreadable: fall back to settings
         return list(settings.tiers)

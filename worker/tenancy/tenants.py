@@ -72,7 +72,7 @@ class Tenants:
         self._memo: dict[str, tuple[float, Policy | None]] = {}
 
     def plans(self) -> dict[str, Plan]:
-        return load_plans(self.settings.plans_file)
+        return load_plans(self.settings.plans_file, tiers_file=self.settings.sandbox_tiers_file)
 
     def _plan(self, name: str) -> Plan:
         plans = self.plans()
