@@ -34,8 +34,8 @@ QUESTION_IDS = ["q01", "q10", "q27", "nt01"]
 
 # Settings for a slow CPU model: -c 8192 with -np 2 gives each request 4,096 tokens of context, which must hold
 # the prompt (its history kept within REACTQ_CONTEXT_BUDGET_TOKENS, plus the tool schemas) and the reply
-# (REACTQ_LLM_MAX_TOKENS). A 135M model writes ~20-40 tokens a second on one busy core: a call may take
-# minutes when both slots are busy and the machine is loaded, so REACTQ_LLM_TIMEOUT_S is far above that.
+# (REACTQ_LLM_MAX_TOKENS). The 135M model reads ~140 and writes ~70 tokens a second on one idle core (both
+# batches take about a minute), far fewer on a loaded one: REACTQ_LLM_TIMEOUT_S is far above any one call.
 REAL_MODEL_ENV = {
     "REACTQ_MODEL": ALIAS,
     "REACTQ_LLM_API_KEY": "no-key",  # llama-server started without --api-key takes any
