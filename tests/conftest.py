@@ -24,14 +24,15 @@ pytest_plugins = [
     "tests.fixtures_receiver",
     "tests.fixtures_api",
     "tests.fixtures_browser",
+    "tests.fixtures_llama",
 ]
 
 # Longest single tests first (serial durations on the 2-core machine), then the modules with the most
 # integration time. Every other module keeps its place after these.
 SLOW_FIRST = [
-    "test_compose_stack", "test_ratelimit", "test_chaos_soak", "test_recovery", "test_prometheus", "test_integration",
-    "test_shutdown", "test_approvals", "test_tenancy", "test_redis_restart", "test_replay", "test_eval",
-    "test_metrics", "test_demo", "test_retention", "test_deploy", "test_eval_stream", "test_webhooks",
+    "test_real_model", "test_compose_stack", "test_ratelimit", "test_chaos_soak", "test_recovery", "test_prometheus",
+    "test_integration", "test_shutdown", "test_approvals", "test_tenancy", "test_redis_restart", "test_replay",
+    "test_eval", "test_metrics", "test_demo", "test_retention", "test_deploy", "test_eval_stream", "test_webhooks",
     "test_routing", "test_sandbox_agent_path", "test_api", "test_fairness", "test_sandbox_sweeper",
 ]
 
