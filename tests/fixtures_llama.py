@@ -30,6 +30,7 @@ import pytest
 
 from tests.fixtures_services import free_port
 from tests.waiting import wait_for
+from worker.llm.stream import StreamedCompletion
 
 SERVER_ENV = "REACTQ_TEST_LLAMA_SERVER"
 GGUF_ENV = "REACTQ_TEST_GGUF"
@@ -133,9 +134,18 @@ class Served:
     finish_reason: str | None = None
 
 
+def _streamed_body(payload: bytes) -> dict[str, Any]:
+    """A streamed completion (server-sent events, passed on whole) folded into the completion it makes up."""
+    folded = StreamedCompletion()
+    for line in payload.decode().splitlines():
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            folded.add(json.loads(line[5:]))
+    return folded.body()
+
+
 class UsageProxy:
     """A plain HTTP proxy to an upstream OpenAI-compatible server, recording every chat completion it passes
-    back (non-streaming: reactq's calls are)."""
+    back, streamed or not (a streamed one is passed on whole, once the server has finished it)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
@@ -188,7 +198,7 @@ class UsageProxy:
 
     def _record(self, status: int, payload: bytes) -> None:
         try:
-            body = json.loads(payload)
+            body = _streamed_body(payload) if payload.lstrip().startswith(b"data:") else json.loads(payload)
         except ValueError:
             body = {}
         choice = (body.get("choices") or [{}])[0] if isinstance(body, dict) else {}
