@@ -47,8 +47,9 @@ def test_an_eval_rerun_after_a_failed_run_and_a_deleted_file_runs_anew(cluster: 
     results file deleted, the rerun runs every question again, saying why it adopts nothing."""
     dataset, out = _subset(tmp_path), tmp_path / "results.jsonl"
     broken = cluster.start_worker(queues="steps", concurrency=4, REACTQ_LLM_BASE_URL="http://127.0.0.1:9/v1",
-                                  REACTQ_LLM_MAX_RETRIES="0")
-    failed = cluster.reactq("eval", str(dataset), "--out", str(out), "--json")
+                                  REACTQ_LLM_MAX_RETRIES="0", REACTQ_LLM_CIRCUIT_BASE_S="0.5")
+    # an unreachable endpoint is waited for until the run's deadline: 3 s here
+    failed = cluster.reactq("eval", str(dataset), "--out", str(out), "--json", REACTQ_RUN_DEADLINE_S="3")
     assert json.loads(failed.stdout)["summary"]["correct"] == 0, failed.stderr
     first = _run_ids(out)
     cluster.kill(broken)

@@ -27,7 +27,7 @@ from ..core.provider_trouble import CONTEXT_EXCEEDED
 from ..errors import LLMError
 from .http_pool import LLMHTTPClient
 from .in_flight import InFlightCap, KeepAlive
-from .stream import StreamedCompletion, StreamTooLong
+from .stream import StreamedCompletion
 
 if TYPE_CHECKING:
     import openai
@@ -230,9 +230,9 @@ class OpenAIChat:
                         options={"timeout": timeout_s}).content
                 else:
                     response = _streamed(client, body, timeout_s, deadline_at, folded, keep_alive)
-        except StreamTooLong as exc:
+        except LLMError:  # a stream longer than any reply
             self._report(model, "error", time.monotonic() - t0)
-            raise LLMError(f"LLM call failed: {exc}", 1, "malformed") from None
+            raise
         except openai.OpenAIError as exc:
             lost.attempt_failed(exc, folded.chars if folded is not None else 0)
             self._report(model, _outcome(exc), time.monotonic() - t0)

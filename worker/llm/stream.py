@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MAX_STREAMED_CHARS", "StreamTooLong", "StreamedCompletion"]
+from ..errors import LLMError
+
+__all__ = ["MAX_STREAMED_CHARS", "StreamedCompletion"]
 
 MAX_STREAMED_CHARS = 2_000_000  # far above any max_tokens a step sends
-
-
-class StreamTooLong(ValueError):
-    """The provider streamed more text than any reply of ours can hold."""
 
 
 class StreamedCompletion:
@@ -57,7 +55,8 @@ class StreamedCompletion:
         if isinstance(piece, str) and piece:
             self.chars += len(piece)
             if self.chars > MAX_STREAMED_CHARS:
-                raise StreamTooLong(f"the provider streamed more than {MAX_STREAMED_CHARS} characters")
+                raise LLMError(f"LLM call failed: the provider streamed more than {MAX_STREAMED_CHARS} characters",
+                               1, "malformed")
             into.append(piece)
 
     def _call(self, call: dict[str, Any], position: int) -> None:
