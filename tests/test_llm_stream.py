@@ -157,3 +157,52 @@ def test_a_whole_answer_that_never_comes_is_a_timeout_like_any(stub_base_url: st
     with pytest.raises(LLMError) as failed:
         client(stub_base_url, timeout_s=0.5, max_retries=0).chat(MESSAGES, model="m")
     assert failed.value.outcome == "timeout" and "APITimeoutError" in str(failed.value)
+
+
+class _SSE(BaseHTTPRequestHandler):
+    """A provider that streams the events of `EVENTS` (each line as given), then closes."""
+
+    EVENTS: list[str] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for event in self.EVENTS:
+            self.wfile.write(f"{event}\n\n".encode())
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _sse_client(events: list[str]) -> tuple[OpenAIChat, ThreadingHTTPServer]:
+    handler = type("Handler", (_SSE,), {"EVENTS": events})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return client(f"http://127.0.0.1:{server.server_port}/v1", max_retries=0), server
+
+
+def test_comments_garbage_lines_and_event_names_between_chunks_are_skipped() -> None:
+    events = [": keep-alive", "event: message", 'data: {"choices": [{"delta": {"content": "4"}}]}', "data: {oops",
+              'data: {"choices": [{"delta": {"content": "2"}, "finish_reason": "stop"}]}',
+              'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}', "data: [DONE]"]
+    chat, server = _sse_client(events)
+    try:
+        reply = chat.chat(MESSAGES, model="m")
+    finally:
+        server.shutdown()
+    assert (reply.content, reply.finish_reason, reply.usage.completion_tokens) == ("42", "stop", 2)
+
+
+def test_an_error_event_mid_answer_is_a_server_error_to_try_again_later() -> None:
+    chat, server = _sse_client(['data: {"choices": [{"delta": {"content": "4"}}]}',
+                                'data: {"error": {"message": "overloaded: secret internals", "type": "server_error"}}'])
+    try:
+        with pytest.raises(LLMError) as failed:
+            chat.chat(MESSAGES, model="m")
+    finally:
+        server.shutdown()
+    assert failed.value.outcome == "server_error" and "secret" not in str(failed.value)
