@@ -206,3 +206,16 @@ def test_an_error_event_mid_answer_is_a_server_error_to_try_again_later() -> Non
     finally:
         server.shutdown()
     assert failed.value.outcome == "server_error" and "secret" not in str(failed.value)
+
+
+def test_a_server_that_is_down_is_tried_twice_and_the_step_is_left_to_wait() -> None:
+    """Connection refused: one more try (a reset keep-alive connection is common), then the error, so the step
+    goes back to the queue instead of holding its thread through four backoffs."""
+    seen: list[str] = []
+    chat = client("http://127.0.0.1:9/v1", max_retries=4, on_attempt=lambda m, outcome, s: seen.append(outcome))
+    started = time.monotonic()
+    with pytest.raises(LLMError) as failed:
+        chat.chat(MESSAGES, model="m")
+    assert failed.value.outcome == "connection_error" and failed.value.attempts == 2, str(failed.value)
+    assert seen == ["connection_error", "connection_error"] and time.monotonic() - started < 5
+    assert failed.value.lost_usage is not None and failed.value.lost_usage.total == 0  # never sent: never billed

@@ -149,18 +149,29 @@ class OpenAIChat:
     def chat(self, messages: list[dict[str, Any]], *, deadline_at: float | None = None, **options: Any) -> LLMReply:
         """`deadline_at` (epoch seconds): the run's deadline, which bounds every attempt (its timeout, and a
         streamed answer still coming) and the waits between them. A timed-out request is repeated once at
-        most: a slow model asked again is only slower. The tokens of attempts that failed after the request
+        most: a slow model asked again is only slower. A request that lost its connection is tried once more:
+        a server that is down is waited for by re-queueing the step (worker/core/provider_trouble.py), not by
+        holding this thread through the backoff. The tokens of attempts that failed after the request
         went out (the provider may bill them) are the reply's or the error's `lost_usage`."""
         import openai
 
         model = options.get("model", "")
         body = {"messages": messages, **options}
         started = time.monotonic()
-        attempts, timeouts = 1, 0
+        attempts, timeouts, disconnects = 1, 0, 0
         lost = _LostTokens(body)
 
         def retryable(exc: BaseException) -> bool:
-            return _retryable(exc) and not (isinstance(exc, openai.APITimeoutError) and timeouts > 1)
+            if isinstance(exc, openai.APITimeoutError):
+                return timeouts <= 1
+            if isinstance(exc, openai.APIConnectionError):
+                return disconnects <= 1
+            return _retryable(exc)
+
+        def count(exc: BaseException) -> None:
+            nonlocal timeouts, disconnects
+            timeouts += isinstance(exc, openai.APITimeoutError)
+            disconnects += isinstance(exc, openai.APIConnectionError) and not isinstance(exc, openai.APITimeoutError)
 
         def left() -> float:
             return float("inf") if deadline_at is None else deadline_at - time.time()
@@ -169,7 +180,7 @@ class OpenAIChat:
             try:
                 response = self._attempt(model, body, self._timeout_for(left(), attempts), deadline_at, lost)
             except openai.OpenAIError as exc:
-                timeouts += isinstance(exc, openai.APITimeoutError)
+                count(exc)
                 if not retryable(exc) or self.max_retries == 0:
                     raise
                 # Only a failed first attempt pays for the retry machinery.
@@ -192,7 +203,7 @@ class OpenAIChat:
                                                      deadline_at, lost)
                         except openai.OpenAIError as failed:
                             rate_limited = isinstance(failed, openai.RateLimitError)
-                            timeouts += isinstance(failed, openai.APITimeoutError)
+                            count(failed)
                             raise
         except openai.OpenAIError as exc:
             raise LLMError(f"LLM call failed after {attempts} attempt(s): {_describe(exc)}", attempts,
