@@ -78,7 +78,7 @@ def test_a_stream_longer_than_any_reply_is_refused() -> None:
 
 
 def client(base_url: str, **kwargs: Any) -> OpenAIChat:
-    return OpenAIChat(base_url, "sk-test", backoff_base_s=0.01, **kwargs)
+    return OpenAIChat(base_url, "sk-test", **{"backoff_base_s": 0.01, **kwargs})
 
 
 def test_a_streamed_reply_is_the_reply_the_server_would_send_whole(stub_base_url: str,
@@ -219,3 +219,13 @@ def test_a_server_that_is_down_is_tried_twice_and_the_step_is_left_to_wait() -> 
     assert failed.value.outcome == "connection_error" and failed.value.attempts == 2, str(failed.value)
     assert seen == ["connection_error", "connection_error"] and time.monotonic() - started < 5
     assert failed.value.lost_usage is not None and failed.value.lost_usage.total == 0  # never sent: never billed
+
+
+def test_a_deadline_reached_between_tries_keeps_the_failure_that_was_the_reason(stub_base_url: str,
+                                                                                 stub_control: StubControl) -> None:
+    stub_control.set_faults(fail_first_n=10, fail_status=503)
+    with pytest.raises(LLMError) as failed:
+        client(stub_base_url, backoff_base_s=5.0, max_retries=4).chat(MESSAGES, model="m",
+                                                                      deadline_at=time.time() + 1.0)
+    assert failed.value.attempts == 1 and "HTTP 503" in str(failed.value), str(failed.value)
+    assert stub_control.stats()["requests"] == 1  # the backoff reached the deadline: nothing more was sent

@@ -94,6 +94,7 @@ def initialise(model: str, tenants: list[str], tools: list[str], parse_kinds: tu
     LLM_DURATION.labels(model)
     for kind in ("prompt", "completion"):
         LLM_TOKENS_LOST.labels(model, kind)
+    LLM_CIRCUIT_OPEN.labels(model).set(0)
     for tenant in [*tenants, "other"]:
         LLM_COST.labels(model, tenant)
         for kind in ("prompt", "completion"):

@@ -160,8 +160,11 @@ class OpenAIChat:
         started = time.monotonic()
         attempts, timeouts, disconnects = 1, 0, 0
         lost = _LostTokens(body)
+        failures: list[BaseException] = []
 
         def retryable(exc: BaseException) -> bool:
+            if left() <= 0:  # the run's deadline: no time for another try
+                return False
             if isinstance(exc, openai.APITimeoutError):
                 return timeouts <= 1
             if isinstance(exc, openai.APIConnectionError):
@@ -170,6 +173,7 @@ class OpenAIChat:
 
         def count(exc: BaseException) -> None:
             nonlocal timeouts, disconnects
+            failures.append(exc)
             timeouts += isinstance(exc, openai.APITimeoutError)
             disconnects += isinstance(exc, openai.APIConnectionError) and not isinstance(exc, openai.APITimeoutError)
 
@@ -195,6 +199,8 @@ class OpenAIChat:
                 rate_limited = isinstance(exc, openai.RateLimitError)
                 for attempt in retrying:
                     with attempt:
+                        if left() <= 0:  # the wait reached the deadline: the last failure says why
+                            raise failures[-1] from None
                         attempts += 1
                         if rate_limited and self.before_retry is not None:
                             self.before_retry(model)  # may raise LLMThrottled: the step is re-queued
