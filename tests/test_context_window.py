@@ -1,4 +1,4 @@
-"""The model's context window (issue 30, item 3.5): a provider's refusal of a prompt larger than the
+"""The model's context window: a provider's refusal of a prompt larger than the
 context is recognised at the LLM edge as its own outcome, the conversation's budget follows a per-model
 context size, and the pure decision after such a refusal (compact once, then end with a best-effort
 answer)."""

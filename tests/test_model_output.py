@@ -1,4 +1,4 @@
-"""Model output as real small models write it (issue 30, item 3): tool calls written as text in tools
+"""Model output as real small models write it: tool calls written as text in tools
 mode, reasoning (`reasoning_content`, `<think>`), replies cut at max_tokens, and format hints that give a
 concrete example instead of placeholders a model could echo back. Pure: the parser and the engine, with
 a small registry of our own tools."""

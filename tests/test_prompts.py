@@ -689,7 +689,7 @@ def test_trace_prompt_prints_what_the_model_was_sent(mode, redis_url, stub_base_
         proxy.stop()
 
 
-# --- examples built from a tool's JSON schema: plausible values, never placeholders (issue 30)
+# --- examples built from a tool's JSON schema: plausible values, never placeholders
 
 
 @pytest.mark.parametrize(("schema", "expected"), [

@@ -5,7 +5,7 @@ bad arguments, repeating itself) become observations and the run goes on; limits
 deadline, token budget, too many invalid outputs in a row, a loop that a hint did not break) end
 the run with a status and a reason.
 
-Model output as small and reasoning models write it (issue 30):
+Model output as small and reasoning models write it (docs/decisions/model-output.md):
 - A tool call written as text (JSON, fenced, or in call tags: parser.text_tool_calls) runs like a native
   call only if every call in it names an offered tool (a name or an alias the tenant's plan allows) with
   arguments the tool accepts (the same `validate` as native calls); otherwise the turn is a format error
