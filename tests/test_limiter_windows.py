@@ -226,7 +226,10 @@ def test_reservations_from_a_lull_fit_the_providers_windows_only_with_a_window(c
                       max_wait_s=10)
     starts = reservation_starts(client, new, 12)
     assert not refused_somewhere(starts)
-    assert most_in_a_window(starts, WINDOW_S) <= 7
+    # A start is known to the script's run time (two clock readings apart): one measured within a millisecond
+    # of a window's end may belong to the next window (the GCRA spaces the 8th call exactly WINDOW_S after
+    # the 1st), so the window here is that much shorter.
+    assert most_in_a_window(starts, WINDOW_S - 0.001) <= 7
 
 
 # --- three workers against the stub's 2-second windows ---
