@@ -19,7 +19,6 @@ from worker.core.provider_trouble import (
     TRANSIENT_OUTCOMES,
     WaitForProvider,
     after_failed_call,
-    backoff_s,
     deadline_of,
 )
 from worker.errors import LLMError
@@ -37,11 +36,6 @@ def a_run(deadline_s: float | None = 100.0, deadline_at: float | None = None) ->
 
 
 # --- the pure decision -------------------------------------------------------------------------------
-def test_backoff_doubles_per_round_up_to_its_cap() -> None:
-    assert [backoff_s(n, 2.0, 60.0) for n in range(0, 8)] == [0.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
-    assert backoff_s(10_000, 2.0, 60.0) == 60.0
-
-
 @pytest.mark.parametrize("outcome", PERMANENT)
 def test_a_refusal_no_retry_changes_fails_the_run_with_its_reason(outcome: str) -> None:
     move = after_failed_call(a_run(), 0.0, 1.0, outcome, "HTTP 400 (invalid_request_error)", 5.0)
@@ -114,7 +108,7 @@ def test_a_failing_provider_opens_its_circuit_for_every_worker_until_it_answers(
     with pytest.raises(LLMError) as refused:
         worker_b.chat([], model="m")
     assert refused.value.outcome == "circuit_open" and 0 < (refused.value.retry_after_s or 0) <= 0.3
-    assert provider.calls == 1 and circuits.open_circuits(["m", "other"]).keys() == {"m"}
+    assert provider.calls == 1 and circuits.open_ms("m") > 0 and circuits.open_ms("other") == 0
 
     time.sleep(0.35)  # closed again: the next call goes out; another failure is a second round, twice as long
     with pytest.raises(LLMError) as again:

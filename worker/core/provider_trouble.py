@@ -26,13 +26,6 @@ class WaitForProvider:
     wait_s: float
 
 
-def backoff_s(failures: int, base_s: float, cap_s: float) -> float:
-    """The wait after `failures` failed calls in a row: base, 2×base, 4×base… up to `cap_s`."""
-    if failures < 1:
-        return 0.0
-    return min(cap_s, base_s * 2 ** min(failures - 1, 32))
-
-
 def deadline_of(run: Run, started: float) -> float | None:
     """When the run's deadline passes (epoch seconds): `deadline_at` once a recorded step started its clock,
     else the start of this (first) step plus its wall-time budget; None without one."""

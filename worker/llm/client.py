@@ -23,6 +23,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from ..core.models import LLMReply, ToolCall, Usage
 from ..core.parser import join_reasoning, split_reasoning
+from ..core.prompts import estimate_tokens
 from ..core.provider_trouble import CONTEXT_EXCEEDED
 from ..errors import LLMError
 from .http_pool import LLMHTTPClient
@@ -315,7 +316,8 @@ def _streamed(client: openai.OpenAI, body: dict[str, Any], timeout_s: float, dea
 class _LostTokens:
     """The tokens of a call's failed attempts that the provider may bill: one that timed out or lost its
     connection after the request went out had its prompt read, and maybe part of an answer written. No
-    usage comes with those, so they are estimated (4 characters a token): `Usage.estimated`. A refused
+    usage comes with those, so they are estimated (the context budget's estimate for the prompt, 4 characters
+    a token for what was streamed): `Usage.estimated`. A refused
     connection or an HTTP error status cost nothing."""
 
     def __init__(self, body: dict[str, Any]) -> None:
@@ -329,7 +331,7 @@ class _LostTokens:
             return
         if isinstance(exc.__cause__, (httpx2.ConnectError, httpx2.ConnectTimeout)):  # never sent
             return
-        prompt = len(json.dumps([self.body.get("messages"), self.body.get("tools")], ensure_ascii=False)) // 4
+        prompt = estimate_tokens(self.body.get("messages") or []) + estimate_tokens(self.body.get("tools") or [])
         self.usage = self.usage + Usage(prompt_tokens=prompt, completion_tokens=received_chars // 4, estimated=True)
 
 

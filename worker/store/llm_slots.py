@@ -29,6 +29,3 @@ class LLMSlots:
 
     def give_back(self, model: str, token: str) -> None:
         self.r.zrem(keys.llm_in_flight(model), token)
-
-    def held(self, model: str) -> int:
-        return int(self.r.zcard(keys.llm_in_flight(model)))

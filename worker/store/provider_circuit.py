@@ -34,11 +34,3 @@ class ProviderCircuits:
     def reset(self, model: str) -> None:
         """A call succeeded: no failures in a row, the circuit closed."""
         self.r.delete(keys.llm_failures(model), keys.llm_circuit(model))
-
-    def open_circuits(self, models: list[str]) -> dict[str, int]:
-        """model -> ms left, for the models whose circuit is open (the ops page)."""
-        with self.r.pipeline(transaction=False) as pipe:
-            for model in models:
-                pipe.pttl(keys.llm_circuit(model))
-            left = pipe.execute()
-        return {model: int(ms) for model, ms in zip(models, left, strict=True) if int(ms) > 0}
