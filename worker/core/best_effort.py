@@ -45,7 +45,7 @@ def has_room(run: Run, now: float, limits: Limits) -> bool:
     are checked when the call is reserved)."""
     if run.deadline_at is not None and now >= run.deadline_at:
         return False
-    spent = run.usage.prompt_tokens + run.usage.completion_tokens
+    spent = run.usage.total
     return not (limits.max_tokens_per_run and spent >= limits.max_tokens_per_run)
 
 

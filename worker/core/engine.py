@@ -240,7 +240,7 @@ def _limit_reached(run: Run, steps_done: int, now: float, limits: Limits) -> End
         return End(RunStatus.MAX_STEPS, f"reached max_steps={run.max_steps} without a final answer")
     if run.deadline_at is not None and now >= run.deadline_at:
         return End(RunStatus.TIMEOUT, "run deadline passed")
-    spent = run.usage.prompt_tokens + run.usage.completion_tokens
+    spent = run.usage.total
     if limits.max_tokens_per_run and spent >= limits.max_tokens_per_run:
         return End(RunStatus.BUDGET_EXCEEDED, f"token budget of {limits.max_tokens_per_run} spent ({spent})")
     return None

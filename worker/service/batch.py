@@ -271,7 +271,7 @@ class Follower:
             progress.done += 1
             progress.failed += run.status.value != "succeeded"
             progress.steps += run.current_step
-            progress.tokens += run.usage.prompt_tokens + run.usage.completion_tokens
+            progress.tokens += run.usage.total
             progress.cost_usd += run.cost_usd
             self.on_finished(run)
 

@@ -60,7 +60,7 @@ def call_max_tokens(run: Run, prompt_estimate: int, default_max: int, global_max
                     prices: dict[str, tuple[float, float]]) -> int:
     """The `max_tokens` of the run's next call, or BudgetExceeded if the run's budget has no room."""
     allowed = default_max
-    spent = run.usage.prompt_tokens + run.usage.completion_tokens
+    spent = run.usage.total
     for limit, what in ((run.spec.max_tokens, "max_tokens"), (global_max_tokens, "REACTQ_MAX_TOKENS_PER_RUN")):
         if not limit:
             continue
@@ -175,7 +175,7 @@ class Reservation:
         reserved nothing, and gets back the writes that count the spend, for the step to record with
         its reply instead of a round trip of its own."""
         self.settled = True
-        actual = Spend(usage.prompt_tokens + usage.completion_tokens, cost)
+        actual = Spend(usage.total, cost)
         if self.reserved.tokens or self.reserved.usd:
             self.budgets.settle(self.tenant, self.reserved, actual, self.at)
             return []
