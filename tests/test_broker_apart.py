@@ -28,21 +28,13 @@ pytestmark = pytest.mark.integration
 MASTER = "reactq-broker"
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "broker-data")
-    server.workdir.mkdir()
-    server.start()
-    yield server
-    server.stop()
-
-
 def _run_keys(client: redis.Redis) -> list[bytes]:
     return list(client.scan_iter("reactq:run:*", count=1000))
 
 
 def test_a_broker_on_another_redis_runs_a_batch_through_a_killed_worker(
-        cluster: Cluster, broker: RedisServer, stub_control: StubControl, tmp_path: Path) -> None:
+        cluster: Cluster, own_redis: RedisServer, stub_control: StubControl, tmp_path: Path) -> None:
+    broker = own_redis  # a second redis-server: the cluster's state is on the session's
     cluster.env["REACTQ_BROKER_URL"] = broker.url
     victim, batch, _, out, expected = batch_under_way(cluster, stub_control, tmp_path, 300, 8)
     broker_client = redis.Redis.from_url(broker.url)
