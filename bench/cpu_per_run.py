@@ -55,7 +55,19 @@ def questions(kind: str, n: int) -> list[tuple[str, str]]:
     return out
 
 
-def grouper(roots: dict[str, int]) -> GroupOf:
+def container_pids(owner_pid: int) -> set[int]:
+    """The init pids of the running containers of the sandbox worker `owner_pid` (not other users' containers)."""
+    ids = subprocess.run(["docker", "ps", "-q", "--filter", "label=reactq.sandbox=1"], capture_output=True,
+                         text=True).stdout.split()
+    if not ids:
+        return set()
+    fields = '{{.State.Pid}} {{index .Config.Labels "reactq.sandbox.owner"}}'
+    out = subprocess.run(["docker", "inspect", "--format", fields, *ids], capture_output=True, text=True).stdout
+    return {int(pid) for pid, _, owner in (line.partition(" ") for line in out.splitlines())
+            if f"/{owner_pid}/" in owner and pid.isdigit() and int(pid) > 0}
+
+
+def grouper(roots: dict[str, int], containers: set[int]) -> GroupOf:
     """group_of(proc, procs) for cpu_by_group: our processes by role, the engine's by name."""
 
     def group_of(p: Proc, procs: dict[int, Proc]) -> str | None:
@@ -71,11 +83,10 @@ def grouper(roots: dict[str, int]) -> GroupOf:
             return "model server (stub)"
         if p.name in ("dockerd", "containerd"):
             return p.name
-        if p.name.startswith("containerd-shim"):
-            return "shims"
-        shims = {q.pid for q in procs.values() if q.name.startswith("containerd-shim")}
-        if p.pid in descendants(procs, shims):
+        if p.pid in descendants(procs, containers):
             return "containers"
+        if p.name.startswith("containerd-shim") and any(procs[c].ppid == p.pid for c in containers if c in procs):
+            return "shims"
         return None
 
     return group_of
@@ -109,6 +120,7 @@ def measure(bench: Bench, args: argparse.Namespace, kind: str, workdir: Path) ->
         bench.wait_ready(names, redis_url)
         wait_pool(sandbox.pid, 2)
         cli0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        containers = container_pids(sandbox.pid)
         before, busy0 = snapshot(), machine_busy_s()
         load = os.getloadavg()[0]
         clis = [subprocess.Popen([str(BIN / "reactq"), "batch", str(infile), "--out", str(outfile)], cwd=ROOT,
@@ -116,10 +128,11 @@ def measure(bench: Bench, args: argparse.Namespace, kind: str, workdir: Path) ->
                                  text=True) for infile, outfile in files]
         failed = [(cli.wait(args.timeout), cli.stderr.read() if cli.stderr else "") for cli in clis]
         after, busy1 = snapshot(), machine_busy_s()
+        containers |= container_pids(sandbox.pid)
         cli1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         if any(code for code, _ in failed):
             raise RuntimeError(f"a reactq batch failed: {[e[-1000:] for code, e in failed if code]}")
-        spent = cpu_by_group(before, after, grouper(roots))
+        spent = cpu_by_group(before, after, grouper(roots, containers))
         spent["batch CLI"] = cli1.ru_utime + cli1.ru_stime - cli0.ru_utime - cli0.ru_stime
         spent["other"] = (busy1 - busy0) - sum(spent.values())
         lines = [json.loads(line) for _, outfile in files for line in outfile.read_text().splitlines()]
