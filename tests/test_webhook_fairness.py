@@ -19,6 +19,7 @@ from tests.fixtures_receiver import Receiver
 from tests.waiting import wait_for
 from worker.runtime.webhook_fair import DeliveryGates, FairShares, deliver_fairly
 from worker.runtime.webhooks import (
+    UNSHARED_LOOKUPS,
     Attempt,
     AttemptError,
     Delivery,
@@ -182,3 +183,4 @@ def test_a_tenants_unanswered_name_lookups_do_not_delay_another_tenants_webhook(
         assert all(r is not None and r.attempts[0].kind == AttemptError.TIMEOUT for r in records)
     finally:
         release.set()
+    wait_for("the abandoned lookups to end", lambda: UNSHARED_LOOKUPS.pending("slow-dns"), until=lambda n: n == 0)
