@@ -37,7 +37,7 @@ HOLD_MARGIN_S = 30.0  # a slot's hold beyond the attempt's deadline (then a dead
 @dataclass(frozen=True)
 class FairShares:
     tenant_in_flight: int = 4
-    host_in_flight: int = 4
+    host_in_flight: int = 8
     retry_threads: int = 4
 
 
