@@ -5,9 +5,11 @@ receivers on loopback; the end-to-end test goes through real `reactq worker` pro
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,6 +93,76 @@ def test_a_tenants_hanging_receiver_does_not_hold_up_another_tenants_webhook(
     finally:
         client.close()
     assert len(deliveries) == 64 and sum(not d.attempts for d in deliveries) == 64  # nothing recorded yet
+
+
+# The trusted edge's resolver in the worker processes, patched (a `sitecustomize` on their PYTHONPATH, imported
+# at interpreter start, before any worker module takes socket.getaddrinfo): names under .slow.invalid hang
+# until the test creates the release file, as if their name server never answered. The HTTP stays real.
+SLOW_DNS_EDGE = """
+import os, socket, time
+
+_real = socket.getaddrinfo
+
+
+def getaddrinfo(host, port, *args, **kwargs):
+    if isinstance(host, str) and host.endswith(".slow.invalid"):
+        with open(os.environ["DNS_EDGE_STARTED"], "a") as started:
+            started.write(host + "\\n")
+        ends = time.monotonic() + 300
+        while not os.path.exists(os.environ["DNS_EDGE_RELEASE"]) and time.monotonic() < ends:
+            time.sleep(0.1)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    return _real(host, port, *args, **kwargs)
+
+
+socket.getaddrinfo = getaddrinfo
+"""
+
+
+@pytest.mark.integration
+def test_a_tenants_unanswered_name_lookups_do_not_hold_up_another_tenants_webhook_in_the_worker(
+        cluster: Cluster, make_receiver: Callable[..., Receiver], api_server: Callable[..., Api],
+        tmp_path: Path) -> None:
+    """Tenant A's 32 runs name hosts whose lookups never answer; its attempts end at their 2 s deadline and
+    leave their lookups pending, and later ones fail at once (the tenant's cap of pending lookups). Tenant
+    B's webhook, submitted then, arrives while every one of A's lookups is still hanging."""
+    edge = tmp_path / "dns_edge"
+    edge.mkdir()
+    (edge / "sitecustomize.py").write_text(SLOW_DNS_EDGE)
+    started, release = tmp_path / "lookups-started", tmp_path / "lookups-release"
+    fast = make_receiver()
+    cluster.env.update({"REACTQ_WEBHOOK_ALLOW_PRIVATE": "1", "REACTQ_WEBHOOK_DEADLINE_S": "2",
+                        "REACTQ_WEBHOOK_CONCURRENCY": "8", "DNS_EDGE_STARTED": str(started),
+                        "DNS_EDGE_RELEASE": str(release),
+                        "PYTHONPATH": os.pathsep.join([str(edge), str(Path(__file__).resolve().parent.parent),
+                                                       cluster.env.get("PYTHONPATH", "")])})
+    try:
+        cluster.start_worker(queues="steps,sandbox", concurrency=8)
+        keys = make_key(cluster, "default"), make_key(cluster, "acme")
+        api = api_server()
+        noisy, quiet = api.client(keys[0]), api.client(keys[1])
+        runs = [{"question": f"What is {i} + 1?", "webhook_url": f"http://h{i}.slow.invalid:{fast.port}/hook"}
+                for i in range(32)]
+        assert noisy.post("/v1/batches", json={"runs": runs}).status_code == 201
+        client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
+        store = WebhookStore(client, keep_s=0)
+
+        def a_errors() -> list[str]:
+            return [a.error or "" for d in store.list("default", 100) for a in d.attempts]
+
+        try:
+            wait_for("8 of A's attempts to have ended", a_errors, 180, until=lambda errors: len(errors) >= 8)
+            run = quiet.post("/v1/runs", json={"question": "What is 6 * 7?", "webhook_url": fast.url})
+            assert run.status_code == 201, run.text
+            [call] = fast.wait_for("tenant B's webhook", lambda calls: len(calls) >= 1, timeout=120)
+            assert json.loads(call.body)["run_id"] == run.json()["run_id"]
+            hung = started.read_text().split()
+            assert not release.exists() and 1 <= len(hung) <= 4  # A's lookups: its cap, all still hanging
+            assert any("lookups of this tenant's hosts have not ended" in e for e in a_errors())  # the rest
+        finally:
+            client.close()
+    finally:
+        release.touch()
 
 
 # --- in process: lanes and caps -----------------------------------------------------------------
