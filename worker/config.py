@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     webhook_deadline_s: float = Field(10.0, gt=0)  # one attempt in total: connect, headers, body; then it failed
     webhook_max_response_bytes: int = Field(64 * 1024, ge=0)  # of a receiver's answer read, then the connection closes
     webhook_concurrency: int = Field(8, ge=0)  # threads of the webhook worker each step worker starts (0: none)
+    webhook_tenant_in_flight: int = Field(4, ge=1)  # one tenant's webhook attempts at once, cluster-wide (others wait)
+    webhook_host_in_flight: int = Field(8, ge=1)  # attempts to one host name at once, cluster-wide (> the tenant cap)
+    webhook_retry_threads: int = Field(4, ge=1)  # of a webhook worker's threads, at most this many make retries
     webhook_retry_base_s: float = Field(10.0, gt=0)  # first retry after this; doubles each time ...
     webhook_retry_max_s: float = Field(1800.0, gt=0)  # ... up to this (below the broker's visibility timeout)
     webhook_retry_for_s: float = Field(86400.0, gt=0)  # a delivery is given up this long after it was created
