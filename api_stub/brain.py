@@ -229,7 +229,23 @@ def _available(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | Non
     if not systems:
         return dict(DEFAULT_ARG)
     joined = "\n".join(systems).lower()
-    return {name: arg for name, arg in DEFAULT_ARG.items() if re.search(rf"\b{name}\b", joined)}
+    offered = {name: arg for name, arg in DEFAULT_ARG.items() if re.search(rf"\b{name}\b", joined)}
+    for name, example in _LISTED_TOOL.findall("\n".join(systems)):
+        offered.setdefault(name.lower(), _first_key(example) or "input")
+    return offered
+
+
+# A tool the text-mode prompt lists ("Tool: NAME" ... "Example Action Input: {...}"): its argument is the
+# example's first field (a server's tool the stub has no rule for, called by "call NAME with ...").
+_LISTED_TOOL = re.compile(r"^Tool: (\S+)\n(?:(?!Tool: ).*\n)*?\s*Example Action Input: (\{.*\})$", re.M)
+
+
+def _first_key(example: str) -> str | None:
+    try:
+        value = json.loads(example)
+    except ValueError:
+        return None
+    return next(iter(value), None) if isinstance(value, dict) else None
 
 
 def _call_id(question: str, index: int, action: Action) -> str:
@@ -245,6 +261,8 @@ def _thought(action: Action) -> str:
         return f"I need to compute {action.argument} with the calculator."
     if action.tool == "search":
         return f"I should search for '{action.argument}' to find the answer."
+    if action.tool not in KNOWN_TOOLS:
+        return f"I will call {action.tool} with {action.argument!r}."
     return "I will write a short Python program to compute this."
 
 

@@ -27,6 +27,11 @@ from .tools import McpTool, make_tool, offered_names
 log = logging.getLogger("reactq.mcp")
 
 RETRY_LISTING_S = 30.0
+CLOSE_WAIT_S = 5.0
+# The tool executor's deadline is this much longer than the call's: the call's own deadline ends it
+# first, with the connection let go before the step goes on (worker/runtime/tool_exec.py's would leave
+# a thread waiting and race the step's next call to the same server).
+EXECUTOR_GRACE_S = 2.0
 
 
 class McpTools:
@@ -103,18 +108,19 @@ class McpTools:
             spec = self.specs[server]
             for listed in tools:
                 tool = make_tool(server, listed, names[(server, listed.name)], spec.timeout_s or self.timeout_s,
-                                 False, self.call)
+                                 EXECUTOR_GRACE_S, self.call)
                 self._tools[tool.name.lower()] = tool
 
     # --- calls --------------------------------------------------------------------------------
     def call(self, server: str, tool: str, arguments: dict[str, Any], timeout_s: float | None) -> str:
         """Call `tool` on `server` and wait at most its deadline; the text observation, or ToolError."""
         deadline = timeout_s or self.timeout_s
-        loop = self._ensure_loop()
+        loop, connection = self._ensure_loop(), self._connection(server)
         try:
-            result = loop.run(self._connection(server).call(tool, arguments), deadline)
+            result = loop.run(connection.call(tool, arguments), deadline)
         except TimeoutError:
-            raise ToolError(f"{tool} took longer than {deadline:g} s and was stopped", "timeout") from None
+            loop.run(connection.abandon(), CLOSE_WAIT_S)  # done before the step goes on to its next call
+            raise ToolError(f"{tool} took longer than {deadline:g} s and was stopped.", "timeout") from None
         text = observation_text(result)
         if result.is_error:
             raise ToolError(text, "mcp_tool_error")

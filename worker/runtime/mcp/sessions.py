@@ -45,7 +45,7 @@ class ServerConnection:
             if self._session is not None and not self.broken and self._holder is not None \
                     and not self._holder.done():
                 return self._session
-            await self.aclose()
+            self._retire()
             ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
             self._close = asyncio.Event()
             self._holder = asyncio.create_task(self._hold(ready, self._close), name=f"mcp-{self.name}")
@@ -113,7 +113,8 @@ class ServerConnection:
         except ToolError:
             raise
         except asyncio.CancelledError:
-            self.broken = True  # a request abandoned mid-way: its answer may still come; start clean
+            self.broken = True  # a request abandoned mid-way (a hung server): start clean next time
+            self._retire()
             raise
         except Exception as exc:
             if _is_protocol_answer(exc):
@@ -121,16 +122,32 @@ class ServerConnection:
             self.broken = True
             raise _unreachable(self.name, exc) from None
 
-    async def aclose(self) -> None:
+    async def abandon(self) -> None:
+        """A call here passed its deadline: the server may be hung; the next use starts a fresh one."""
+        self.broken = True
+        self._retire()
+
+    def _retire(self) -> asyncio.Task[None] | None:
+        """Let go of the connection at once; it closes in the background (a stdio server's process is
+        stopped), so that no call waits for an old connection to end."""
         holder, close = self._holder, self._close
         self._session, self._holder, self._close = None, None, None
         if holder is None or close is None:
-            return
+            return None
         close.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(holder), 5.0)
-        except BaseException:  # a transport that will not close in time is cancelled
-            holder.cancel()
+        return asyncio.get_running_loop().create_task(_closed(holder))
+
+    async def aclose(self) -> None:
+        closing = self._retire()
+        if closing is not None:
+            await closing
+
+
+async def _closed(holder: asyncio.Task[None]) -> None:
+    try:
+        await asyncio.wait_for(asyncio.shield(holder), 5.0)
+    except BaseException:  # a transport that will not close in time is cancelled
+        holder.cancel()
 
 
 def _is_protocol_answer(exc: Exception) -> bool:

@@ -91,10 +91,11 @@ def offered_names(listed: dict[str, list[types.Tool]], taken: Iterable[str]) -> 
     return names
 
 
-def make_tool(server: str, listed: types.Tool, name: str, timeout_s: float | None, needs_approval: bool,
-              call: Callable[[str, str, dict[str, Any], float | None], str]) -> McpTool:
-    """The reactq tool for `listed`; `call(server, remote_name, arguments, timeout_s)` runs it. Never
-    idempotent: a server tool may have effects, so its result is stored the moment it returns."""
+def make_tool(server: str, listed: types.Tool, name: str, timeout_s: float, grace_s: float,
+              call: Callable[[str, str, dict[str, Any], float], str]) -> McpTool:
+    """The reactq tool for `listed`; `call(server, remote_name, arguments, timeout_s)` runs it within
+    `timeout_s`, the executor's deadline `grace_s` later being a backstop. Never idempotent: a server
+    tool may have effects, so its result is stored the moment it returns."""
     schema = dict(listed.input_schema or {"type": "object"})
     schema.setdefault("type", "object")
     description = (listed.description or listed.title or f"{listed.name} (MCP server {server})").strip()[:1024]
@@ -102,6 +103,5 @@ def make_tool(server: str, listed: types.Tool, name: str, timeout_s: float | Non
     def run(args: BaseModel) -> str:
         return call(server, listed.name, args.model_dump(), timeout_s)
 
-    return McpTool(name, McpArguments, description, run, requires_approval=needs_approval,
-                   timeout_s=timeout_s, server=server, remote_name=listed.name,
-                   input_schema=json.dumps(schema, sort_keys=True))
+    return McpTool(name, McpArguments, description, run, timeout_s=timeout_s + grace_s, server=server,
+                   remote_name=listed.name, input_schema=json.dumps(schema, sort_keys=True))
