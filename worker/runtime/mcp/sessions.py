@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from mcp import ClientSession, types
@@ -76,7 +77,8 @@ class ServerConnection:
         spec = self.spec
         if spec.command:
             env = {**_inherited_env(), **spec.env}
-            return stdio_client(StdioServerParameters(command=spec.command[0], args=spec.command[1:], env=env))
+            return stdio_client(StdioServerParameters(command=spec.command[0], args=spec.command[1:], env=env),
+                                errlog=_server_errlog())
         assert spec.url is not None
         validate_url(spec.url)
         parts = urlsplit(spec.url)
@@ -163,6 +165,19 @@ def _message_of(exc: Exception) -> str:
 def _unreachable(name: str, exc: BaseException) -> ToolError:
     log.warning("MCP server %s unavailable: %s", name, exc, exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
     return ToolError(f"the MCP server {name!r} is not available right now", "mcp_unavailable")
+
+
+def _server_errlog() -> TextIO:
+    """Where a stdio server's stderr goes: the process's own stderr (a worker's sys.stderr is Celery's
+    logging proxy, which a child process cannot write to)."""
+    real = sys.__stderr__
+    try:
+        if real is not None:
+            real.fileno()
+            return real
+    except (AttributeError, OSError, ValueError):
+        pass
+    return open(os.devnull, "w")  # noqa: SIM115 - kept for the process's life
 
 
 def _inherited_env() -> dict[str, str]:
