@@ -76,8 +76,8 @@ class ServerConnection:
     def _transport(self) -> Any:
         spec = self.spec
         if spec.command:
-            env = {**_inherited_env(), **spec.env}
-            return stdio_client(StdioServerParameters(command=spec.command[0], args=spec.command[1:], env=env),
+            # the SDK gives it PATH, HOME, USER, LOGNAME, SHELL and TERM, and `env`: none of the worker's settings
+            return stdio_client(StdioServerParameters(command=spec.command[0], args=spec.command[1:], env=spec.env),
                                 errlog=_server_errlog())
         assert spec.url is not None
         validate_url(spec.url)
@@ -178,10 +178,3 @@ def _server_errlog() -> TextIO:
     except (AttributeError, OSError, ValueError):
         pass
     return open(os.devnull, "w")  # noqa: SIM115 - kept for the process's life
-
-
-def _inherited_env() -> dict[str, str]:
-    """What a stdio server inherits from the worker: enough to find and run its program, no secrets
-    (REACTQ_* settings and the worker's other variables stay out; `env` in its entry adds its own)."""
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "NODE_PATH", "SYSTEMROOT")
-    return {k: os.environ[k] for k in keep if k in os.environ}
