@@ -21,6 +21,7 @@ from tests.harness import Harness, call, final
 from worker import metrics
 from worker.config import McpServerSpec, Settings
 from worker.core.outcome import Outcome
+from worker.runtime import approvals
 from worker.runtime.mcp import McpTool, McpTools
 from worker.runtime.mcp.toolset import ToolsWithMcp
 from worker.tenancy.plans import AllowedTools, Plan, PlanLimits
@@ -151,6 +152,19 @@ def test_a_redelivered_step_never_calls_the_server_twice(mcp_harness) -> None:
     assert harness.steps(run_id)[0].observations[0].content.startswith("Started simulated")
     assert harness.rt.mcp is not None
     assert harness.rt.mcp.call("everything", "toggle-simulated-logging", {}, 10).startswith("Stopped")
+
+
+def test_a_call_named_in_the_approval_tools_waits_for_a_person(mcp_harness) -> None:
+    """Not run until approved: toggle-simulated-logging, approved, says "Started" (its first call)."""
+    harness = mcp_harness({"everything": everything()}, approval_tools=["toggle-simulated-logging"])
+    harness.llm.script(call("toggle-simulated-logging", {}), final("toggled"))
+    run_id = harness.submit("Toggle the logging")
+    assert harness.drain() == [Outcome.AWAITING_APPROVAL]
+    [pending] = harness.run(run_id).approvals
+    assert pending.tool == "toggle-simulated-logging" and pending.decision is None
+    approvals.record_decision(harness.store, run_id, pending.call_id, True, "test", None, harness.dispatch.next_step)
+    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    assert harness.steps(run_id)[0].observations[0].content.startswith("Started simulated")
 
 
 def test_a_stdio_server_gets_its_env_and_none_of_the_workers_settings(mcp_harness) -> None:

@@ -87,3 +87,17 @@ def test_a_server_killed_mid_batch_costs_only_the_calls_it_cut_off(cluster: Clus
     assert done.returncode == 0 and "Echo: back again" in results(out)["a"]["answer"], done.stderr
     assert worker.poll() is None
     assert server_pids(worker.pid) - {killed}  # a new process took the killed one's place
+
+
+@pytest.mark.integration
+def test_a_workers_stdio_servers_stop_with_it(cluster: Cluster, tmp_path: Path) -> None:
+    worker = cluster.start_worker(queues="steps", concurrency=2, REACTQ_MCP_SERVERS=SERVERS)
+    out = tmp_path / "out.jsonl"
+    done = cluster.reactq("batch", str(write_batch(tmp_path / "in.jsonl", {"a": "call echo with hi"})),
+                          "--out", str(out))
+    assert done.returncode == 0 and "Echo: hi" in results(out)["a"]["answer"], done.stderr
+    [server] = server_pids(worker.pid)
+    os.kill(worker.pid, signal.SIGTERM)  # the worker alone: its server is not in the signal's way
+    worker.wait(60)
+    wait_for("the server to end", lambda: not psutil.pid_exists(server)
+             or psutil.Process(server).status() == psutil.STATUS_ZOMBIE, 30)
