@@ -14,15 +14,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.fixtures_services import free_port, wait_for_port
 from tests.harness import Harness, call, final
+from tests.waiting import wait_for
 from worker import metrics
 from worker.config import McpServerSpec, Settings
 from worker.core.outcome import Outcome
 from worker.runtime import approvals
 from worker.runtime.mcp import McpTool, McpTools
+from worker.runtime.mcp.sessions import _transport_closed as transport_closed
 from worker.runtime.mcp.toolset import ToolsWithMcp
 from worker.tenancy.plans import AllowedTools, Plan, PlanLimits
 from worker.tools import REGISTRY
@@ -126,6 +129,22 @@ def test_a_hung_call_costs_its_deadline_and_the_next_call_gets_a_fresh_server(mc
     assert slow.outcome == "timeout" and "took longer than 5 s" in slow.content, slow
     assert (echoed.outcome, echoed.content) == ("ok", "Echo: still here")
     assert harness.rt.mcp is not None and harness.rt.mcp.starts("everything") == 2
+
+
+def test_a_server_that_died_between_calls_is_started_again_for_the_next(mcp_harness) -> None:
+    harness = mcp_harness({"everything": everything()})
+    offered(harness)
+    [server] = [p for p in psutil.Process().children(recursive=True) if str(EVERYTHING) in " ".join(p.cmdline())]
+    server.kill()
+    hub = harness.rt.mcp
+    assert hub is not None
+    wait_for("the connection to see its server gone",
+             lambda: transport_closed(hub._connections["everything"]._session), 30)
+    harness.llm.script(call("echo", {"message": "again"}), final("done"))
+    run_id = harness.submit("Echo again")
+    harness.drain()
+    assert harness.steps(run_id)[0].observations[0].content == "Echo: again"
+    assert hub.starts("everything") == 2
 
 
 def test_a_redelivered_step_never_calls_the_server_twice(mcp_harness) -> None:

@@ -39,7 +39,8 @@ class McpTools:
         self.specs = servers
         self.timeout_s = timeout_s  # a call's deadline unless its server's entry sets timeout_s
         self._allow_private = allow_private
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # listing and naming
+        self._connecting = threading.Lock()  # the loop thread and the connections' table
         self._loop: LoopThread | None = None
         self._connections: dict[str, ServerConnection] = {}
         self._listed: dict[str, list[types.Tool]] = {}
@@ -133,20 +134,24 @@ class McpTools:
 
     # --- the loop and connections ---------------------------------------------------------------
     def _ensure_loop(self) -> LoopThread:
-        if self._loop is None:
-            self._loop = LoopThread()
-        return self._loop
+        with self._connecting:
+            if self._closed:
+                raise ToolError("MCP servers are not available: this worker is stopping", "mcp_unavailable")
+            if self._loop is None:
+                self._loop = LoopThread()
+            return self._loop
 
     def _connection(self, name: str) -> ServerConnection:
-        connection = self._connections.get(name)
-        if connection is None:
-            connection = ServerConnection(name, self.specs[name], self._allow_private)
-            self._connections[name] = connection
-        return connection
+        with self._connecting:
+            connection = self._connections.get(name)
+            if connection is None:
+                connection = ServerConnection(name, self.specs[name], self._allow_private)
+                self._connections[name] = connection
+            return connection
 
     def close(self) -> None:
         """Close every connection (stdio servers' processes end) and stop the loop."""
-        with self._lock:
+        with self._lock, self._connecting:
             self._closed = True
             loop, self._loop = self._loop, None
         if loop is None:

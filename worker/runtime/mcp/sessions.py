@@ -44,7 +44,7 @@ class ServerConnection:
             self._opening = asyncio.Lock()
         async with self._opening:
             if self._session is not None and not self.broken and self._holder is not None \
-                    and not self._holder.done():
+                    and not self._holder.done() and not _transport_closed(self._session):
                 return self._session
             self._retire()
             ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
@@ -150,6 +150,13 @@ async def _closed(holder: asyncio.Task[None]) -> None:
         await asyncio.wait_for(asyncio.shield(holder), 5.0)
     except BaseException:  # a transport that will not close in time is cancelled
         holder.cancel()
+
+
+def _transport_closed(session: ClientSession) -> bool:
+    """Whether the session's transport has closed (a server that died between calls): a request would
+    fail unsent. Read from the SDK's dispatcher (not public API: an SDK without it reads as open, and the
+    call's failure then marks the connection broken)."""
+    return bool(getattr(getattr(session, "_dispatcher", None), "_closed", False))
 
 
 def _is_protocol_answer(exc: Exception) -> bool:
