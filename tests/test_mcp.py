@@ -270,4 +270,6 @@ def test_an_entry_is_a_command_or_a_url() -> None:
         Settings(mcp_servers={"x": {"command": ["a"], "url": "https://example.com/mcp"}})
     with pytest.raises(ValueError):
         Settings(mcp_servers={"bad name!": {"command": ["a"]}})
+    with pytest.raises(ValueError, match="http or https"):
+        Settings(mcp_servers={"x": {"url": "file:///etc/passwd"}})
     assert Settings(mcp_servers={"ok": {"url": "https://example.com/mcp"}}).mcp_servers["ok"].start_timeout_s == 30

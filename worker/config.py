@@ -54,6 +54,8 @@ class McpServerSpec(BaseModel):
             raise ValueError("an MCP server has either a command or a url")
         if self.command is None and self.env:
             raise ValueError("env is for a command's server; an HTTP server takes headers")
+        if self.url is not None and not self.url.lower().startswith(("http://", "https://")):
+            raise ValueError("an MCP server's url is an http or https URL")
         if self.url is None and self.headers:
             raise ValueError("headers are for a url's server; a command's server takes env")
         return self
