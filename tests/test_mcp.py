@@ -65,7 +65,7 @@ def test_a_servers_tools_are_offered_with_their_names_descriptions_and_schemas(m
     schema = tools["echo"].openai_schema()["function"]
     assert schema["description"] == "Echoes back the input string"
     assert schema["parameters"]["properties"]["message"]["type"] == "string"
-    assert schema["parameters"]["required"] == ["message"]
+    assert schema["parameters"]["required"] == ["message"] and "$schema" not in schema["parameters"]
 
 
 def test_names_that_clash_get_their_servers_name_before_them(mcp_harness) -> None:

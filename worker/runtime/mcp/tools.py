@@ -37,8 +37,10 @@ class McpTool(Tool):
         return dict(json.loads(self.input_schema))
 
     def openai_schema(self) -> dict[str, Any]:
+        params = {k: v for k, v in self.schema.items() if k != "$schema"}  # for validation only; some
+        # servers of the OpenAI protocol (grammar-constrained ones) refuse keys they do not know
         return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.schema}}
+                                                 "parameters": params}}
 
     def text_signature(self) -> str:
         props = self.schema.get("properties", {})
