@@ -58,7 +58,7 @@ class ServerConnection:
     async def _hold(self, ready: asyncio.Future[ClientSession], close: asyncio.Event) -> None:
         try:
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport())
+                read, write = await stack.enter_async_context(await self._transport(stack))
                 session = await stack.enter_async_context(ClientSession(read, write))
                 await session.initialize()
                 if not ready.done():
@@ -73,7 +73,8 @@ class ServerConnection:
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
-    def _transport(self) -> Any:
+    async def _transport(self, stack: AsyncExitStack) -> Any:
+        """The transport's context manager; an HTTP server's client is closed with the connection."""
         spec = self.spec
         if spec.command:
             # the SDK gives it PATH, HOME, USER, LOGNAME, SHELL and TERM, and `env`: none of the worker's settings
@@ -82,9 +83,10 @@ class ServerConnection:
         assert spec.url is not None
         validate_url(spec.url)
         parts = urlsplit(spec.url)
-        resolve_target(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
-                       self.allow_private or spec.allow_private)
-        client = create_mcp_http_client(headers=dict(spec.headers))
+        await asyncio.to_thread(  # a name lookup, off the loop that serves every server
+            resolve_target, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+            self.allow_private or spec.allow_private)
+        client = await stack.enter_async_context(create_mcp_http_client(headers=dict(spec.headers)))
         return streamable_http_client(spec.url, http_client=client)
 
     async def list_tools(self) -> list[types.Tool]:
