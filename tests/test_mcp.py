@@ -131,11 +131,24 @@ def test_a_hung_call_costs_its_deadline_and_the_next_call_gets_a_fresh_server(mc
     assert harness.rt.mcp is not None and harness.rt.mcp.starts("everything") == 2
 
 
+def servers_running() -> set[int]:
+    """This process's server-everything children."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if str(EVERYTHING) in " ".join(child.cmdline()):
+                found.add(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
 def test_a_server_that_died_between_calls_is_started_again_for_the_next(mcp_harness) -> None:
     harness = mcp_harness({"everything": everything()})
+    before = servers_running()
     offered(harness)
-    [server] = [p for p in psutil.Process().children(recursive=True) if str(EVERYTHING) in " ".join(p.cmdline())]
-    server.kill()
+    [server] = servers_running() - before  # an earlier test's server may still be on its way out
+    psutil.Process(server).kill()
     hub = harness.rt.mcp
     assert hub is not None
     wait_for("the connection to see its server gone",
