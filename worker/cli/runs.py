@@ -35,8 +35,11 @@ def _check_instructions(ctx: click.Context, param: click.Parameter, value: str |
 @click.option("--webhook-url", default=None, help="called with the run when it finishes")
 @click.option("--instructions", default=None, callback=_check_instructions,
               help=f"added to the run's system prompt (at most {MAX_INSTRUCTIONS_CHARS} characters)")
+@click.option("--python-session", is_flag=True,
+              help="python keeps its globals across the run's calls (without it: the plan's default)")
 def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None, max_steps: int | None,
-        model: str | None, timeout: float, webhook_url: str | None, instructions: str | None) -> None:
+        model: str | None, timeout: float, webhook_url: str | None, instructions: str | None,
+        python_session: bool) -> None:
     """Submit one run."""
     from ..core.models import RunSpec
     from ..core.views import run_json
@@ -49,7 +52,8 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
         tier = tier or tenant_policy(rt.tenants, tenant).plan.default_tier or "standard"
         [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
                                           model=model, webhook_url=webhook_url,
-                                          instructions=instructions)], rt.settings, _send_step(),
+                                          instructions=instructions, python_session=python_session or None)],
+                       rt.settings, _send_step(),
                        interactive=True, tenants=rt.tenants, budgets=rt.budgets)
     except (InvalidRequest, AdmissionRefused, TooLarge) as exc:
         error(exc)

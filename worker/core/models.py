@@ -112,6 +112,7 @@ class SandboxFacts(BaseModel):
     backend: str = ""
     cpu_seconds: float | None = None
     memory_peak_bytes: int | None = None
+    session_cells: int | None = None  # a python session's call: the earlier cells replayed before it
 
 
 class Observation(BaseModel):
@@ -188,6 +189,7 @@ class RunSpec(BaseModel):
     deadline_s: Finite | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
     webhook_url: Text | None = None  # called when the run finishes (worker/runtime/webhooks.py)
     instructions: Instructions | None = None  # added to the run's system prompt (worker/core/prompts.py)
+    python_session: bool | None = None  # python keeps its globals across the run's calls (None: the plan's)
 
 
 class Run(BaseModel):

@@ -49,6 +49,7 @@ class BatchLine(BaseModel, extra="forbid"):
     category: Category | None = None  # evaluation sets: the figures of `reactq eval` per category
     webhook_url: str | None = None
     instructions: Instructions | None = None  # added to the run's system prompt
+    python_session: bool | None = None  # python keeps its globals across the run's calls (default: the plan's)
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,7 @@ def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_dupli
                        max_steps=line.max_steps, model=line.model, max_tokens=line.max_tokens,
                        max_cost_usd=line.max_cost_usd, deadline_s=line.deadline_s,
                        client_id=line.id or f"line-{number}", webhook_url=line.webhook_url,
-                       instructions=line.instructions)
+                       instructions=line.instructions, python_session=line.python_session)
         validate_spec(spec, c.settings, c.tiers, policy=policy)
     except InvalidRequest as exc:
         return LineError(number, str(exc))
