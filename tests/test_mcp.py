@@ -232,9 +232,10 @@ def test_a_plan_gets_the_servers_it_names() -> None:
         only_one = AllowedTools(tools, Plan(name="p", tiers=["free"], tools=["calculator"], mcp_servers=["one"],
                                             limits=limits))
         none = AllowedTools(tools, Plan(name="q", tiers=["free"], limits=limits))
+        assert not [t for t in none.all() if isinstance(t, McpTool)] and none.get("one_echo") is None
+        assert hub.listed() == []  # a plan without servers starts none
         servers = {t.server for t in only_one.all() if isinstance(t, McpTool)}
         assert servers == {"one"} and "calculator" in only_one.names() and "search" not in only_one.names()
-        assert not [t for t in none.all() if isinstance(t, McpTool)]
         assert only_one.get("two_echo") is None and only_one.get("one_echo") is not None
         refusal = only_one.refusal("two_echo")
         assert refusal is not None and "not allowed on this tenant's plan" in refusal

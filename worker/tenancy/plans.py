@@ -140,18 +140,24 @@ class AllowedTools:
         self.registry = registry
         self.plan = plan
 
+    @property
+    def _offered(self) -> Any:
+        """A plan without MCP servers reads the registry beneath them (`base`, when the registry has
+        servers): its steps never wait for a server to start or be retried."""
+        return self.registry if self.plan.mcp_servers else getattr(self.registry, "base", self.registry)
+
     def get(self, name: str) -> Any:
-        tool = self.registry.get(name)
+        tool = self._offered.get(name)
         return tool if tool is not None and self.plan.allows(tool) else None
 
     def names(self) -> list[str]:
         return sorted(t.name for t in self.all())
 
     def all(self) -> list[Any]:
-        return [t for t in self.registry.all() if self.plan.allows(t)]
+        return [t for t in self._offered.all() if self.plan.allows(t)]
 
     def refusal(self, name: str) -> str | None:
-        tool = self.registry.get(name)
+        tool = self._offered.get(name)
         if tool is None or self.plan.allows(tool):
             return None
         return (f"tool {tool.name!r} is not allowed on this tenant's plan ({self.plan.name!r}); "
