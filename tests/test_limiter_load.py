@@ -19,10 +19,10 @@ import redis
 from api_stub import FaultConfig, StubServer
 from tests.fixtures_cluster import ROOT
 
-PROVIDER_RPM = 240  # 4, 8, 20 or 40 per fixed window of 1, 2, 5 or 10 s
-LIMIT_RPM = 204  # what reactq is told: 85% of it
-CALLS = 90
-WORKERS, THREADS = 3, 6
+PROVIDER_RPM = 600  # 10, 20, 50 or 100 per fixed window of 1, 2, 5 or 10 s
+LIMIT_RPM = 510  # what reactq is told: 85% of it
+CALLS = 150
+WORKERS, THREADS = 3, 8
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_no_window_configured_85_percent_of_the_limit_is_never_refused_under_loa
 ) -> None:
     stub: StubServer = make_stub(FaultConfig(rpm_limit=PROVIDER_RPM, limit_window_s=provider_window_s))
     redis.Redis.from_url(redis_url).flushdb()
-    # three worker processes of six threads, sharing the limiter through Redis (each imports openai and makes
+    # three worker processes of eight threads, sharing the limiter through Redis (each imports openai and makes
     # its first connection under load, as a starting worker does)
     workers = [subprocess.Popen([sys.executable, "-m", "tests.limiter_callers", stub.base_url, redis_url,
                                  str(LIMIT_RPM), str(CALLS // WORKERS), str(THREADS)],
