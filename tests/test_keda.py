@@ -14,6 +14,7 @@ import math
 import re
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,6 +23,7 @@ from tests.fixtures_api import make_key, start_api
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_crds import crd_errors, crd_schemas
 from tests.fixtures_k8s import kustomize
+from tests.fixtures_services import free_port, wait_for_port
 from worker.names import SANDBOX_QUEUE, STEPS_QUEUE, queue_lists
 
 KEDA_OBJECTS = [d for d in kustomize("autoscale-keda") if d["apiVersion"].startswith("keda.sh/")]
@@ -129,9 +131,13 @@ def test_the_value_location_reads_the_sum_of_the_queues_lists_from_a_real_api(cl
                 client.rpush(name, *[b"message"] * (n + len(queue)))
         waiting[queue] = sum(n + len(queue) for n in range(len(queue_lists(queue))) if n % 3)
     make_key(cluster, "default")  # the API starts only with a tenant to serve
+    port = free_port()
+    cluster.env["REACTQ_API_METRICS_PORT"] = str(port)  # a port of its own, as the k8s base sets it (9807)
     api = start_api(cluster)
     try:
-        text = api.client(None).get("/metrics").text
+        wait_for_port(port)
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        assert api.client(None).get("/metrics").status_code == 404  # not on the API's own port
     finally:
         api.stop()
         client.close()
