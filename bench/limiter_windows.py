@@ -11,8 +11,9 @@ admissions, leaving out the first 5% and the last 10%: the workers' first steps 
 The waits are the workers' `reactq_llm_limiter_wait_seconds` (slept for a reserved slot and held by the
 window guard), p50/p95 interpolated within its buckets; calls re-queued for a later slot are not in it.
 
-Modes: `default` (no `window_s`: even spacing), `window` (`window_s: 2`, the provider's window), `none` (`window_s: 0`, the limiter as it was, burst tolerance
-0.5 s), `none-burst3` (`window_s: 0`, REACTQ_LLM_LIMIT_BURST_S=3).
+Modes: `default` (no `window_s`: even spacing), `window` (`window_s: 2`, the provider's window), `none`
+(`window_s: 0`, the limiter as it was, burst tolerance 0.5 s), `none-burst3` (`window_s: 0`,
+REACTQ_LLM_LIMIT_BURST_S=3).
 Target: in `window`, 0 429s and a busy rate >= 90% of 200/min. Exit 1 if missed, 2 on a failed run.
 """
 
