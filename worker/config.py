@@ -22,8 +22,9 @@ class ModelSpec(BaseModel):
     rpm: int | None = Field(None, ge=1)  # requests per minute; None: no limit
     tpm: int | None = Field(None, ge=1)  # tokens (prompt + completion) per minute
     # the provider's enforcement window: no `window_s` seconds see more than their share of rpm/tpm
-    # (worker/llm/ratelimit.py); 0: no window, only the burst tolerance REACTQ_LLM_LIMIT_BURST_S
-    window_s: float = Field(1.0, ge=0, le=60)
+    # (worker/llm/ratelimit.py); None (unknown, the default): calls spaced evenly, one interval apart, at
+    # admission and at send time; 0: no window, only the burst tolerance REACTQ_LLM_LIMIT_BURST_S
+    window_s: float | None = Field(None, ge=0, le=60)
     # requests in flight to its server at once, over every worker (worker/llm/in_flight.py): its slots
     # (llama.cpp's -np); None: no cap
     max_in_flight: int | None = Field(None, ge=1)
