@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from ..config import Settings
-from ..errors import AdmissionRefused, InvalidRequest, TierNotAllowed, TooLarge
+from ..errors import AdmissionRefused, InvalidRequest, StepOutOfRange, TierNotAllowed, TooLarge
 from ..runtime.context import Runtime
 from ..runtime.metrics_server import initialise
 from ..service.submit import known_models
@@ -123,6 +123,10 @@ def _handle_errors(app: FastAPI, routes: list[APIRoute]) -> None:
         if exc.status_code == 405:  # Starlette names the methods of the first route of the path only
             response.headers["Allow"] = ", ".join(_methods(routes, request))
         return response
+
+    @app.exception_handler(StepOutOfRange)  # the bound depends on the run, not the request: a conflict
+    async def _past_steps(_: Request, exc: StepOutOfRange) -> JSONResponse:
+        return _error(409, str(exc))
 
     @app.exception_handler(TierNotAllowed)
     async def _tier_refused(_: Request, exc: TierNotAllowed) -> JSONResponse:
