@@ -2,7 +2,8 @@
 answers a request naming another host (a page whose name was re-pointed at 127.0.0.1: DNS rebinding) with
 400 everywhere, /metrics and the UI included, with or without --insecure-no-auth; the loopback names, with
 any port, and the names a deployment sets are served. The compose file and the manifests set the names
-their clients and probes use."""
+their clients and probes use. The API's separate metrics listener answers the same names and IP addresses
+(Prometheus scrapes pods by IP)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import yaml
 from tests.fixtures_api import make_key, start_api
 from tests.fixtures_cluster import Cluster
 from tests.fixtures_k8s import kustomize
+from tests.fixtures_services import free_port, wait_for_port
 from tests.test_deploy import SECRETS, compose_config
-from worker.api.hosts import AllowedHosts, host_name
 from worker.config import Settings
+from worker.runtime.host_names import AllowedHosts, host_name
 
 FOREIGN = "rebound.attacker.example"
 
@@ -33,6 +35,9 @@ def test_host_names_and_the_allowed_list() -> None:
     wild = AllowedHosts(["*.corp.example", "api"])
     assert wild.allows("x.corp.example:443") and wild.allows("API") and not wild.allows("corp.example.evil")
     assert AllowedHosts(["*"]).allows(FOREIGN) and not AllowedHosts(["*"]).allows("a/b")
+    pods = AllowedHosts(["api"], addresses=True)  # the API's metrics listener: Prometheus scrapes pod IPs
+    assert pods.allows("10.1.2.3:9807") and pods.allows("[fd00::1]:9807") and not loopback.allows("10.1.2.3")
+    assert not pods.allows(f"{FOREIGN}:9807") and not pods.allows("10.1.2.3.attacker.example")
 
 
 def _get(client: httpx.Client, path: str, host: str) -> httpx.Response:
@@ -72,6 +77,27 @@ def test_authenticated_api_refuses_foreign_hosts_and_serves_the_set_names(cluste
         assert _get(client, "/metrics", "localhost").status_code == 400  # the setting replaces the default
         assert _get(client, "/metrics", "api.corp.example:8443").status_code == 200
         assert _get(client, "/v1/usage", "eu.reactq.example").status_code == 200
+    finally:
+        api.stop()
+
+
+@pytest.mark.integration
+def test_the_api_metrics_port_answers_the_api_names_and_addresses_only(cluster: Cluster) -> None:
+    """REACTQ_API_METRICS_PORT's listener (tenants, spend), as compose and the manifests run it: Prometheus
+    scrapes it by the service name (compose) or the pod's IP (Kubernetes); a re-pointed name gets 400."""
+    make_key(cluster, "default")
+    port = free_port()
+    cluster.env.update({"REACTQ_API_METRICS_PORT": str(port), "REACTQ_API_ALLOWED_HOSTS": '["localhost", "api"]'})
+    api = start_api(cluster)
+    try:
+        wait_for_port(port)
+        url = f"http://127.0.0.1:{port}/metrics"
+        for host in (f"{FOREIGN}:{port}", FOREIGN, "api.attacker.example"):
+            refused = httpx.get(url, headers={"Host": host}, timeout=10)
+            assert refused.status_code == 400 and "reactq_" not in refused.text, host
+        for host in (f"api:{port}", f"127.0.0.1:{port}", f"10.1.2.3:{port}", f"[::1]:{port}", "localhost"):
+            page = httpx.get(url, headers={"Host": host}, timeout=10)
+            assert page.status_code == 200 and "reactq_queue_depth" in page.text, host
     finally:
         api.stop()
 

@@ -8,36 +8,10 @@ match) and answers plain text; this one reads bracketed IPv6 hosts and answers t
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-# a Host header: a name or IPv4 address, or a bracketed IPv6 address, then an optional port
-_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::[0-9]{1,5})?")
-
-
-def host_name(header: str) -> str | None:
-    """The host of a Host header without its port, lower case, a trailing dot dropped (None: malformed)."""
-    match = _HOST.fullmatch(header.strip())
-    return match.group(1).lower().rstrip(".") if match else None
-
-
-class AllowedHosts:
-    """`names` as the setting has them: exact names (any port), `*.example.com` for every name under
-    example.com, or `*` for every name (a proxy in front checks them)."""
-
-    def __init__(self, names: Iterable[str]) -> None:
-        self.names = {n.strip().lower().rstrip(".") for n in names if n.strip()}
-        self.any = "*" in self.names
-        self.suffixes = tuple(n[1:] for n in self.names if n.startswith("*."))
-
-    def allows(self, header: str | None) -> bool:
-        name = host_name(header) if header else None
-        if name is None:
-            return False
-        return self.any or name in self.names or name.endswith(self.suffixes)
+from ..runtime.host_names import AllowedHosts
 
 
 class HostGuard:
