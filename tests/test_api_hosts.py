@@ -66,6 +66,13 @@ def test_insecure_no_auth_answers_only_its_loopback_names(cluster: Cluster) -> N
 
 
 @pytest.mark.integration
+def test_insecure_no_auth_refuses_to_answer_any_host(cluster: Cluster) -> None:
+    refused = cluster.reactq("api", "--insecure-no-auth", "--port", "1", timeout=60,
+                             REACTQ_API_ALLOWED_HOSTS='["localhost", "*"]')
+    assert refused.returncode == 2 and "REACTQ_API_ALLOWED_HOSTS" in refused.stdout + refused.stderr
+
+
+@pytest.mark.integration
 def test_authenticated_api_refuses_foreign_hosts_and_serves_the_set_names(cluster: Cluster) -> None:
     key = make_key(cluster, "default")
     cluster.env["REACTQ_API_ALLOWED_HOSTS"] = '["api.corp.example", "*.reactq.example"]'
