@@ -1,9 +1,9 @@
 """Schemathesis against a real `reactq api` on real Redis: every check (`--checks all`), over the coverage,
 fuzzing and stateful phases (the stateful one follows the document's links: a created run is then read,
-cancelled, replayed, deleted ...). It fails on any 5xx, any status or body the OpenAPI document does not
-state, any request the document calls valid that the API refuses (and the reverse), an ignored key, a
-deleted run still served, and so on. A bounded number of examples keeps it near a minute; the seed is
-random, and printed on failure (`--seed N` replays it)."""
+its event stream followed, cancelled, replayed, deleted ...). It fails on any 5xx, any status or body the
+OpenAPI document does not state, any request the document calls valid that the API refuses (and the
+reverse), an ignored key, a deleted run still served, and so on. A bounded number of examples keeps it to
+one or two minutes; the seed is random, and printed on failure (`--seed N` replays it)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ request-timeout = 2
 max-stream-events = 2
 """
 
-EXAMPLES = 25  # per operation and phase: about a minute on a loaded 2-CPU machine
+EXAMPLES = 25  # per operation and phase: under two minutes on a loaded 2-CPU machine
 
 
 @pytest.mark.integration
