@@ -79,6 +79,8 @@ def test_replay_reuses_steps_and_forks_with_another_mode(cluster: Cluster, api_c
 
     bad = cluster.reactq("replay", source["run_id"], "--from-step", "4")
     assert bad.returncode == 2 and "between 1 and 3" in bad.stderr
+    past = api_client.post(f"/v1/runs/{source['run_id']}/replay", json={"from_step": 4})
+    assert past.status_code == 409 and "between 1 and 3" in past.json()["error"]["message"]  # the run's state
     assert api_client.post("/v1/runs/nope/replay", json={"from_step": 1}).status_code == 404
     assert api_client.post(f"/v1/runs/{source['run_id']}/replay", json={"from_step": 0}).status_code == 422
 

@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     # the API's /metrics (tenant names, spend): on this port of its own; 0: on the API's port; unset: on the
     # API's port while `reactq api` listens on loopback only (docs/DESIGN.md's GET /metrics), else on 9807
     api_metrics_port: int | None = Field(None, ge=0, le=65535)
+    # the names (Host header, any port) the API answers to; others get 400 (docs/decisions/exposure.md):
+    # `*.example.com` for the names under it, `*` for any (a proxy in front checks them)
+    api_allowed_hosts: list[str] = Field(default_factory=lambda: ["localhost", "127.0.0.1", "[::1]"])
     health_stale_s: float = Field(30.0, gt=0)  # no consumer heartbeat for this long (Redis up): /livez fails
 
     # safeguards

@@ -29,7 +29,7 @@ from ..tenancy.tenants import Policy
 from .app_state import RuntimeDep, stream_gate_of, stream_reads_of
 from .auth import CallerPolicy, CallerTenant, bearer_scheme, caller_tenant, key_refusal
 from .guards import EVENT_ID, ID_PATTERN, Question, WebhookUrl, check_event_id, check_id, owned_run
-from .schemas import AUTHED, Deleted, RunView, RunWithTrace, errors, links
+from .schemas import AUTHED, Deleted, RunView, RunWithTrace, errors, json_errors, links
 
 router = APIRouter(dependencies=[Depends(bearer_scheme)])
 RunId = Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})]  # checked by owned_run (400)
@@ -105,9 +105,10 @@ class EventStream:
 
 
 async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy,
-                            last_event_id: Annotated[str | None, Header(
+                            last_event_id: Annotated[str, Header(
                                 max_length=100, description="resume after this event (the `id:` of the last "
-                                "one received)", json_schema_extra={"pattern": EVENT_ID.pattern})] = None
+                                "one received; 0: from the start)", json_schema_extra={"pattern": EVENT_ID.pattern})
+                            ] = "0"
                             ) -> AsyncIterator[EventStream]:
     """Admit a stream before its headers go out: 422 for a malformed `Last-Event-ID`, 429 past the process's
     cap or the tenant's plan, 404 for another tenant's run. Its place and slot are given back when it ends."""
@@ -127,9 +128,8 @@ async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy,
 
 
 @router.get("/v1/runs/{run_id}/events", response_class=EventSourceResponse, responses={
-    200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-          "description": "the run's events as server-sent events, until it finishes"},
-    **errors(*AUTHED, 400, 404, 422, 429)})
+    200: {"description": "the run's events as server-sent events, until it finishes"},  # FastAPI's itemSchema
+    **json_errors(*AUTHED, 400, 404, 422, 429)})
 async def run_events(run_id: RunId, request: Request, stream: Annotated[EventStream, Depends(open_event_stream)]
                      ) -> AsyncIterator[ServerSentEvent]:
     """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`.
@@ -198,10 +198,11 @@ class ReplayRequest(BaseModel, extra="forbid"):
 
 
 @router.post("/v1/runs/{run_id}/replay", status_code=201, response_model=RunView,
-             responses={**errors(*AUTHED, 400, 403, 404, 413, 429), **_CREATED_RUN})
+             responses={**errors(*AUTHED, 400, 403, 404, 409, 413, 429), **_CREATED_RUN})
 def replay_run(run_id: RunId, body: ReplayRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
     """A new run reusing this run's steps before `from_step` and continuing from there. It is admitted as a
-    submission is: the caller's plan as it is now, its budgets and admission limits (403, 422, 429)."""
+    submission is: the caller's plan as it is now, its budgets and admission limits (403, 422, 429); 409 for
+    a `from_step` past the steps the run has recorded."""
     owned_run(rt.store, run_id, policy.tenant)
     run = replay(rt.store, rt.settings, run_id, body.from_step, send_step, tenants=rt.fresh_tenants(),
                  budgets=rt.budgets, model=body.model, mode=body.mode, tier=body.tier)

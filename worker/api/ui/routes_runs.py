@@ -100,7 +100,7 @@ def run_fragment(request: Request, run_id: str, caller: UiCaller, rt: RuntimeDep
 
 
 async def _ui_event_stream(request: Request, run_id: str, caller: UiCaller, reads: Reads, rt: RuntimeDep,
-                           last_event_id: Annotated[str | None, Header(max_length=100)] = None
+                           last_event_id: Annotated[str, Header(max_length=100)] = "0"
                            ) -> AsyncIterator[EventStream]:
     """Admit a UI stream before its headers go out: 404 unless the caller may see the run, then as the
     JSON API admits one, for the run's tenant (its plan's stream slots; an operator's stream takes one too)."""
