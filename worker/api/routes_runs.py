@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictBool, field_validator
 
 from ..core.models import MAX_INSTRUCTIONS_CHARS, Finite, Instructions, Mode, Run, RunSpec, Text, json_integer
 from ..core.views import run_json
@@ -52,7 +52,7 @@ class RunRequest(BaseModel, extra="forbid"):
     webhook_url: WebhookUrl | None = Field(None, description="called when the run finishes")
     instructions: Instructions | None = Field(None, description="added to the run's system prompt; at most "
                                               f"{MAX_INSTRUCTIONS_CHARS} characters")
-    python_session: bool | None = Field(None, description="python keeps its globals across the run's calls; "
+    python_session: StrictBool | None = Field(None, description="python keeps its globals across the run's calls; "
                                         "default: the plan's")
 
     _integers = field_validator("max_steps", "max_tokens", mode="before")(json_integer)

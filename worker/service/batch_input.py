@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, StrictBool, ValidationError
 
 from ..config import Settings
 from ..core.models import Finite, Instructions, RunSpec
@@ -49,7 +49,7 @@ class BatchLine(BaseModel, extra="forbid"):
     category: Category | None = None  # evaluation sets: the figures of `reactq eval` per category
     webhook_url: str | None = None
     instructions: Instructions | None = None  # added to the run's system prompt
-    python_session: bool | None = None  # python keeps its globals across the run's calls (default: the plan's)
+    python_session: StrictBool | None = None  # python keeps its globals across the run's calls (default: the plan's)
 
 
 @dataclass(frozen=True)
