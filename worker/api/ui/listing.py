@@ -62,7 +62,7 @@ def _tenants(rt: Runtime, tenant: str | None, filters: Filters) -> list[str]:
     """The tenants whose runs to list: the caller's, else (operator) the filter's or every tenant."""
     if tenant is not None:
         return [tenant]
-    return [filters.tenant] if filters.tenant else rt.tenants.names()
+    return [filters.tenant] if filters.tenant else rt.tenants.ids()
 
 
 def _key(run: Run) -> tuple[float, str]:
