@@ -43,26 +43,17 @@ def test_a_tenant_added_again_under_a_removed_name_sees_none_of_the_old_ones_dat
     c.env["REACTQ_WEBHOOK_ALLOW_PRIVATE"] = "1"
     receiver = make_receiver(0)
     old_key = make_key(c, "xco", "standard", via_cli=True)
-    # (b): the webhook commands serve a tenant made with `reactq tenant add`
-    set_default = c.reactq("webhook", "set-default", "xco", receiver.url)
-    assert set_default.returncode == 0, set_default.stderr
-    old_secret = c.reactq("webhook", "secret", "xco").stdout.strip()
-    assert len(old_secret) == 64, old_secret
     c.start_worker()
     api = api_server()
     old = api.client(old_key)
-    run_id = old.post("/v1/runs", json={"question": "What is 6 * 7?"}).json()["run_id"]
+    run_id = old.post("/v1/runs", json={"question": "What is 6 * 7?", "webhook_url": receiver.url}).json()["run_id"]
     assert finished(old, run_id)["tenant"] == "xco"  # the API shows the name, not the id
-    [call] = receiver.wait_for("the run's webhook", lambda calls: any(x.answered == 200 for x in calls))
-    assert json.loads(call.body)["run_id"] == run_id
-    verify(old_secret, call.body, call.headers["x-reactq-timestamp"], call.headers["x-reactq-signature"])
+    receiver.wait_for("the run's webhook", lambda calls: any(x.answered == 200 for x in calls))
     stored_eval(c, tmp_path, 1, tenant="xco")
-
-    delivered = wait_for("the run's and the eval batch's deliveries to be recorded as delivered",
-                         lambda: cli_json(c, "webhook", "deliveries", "--tenant", "xco", "--json"), 60,
-                         until=lambda found: [d["state"] for d in found] == ["delivered"] * 2)
-    assert {d["event"] for d in delivered} == {"run.finished", "batch.finished"}
-    assert {d["url"] for d in delivered} == {receiver.url}
+    delivered = wait_for("the delivery to be recorded as delivered",
+                         lambda: old.get("/v1/webhooks/deliveries").json()["deliveries"], 60,
+                         until=lambda found: [d["state"] for d in found] == ["delivered"])
+    assert delivered[0]["url"] == receiver.url
     assert [r["run_id"] for r in old.get("/v1/runs").json()["runs"]][-1] == run_id
     assert old.get("/v1/usage").json()["total"]["prompt_tokens"] > 0
     ui, _ = signed_in(api, old_key)
@@ -73,21 +64,16 @@ def test_a_tenant_added_again_under_a_removed_name_sees_none_of_the_old_ones_dat
     assert removed.returncode == 0, removed.stderr
     assert old.get("/v1/runs").status_code == 403
     assert ui.get(f"/ui/runs/{run_id}", follow_redirects=False).status_code == 303  # signed out
-    again = c.reactq("tenant", "add", "xco", "--plan", "standard")
-    assert again.returncode == 0, again.stderr
-    new_key = make_key(c, "xco", via_cli=True)
+    new_key = make_key(c, "xco", "standard", via_cli=True)
     new = api.client(new_key)
 
     assert new.get("/v1/runs").json() == {"runs": [], "next_cursor": None}
     assert new.get(f"/v1/runs/{run_id}").status_code == 404
     assert new.get(f"/v1/runs/{run_id}/events").status_code == 404
     assert new.get("/v1/webhooks/deliveries").json()["deliveries"] == []
-    assert cli_json(c, "webhook", "deliveries", "--tenant", "xco", "--json") == []
     usage = new.get("/v1/usage").json()
     assert usage["total"] == {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
     assert usage["day"]["tokens"] == 0 and usage["month"]["usd"] == 0
-    new_secret = c.reactq("webhook", "secret", "xco").stdout.strip()
-    assert len(new_secret) == 64 and new_secret != old_secret
     new_ui, _ = signed_in(api, new_key)
     assert new_ui.get(f"/ui/runs/{run_id}").status_code == 404
     evals = new_ui.get("/ui/evals")
@@ -103,6 +89,34 @@ def test_a_tenant_added_again_under_a_removed_name_sees_none_of_the_old_ones_dat
         assert left and all(client.ttl(k) > 0 for k in left), [(k, client.ttl(k)) for k in left]
     finally:
         client.close()
+
+
+def test_the_webhook_commands_serve_an_added_tenant_and_its_secret_verifies_a_real_delivery(
+        tenancy_cluster: Cluster, api_server: Callable[..., Api], make_receiver: Callable[..., Receiver]) -> None:
+    c = tenancy_cluster
+    c.env["REACTQ_WEBHOOK_ALLOW_PRIVATE"] = "1"
+    receiver = make_receiver(0)
+    key = make_key(c, "hooked", "standard", via_cli=True)
+    set_default = c.reactq("webhook", "set-default", "hooked", receiver.url)
+    assert set_default.returncode == 0, set_default.stderr
+    secret = c.reactq("webhook", "secret", "hooked").stdout.strip()
+    assert len(secret) == 64, secret
+    c.start_worker()
+    api = api_server()
+    run_id = api.client(key).post("/v1/runs", json={"question": "What is 6 * 7?"}).json()["run_id"]
+    [call] = receiver.wait_for("the run's webhook", lambda calls: any(x.answered == 200 for x in calls))
+    assert json.loads(call.body)["run_id"] == run_id and json.loads(call.body)["tenant"] == "hooked"
+    verify(secret, call.body, call.headers["x-reactq-timestamp"], call.headers["x-reactq-signature"])
+    listed = wait_for("the delivery to be recorded as delivered",
+                      lambda: cli_json(c, "webhook", "deliveries", "--tenant", "hooked", "--json"), 60,
+                      until=lambda found: [d["state"] for d in found] == ["delivered"])
+    assert listed[0]["subject_id"] == run_id and listed[0]["url"] == receiver.url
+    rotated = c.reactq("webhook", "secret", "hooked", "--rotate").stdout.strip()
+    assert len(rotated) == 64 and rotated != secret
+    cleared = c.reactq("webhook", "set-default", "hooked", "--clear")
+    assert cleared.returncode == 0, cleared.stderr
+    unknown = c.reactq("webhook", "secret", "nobody")
+    assert unknown.returncode == 2 and "unknown tenant 'nobody'" in unknown.stderr
 
 
 def test_remove_with_purge_deletes_the_tenants_data_at_once(
