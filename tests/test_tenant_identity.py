@@ -53,7 +53,7 @@ def test_a_tenant_added_again_under_a_removed_name_sees_none_of_the_old_ones_dat
     delivered = wait_for("the delivery to be recorded as delivered",
                          lambda: old.get("/v1/webhooks/deliveries").json()["deliveries"], 60,
                          until=lambda found: [d["state"] for d in found] == ["delivered"])
-    assert delivered[0]["url"] == receiver.url
+    assert delivered[0]["url"] == receiver.url and delivered[0]["tenant"] == "xco"  # the name, not the id
     assert [r["run_id"] for r in old.get("/v1/runs").json()["runs"]][-1] == run_id
     assert old.get("/v1/usage").json()["total"]["prompt_tokens"] > 0
     ui, _ = signed_in(api, old_key)
@@ -110,7 +110,7 @@ def test_the_webhook_commands_serve_an_added_tenant_and_its_secret_verifies_a_re
     listed = wait_for("the delivery to be recorded as delivered",
                       lambda: cli_json(c, "webhook", "deliveries", "--tenant", "hooked", "--json"), 60,
                       until=lambda found: [d["state"] for d in found] == ["delivered"])
-    assert listed[0]["subject_id"] == run_id and listed[0]["url"] == receiver.url
+    assert listed[0]["subject_id"] == run_id and listed[0]["url"] == receiver.url and listed[0]["tenant"] == "hooked"
     rotated = c.reactq("webhook", "secret", "hooked", "--rotate").stdout.strip()
     assert len(rotated) == 64 and rotated != secret
     cleared = c.reactq("webhook", "set-default", "hooked", "--clear")

@@ -96,6 +96,7 @@ def tenant_remove(name: str, purge: bool) -> None:
     expires with retention, or goes now with --purge; a tenant added later with this name sees none of it."""
     from ..errors import InvalidRequest
     from ..service.tenant_removal import end_data
+    from ..store.tenant_data import TenantData
     from .base import _send_step
 
     rt = _rt()
@@ -104,7 +105,7 @@ def tenant_remove(name: str, purge: bool) -> None:
     except InvalidRequest as exc:
         _fail(exc)
     still_listed = tenant_id in rt.settings.tenants
-    end = end_data(rt.store, tenant_id, rt.tenants.records.inflight_run_ids(tenant_id),
+    end = end_data(rt.store, TenantData(rt.redis), tenant_id, rt.tenants.records.inflight_run_ids(tenant_id),
                    purge=purge, keep_s=None if still_listed else rt.settings.retention_s,
                    wake=_send_step())
     kept = ("its data was deleted" if purge else

@@ -22,14 +22,13 @@ class DataEnd:
     keys: int  # keys deleted (--purge) or given the retention TTL
 
 
-def end_data(store: RunStore, tenant_id: str, inflight: list[str], *, purge: bool, keep_s: int | None,
+def end_data(store: RunStore, data: TenantData, tenant_id: str, inflight: list[str], *, purge: bool, keep_s: int | None,
              wake: Callable[[str, int], None] | None = None) -> DataEnd:
     """Cancel the unfinished runs, then purge, or give the data `keep_s` to live (None: leave it as it is,
     for a tenant of REACTQ_TENANTS, which still exists)."""
     unfinished = [run.id for run in store.load_runs(inflight) if run is not None and not run.status.finished]
     for run_id in unfinished:
         cancel(store, run_id, wake)
-    data = TenantData(store.r)
     if not purge:
         return DataEnd(len(unfinished), 0, 0 if keep_s is None else data.expire_all(tenant_id, keep_s))
     deleted = 0
