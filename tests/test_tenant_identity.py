@@ -78,7 +78,8 @@ def test_a_tenant_added_again_under_a_removed_name_sees_none_of_the_old_ones_dat
     assert new_ui.get(f"/ui/runs/{run_id}").status_code == 404
     evals = new_ui.get("/ui/evals")
     assert evals.status_code == 200 and "subset.jsonl" not in evals.text
-    assert run_id not in new_ui.get("/ui/runs").text
+    runs_page = new_ui.get("/ui/runs").text
+    assert run_id not in runs_page and "tenant xco</span>" in runs_page  # the UI shows the name
 
     # the old tenant's data is kept until retention expires it: its keys have a TTL now
     client = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
