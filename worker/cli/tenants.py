@@ -110,8 +110,8 @@ def tenant_remove(name: str, purge: bool) -> None:
                    wake=_send_step())
     kept = ("its data was deleted" if purge else
             "its data is kept until retention expires it (`--purge` deletes it at once)")
-    click.echo(f"tenant {name} removed: {len(revoked)} API key(s) revoked, {end.cancelled} unfinished run(s) "
-               f"cancelled; {kept}")
+    click.echo(f"tenant {name} (id {tenant_id}) removed: {len(revoked)} API key(s) revoked, "
+               f"{end.cancelled} unfinished run(s) cancelled; {kept}")
     if still_listed:
         console.print(f"[yellow]warning:[/yellow] {name} is still listed in REACTQ_TENANTS, so it still exists "
                       "(without keys); remove it there too")
