@@ -58,6 +58,10 @@ def test_a_tenant_recorded_by_name_or_configured_has_its_name_as_id(client: redi
     with pytest.raises(InvalidRequest, match="exists already"):
         tenants.add("legacy", "free")
     assert tenants.add("ops", "pro") == "ops"  # a configured tenant keeps its identity when given a record
+    client.hset(keys.tenant_webhook("ops"), "secret", "s" * 64)
+    assert tenants.remove("ops")[0] == "ops" and tenants.resolve("ops") == "ops"  # listed: it still exists...
+    assert client.hget(keys.tenant_webhook("ops"), "secret") == b"s" * 64  # ... and keeps its webhook secret
+    assert tenants.add("ops", "pro") == "ops"
     assert set(tenants.ids()) == {"default", "ops", "legacy"}
     tenants.remove("legacy")
     again = tenants.add("legacy", "free")

@@ -48,13 +48,13 @@ class TenantStore:
     def drop_field(self, tenant_id: str, field: str) -> None:
         self.r.hdel(keys.tenant(tenant_id), field)
 
-    def remove(self, tenant_id: str) -> None:
-        """Drop a tenant's record, its name's entry (if still this id's) and its webhook URL and secret (its
-        keys' records stay, revoked by the caller first)."""
+    def remove(self, tenant_id: str, keep_webhook: bool = False) -> None:
+        """Drop a tenant's record, its name's entry (if still this id's) and, unless `keep_webhook`, its
+        webhook URL and secret (its keys' records stay, revoked by the caller first)."""
         raw = self.r.hget(keys.tenant(tenant_id), "name")
         name = raw.decode() if raw is not None else tenant_id  # recorded before ids: its name is its id
         pipe = self.r.pipeline()
-        pipe.delete(keys.tenant(tenant_id), keys.tenant_webhook(tenant_id))
+        pipe.delete(keys.tenant(tenant_id), *([] if keep_webhook else [keys.tenant_webhook(tenant_id)]))
         pipe.srem(keys.TENANTS, tenant_id)
         pipe.execute()
         if self.r.hget(keys.TENANT_IDS, name) == tenant_id.encode():

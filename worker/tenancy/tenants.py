@@ -143,7 +143,7 @@ class Tenants:
         revoked = [k for k in sorted(self.records.key_ids(tenant_id)) if not self.records.key(k).get("revoked_at")]
         for key_id in revoked:
             self.records.revoke_key(key_id, now)
-        self.records.remove(tenant_id)
+        self.records.remove(tenant_id, keep_webhook=tenant_id in self.settings.tenants)  # still exists
         self._memo.pop(tenant_id, None)
         return tenant_id, revoked
 
