@@ -60,8 +60,8 @@ class RunRequest(BaseModel, extra="forbid"):
 
 def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) -> RunSpec:
     """The spec of one requested run, for the caller's tenant (a body naming another is refused)."""
-    if r.tenant is not None and r.tenant != policy.tenant:
-        raise HTTPException(403, f"{where}the tenant comes from your API key; this key acts for {policy.tenant!r}")
+    if r.tenant is not None and r.tenant not in (policy.tenant, policy.name):
+        raise HTTPException(403, f"{where}the tenant comes from your API key; this key acts for {policy.name!r}")
     return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
                    max_steps=r.max_steps, mode=r.mode, model=r.model, client_id=r.id, max_tokens=r.max_tokens,
                    max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url,

@@ -12,6 +12,7 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 
+from ...core.tenant_ids import tenant_name
 from .session import csrf_token
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -28,6 +29,7 @@ def _when(epoch: float | None) -> str:
 
 
 _env.filters["when"] = _when
+_env.filters["tenant_name"] = tenant_name  # a tenant's id shown as its name (core/tenant_ids.py)
 
 
 def render(request: Request, template_name: str, status_code: int = 200, **context: Any) -> HTMLResponse:

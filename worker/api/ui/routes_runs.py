@@ -49,7 +49,7 @@ def runs_page(request: Request, caller: UiCaller, rt: RuntimeDep, status: Text20
         return error_page(request, 400, str(exc))
     return render(request, "runs.html", nav_active="runs", runs=page.runs, next_cursor=page.next_cursor,
                   filters=filters, query=filters.query(), limit=limit, statuses=[s.value for s in RunStatus],
-                  models=known_models(rt.settings), tenants=rt.tenants.names() if caller.is_operator else [],
+                  models=known_models(rt.settings), tenants=rt.tenants.ids() if caller.is_operator else [],
                   counts=_counts(rt, caller, filters))
 
 
