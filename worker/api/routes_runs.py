@@ -8,7 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -52,6 +52,9 @@ class RunRequest(BaseModel, extra="forbid"):
     webhook_url: WebhookUrl | None = Field(None, description="called when the run finishes")
     instructions: Instructions | None = Field(None, description="added to the run's system prompt; at most "
                                               f"{MAX_INSTRUCTIONS_CHARS} characters")
+    output_schema: dict[str, Any] | None = Field(None, description="a JSON Schema (an object at its root, local "
+                                                 "$refs only, at most 16 KiB) the final answer must fit; the run's "
+                                                 "`output` is then the validated object")
 
     _integers = field_validator("max_steps", "max_tokens", mode="before")(json_integer)
 
@@ -63,7 +66,7 @@ def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None)
     return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
                    max_steps=r.max_steps, mode=r.mode, model=r.model, client_id=r.id, max_tokens=r.max_tokens,
                    max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url,
-                   instructions=r.instructions)
+                   instructions=r.instructions, output_schema=r.output_schema)
 
 
 @router.post("/v1/runs", status_code=201, response_model=RunView,

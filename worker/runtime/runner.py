@@ -23,7 +23,9 @@ from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, Too
 from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
+from ..core.structured import Answered, final_tool, read_output
 from ..errors import BudgetExceeded, LLMError
+from ..output_schema import output_check
 from ..store.cas import Command, Snapshot
 from ..store.run_keys import working_keys
 from ..store.tool_cache import cache_commands
@@ -126,7 +128,8 @@ class StepRunner:
         for warning in turn.warnings:
             log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
         decision = engine.decide(run, d.steps, turn, offered, limits,
-                                 reflection=(reply.content or "") if reflecting else None)
+                                 reflection=(reply.content or "") if reflecting else None,
+                                 output=output_check(run.spec.output_schema))
         model = reply.routed_model or run.model
         step = Step(
             index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
@@ -136,7 +139,7 @@ class StepRunner:
         )
 
         if isinstance(decision, Final):
-            step.final_answer = decision.answer
+            step.final_answer, step.output = decision.answer, decision.output
             return self._commit(snap, d, step, Outcome.FINAL_ANSWER, spend=spend)
         if isinstance(decision, Reflect):
             step.thought, step.reflection = decision.thought, True
@@ -232,6 +235,10 @@ class StepRunner:
             reasoning=engine.reply_reasoning(reply), reasoning_tokens=reply.reasoning_tokens,
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
+        check = output_check(run.spec.output_schema)
+        if step.final_answer is not None and check is not None:  # kept as the output only if it fits
+            answered = read_output(step.final_answer, check)
+            step.output = answered.output if isinstance(answered, Answered) else None
         if step.final_answer is not None:
             metrics.SAFEGUARDS.labels("best_effort_answer").inc()
         return self._commit(snap, d, step, Outcome.BEST_EFFORT, end=end, spend=spend)
@@ -274,6 +281,8 @@ class StepRunner:
         options: dict[str, Any] = {"model": run.model, "temperature": s.llm_temperature}
         if run.mode == Mode.TOOLS:
             options["tools"] = [t.openai_schema() for t in tools]
+            if run.spec.output_schema is not None:  # the answer is a call of it (core/structured.py)
+                options["tools"].append(final_tool(run.spec.output_schema))
         else:
             options["stop"] = TEXT_STOP_SEQUENCES[:4]
         if final is not None:

@@ -17,6 +17,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -49,6 +50,7 @@ class BatchLine(BaseModel, extra="forbid"):
     category: Category | None = None  # evaluation sets: the figures of `reactq eval` per category
     webhook_url: str | None = None
     instructions: Instructions | None = None  # added to the run's system prompt
+    output_schema: dict[str, Any] | None = None  # a JSON Schema the final answer must fit (checked by validate_spec)
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_dupli
                        max_steps=line.max_steps, model=line.model, max_tokens=line.max_tokens,
                        max_cost_usd=line.max_cost_usd, deadline_s=line.deadline_s,
                        client_id=line.id or f"line-{number}", webhook_url=line.webhook_url,
-                       instructions=line.instructions)
+                       instructions=line.instructions, output_schema=line.output_schema)
         validate_spec(spec, c.settings, c.tiers, policy=policy)
     except InvalidRequest as exc:
         return LineError(number, str(exc))
