@@ -45,7 +45,7 @@ class BatchLine(BaseModel, extra="forbid"):
     max_tokens: int | None = None
     max_cost_usd: Finite | None = None  # NaN and Infinity (1e400) are refused: they would mean no budget
     deadline_s: Finite | None = None
-    expected: str | list[str] | None = None  # evaluation sets (`reactq eval`); not used by the engine
+    expected: str | list[str] | dict[str, Any] | None = None  # evaluation sets (`reactq eval`); not used by the engine
     match: MatchMode | None = None  # how `expected` is compared (default: contains)
     category: Category | None = None  # evaluation sets: the figures of `reactq eval` per category
     webhook_url: str | None = None
@@ -62,7 +62,7 @@ class LineError:
         return f"line {self.line}: {self.message}"
 
 
-Expected = tuple[str | list[str], MatchMode]
+Expected = tuple[str | list[str] | dict[str, Any], MatchMode]
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,9 @@ def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_dupli
         if line.match is not None:
             return LineError(number, "`match` without `expected`")
         return ParsedLine(spec, None, line.category)
-    mode = line.match or MatchMode.CONTAINS
+    mode = line.match or (MatchMode.FIELDS if isinstance(line.expected, dict) else MatchMode.CONTAINS)
+    if isinstance(line.expected, dict) and line.output_schema is None:
+        return LineError(number, "an object `expected` needs an `output_schema` (it is compared with the output)")
     if (unscorable := check_expected(line.expected, mode)) is not None:
         return LineError(number, unscorable)
     return ParsedLine(spec, (line.expected, mode), line.category)
