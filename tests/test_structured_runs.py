@@ -11,8 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 
 from tests.fixtures_api import Api, make_key
+from tests.fixtures_browser import signed_in
 from tests.fixtures_cluster import Cluster
 from worker.service.batch_input import iter_input
 
@@ -29,7 +31,8 @@ def test_api_batch_line_and_ask_carry_the_validated_object(tenancy_cluster: Clus
     cluster = tenancy_cluster
     cluster.start_worker(concurrency=8)
     key = make_key(cluster, "default")  # a tenant first: the API will not start without one
-    api = api_server().client(key)
+    server = api_server()
+    api = server.client(key)
 
     created = api.post("/v1/runs", json={"question": "What is 17 * 23 + 4?", "mode": mode, "output_schema": SCHEMA})
     assert created.status_code == 201, created.text
@@ -41,6 +44,10 @@ def test_api_batch_line_and_ask_carry_the_validated_object(tenancy_cluster: Clus
     assert json.loads(shown["answer"]) == shown["output"]
     assert shown["trace"][-1]["output"] == shown["output"]
     assert shown["trace"][0]["tool_calls"][0]["name"] == "calculator"  # it still used its tools first
+    page = signed_in(server, key)[0].get(f"/ui/runs/{run_id}").text  # the UI shows the object and the schema
+    assert f'<pre id="output">{escape(json.dumps(shown["output"], indent=2))}</pre>' in page
+    assert 'id="output-valid"' in page
+    assert f'<pre id="output-schema">{escape(json.dumps(SCHEMA, indent=2))}</pre>' in page
 
     infile, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     infile.write_text("\n".join(json.dumps(line) for line in (
