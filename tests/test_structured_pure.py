@@ -135,6 +135,9 @@ def test_without_a_schema_final_answer_is_an_unknown_tool_and_text_is_the_answer
     ({"type": "object", "properties": {"a": {"$ref": "https://evil.example/s.json"}}}, "a $ref outside itself"),
     ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}}, "a $ref outside itself"),
     ({"type": "object", "$id": "https://evil.example/root"}, "uses $id"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}, "a $ref that points at nothing in it"),
+    ({"type": "object", "$schema": "https://evil.example/meta"}, "$schema must name a JSON Schema draft"),
+    ({"type": "object", "$schema": 5}, "$schema must name a JSON Schema draft"),
     ({"type": "object", "properties": {"a": {"$dynamicRef": "#meta"}}}, "uses $dynamicRef"),
     ({"type": "object", "description": "x" * MAX_OUTPUT_SCHEMA_BYTES}, "the limit is 16384"),
     ({"type": "object", "description": "\ud800"}, "not valid Unicode"),
@@ -155,7 +158,8 @@ def test_a_deeply_nested_schema_is_refused():
 
 def test_good_schemas_pass_local_refs_included():
     assert schema_problem(SCHEMA) is None
-    local = {"type": "object", "$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}
+    local = {"type": "object", "$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}},
+             "$schema": "https://json-schema.org/draft/2020-12/schema"}
     assert schema_problem(local) is None
     check = output_check(local)
     assert check is not None and check.problem({"a": 1}) is None
@@ -167,6 +171,13 @@ def test_a_remote_ref_is_never_fetched_even_when_validating():
     check = JsonSchemaCheck({"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/s.json"}}})
     assert check.problem({"a": 1}) == ("the answer could not be checked: the schema has a reference that does "
                                        "not resolve")
+
+
+def test_a_schema_that_refers_to_itself_without_end_is_a_problem_not_a_crash():
+    endless = {"type": "object", "$ref": "#"}
+    assert schema_problem(endless) is None  # a recursive schema is legitimate; this one never ends
+    assert JsonSchemaCheck(endless).problem({}) == "the answer could not be checked: the schema refers to itself " \
+                                                   "without end"
 
 
 # --- the prompt ------------------------------------------------------------------------------------------

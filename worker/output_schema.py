@@ -12,8 +12,16 @@ import json
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
+from urllib.parse import unquote
 
-from jsonschema import exceptions
+from jsonschema import (
+    Draft4Validator,
+    Draft6Validator,
+    Draft7Validator,
+    Draft201909Validator,
+    Draft202012Validator,
+    exceptions,
+)
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 from referencing import Registry
@@ -22,6 +30,8 @@ from referencing.exceptions import Unresolvable
 MAX_OUTPUT_SCHEMA_BYTES = 16_384  # the schema as compact JSON
 MAX_SCHEMA_DEPTH = 32  # nested objects and lists
 _REFUSED_KEYWORDS = ("$id", "$dynamicRef", "$recursiveRef")
+_DIALECTS = {str(v.META_SCHEMA.get("$id") or v.META_SCHEMA.get("id")).rstrip("#")
+             for v in (Draft4Validator, Draft6Validator, Draft7Validator, Draft201909Validator, Draft202012Validator)}
 
 
 def schema_problem(schema: Any) -> str | None:
@@ -36,23 +46,26 @@ def schema_problem(schema: Any) -> str | None:
         return "output_schema must be plain JSON (no NaN or Infinity) nested at most 32 levels"
     if size > MAX_OUTPUT_SCHEMA_BYTES:
         return f"output_schema has {size} bytes as JSON; the limit is {MAX_OUTPUT_SCHEMA_BYTES}"
-    if (outside := _reference_problem(schema, 0)) is not None:
+    if (outside := _reference_problem(schema, schema, 0)) is not None:
         return f"output_schema {outside}"
     if schema.get("type") != "object":
         return 'output_schema must describe an object: its root needs "type": "object"'
+    dialect = schema.get("$schema")
+    if dialect is not None and (not isinstance(dialect, str) or dialect.rstrip("#") not in _DIALECTS):
+        return f"output_schema's $schema must name a JSON Schema draft ({', '.join(sorted(_DIALECTS))})"
     try:
-        validator_for(schema).check_schema(schema)
+        validator_for(schema, default=Draft202012Validator).check_schema(schema)
     except exceptions.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "its root"
         return f"output_schema is not a valid JSON Schema (at {where}): {exc.message[:200]}"
     return None
 
 
-def _reference_problem(node: Any, depth: int) -> str | None:
+def _reference_problem(node: Any, root: dict[str, Any], depth: int) -> str | None:
     if depth > MAX_SCHEMA_DEPTH:
         return f"is nested more than {MAX_SCHEMA_DEPTH} levels deep"
     if isinstance(node, list):
-        return next((p for item in node if (p := _reference_problem(item, depth + 1)) is not None), None)
+        return next((p for item in node if (p := _reference_problem(item, root, depth + 1)) is not None), None)
     if not isinstance(node, dict):
         return None
     for keyword in _REFUSED_KEYWORDS:
@@ -61,7 +74,27 @@ def _reference_problem(node: Any, depth: int) -> str | None:
     ref = node.get("$ref")
     if isinstance(ref, str) and not ref.startswith("#"):
         return f"has a $ref outside itself ({ref[:80]!r}); only local references ('#/...') are allowed"
-    return next((p for value in node.values() if (p := _reference_problem(value, depth + 1)) is not None), None)
+    if isinstance(ref, str) and not _resolves(root, ref):
+        return f"has a $ref that points at nothing in it ({ref[:80]!r})"
+    return next((p for value in node.values() if (p := _reference_problem(value, root, depth + 1)) is not None),
+                None)
+
+
+def _resolves(root: dict[str, Any], ref: str) -> bool:
+    """Whether a local `#/a/b` JSON pointer finds something in `root` (a `#name` anchor is left to the
+    validator: an unresolvable one is an answer that cannot be checked)."""
+    if ref != "#" and not ref.startswith("#/"):
+        return True
+    node: Any = root
+    for part in ref[2:].split("/") if ref != "#" else ():
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
 
 
 class JsonSchemaCheck:
@@ -69,13 +102,16 @@ class JsonSchemaCheck:
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
         self.schema = schema
-        self._validator: Validator = validator_for(schema)(schema, registry=Registry())
+        self._validator: Validator = validator_for(schema, default=Draft202012Validator)(schema,
+                                                                                        registry=Registry())
 
     def problem(self, value: Any) -> str | None:
         try:
             error = exceptions.best_match(self._validator.iter_errors(value))
-        except (Unresolvable, RecursionError):  # jsonschema wraps an unresolvable $ref in a subclass of it
+        except Unresolvable:  # jsonschema wraps an unresolvable $ref (an unknown anchor) in a subclass of it
             return "the answer could not be checked: the schema has a reference that does not resolve"
+        except RecursionError:  # {"$ref": "#"} at the root: a schema that refers to itself without end
+            return "the answer could not be checked: the schema refers to itself without end"
         if error is None:
             return None
         return f"at {error.json_path}: {error.message}"
