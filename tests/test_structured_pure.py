@@ -15,7 +15,7 @@ from worker.core.engine import Act, End, Final, Limits, Retry, decide
 from worker.core.models import Mode, Run, RunSpec, RunStatus, ToolCall
 from worker.core.parser import ParsedTurn, parse_text, parse_tool_reply
 from worker.core.prompts import PromptContext, build_messages
-from worker.core.structured import FINAL_TOOL, final_tool
+from worker.core.structured import FINAL_TOOL, call_text, final_tool
 from worker.output_schema import MAX_OUTPUT_SCHEMA_BYTES, JsonSchemaCheck, output_check, schema_problem
 from worker.prompt_templates import system_template
 
@@ -106,6 +106,20 @@ def test_text_mode_final_answer_must_be_the_object():
     assert isinstance(prose, Retry) and prose.error.startswith("Invalid format: your final answer does not fit")
     listed = decide_(parse_text('Final Answer: [{"city": "Kyiv"}]'), Mode.TEXT)
     assert isinstance(listed, Retry) and "it is a JSON list, not an object" in listed.error
+
+
+def test_the_stub_answers_in_text_when_tools_are_disabled():
+    """tool_choice "none" (the best-effort call at a limit): the object is the reply's text, no call."""
+    reply = respond([{"role": "system", "content": "s"}, {"role": "user", "content": "How many days are there in "
+                                                                                      "a week?"}],
+                    [final_tool(SCHEMA)], final_only=True)
+    assert not reply.tool_calls and reply.content is not None
+    assert CHECK.problem(json.loads(reply.content)) is None
+
+
+def test_a_refused_call_is_kept_as_text_for_the_trace():
+    assert call_text(final_call({"city": "x"}).calls) == 'final_answer({"city": "x"})'
+    assert call_text([ToolCall(id="a", name="calc", arguments={})]) is None
 
 
 def test_final_answer_with_other_calls_is_refused():

@@ -82,6 +82,7 @@ def test_an_answer_that_never_fits_fails_the_run_with_the_last_validation_error(
     trace = api.get(f"/v1/runs/{run['run_id']}", params={"trace": "true"}).json()["trace"]
     told = [s["error"] for s in trace if s["error"]]
     assert told and "your final answer does not fit the required output schema" in told[0]
+    assert trace[-2]["raw_output"] == 'final_answer({"value": 5})'  # the refused call, shown to the model next
 
 
 def test_a_bad_schema_is_refused_at_every_door(tenancy_cluster: Cluster, api_server: Callable[..., Api],

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, WithJsonSchema, field_validator
 
 from ..core.models import MAX_INSTRUCTIONS_CHARS, Finite, Instructions, Mode, Run, RunSpec, Text, json_integer
 from ..core.views import run_json
@@ -38,6 +38,13 @@ _CREATED_RUN = links(201, "run_id", {"get": "get_run", "cancel": "cancel_run", "
                                      "replay": "replay_run", "delete": "delete_run_route"})
 
 
+# What the document can state of an output schema: an object whose `type` is "object" (the rest, a valid
+# JSON Schema with local references only, is checked by worker/output_schema.py: 422 naming the problem)
+OutputSchema = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "properties": {"type": {"const": "object"}}, "required": ["type"],
+    "additionalProperties": True})]
+
+
 class RunRequest(BaseModel, extra="forbid"):
     question: Question = Field(description="not blank; at most REACTQ_MAX_QUESTION_CHARS characters")
     tenant: Text | None = Field(None, description="accepted only when it is the caller's own (the key decides)")
@@ -52,9 +59,9 @@ class RunRequest(BaseModel, extra="forbid"):
     webhook_url: WebhookUrl | None = Field(None, description="called when the run finishes")
     instructions: Instructions | None = Field(None, description="added to the run's system prompt; at most "
                                               f"{MAX_INSTRUCTIONS_CHARS} characters")
-    output_schema: dict[str, Any] | None = Field(None, description="a JSON Schema (an object at its root, local "
-                                                 "$refs only, at most 16 KiB) the final answer must fit; the run's "
-                                                 "`output` is then the validated object")
+    output_schema: OutputSchema | None = Field(None, description="a JSON Schema (an object at its root, local "
+                                               "$refs only, at most 16 KiB) the final answer must fit; the run's "
+                                               "`output` is then the validated object")
 
     _integers = field_validator("max_steps", "max_tokens", mode="before")(json_integer)
 

@@ -108,3 +108,13 @@ def never_valid_reason(streak: int, problem: str) -> str:
     """A run's error when its model's answers never fit the schema, within the format-error budget."""
     return (f"{streak} invalid model outputs in a row; no answer fit the output schema; last validation error: "
             f"{problem}")
+
+
+def call_text(calls: Sequence[ToolCall]) -> str | None:
+    """A refused `final_answer` call as text, for the step's raw output: a native call has no content, and
+    the model is shown its own reply before the error (prompts.step_messages)."""
+    call = final_call(calls)
+    if call is None:
+        return None
+    arguments = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments, ensure_ascii=False)
+    return f"{FINAL_TOOL}({arguments})"

@@ -23,7 +23,7 @@ from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, Too
 from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
-from ..core.structured import Answered, final_tool, read_output
+from ..core.structured import SCHEMA_ERROR_KIND, Answered, call_text, final_tool, read_output
 from ..errors import BudgetExceeded, LLMError
 from ..output_schema import output_check
 from ..store.cas import Command, Snapshot
@@ -147,6 +147,8 @@ class StepRunner:
         if isinstance(decision, Retry):
             metrics.PARSE_ERRORS.labels(decision.kind).inc()
             step.error = decision.error
+            if decision.kind == SCHEMA_ERROR_KIND and not step.raw_output:
+                step.raw_output = call_text(turn.calls)
             return self._commit(snap, d, step, Outcome.INVALID_OUTPUT, invalid=True, spend=spend)
         if isinstance(decision, End):
             metrics.PARSE_ERRORS.labels(turn.error_kind or "loop").inc()
