@@ -113,3 +113,20 @@ def test_a_bad_schema_is_refused_at_every_door(tenancy_cluster: Cluster, api_ser
     bad_file.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "nonsense"}}}))
     asked = cluster.reactq("ask", "hi", "--output-schema", str(bad_file))
     assert asked.returncode == 2 and "not a valid JSON Schema (at properties/a/type)" in asked.stderr
+
+
+def test_reactq_eval_scores_structured_answers_field_by_field(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_worker(concurrency=8)
+    dataset = tmp_path / "set.jsonl"
+    dataset.write_text("\n".join(json.dumps(line) for line in (
+        {"id": "right", "question": "What is 17 * 23 + 4?", "output_schema": SCHEMA, "expected": {"value": 395}},
+        {"id": "half", "question": "What is 2 to the power of 10?", "output_schema": SCHEMA,
+         "expected": {"value": 1024, "explanation": "two to the tenth"}})) + "\n")
+    out = tmp_path / "out.jsonl"
+    done = cluster.reactq("eval", str(dataset), "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = {line["id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    assert (lines["right"]["correct"], lines["right"]["field_scores"]) == (True, {"value": 1.0})
+    assert lines["half"]["field_scores"] == {"value": 1.0, "explanation": 0.0} and lines["half"]["score"] == 0.5
+    assert lines["half"]["correct"] is False and lines["half"]["match"] == "fields"
+    assert "field scores" in done.stdout and "explanation" in done.stdout and "50.0%" in done.stdout

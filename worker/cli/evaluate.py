@@ -123,7 +123,7 @@ def print_summary(target: Console, s: Summary) -> None:
     target.print(table)
     print_categories(target, s)
     if s.field_scores:
-        fields = Table(title="structured answers: score by field")
+        fields = Table(title="field scores")
         fields.add_column("field", overflow="fold")
         fields.add_column("mean score", justify="right")
         for name, score in s.field_scores.items():
