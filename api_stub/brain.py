@@ -246,6 +246,8 @@ def _thought(action: Action) -> str:
         return f"I need to compute {action.argument} with the calculator."
     if action.tool == "search":
         return f"I should search for '{action.argument}' to find the answer."
+    if action.in_order:
+        return f"Next I run {action.part} of the given code."
     return "I will write a short Python program to compute this."
 
 
@@ -400,6 +402,8 @@ def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, tex
             # A failed call ends the run with an honest answer rather than a retry loop.
             return _final(answer_part(action, observation), text_mode)
     pending = [(i, a) for i, a in enumerate(actions) if observations[i] is None]
+    if any(a.in_order for _, a in pending):
+        pending = pending[:1]
     repeats = sum(1 for e in conv.executed if pending and e.tool == pending[0][1].tool
                   and e.argument == pending[0][1].argument)
     if not pending or final_only or repeats >= _MAX_SAME_CALL or len(conv.executed) > 3 * len(actions) + 2:

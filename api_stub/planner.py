@@ -31,6 +31,7 @@ class Action:
     part: str
     fallback: str | None = None  # the corrected argument to send if this one fails (a notation fix)
     fixes: str | None = None  # the failed argument this call corrects
+    in_order: bool = False  # sent only once the calls before it have returned (one per step)
 
 
 _SPLIT = re.compile(r"\?\s+(?=\S)|\s*[,;]?\s+and\s+(?=(?:what|who|how|which|where|when)\b)", re.I)
@@ -249,8 +250,17 @@ def _part_action(part: str, tools: frozenset[str]) -> Action | None:
 _CODE_BLOCK = re.compile(r"\brun (?:this|the following) python(?: code)?:?\s*```(?:python)?\n(.*?)```", re.I | re.S)
 
 
+# "Run these python cells in order: ```...``` ```...```": each block verbatim, one step each (python sessions).
+_CELLS = re.compile(r"\brun these python cells in order:?\s*((?:```(?:python)?\n.*?```\s*)+)", re.I | re.S)
+_CELL = re.compile(r"```(?:python)?\n(.*?)```", re.S)
+
+
 def plan(question: str, tools: frozenset[str]) -> list[Action]:
     """The tool calls that answer `question` with the `tools` at hand, in order (may be empty)."""
+    cells = _CELLS.search(question)
+    if cells is not None:
+        return [Action("python", code, f"cell {n}", in_order=True)
+                for n, code in enumerate(_CELL.findall(cells[1]), 1)] if "python" in tools else []
     block = _CODE_BLOCK.search(question)
     if block is not None:
         return [Action("python", block[1], "the given code")] if "python" in tools else []

@@ -5,7 +5,8 @@
 Starts its own redis-server and `reactq stub` (latency 0) on free ports, then drives N runs of
 "What is A * B + C?" (2 steps each: calculator, final answer) through the real StepRunner, RunStore
 and OpenAIChat, one step at a time in this one thread, with no Celery. Reports this process's CPU
-seconds per step and the Redis round trips per step, redis-server's own CPU per step, and the
+seconds per step and the Redis round trips per step, redis-server's own CPU per step (and, from INFO
+commandstats, the time it spent executing each command, per step), and the
 submission's CPU and round trips per run (each run is submitted into one batch, as bench/throughput.py
 does). `--floor` also measures what the throughput
 floor's task does per step (one HTTP chat call with httpx, JSON decoded), so the difference is the
@@ -119,6 +120,8 @@ def main() -> int:
 
         for _ in range(20):  # warm-up: imports, pools, caches
             one_run()
+        stats_client = redis.Redis(port=rport)
+        stats_client.config_resetstat()  # INFO commandstats from here on: the measured chunks only
         # The machine is shared: the CPU a step costs is taken as the lowest of several chunks' averages
         # (other processes can only add to a chunk's CPU time, through caches and frequency).
         chunks, submit_chunks, steps, trips, submit_trips, redis_cpu = [], [], 0, 0, 0, 0.0
@@ -137,6 +140,13 @@ def main() -> int:
               "ticks; submissions included)")
         print(f"submit: {1e6 * min(submit_chunks):.0f} us CPU/run (best chunk; median "
               f"{1e6 * statistics.median(submit_chunks):.0f}), {submit_trips / runs:.1f} Redis round trips/run")
+        commands = {name.removeprefix("cmdstat_"): stat for name, stat in stats_client.info("commandstats").items()}
+        usec = sum(stat["usec"] for stat in commands.values())
+        print(f"redis commands: {usec / steps:.0f} us/step executing commands (INFO commandstats; submissions "
+              f"included), {sum(stat['calls'] for stat in commands.values()) / steps:.1f} calls/step; by command:")
+        for name, stat in sorted(commands.items(), key=lambda item: -item[1]["usec"])[:12]:
+            print(f"  {name}: {stat['usec'] / steps:.1f} us/step, {stat['calls'] / steps:.2f} calls/step, "
+                  f"{stat['usec_per_call']:.1f} us/call")
         if args.floor:
             import httpx
 

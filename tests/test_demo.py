@@ -41,6 +41,9 @@ def test_demo_starts_what_is_missing_answers_the_bundled_set_and_cleans_up(tmp_p
     trace = result.stdout.split("a dependent run, step by step")[1]
     assert "step 3" in trace and trace.count("observation") >= 2, trace
     assert "半径为5的圆的面积" in result.stdout or "北京" in result.stdout
+    # a python session: the third cell prints what the first two defined
+    session = result.stdout.split("a python session")[1]
+    assert "session cell 3" in session and "3 items, 22.75 in all" in session, session
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == len(sample) and all(line["status"] == "succeeded" for line in lines)
     assert port_free(redis_port) and port_free(stub_port), "demo left a service running"

@@ -6,6 +6,7 @@ Public API (checked by a test against `__all__`):
     SandboxService        a worker's long-lived service (warm pool, quotas, metrics)
     SandboxResult, Tier   data (ErrorKind: the closed set of a result's `error_kind`)
     ExecuteRequest        what a step sends the sandbox task (its answer: a SandboxResult)
+    SessionCell           an earlier cell of a python session, replayed before the request's code
     render_result(result) -> Rendered   the one text a model sees for a result
     load_tiers(path=None) the tiers file (deploy/sandbox/tiers.toml by default)
     SandboxSettings       REACTQ_* environment settings
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from .base.render import Rendered
     from .base.render import render as render_result
     from .base.request import ExecuteRequest
+    from .base.session import SessionCell
     from .base.tiers import load_tiers
     from .edges.health import backend_up
     from .edges.service import SandboxService, run_code
@@ -52,6 +54,7 @@ _PUBLIC = {
     **{name: (".base.models", name) for name in ("ErrorKind", "SandboxResult", "TenantQuota", "Tier")},
     "Rendered": (".base.render", "Rendered"),
     "ExecuteRequest": (".base.request", "ExecuteRequest"),
+    "SessionCell": (".base.session", "SessionCell"),
     "render_result": (".base.render", "render"),
     "load_tiers": (".base.tiers", "load_tiers"),
     "backend_up": (".edges.health", "backend_up"),
@@ -78,6 +81,7 @@ __all__ = [
     "SandboxError",
     "SandboxResult",
     "SandboxService",
+    "SessionCell",
     "SandboxSettings",
     "SandboxUnavailable",
     "TenantQuota",

@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     )
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # the Celery broker when it is not the state Redis: a redis:// URL of another server, or sentinel://HOST:PORT
+    # (several joined by ";") with the master's name in broker_sentinel_master (docs/decisions/broker-apart.md)
+    broker_url: str | None = None
+    broker_sentinel_master: str | None = None
     llm_base_url: str = "http://127.0.0.1:8900/v1"
     llm_api_key: str = "reactq-stub"
     model: str = "reactq-stub"
@@ -175,6 +179,22 @@ class Settings(BaseSettings):
             for mode in Mode:
                 system_template(self, mode)
         return self
+
+    @model_validator(mode="after")
+    def _broker(self) -> Settings:
+        """A Sentinel broker names its master; an unset broker is the state Redis."""
+        if self.broker_url is not None and self.broker_url.startswith("sentinel://"):
+            if not self.broker_sentinel_master:
+                raise ValueError("REACTQ_BROKER_URL is a sentinel:// URL: set REACTQ_BROKER_SENTINEL_MASTER to the "
+                                 "name of its master")
+        elif self.broker_url is not None and not self.broker_url.startswith(("redis://", "rediss://")):
+            raise ValueError("REACTQ_BROKER_URL must be a redis://, rediss:// or sentinel:// URL")
+        return self
+
+    @property
+    def broker_apart(self) -> bool:
+        """The broker is another server than the state Redis: a step's commit cannot enqueue the next step."""
+        return self.broker_url is not None and self.broker_url != self.redis_url
 
     @model_validator(mode="after")
     def _model_prices(self) -> Settings:

@@ -122,4 +122,8 @@ class Tier(BaseModel):
     # it started); None = the service defaults.
     max_executions: int | None = Field(default=None, ge=1)
     max_age_s: float | None = Field(default=None, gt=0)
+    # A python session (base/session.py): the most earlier cells one execution replays, and how long it
+    # may spend replaying them (None: half the wall time).
+    session_max_cells: int = Field(default=50, ge=0)
+    session_replay_s: float | None = Field(default=None, gt=0)
     quota: TenantQuota

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .session import SessionCell
+
 
 class ExecuteRequest(BaseModel):
     """The sandbox task's single argument: what a step sends (worker/runtime/sandbox_bridge.py builds it) and
@@ -36,6 +38,8 @@ class ExecuteRequest(BaseModel):
     # When the call first found no backend to run it (epoch seconds), and how often it was sent again since.
     unavailable_since: float | None = None
     unavailable_tries: int = 0
+    # A python session's earlier cells (base/session.py), replayed before `code`; None: no session.
+    session: list[SessionCell] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The message's argument: the fields its sender set, in this model's order (what steps have always

@@ -49,11 +49,12 @@ from ..base.calls import UNREACHABLE, CallStore
 from ..base.config import SandboxSettings
 from ..base.errors import UnknownTierError
 from ..base.metrics import CALLS_WAITING
-from ..base.models import ErrorKind, SandboxResult
+from ..base.models import ErrorKind, SandboxResult, Tier
 from ..base.names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK
 from ..base.quotas import IN_PROGRESS, QuotaGate, Wait
 from ..base.render import UNAVAILABLE_TEXT
 from ..base.request import ExecuteRequest
+from ..base.session import session_full_text, session_program
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,12 @@ class SandboxWorker:
             if result.error_kind is not ErrorKind.UNAVAILABLE:
                 self.calls.store(req, result)
 
-        result = service.run_admitted(req.code, verdict, req.tenant, keep=keep)
+        program = _program(req, verdict.tier)
+        if program is None:
+            service.release_unused(verdict)
+            return Attempt(Delivery.ANSWERED, _blank(req, session_full_text(verdict.tier.session_max_cells),
+                                                     None))
+        result = service.run_admitted(program, verdict, req.tenant, keep=keep)
         if result.error_kind is ErrorKind.UNAVAILABLE:
             return self._no_backend(task, req)
         return Attempt(Delivery.ANSWERED, result)
@@ -287,7 +293,18 @@ class SandboxWorker:
                 continue
 
 
-def _blank(req: ExecuteRequest, error: str, kind: ErrorKind) -> SandboxResult:
+def _program(req: ExecuteRequest, tier: Tier) -> str | None:
+    """What the execution runs: the code, or a session's replay and then the code (None: more earlier cells
+    than the tier replays)."""
+    if req.session is None:
+        return req.code
+    if len(req.session) > tier.session_max_cells:
+        return None
+    replay_s = tier.session_replay_s if tier.session_replay_s is not None else tier.wall_time_s / 2
+    return session_program(req.session, req.code, replay_s)
+
+
+def _blank(req: ExecuteRequest, error: str, kind: ErrorKind | None) -> SandboxResult:
     return SandboxResult(exit_code=None, stdout="", stderr="", tier=req.tier, error=error, error_kind=kind,
                          backend="none")
 

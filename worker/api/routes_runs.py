@@ -62,6 +62,8 @@ class RunRequest(BaseModel, extra="forbid"):
     output_schema: OutputSchema | None = Field(None, description="a JSON Schema (an object at its root, local "
                                                "$refs only, at most 16 KiB) the final answer must fit; the run's "
                                                "`output` is then the validated object")
+    python_session: bool | None = Field(None, description="python keeps its globals across the run's calls; "
+                                        "default: the plan's")
 
     _integers = field_validator("max_steps", "max_tokens", mode="before")(json_integer)
 
@@ -73,7 +75,8 @@ def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None)
     return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
                    max_steps=r.max_steps, mode=r.mode, model=r.model, client_id=r.id, max_tokens=r.max_tokens,
                    max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url,
-                   instructions=r.instructions, output_schema=r.output_schema)
+                   instructions=r.instructions, output_schema=r.output_schema,
+                   python_session=r.python_session)
 
 
 @router.post("/v1/runs", status_code=201, response_model=RunView,

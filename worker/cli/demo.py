@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,7 +75,7 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
             structured = run_eval(rt, bundled_set_path("structured_set.jsonl"), structured_out, send_step, console,
                                   table, fresh=True)
             _structured_summary(out, structured, structured_out)
-        code = result.code or structured.code
+        code = result.code or structured.code or _session_run(out, rt, send_step)
         if code == 0:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
@@ -129,6 +130,27 @@ def _dependent_trace(out: Console, rt: Runtime, result: EvalRun) -> None:
         if run is not None:
             out.rule(f"a dependent run, step by step ({line['id']})")
             print_trace(out, run, rt.store.load_steps(run.id))
+
+
+SESSION_QUESTION = ("Run these python cells in order:\n```python\nprices = [3.5, 12.25, 7.0]\n```\n"
+                    "```python\ntotal = sum(prices)\n```\n"
+                    "```python\nprint(f'{len(prices)} items, {total:.2f} in all')\n```")
+
+
+def _session_run(out: Console, rt: Runtime, send_step: Callable[..., None]) -> int:
+    """One run whose python uses variables of its earlier steps (a python session); its trace. 0 if it answered."""
+    from ..core.models import RunSpec
+    from ..service.batch import BatchRunner
+    from ..service.submit import submit
+
+    [run] = submit(rt.store, [RunSpec(question=SESSION_QUESTION, python_session=True)], rt.settings, send_step,
+                   interactive=True, tenants=rt.tenants, budgets=rt.budgets)
+    BatchRunner(rt.store, rt.settings, send_step, rt.tenants, rt.budgets).follow(
+        [run.id], lambda r: None, lambda p: None, timeout_s=300)
+    finished = rt.store.load_run(run.id) or run
+    out.rule("a python session: each cell uses what the cells before it defined")
+    print_trace(out, finished, rt.store.load_steps(run.id))
+    return 0 if finished.answer and "22.75 in all" in finished.answer else 1
 
 
 def register(group: click.Group) -> None:

@@ -60,8 +60,10 @@ def print_trace(console: Console, run: Run, steps: list[Step]) -> None:
             console.print(Text.assemble(labelled("action:", "magenta", call.name), "  ",
                                         labelled("arguments:", "magenta", args)))
         for obs in step.observations:
+            cells = obs.sandbox.session_cells if obs.sandbox is not None else None
+            session = f", session cell {cells + 1}" if cells is not None else ""
             label = Text.assemble(("observation", "green"),
-                                  literal(f" ({obs.tool}, {obs.outcome}, {obs.duration_ms} ms):"))
+                                  literal(f" ({obs.tool}, {obs.outcome}, {obs.duration_ms} ms{session}):"))
             console.print(Text.assemble(label, " ", literal(obs.content)))
         for approval in (a for a in run.approvals if a.step == step.index):
             console.print(labelled("approval:", "yellow", _approval_line(run, approval)))

@@ -51,9 +51,11 @@ def _read_schema(ctx: click.Context, param: click.Parameter, value: Path | None)
               help=f"added to the run's system prompt (at most {MAX_INSTRUCTIONS_CHARS} characters)")
 @click.option("--output-schema", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               callback=_read_schema, help="a JSON Schema file: the answer must be an object it validates")
+@click.option("--python-session", is_flag=True,
+              help="python keeps its globals across the run's calls (without it: the plan's default)")
 def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None, max_steps: int | None,
         model: str | None, timeout: float, webhook_url: str | None, instructions: str | None,
-        output_schema: dict[str, Any] | None) -> None:
+        output_schema: dict[str, Any] | None, python_session: bool) -> None:
     """Submit one run."""
     from ..core.models import RunSpec
     from ..core.views import run_json
@@ -66,7 +68,8 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
         tier = tier or tenant_policy(rt.tenants, tenant).plan.default_tier or "standard"
         [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
                                           model=model, webhook_url=webhook_url,
-                                          instructions=instructions, output_schema=output_schema)],
+                                          instructions=instructions, output_schema=output_schema,
+                                          python_session=python_session or None)],
                        rt.settings, _send_step(),
                        interactive=True, tenants=rt.tenants, budgets=rt.budgets)
     except (InvalidRequest, AdmissionRefused, TooLarge) as exc:

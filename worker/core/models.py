@@ -112,6 +112,7 @@ class SandboxFacts(BaseModel):
     backend: str = ""
     cpu_seconds: float | None = None
     memory_peak_bytes: int | None = None
+    session_cells: int | None = None  # a python session's call: the earlier cells replayed before it
 
 
 class Observation(BaseModel):
@@ -191,6 +192,7 @@ class RunSpec(BaseModel):
     instructions: Instructions | None = None  # added to the run's system prompt (worker/core/prompts.py)
     # a JSON Schema the final answer must fit (worker/core/structured.py; checked at submission)
     output_schema: dict[str, Any] | None = None
+    python_session: bool | None = None  # python keeps its globals across the run's calls (None: the plan's)
 
 
 class Run(BaseModel):

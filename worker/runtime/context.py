@@ -17,7 +17,7 @@ from ..llm.fallback import RoutedLLM
 from ..llm.in_flight import InFlightCap
 from ..llm.ratelimit import LimitedLLM, RateLimiter
 from ..store.cluster import ClusterStore
-from ..store.connection import Client, connect
+from ..store.connection import Client, connect, connect_broker
 from ..store.leases import Leases
 from ..store.llm_slots import LLMSlots
 from ..store.provider_circuit import ProviderCircuits
@@ -45,6 +45,14 @@ class Runtime:
         return connect(self.settings.redis_url, self.settings.redis_max_connections)
 
     @cached_property
+    def broker_redis(self) -> Client:
+        """The Celery broker's Redis: the state Redis unless REACTQ_BROKER_URL names another."""
+        s = self.settings
+        if not s.broker_apart or s.broker_url is None:
+            return self.redis
+        return connect_broker(s.broker_url, s.broker_sentinel_master, s.redis_max_connections)
+
+    @cached_property
     def store(self) -> RunStore:
         return RunStore(self.redis, self.settings.run_ttl_s, self.settings.retention_s)
 
@@ -67,7 +75,7 @@ class Runtime:
 
     @cached_property
     def cluster(self) -> ClusterStore:
-        return ClusterStore(self.redis)
+        return ClusterStore(self.redis, self.broker_redis)
 
     @cached_property
     def leases(self) -> LeaseKeeper:

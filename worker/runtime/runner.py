@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics
-from ..core import best_effort, engine, prompts, provider_trouble
+from ..core import best_effort, engine, prompts, provider_trouble, sessions
 from ..core.engine import Act, End, Final, PlannedCall, Reflect, Retry
 from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall, Usage
 from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
+from ..core.sessions import CODE_ARGUMENT
 from ..core.structured import SCHEMA_ERROR_KIND, Answered, call_text, final_tool, read_output
 from ..errors import BudgetExceeded, LLMError
 from ..output_schema import output_check
@@ -332,6 +333,7 @@ class StepRunner:
         pending = False
         fresh: list[tuple[str, dict[str, Any], str]] = []
         awaiting: list[PlannedCall] = []
+        ahead: list[str] = []  # code of this step's sandboxed calls so far: a session's cells before the next
         for planned in act.planned:
             obs = d.stored_results.get(planned.call.id)
             if obs is None and (gated := approvals.gate(self.rt, run, d.index, planned)) is not None:
@@ -340,7 +342,7 @@ class StepRunner:
                     continue
                 obs = self.store.scratch.save_tool_result(run.id, d.index, gated)
             if obs is None and planned.sandboxed:
-                obs = self._sandbox_result(run, d.index, planned)
+                obs = self._sandbox_result(run, d, planned, ahead)
                 pending = pending or obs is None
             elif obs is None:
                 obs = self._run_inline(planned, cached.get(planned.call.id), run.spec.tenant)
@@ -350,6 +352,8 @@ class StepRunner:
                     fresh.append((planned.tool, planned.arguments, obs.content))
             if obs is not None:
                 by_id[planned.call.id] = obs
+            if planned.sandboxed:
+                ahead.append(planned.arguments.get(CODE_ARGUMENT, ""))
         if awaiting:
             approvals.request(self.rt, run, d.index, awaiting)
             return Waiting.APPROVAL
@@ -390,10 +394,15 @@ class StepRunner:
         return Observation(call_id=planned.call.id, tool=tool.name, content=called.content,
                            outcome=called.outcome, duration_ms=int(seconds * 1000))
 
-    def _sandbox_result(self, run: Run, index: int, planned: PlannedCall) -> Observation | None:
+    def _sandbox_result(self, run: Run, d: Delivery, planned: PlannedCall, ahead: list[str]) -> Observation | None:
+        """The stored result of a sandboxed call, or None after sending the call (at most once per
+        REACTQ_SANDBOX_REDISPATCH_AFTER_S). In a python session the call carries the run's earlier cells."""
+        index = d.index
+        cells = sessions.earlier_cells(d.steps, ahead) if run.spec.python_session else None
         raw = self.store.scratch.get_sandbox_result(run.id, index, planned.call.id)
         if raw is not None:
-            obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw)
+            obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw,
+                                                       session_cells=None if cells is None else len(cells))
             metrics.TOOL_CALLS.labels(planned.tool, obs.outcome).inc()
             if error_type is not None:
                 metrics.TOOL_FAILURES.labels(planned.tool, metrics.error_type_label(error_type)).inc()
@@ -406,8 +415,9 @@ class StepRunner:
             if deadline_at is None and run.deadline_s is not None:  # a first step: its clock starts now
                 deadline_at = now + run.deadline_s
             self.dispatch.sandbox(sandbox_request(
-                planned.arguments.get("code", ""), run_id=run.id, index=index, call_id=planned.call.id,
-                tier=run.spec.tier, tenant=run.spec.tenant, deadline_at=deadline_at, queued_at=now))
+                planned.arguments.get(CODE_ARGUMENT, ""), run_id=run.id, index=index, call_id=planned.call.id,
+                tier=run.spec.tier, tenant=run.spec.tenant, deadline_at=deadline_at, queued_at=now,
+                session=cells))
         return None
 
     # --- recording ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tools_sandbox import ErrorKind, ExecuteRequest, SandboxResult, render_result
+from tools_sandbox import ErrorKind, ExecuteRequest, SandboxResult, SessionCell, render_result
 from tools_sandbox.base.render import UNAVAILABLE_TEXT
 
 from ..core.engine import UNAVAILABLE_OUTCOME
@@ -27,26 +27,31 @@ UNREADABLE = "Error: the sandbox's result could not be read; the code's output i
 
 
 def sandbox_request(code: str, *, run_id: str, index: int, call_id: str, tier: str, tenant: str,
-                    deadline_at: float | None, queued_at: float) -> dict[str, Any]:
+                    deadline_at: float | None, queued_at: float,
+                    session: list[tuple[str, bool]] | None = None) -> dict[str, Any]:
     """The sandbox task's argument for one call of step `index`: it stores its result where this step reads
     it, then continues the run with the step task. The call waits in its tenant's line (by `queued_at`) until
     a slot frees or the run's deadline passes, keeping the step's pending marker alive meanwhile (the reaper
-    reads the marker; tools_sandbox/edges/sandbox_worker.py)."""
+    reads the marker; tools_sandbox/edges/sandbox_worker.py). `session`: a python session's earlier cells
+    (worker/core/sessions.py), (code, failed) each."""
+    cells = {} if session is None else {"session": [SessionCell(code=code, failed=failed) for code, failed in session]}
     return ExecuteRequest(
         code=code, tier=tier, tenant=tenant, result_key=keys.sandbox_result(run_id, index, call_id),
         continue_task=STEP_TASK, continue_args=[run_id, index], continue_queue=STEPS_QUEUE,
-        deadline_at=deadline_at, queued_at=queued_at, pending_key=keys.sandbox_pending(run_id, index),
+        deadline_at=deadline_at, queued_at=queued_at, pending_key=keys.sandbox_pending(run_id, index), **cells,
     ).wire()
 
 
-def observation_from_sandbox(call_id: str, tool: str, raw: bytes | str) -> tuple[Observation, str | None]:
-    """The observation the model sees, and the failure type for metrics (None when the code ran fine)."""
+def observation_from_sandbox(call_id: str, tool: str, raw: bytes | str,
+                             session_cells: int | None = None) -> tuple[Observation, str | None]:
+    """The observation the model sees, and the failure type for metrics (None when the code ran fine);
+    `session_cells`: in a python session, how many earlier cells the execution replayed first."""
     try:
         result = SandboxResult.model_validate_json(raw)
     except ValidationError:
         obs = Observation(call_id=call_id, tool=tool, content=UNREADABLE, outcome="error", duration_ms=0)
         return obs, "unreadable_result"
-    facts = _facts(result)
+    facts = _facts(result).model_copy(update={"session_cells": session_cells})
     if result.error_kind is ErrorKind.UNAVAILABLE:
         obs = Observation(call_id=call_id, tool=tool, content=UNAVAILABLE_TEXT, outcome=UNAVAILABLE_OUTCOME,
                           duration_ms=result.duration_ms, sandbox=facts)

@@ -51,6 +51,7 @@ class BatchLine(BaseModel, extra="forbid"):
     webhook_url: str | None = None
     instructions: Instructions | None = None  # added to the run's system prompt
     output_schema: dict[str, Any] | None = None  # a JSON Schema the final answer must fit (checked by validate_spec)
+    python_session: bool | None = None  # python keeps its globals across the run's calls (default: the plan's)
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_dupli
                        max_steps=line.max_steps, model=line.model, max_tokens=line.max_tokens,
                        max_cost_usd=line.max_cost_usd, deadline_s=line.deadline_s,
                        client_id=line.id or f"line-{number}", webhook_url=line.webhook_url,
-                       instructions=line.instructions, output_schema=line.output_schema)
+                       instructions=line.instructions, output_schema=line.output_schema,
+                       python_session=line.python_session)
         validate_spec(spec, c.settings, c.tiers, policy=policy)
     except InvalidRequest as exc:
         return LineError(number, str(exc))

@@ -123,7 +123,8 @@ def submit(
     if admit_runs:
         quotas = [quota(budgets, policy, sum(1 for s in specs if s.tenant == tenant))
                   for tenant, policy in policies.items()]
-    runs = [(make_run or new_run)(spec.model_copy(update={"batch_id": batch_id}), settings) for spec in specs]
+    runs = [(make_run or new_run)(spec.model_copy(update={"batch_id": batch_id, **_plan_defaults(spec, policies)}),
+                                  settings) for spec in specs]
     recent = _record(store, runs, batch_id, None if interactive else WINDOW_S, quotas, policies)
     if on_recorded is not None:
         on_recorded(runs)
@@ -135,6 +136,14 @@ def submit(
         for run, priority in zip(group, priorities, strict=True):
             send_step(run.id, run.current_step, priority=priority)
     return runs
+
+
+def _plan_defaults(spec: RunSpec, policies: dict[str, Policy]) -> dict[str, object]:
+    """What the run's plan decides where the submission did not: fixed at submission, so a plan changed
+    later does not change a run under way."""
+    if spec.python_session is None:
+        return {"python_session": policies[spec.tenant].plan.python_session}
+    return {}
 
 
 def _record(store: RunStore, runs: list[Run], batch_id: str | None, count_window_s: int | None,

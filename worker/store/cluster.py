@@ -24,8 +24,12 @@ _SANDBOX_RUN = re.compile(rb"reactq:run:([0-9a-f]{32}):sandbox:")
 
 
 class ClusterStore:
-    def __init__(self, client: redis.Redis) -> None:
+    """`client`: the state Redis; `broker`: the Celery broker's Redis (its lists and kombu's unacked hash), the
+    same client unless REACTQ_BROKER_URL names another server."""
+
+    def __init__(self, client: redis.Redis, broker: redis.Redis | None = None) -> None:
         self.r = client
+        self.broker = broker if broker is not None else client
 
     def heartbeat(self, queues: list[str], member: str, forget_after_s: float = 3600) -> None:
         """Say that worker `member` consumes `queues` now (and forget members silent for an hour)."""
@@ -41,7 +45,7 @@ class ClusterStore:
 
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting in each reactq queue (the broker's lists: one per priority, worker/tenancy/fairness.py)."""
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.broker.pipeline(transaction=False)
         for queue in QUEUES:
             for name in queue_lists(queue):
                 pipe.llen(name)
@@ -92,7 +96,7 @@ class ClusterStore:
 
     def _queued_runs(self, lists: list[str], scan_limit: int, lost_before: float,
                      runs_in: Callable[[list[bytes]], Iterable[str]]) -> set[str] | None:
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.broker.pipeline(transaction=False)
         for name in lists:
             pipe.llen(name)
         pipe.hlen(keys.CELERY_UNACKED)
@@ -101,12 +105,12 @@ class ClusterStore:
         found: set[str] = set()
         for name in lists:
             for start in range(0, scan_limit, 1000):
-                chunk = self.r.lrange(name, start, start + 999)
+                chunk = self.broker.lrange(name, start, start + 999)
                 found.update(runs_in(chunk))
                 if len(chunk) < 1000:
                     break
-        taken_at = dict(self.r.zrange(keys.CELERY_UNACKED_INDEX, 0, -1, withscores=True))
-        for tag, raw in self.r.hscan_iter(keys.CELERY_UNACKED, count=1000):
+        taken_at = dict(self.broker.zrange(keys.CELERY_UNACKED_INDEX, 0, -1, withscores=True))
+        for tag, raw in self.broker.hscan_iter(keys.CELERY_UNACKED, count=1000):
             if _still_held(raw, taken_at.get(tag), lost_before):
                 found.update(runs_in([raw]))
         return found

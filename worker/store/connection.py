@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from ..errors import StoreUnavailable
 
@@ -24,6 +27,23 @@ def connect(url: str, max_connections: int = 64) -> redis.Redis:
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
     )
     return redis.Redis(connection_pool=pool)
+
+
+def connect_broker(url: str, sentinel_master: str | None, max_connections: int = 64) -> redis.Redis:
+    """A client of the Celery broker (its lists, kombu's unacked hash): `url` as connect() takes it, or
+    sentinel://HOST:PORT[;sentinel://HOST:PORT...] (kombu's form), whose master `sentinel_master` it follows
+    through a failover."""
+    if not url.startswith("sentinel://"):
+        return connect(url, max_connections)
+    nodes = []
+    for part in url.split(";"):
+        address = urlsplit(part.strip())
+        nodes.append((address.hostname or "127.0.0.1", address.port or 26379))
+    password = urlsplit(url.split(";")[0]).password
+    sentinel = Sentinel(nodes, socket_timeout=5, sentinel_kwargs={"socket_timeout": 5})
+    return sentinel.master_for(sentinel_master or "", password=password, socket_timeout=30,
+                               retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20),
+                               retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
 
 
 def ping(client: redis.Redis, url: str) -> None:

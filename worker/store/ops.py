@@ -22,8 +22,11 @@ REAPER_KEPT = 50
 
 
 class OpsStore:
-    def __init__(self, client: redis.Redis) -> None:
+    """`broker`: the Celery broker's Redis (queue lists, unacked), the state client unless it is apart."""
+
+    def __init__(self, client: redis.Redis, broker: redis.Redis | None = None) -> None:
         self.r = client
+        self.broker = broker if broker is not None else client
 
     def publish(self, member: str, snapshot: dict[str, Any], ttl_s: float) -> None:
         """One worker process's metrics now (kept `ttl_s`: a dead worker's figures drop out)."""
@@ -44,12 +47,14 @@ class OpsStore:
 
     def read(self, models: list[str], live_within_s: float = 45) -> OpsRaw:
         now = time.time()
-        pipe = self.r.pipeline(transaction=False)
-        pipe.time()
+        lists = self.broker.pipeline(transaction=False)
         for queue in WATCHED:
             for name in queue_lists(queue):
-                pipe.llen(name)
-        pipe.hlen(keys.CELERY_UNACKED)
+                lists.llen(name)
+        lists.hlen(keys.CELERY_UNACKED)
+        queued = iter(lists.execute())
+        pipe = self.r.pipeline(transaction=False)
+        pipe.time()
         for queue in WATCHED:
             pipe.zcount(keys.workers(queue), now - live_within_s, "+inf")
         pipe.zcard(keys.ACTIVE_RUNS)
@@ -62,8 +67,8 @@ class OpsStore:
         pipe.zrangebyscore(keys.WORKER_SNAPSHOTS, now - 3600, "+inf")
         replies = iter(pipe.execute())
         seconds, micros = next(replies)
-        queues = {queue: [int(next(replies)) for _ in queue_lists(queue)] for queue in WATCHED}
-        unacked = int(next(replies))
+        queues = {queue: [int(next(queued)) for _ in queue_lists(queue)] for queue in WATCHED}
+        unacked = int(next(queued))
         workers = {queue: int(next(replies)) for queue in WATCHED}
         active = int(next(replies))
         limiters = []

@@ -15,7 +15,9 @@ from .broker import transport_for
 
 def make_app() -> Celery:
     settings = get_settings()
-    app = Celery("reactq", broker=settings.redis_url,
+    broker = settings.broker_url or settings.redis_url
+    sentinel = {"master_name": settings.broker_sentinel_master} if broker.startswith("sentinel://") else {}
+    app = Celery("reactq", broker=broker,
                  include=["worker.tasks.steps", "worker.tasks.webhooks", "worker.tasks.health",
                           "tools_sandbox.edges.tasks", "worker.tasks.worker_setup"])
     app.conf.update(
@@ -40,7 +42,7 @@ def make_app() -> Celery:
         worker_send_task_events=False,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
-        broker_transport=transport_for(settings.redis_url),
+        broker_transport=transport_for(broker),
         # Sized for a threads pool holding hundreds of LLM calls in flight.
         broker_pool_limit=settings.redis_max_connections,
         redis_max_connections=settings.redis_max_connections,
@@ -51,6 +53,7 @@ def make_app() -> Celery:
             "socket_keepalive": True,
             # One list per priority; a worker takes the highest first (worker/tenancy/fairness.py).
             "priority_steps": PRIORITY_STEPS,
+            **sentinel,
         },
     )
     return app

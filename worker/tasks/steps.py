@@ -64,10 +64,12 @@ def send_sandbox(request: dict[str, Any]) -> None:
     app.send_task(SANDBOX_TASK, args=[request], queue=SANDBOX_QUEUE)
 
 
-# With kombu's own transport (a broker URL that is not redis:// or rediss://) the next step is sent
-# after the commit instead.
+# With kombu's own transport (a broker URL that is not redis:// or rediss://), or a broker on another server
+# than the runs (REACTQ_BROKER_URL), the next step is sent after the commit instead, the reaper behind it
+# (docs/decisions/broker-apart.md).
 CELERY_DISPATCH = Dispatcher(next_step=send_step, sandbox=send_sandbox, webhook=send_delivery,
-                             step_commands=step_commands if app.conf.broker_transport == TRANSPORT else None)
+                             step_commands=step_commands if app.conf.broker_transport == TRANSPORT
+                             and not get_settings().broker_apart else None)
 
 
 BUSY_RETRIES = 20

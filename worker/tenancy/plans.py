@@ -50,6 +50,7 @@ class Plan(BaseModel, extra="forbid"):
     limits: PlanLimits
     agent_name: str | None = Field(None, min_length=1, max_length=100)  # the system prompt's name for the agent
     instructions: str = Field("", max_length=4000)  # added to every system prompt of the plan's runs
+    python_session: bool = False  # the default of a run's python_session (worker/core/sessions.py)
 
     @model_validator(mode="after")
     def _default_tier(self) -> Plan:

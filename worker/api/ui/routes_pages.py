@@ -170,7 +170,7 @@ def ops_page(request: Request, caller: OperatorCaller, rt: RuntimeDep) -> Respon
     # every model a run may call: its limiter cells and its provider circuit
     models = set(rt.settings.models) | {rt.settings.model} | {
         f for spec in rt.settings.models.values() for f in spec.fallbacks}
-    raw = OpsStore(rt.redis).read(sorted(models))
+    raw = OpsStore(rt.redis, rt.broker_redis).read(sorted(models))
     return render(request, "pages/ops.html", nav_active="operations", view=ops_view(raw, limits),
                   now=raw.now)
 
