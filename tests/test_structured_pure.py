@@ -11,6 +11,7 @@ import pytest
 from api_stub.brain import respond
 from api_stub.structured import fill, offered_schema
 from worker.config import Settings
+from worker.core import best_effort
 from worker.core.engine import Act, End, Final, Limits, Retry, decide
 from worker.core.models import Mode, Run, RunSpec, RunStatus, ToolCall
 from worker.core.parser import ParsedTurn, parse_text, parse_tool_reply
@@ -120,6 +121,15 @@ def test_the_stub_answers_in_text_when_tools_are_disabled():
 def test_a_refused_call_is_kept_as_text_for_the_trace():
     assert call_text(final_call({"city": "x"}).calls) == 'final_answer({"city": "x"})'
     assert call_text([ToolCall(id="a", name="calc", arguments={})]) is None
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_the_best_effort_call_of_a_structured_run_asks_for_the_object(mode):
+    end = End(RunStatus.MAX_STEPS, "max")
+    sent, _ = best_effort.final_request(mode, [], {}, end, structured=True)
+    assert sent[-1]["content"].endswith("The answer must be the JSON object the output schema describes.")
+    plain, _ = best_effort.final_request(mode, [], {}, end)
+    assert "JSON object" not in plain[-1]["content"]
 
 
 def test_final_answer_with_other_calls_is_refused():

@@ -289,7 +289,8 @@ class StepRunner:
         else:
             options["stop"] = TEXT_STOP_SEQUENCES[:4]
         if final is not None:
-            messages, options = best_effort.final_request(run.mode, messages, options, final)
+            messages, options = best_effort.final_request(run.mode, messages, options, final,
+                                                          structured=run.spec.output_schema is not None)
         tenant = metrics.tenant_label(run.spec.tenant, s.tenants)
         with reserve_call(s, self.rt.tenants, self.rt.budgets, run, messages, options) as budget:
             try:
