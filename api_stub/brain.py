@@ -230,7 +230,23 @@ def _available(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | Non
     if not systems:
         return dict(DEFAULT_ARG)
     joined = "\n".join(systems).lower()
-    return {name: arg for name, arg in DEFAULT_ARG.items() if re.search(rf"\b{name}\b", joined)}
+    offered = {name: arg for name, arg in DEFAULT_ARG.items() if re.search(rf"\b{name}\b", joined)}
+    for name, example in _LISTED_TOOL.findall("\n".join(systems)):
+        offered.setdefault(name.lower(), _first_key(example) or "input")
+    return offered
+
+
+# A tool the text-mode prompt lists ("Tool: NAME" ... "Example Action Input: {...}"): its argument is the
+# example's first field (a server's tool the stub has no rule for, called by "call NAME with ...").
+_LISTED_TOOL = re.compile(r"^Tool: (\S+)\n(?:(?!Tool: ).*\n)*?\s*Example Action Input: (\{.*\})$", re.M)
+
+
+def _first_key(example: str) -> str | None:
+    try:
+        value = json.loads(example)
+    except ValueError:
+        return None
+    return next(iter(value), None) if isinstance(value, dict) else None
 
 
 def _call_id(question: str, index: int, action: Action) -> str:
@@ -248,6 +264,8 @@ def _thought(action: Action) -> str:
         return f"I should search for '{action.argument}' to find the answer."
     if action.in_order:
         return f"Next I run {action.part} of the given code."
+    if action.tool not in KNOWN_TOOLS:
+        return f"I will call {action.tool} with {action.argument!r}."
     return "I will write a short Python program to compute this."
 
 
@@ -373,7 +391,20 @@ def _with_fixes(actions: list[Action], executed: list[_Executed]) -> tuple[list[
     return actions, observations
 
 
-_FORCED = re.compile(r"call (\w+) with (.+)", re.I | re.S)
+def _arguments(action: Action, offered: dict[str, str]) -> str:
+    """The call's JSON arguments: the action's argument as the tool's one field, or, for a tool the
+    stub has no rule for, a JSON object given whole ("call get-sum with {"a": 1, "b": 2}")."""
+    if action.tool not in KNOWN_TOOLS and action.argument.lstrip().startswith("{"):
+        try:
+            given = json.loads(action.argument)
+        except ValueError:
+            given = None
+        if isinstance(given, dict):
+            return json.dumps(given, ensure_ascii=False)
+    return json.dumps({offered[action.tool]: action.argument}, ensure_ascii=False)
+
+
+_FORCED = re.compile(r"call ([\w-]+) with (.+)", re.I | re.S)
 
 
 def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, text_mode: bool,
@@ -412,11 +443,11 @@ def _respond(messages: list[Mapping[str, Any]], tools: Sequence[Any] | None, tex
         return _final(combine(actions, answers), text_mode)
     if text_mode:
         index, action = pending[0]
-        arg_json = json.dumps({offered[action.tool]: action.argument}, ensure_ascii=False)
+        arg_json = _arguments(action, offered)
         content = f"Thought: {_thought(action)}\nAction: {action.tool}\nAction Input: {arg_json}"
         return Reply(content=content, finish_reason="stop", mode="text")
     calls = tuple(ToolCall(id=_call_id(conv.question, i, a), name=a.tool,
-                           arguments=json.dumps({offered[a.tool]: a.argument}, ensure_ascii=False))
+                           arguments=_arguments(a, offered))
                   for i, a in pending)
     thought = " ".join(_thought(a) for _, a in pending)
     return Reply(content=thought, tool_calls=calls, finish_reason="tool_calls", mode="tools")

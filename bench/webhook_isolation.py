@@ -47,7 +47,7 @@ class Site:
     """A fresh redis-server and stub, one worker (`argv`), and the in-process handles to submit runs
     (worker.service.submit, the first steps sent through a Celery client) and read their webhooks."""
 
-    def __init__(self, bench: Bench, args: argparse.Namespace, shared: bool) -> None:
+    def __init__(self, bench: Bench, args: argparse.Namespace, shared: bool, env: dict[str, str] | None = None) -> None:
         from celery import Celery
 
         from worker.config import Settings
@@ -63,7 +63,7 @@ class Site:
         stub_url = bench.start_stub(args.latency_ms)
         env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1",
                "REACTQ_TENANTS": '["a", "b"]', "REACTQ_STALE_AFTER_S": "600", "REACTQ_WEBHOOK_ALLOW_PRIVATE": "1",
-               "REACTQ_WEBHOOK_RETRY_BASE_S": "1", "REACTQ_WEBHOOK_RETRY_MAX_S": "2"}
+               "REACTQ_WEBHOOK_RETRY_BASE_S": "1", "REACTQ_WEBHOOK_RETRY_MAX_S": "2", **(env or {})}
         if shared:  # one pool for steps and webhooks, as before webhooks had their own worker
             argv = [sys.executable, "-m", "celery", "-A", "worker.tasks.app", "worker", "-Q",
                     "reactq.steps,reactq.webhooks", "-P", "threads", "-c", str(args.concurrency),

@@ -17,7 +17,7 @@ for pair in redis-server:redis-server dockerd:docker.io debootstrap:debootstrap 
             prometheus:prometheus promtool:prometheus iptables:iptables docker-compose:docker-compose \
             chromium:chromium runsc:runsc prometheus-alertmanager:prometheus-alertmanager \
             amtool:prometheus-alertmanager prometheus-redis-exporter:prometheus-redis-exporter \
-            cmake:cmake g++:g++ make:make; do
+            cmake:cmake g++:g++ make:make node:nodejs npm:npm; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -29,6 +29,10 @@ fi
 # Exactly the versions the suite passed with (deploy/constraints.txt, the lock; scripts/refresh-lock.sh moves it
 # forward). REACTQ_CONSTRAINTS names another lock: the refresh tries its candidate that way.
 python3 -m pip install -q --disable-pip-version-check -c "${REACTQ_CONSTRAINTS:-deploy/constraints.txt}" -e ".[test]"
+
+# The MCP servers tests/test_mcp*.py run, at tests/assets/mcp/package-lock.json's versions: installed here, so
+# that no test downloads anything.
+npm ci --prefix tests/assets/mcp --no-audit --no-fund --loglevel=error
 
 started_dockerd=0
 if ! docker info >/dev/null 2>&1; then

@@ -285,9 +285,28 @@ def test_batch_output_line_fields() -> None:
     both_ways(heading, set(rows), set(line), "worker/core/models.py Run.result_line()")
 
 
+# -- Plans and MCP servers ---------------------------------------------------------------------------------
+
+def test_plan_fields() -> None:
+    from worker.tenancy.plans import Plan
+
+    heading = "Plan fields"
+    rows = keyed(table(heading), "field", heading)
+    both_ways(heading, set(rows), set(Plan.model_fields) - {"name"}, "worker/tenancy/plans.py Plan")
+
+
+def test_mcp_server_entry_fields() -> None:
+    from worker.config import McpServerSpec
+
+    heading = "MCP server entry fields"
+    rows = keyed(table(heading), "field", heading)
+    both_ways(heading, set(rows), set(McpServerSpec.model_fields), "worker/config.py McpServerSpec")
+
+
 # -- the tables themselves ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("heading", ["CLI verbs and flags", "Settings", "HTTP routes", "Metrics", "Run statuses",
-                                     "Batch input line fields", "Batch output line fields"])
+                                     "Batch input line fields", "Batch output line fields", "Plan fields",
+                                     "MCP server entry fields"])
 def test_a_table_is_found_by_its_heading(heading: str) -> None:
     assert table(heading), f"docs/DESIGN.md `#### {heading}` has a table with no rows"

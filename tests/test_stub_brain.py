@@ -424,3 +424,26 @@ def test_asked_to_reflect_it_answers_in_prose_then_goes_on(tools: list | None) -
 def test_before_any_answer_a_reflect_message_is_part_of_the_question() -> None:
     reply = respond([{"role": "user", "content": "What is 2 + 3?"}, {"role": "user", "content": REFLECT}], TOOLS)
     assert [c.name for c in reply.tool_calls] == ["calculator"]
+
+
+# --- a tool the stub has no rule for (an MCP server's), named by the question ----------------------
+
+def test_a_question_that_names_a_listed_text_mode_tool_calls_it_with_the_examples_field() -> None:
+    system = ("You have access to the following tools:\n\nTool: get-env\n  What it does: env\n"
+              "  Example Action Input: {}\n\nTool: echo\n  What it does: Echoes back\n  Parameters:\n"
+              "    - message (string, required): Message to echo\n"
+              '  Example Action Input: {"message": "hello world"}\n')
+    reply = respond([{"role": "system", "content": system}, {"role": "user", "content": "call echo with hi there"}])
+    assert 'Action: echo\nAction Input: {"message": "hi there"}' in reply.content
+
+
+def test_a_json_object_in_the_question_is_sent_whole_to_a_hyphenated_tool() -> None:
+    tools = [{"type": "function", "function": {"name": "get-sum", "parameters": {
+        "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
+    question = 'call get-sum with {"a": 17, "b": 25}'
+    [call] = respond([{"role": "user", "content": question}], tools).tool_calls
+    assert (call.name, json.loads(call.arguments)) == ("get-sum", {"a": 17, "b": 25})
+    answered = [{"role": "user", "content": question},
+                {"role": "assistant", "content": "", "tool_calls": [call.to_openai()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "The sum of 17 and 25 is 42."}]
+    assert respond(answered, tools).content == "The sum of 17 and 25 is 42."

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from datetime import date
 from functools import lru_cache
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .core.models import Mode
@@ -31,6 +32,36 @@ class ModelSpec(BaseModel):
     # the model's context window in tokens (llama-server's -c, the provider's limit): the conversation's
     # budget follows it (prompts.context_budget) instead of REACTQ_CONTEXT_BUDGET_TOKENS; None: that setting
     context_tokens: int | None = Field(None, ge=512)
+
+
+class McpServerSpec(BaseModel):
+    """One MCP server in REACTQ_MCP_SERVERS: a program the worker starts (`command`, its `env`) or a
+    streamable HTTP endpoint (`url`, its `headers`, e.g. an Authorization secret)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] | None = Field(None, min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float | None = Field(None, gt=0)  # a call's deadline; None: REACTQ_TOOL_TIMEOUT_S
+    start_timeout_s: float = Field(30.0, gt=0)  # to start (or connect) and list its tools
+    allow_private: bool = False  # an HTTP server at a loopback/private address (like REACTQ_WEBHOOK_ALLOW_PRIVATE)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an MCP server has either a command or a url")
+        if self.command is None and self.env:
+            raise ValueError("env is for a command's server; an HTTP server takes headers")
+        if self.url is not None and not self.url.lower().startswith(("http://", "https://")):
+            raise ValueError("an MCP server's url is an http or https URL")
+        if self.url is None and self.headers:
+            raise ValueError("headers are for a url's server; a command's server takes env")
+        return self
+
+
+MCP_SERVER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
 
 
 class Settings(BaseSettings):
@@ -115,11 +146,17 @@ class Settings(BaseSettings):
     webhook_deadline_s: float = Field(10.0, gt=0)  # one attempt in total: connect, headers, body; then it failed
     webhook_max_response_bytes: int = Field(64 * 1024, ge=0)  # of a receiver's answer read, then the connection closes
     webhook_concurrency: int = Field(8, ge=0)  # threads of the webhook worker each step worker starts (0: none)
+    webhook_tenant_in_flight: int = Field(4, ge=1)  # one tenant's webhook attempts at once, cluster-wide (others wait)
+    webhook_host_in_flight: int = Field(8, ge=1)  # attempts to one host name at once, cluster-wide (> the tenant cap)
+    webhook_retry_threads: int = Field(4, ge=1)  # of a webhook worker's threads, at most this many make retries
     webhook_retry_base_s: float = Field(10.0, gt=0)  # first retry after this; doubles each time ...
     webhook_retry_max_s: float = Field(1800.0, gt=0)  # ... up to this (below the broker's visibility timeout)
     webhook_retry_for_s: float = Field(86400.0, gt=0)  # a delivery is given up this long after it was created
 
     tool_modules: list[str] = Field(default_factory=list)  # users' tool modules, imported by workers
+    # MCP servers whose tools join the registry's (worker/runtime/mcp/), by name; plans' mcp_servers choose
+    mcp_servers: dict[Annotated[str, StringConstraints(pattern=MCP_SERVER_NAME)], McpServerSpec] = Field(
+        default_factory=dict)
     # inline tool deadlines (worker/runtime/tool_exec.py)
     tool_timeout_s: float = Field(30.0, gt=0)  # a call's deadline, unless its tool sets timeout_s
     tool_processes: int = Field(2, ge=1)  # per step worker: processes for isolation="process" tools ...

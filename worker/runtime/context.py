@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from .. import metrics
 from ..config import Settings
@@ -33,6 +34,9 @@ from ..tools import REGISTRY, ToolRegistry
 from ..tools.search import SearchSource
 from ..tools.search import use_source as use_search_source
 from .leases import LeaseKeeper
+
+if TYPE_CHECKING:
+    from .mcp import McpTools
 
 
 @dataclass
@@ -111,10 +115,25 @@ class Runtime:
 
     @cached_property
     def tools(self) -> ToolRegistry:
+        """The registry's tools, and the MCP servers' when REACTQ_MCP_SERVERS names any."""
         s = self.settings
         use_search_source(SearchSource(s.serpapi_api_key, s.search_corpus, s.search_corpus_max_bytes))
         REGISTRY.load_modules(s.tool_modules)
-        return REGISTRY
+        if self.mcp is None:
+            return REGISTRY
+        from .mcp.toolset import ToolsWithMcp  # the MCP SDK is imported only where servers are configured
+
+        return ToolsWithMcp(REGISTRY, self.mcp)
+
+    @cached_property
+    def mcp(self) -> McpTools | None:
+        """This process's MCP servers (none started until a step needs their tools)."""
+        s = self.settings
+        if not s.mcp_servers:
+            return None
+        from .mcp import McpTools
+
+        return McpTools(s.mcp_servers, timeout_s=s.tool_timeout_s, allow_private=s.webhook_allow_private)
 
     def tools_for(self, tenant: str) -> ToolRegistry | AllowedTools:
         """The tools `tenant`'s plan allows (read from Redis each time: a plan change applies at once)."""
@@ -150,3 +169,12 @@ def get_runtime(settings: Callable[[], Settings]) -> Runtime:
         if _runtime is None:
             _runtime = Runtime(settings())
         return _runtime
+
+
+def close_mcp_servers() -> None:
+    """Stop the process's MCP servers, if its runtime started any (a worker's shutdown)."""
+    with _lock:
+        runtime = _runtime
+    mcp = runtime.__dict__.get("mcp") if runtime is not None else None
+    if mcp is not None:
+        mcp.close()

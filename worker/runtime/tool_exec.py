@@ -63,8 +63,8 @@ def _guarded(func: Callable[[Any], str], name: str, args: BaseModel) -> Called:
     """Run the tool's function; a failure becomes a short message (a crash's text goes to the log only)."""
     try:
         return Called(func(args))
-    except ToolError as exc:
-        return Called(f"Error: {exc}", "error", exc.error_type)
+    except ToolError as exc:  # one that ends its call at its own deadline (an MCP tool's) is a timeout
+        return Called(f"Error: {exc}", "timeout" if exc.error_type == "timeout" else "error", exc.error_type)
     except Exception as exc:  # a bug in a tool: the model hears a short reason, the log has it all
         log.exception("tool %s crashed", name)
         return Called(f"Error: {name} failed ({exc.__class__.__name__})", "error", "exception")

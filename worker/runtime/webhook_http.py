@@ -3,7 +3,7 @@
 A per-read timeout does not bound an attempt: a receiver that answers 200 and then sends a byte every few
 seconds (or trickles its headers, or reads the request slowly) would hold the delivering thread for hours.
 So every wait of an attempt (the name lookup, connect, TLS handshake, each write and each read) ends by
-one deadline fixed when the attempt starts: the lookup runs in a small pool and is waited for until then;
+one deadline fixed when the attempt starts: the lookup is waited for until then (worker/runtime/webhook_dns.py);
 an httpcore network backend clamps each socket operation's timeout to the time left, and an operation
 starting past the deadline times out at once. The answer's body is read up to `max_response_bytes`
 (raw bytes, never decompressed), then the connection is closed: a receiver streaming gigabytes costs one
@@ -19,9 +19,6 @@ from __future__ import annotations
 import ssl
 import time
 import typing
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
@@ -30,26 +27,8 @@ import httpcore
 import httpx
 
 from ..core.deliveries import AttemptError
-from ..errors import WebhookUnreachable
 
 WRITE_CHUNK = 16 * 1024  # a slow-reading receiver is checked against the deadline between pieces
-
-
-# Name lookups run here so that a slow name server costs an attempt no more than its deadline (a lookup
-# past it is left to finish on its own: the system resolver has timeouts of its own).
-_LOOKUPS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="reactq-webhook-dns")
-
-
-def within(resolve: Callable[..., list[typing.Any]], seconds: float) -> Callable[..., list[typing.Any]]:
-    """`resolve` (getaddrinfo's signature) answering within `seconds`, else a typed timeout."""
-    def bounded(host: str, port: int, **options: typing.Any) -> list[typing.Any]:
-        future = _LOOKUPS.submit(resolve, host, port, **options)
-        try:
-            return future.result(timeout=seconds)
-        except FutureTimeout:
-            raise WebhookUnreachable(AttemptError.TIMEOUT,
-                                     f"{host} did not resolve within the {seconds:g} s deadline") from None
-    return bounded
 
 
 @lru_cache(maxsize=1)

@@ -43,11 +43,12 @@ from urllib.parse import urlsplit
 from ..core.deliveries import Attempt, AttemptError, Delivery, DeliveryState, Event
 from ..errors import InvalidRequest, SignatureInvalid, WebhookUnreachable
 from ..store.webhooks import WebhookStore
-from .webhook_http import WebhookHTTP, pinned_url, post, within
+from .webhook_dns import Lookups
+from .webhook_http import WebhookHTTP, pinned_url, post
 
-__all__ = ["Attempt", "AttemptError", "Delivery", "DeliveryState", "Event", "WebhookHTTP", "attempt_delivery",
-           "backoff_s", "pinned_url", "queue_delivery", "resolve_target", "set_default_url", "sign", "validate_url",
-           "verify"]
+__all__ = ["Attempt", "AttemptError", "Delivery", "DeliveryState", "Event", "Lookups", "WebhookHTTP",
+           "attempt_delivery", "attempt_loaded", "backoff_s", "pinned_url", "queue_delivery", "resolve_target",
+           "set_default_url", "sign", "validate_url", "verify"]
 
 MAX_URL_CHARS = 2000
 SIGNATURE_HEADER = "X-Reactq-Signature"
@@ -170,19 +171,31 @@ def queue_delivery(store: WebhookStore, tenant: str, event: Event, subject_id: s
     return delivery
 
 
+UNSHARED_LOOKUPS = Lookups(per_tenant=4)  # for callers that pass none (the worker passes its own)
+
+
 def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, http: WebhookHTTP, *,
                      allow_private: bool, retry_base_s: float, retry_max_s: float,
-                     retry_for_s: float, resolve: Resolver = socket.getaddrinfo) -> float | None:
+                     retry_for_s: float, resolve: Resolver = socket.getaddrinfo,
+                     lookups: Lookups = UNSHARED_LOOKUPS) -> float | None:
     """Make attempt `number`; returns the countdown to the next attempt, or None when there is none."""
     delivery = store.load(delivery_id)
     if delivery is None or not delivery.awaits(number):
         return None  # expired, done, or a duplicate message of an attempt already made
+    return attempt_loaded(store, delivery, number, http, allow_private=allow_private, retry_base_s=retry_base_s,
+                          retry_max_s=retry_max_s, retry_for_s=retry_for_s, resolve=resolve, lookups=lookups)
+
+
+def attempt_loaded(store: WebhookStore, delivery: Delivery, number: int, http: WebhookHTTP, *,
+                   allow_private: bool, retry_base_s: float, retry_max_s: float, retry_for_s: float,
+                   resolve: Resolver = socket.getaddrinfo, lookups: Lookups = UNSHARED_LOOKUPS) -> float | None:
+    """`attempt_delivery` of a delivery already loaded (and awaiting attempt `number`)."""
     started, begun = time.time(), time.monotonic()
     parts = urlsplit(delivery.url)
     attempt = Attempt(at=started)
     try:
         addresses = resolve_target(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
-                                   allow_private, within(resolve, http.deadline_s))
+                                   allow_private, lookups.bounded(resolve, delivery.tenant, http.deadline_s))
         body = delivery.body.encode()
         timestamp = int(time.time())
         headers = {
@@ -210,5 +223,5 @@ def attempt_delivery(store: WebhookStore, delivery_id: str, number: int, http: W
         state = DeliveryState.FAILED
     else:
         state = DeliveryState.PENDING
-    recorded = store.record(delivery_id, number, attempt, state)
+    recorded = store.record(delivery.id, number, attempt, state)
     return wait if recorded is not None and state == DeliveryState.PENDING else None

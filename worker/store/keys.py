@@ -167,6 +167,17 @@ def tenant_deliveries(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:deliveries"
 
 
+def webhook_tenant_in_flight(tenant: str) -> str:
+    """sorted set: a token per webhook attempt of the tenant in flight -> when its hold lapses (ms, Redis's
+    clock); at most `webhook_tenant_in_flight` members (worker/store/webhook_slots.py)."""
+    return f"{PREFIX}:tenant:{tenant}:webhooks_in_flight"
+
+
+def webhook_host_in_flight(host: str) -> str:
+    """sorted set: the same, per destination host name (of every tenant); at most `webhook_host_in_flight`."""
+    return f"{PREFIX}:webhook_host:{host}:in_flight"
+
+
 def batch_webhook_sent(batch_id: str) -> str:
     """Set once the batch's `finished` webhook has been queued (the last two runs may finish together)."""
     return f"{PREFIX}:batch:{batch_id}:webhook"

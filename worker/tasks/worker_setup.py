@@ -12,7 +12,7 @@ signals here give it the rest, once per worker process:
   (worker_redirect_stdouts), /metrics on REACTQ_METRICS_PORT, and the webhook worker;
 - worker_ready (the consumer takes messages): the probes learn which queues it consumes, and the reaper
   and its heartbeats start with the queues worker_init chose;
-- worker_shutdown: the webhook worker is stopped.
+- worker_shutdown: the webhook worker and the MCP servers it started are stopped.
 The SIGTERM drain is worker/tasks/steps.py's (worker_shutting_down); the sandbox worker of a worker that
 takes reactq.sandbox is started by tools_sandbox's own task module (tools_sandbox/edges/tasks.py), which
 does not import worker.
@@ -129,6 +129,9 @@ def _stop_webhook_worker(**_: Any) -> None:
     pool = _started.pop("webhook_pool", None)
     if pool is not None:
         pool.stop()
+    from ..runtime.context import close_mcp_servers
+
+    close_mcp_servers()
 
 
 @signals.setup_logging.connect(weak=False, dispatch_uid="reactq-setup-logging")

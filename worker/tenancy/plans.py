@@ -45,6 +45,7 @@ class Plan(BaseModel, extra="forbid"):
     tiers: list[str] = Field(min_length=1)
     default_tier: str | None = None
     tools: list[str] = Field(default_factory=lambda: [ALL_TOOLS])
+    mcp_servers: list[str] = Field(default_factory=list)  # REACTQ_MCP_SERVERS names whose tools it gets; ["*"]: all
     approval_required: list[str] = Field(default_factory=list)
     budgets: Budgets = Field(default_factory=Budgets)
     limits: PlanLimits
@@ -64,6 +65,13 @@ class Plan(BaseModel, extra="forbid"):
         elif self.default_tier not in self.tiers:
             raise ValueError(f"default_tier {self.default_tier!r} is not one of its tiers {self.tiers}")
         return self
+
+    def allows(self, tool: Any) -> bool:
+        """A registered tool by its name (`tools`); an MCP server's tool by its server (`mcp_servers`)."""
+        server = getattr(tool, "server", "")
+        if server:
+            return ALL_TOOLS in self.mcp_servers or server in self.mcp_servers
+        return self.allows_tool(tool.name)
 
     def allows_tool(self, name: str) -> bool:
         return ALL_TOOLS in self.tools or name.strip().lower() in {t.lower() for t in self.tools}
@@ -132,19 +140,25 @@ class AllowedTools:
         self.registry = registry
         self.plan = plan
 
+    @property
+    def _offered(self) -> Any:
+        """A plan without MCP servers reads the registry beneath them (`base`, when the registry has
+        servers): its steps never wait for a server to start or be retried."""
+        return self.registry if self.plan.mcp_servers else getattr(self.registry, "base", self.registry)
+
     def get(self, name: str) -> Any:
-        tool = self.registry.get(name)
-        return tool if tool is not None and self.plan.allows_tool(tool.name) else None
+        tool = self._offered.get(name)
+        return tool if tool is not None and self.plan.allows(tool) else None
 
     def names(self) -> list[str]:
-        return [n for n in self.registry.names() if self.plan.allows_tool(n)]
+        return sorted(t.name for t in self.all())
 
     def all(self) -> list[Any]:
-        return [t for t in self.registry.all() if self.plan.allows_tool(t.name)]
+        return [t for t in self._offered.all() if self.plan.allows(t)]
 
     def refusal(self, name: str) -> str | None:
-        tool = self.registry.get(name)
-        if tool is None or self.plan.allows_tool(tool.name):
+        tool = self._offered.get(name)
+        if tool is None or self.plan.allows(tool):
             return None
         return (f"tool {tool.name!r} is not allowed on this tenant's plan ({self.plan.name!r}); "
                 f"available tools: {', '.join(self.names()) or 'none'}")
