@@ -11,8 +11,9 @@ admissions, leaving out the first 5% and the last 10%: the workers' first steps 
 The waits are the workers' `reactq_llm_limiter_wait_seconds` (slept for a reserved slot and held by the
 window guard), p50/p95 interpolated within its buckets; calls re-queued for a later slot are not in it.
 
-Modes: `window` (`window_s: 2`, the fix), `none` (`window_s: 0`, the limiter as it was, burst tolerance
-0.5 s), `none-burst3` (`window_s: 0`, REACTQ_LLM_LIMIT_BURST_S=3).
+Modes: `default` (no `window_s`: even spacing), `window` (`window_s: 2`, the provider's window), `none`
+(`window_s: 0`, the limiter as it was, burst tolerance 0.5 s), `none-burst3` (`window_s: 0`,
+REACTQ_LLM_LIMIT_BURST_S=3).
 Target: in `window`, 0 429s and a busy rate >= 90% of 200/min. Exit 1 if missed, 2 on a failed run.
 """
 
@@ -35,6 +36,7 @@ REACTQ = [sys.executable, "-m", "worker.cli"]  # this tree's reactq (the procs r
 
 PROVIDER_RPM, WINDOW_S, LIMIT_RPM = 240, 2, 200
 MODES = {
+    "default": ({"rpm": LIMIT_RPM}, {}),  # no window_s: calls one interval apart, admitted and sent
     "window": ({"rpm": LIMIT_RPM, "window_s": WINDOW_S}, {}),
     "none": ({"rpm": LIMIT_RPM, "window_s": 0}, {}),
     "none-burst3": ({"rpm": LIMIT_RPM, "window_s": 0}, {"REACTQ_LLM_LIMIT_BURST_S": "3"}),

@@ -38,7 +38,7 @@ def careful_harness(make_harness: Callable[..., Harness], tmp_path: Path) -> Har
 def test_a_tool_the_plan_names_waits_for_approval(make_harness: Callable[..., Harness], tmp_path: Path) -> None:
     h = careful_harness(make_harness, tmp_path)
     h.llm.script(call("calculator", {"expression": "6 * 7"}), final("42"))
-    run_id = h.submit("What is 6 * 7?", tenant="careful-co", tier="standard")
+    run_id = h.submit("What is 6 * 7?", tenant=h.rt.tenants.resolve("careful-co"), tier="standard")
     assert h.drain() == [Outcome.AWAITING_APPROVAL]
     waiting = h.run(run_id)
     assert waiting.status == RunStatus.AWAITING_APPROVAL

@@ -11,7 +11,6 @@ import kubernetes_validate
 import pytest
 
 from tests.fixtures_k8s import BUILDS, NAMESPACE, kustomize
-from worker.names import queue_lists
 from worker.tasks.app import SANDBOX_QUEUE, STEPS_QUEUE, app
 
 K8S_VERSION = "1.30.0"
@@ -47,7 +46,7 @@ def test_every_namespaced_object_of_a_build_is_in_namespace_reactq(build: str) -
 
 
 def test_overlays_add_their_autoscalers_to_the_whole_base() -> None:
-    for build, kinds in (("autoscale-keda", {"ScaledObject", "TriggerAuthentication", "NetworkPolicy"}),
+    for build, kinds in (("autoscale-keda", {"ScaledObject", "NetworkPolicy"}),
                          ("autoscale-hpa", {"HorizontalPodAutoscaler"})):
         objects = kustomize(build)
         assert all(d in objects for d in CORE), build  # the base, unchanged
@@ -60,7 +59,6 @@ def deployments() -> dict[str, dict[str, Any]]:
 
 def test_keda_scales_each_worker_on_the_queue_it_consumes() -> None:
     objects = {d["metadata"]["name"]: d for d in KEDA if d["kind"] == "ScaledObject"}
-    auths = {d["metadata"]["name"] for d in KEDA if d["kind"] == "TriggerAuthentication"}
     assert set(objects) == {"step-worker", "sandbox-worker"}
     expected_queue = {"step-worker": STEPS_QUEUE, "sandbox-worker": SANDBOX_QUEUE}
     for name, obj in objects.items():
@@ -68,33 +66,26 @@ def test_keda_scales_each_worker_on_the_queue_it_consumes() -> None:
         args = target["spec"]["template"]["spec"]["containers"][0]["args"]
         consumed = {"steps": STEPS_QUEUE, "sandbox": SANDBOX_QUEUE}[args[args.index("--queues") + 1]]
         assert consumed == expected_queue[name]
-        triggers = obj["spec"]["triggers"]
-        assert all(t["type"] == "redis" and t["authenticationRef"]["name"] in auths for t in triggers)
-        assert float(obj["spec"]["advanced"]["scalingModifiers"]["target"]) >= 1  # their sum: tests/test_keda.py
-        # Every Redis list the queue's messages can wait in (one per priority).
-        wanted = queue_lists(consumed)
-        assert [t["metadata"]["listName"] for t in triggers] == wanted
+        [trigger] = obj["spec"]["triggers"]  # the queue's depth from the API (tests/test_keda.py)
+        assert f'queue="{consumed}"' in trigger["metadata"]["valueLocation"]
+        assert float(trigger["metadata"]["targetValue"]) >= 1
         assert 1 <= obj["spec"]["minReplicaCount"] < obj["spec"]["maxReplicaCount"]
-    # The list length is waiting work only because a worker takes one message per thread at a time.
+    # The queue depth is waiting work only because a worker takes one message per thread at a time.
     assert app.conf.worker_prefetch_multiplier == 1
 
 
-def test_keda_reads_redis_as_a_role_user_it_may_reach() -> None:
-    """Redis has no default user (deploy/redis/acl.conf): KEDA logs in as its own role (what it may do:
-    tests/test_keda.py), with that role's password from Secret reactq-redis, and a NetworkPolicy lets its
-    operator in."""
-    [acl] = [d["data"]["acl.conf"] for d in CORE if d["kind"] == "ConfigMap"
-             and d["metadata"]["name"].startswith("redis-acl-")]  # as rendered from deploy/redis
-    [auth] = [d for d in KEDA if d["kind"] == "TriggerAuthentication"]
-    [ref] = auth["spec"]["secretTargetRef"]
-    assert (ref["parameter"], ref["name"]) == ("password", "reactq-redis")
-    role = ref["key"]
-    assert f"user {role} on " in acl
-    triggers = [t for d in KEDA if d["kind"] == "ScaledObject" for t in d["spec"]["triggers"]]
-    assert {t["metadata"].get("username") for t in triggers} == {role}
+def test_keda_reads_the_api_metrics_port_it_may_reach() -> None:
+    """KEDA's operator reaches the API's metrics port (what the base's API serves /metrics on, and only
+    Prometheus may reach otherwise), and nothing else: not Redis."""
+    [config] = [d["data"] for d in CORE if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("reactq-")
+                and "REACTQ_API_METRICS_PORT" in d.get("data", {})]
     [policy] = [d for d in KEDA if d["kind"] == "NetworkPolicy"]
-    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
-    assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [6379]
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "api"
+    assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [
+        int(config["REACTQ_API_METRICS_PORT"])]
+    [source] = policy["spec"]["ingress"][0]["from"]
+    assert source["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "keda"}
+    assert source["podSelector"]["matchLabels"] == {"app": "keda-operator"}
 
 
 def test_hpa_targets_deployments_that_request_cpu() -> None:

@@ -1,26 +1,26 @@
 """The KEDA overlay (deploy/k8s/autoscale-keda), as the real kustomize renders it:
 
 - every KEDA object is valid against KEDA's own CRDs (v2.20.2, vendored under tests/schemas/);
-- each ScaledObject scales on the SUM of every Redis list its queue's messages wait in (one per priority),
-  through `advanced.scalingModifiers.formula`, checked the way KEDA's admission webhook checks it;
-- KEDA logs in as the Redis user `keda`, proven on a real redis-server (deploy/redis/start.sh, acl.conf):
-  it runs KEDA's own scaler script on every queue list and can do nothing else."""
+- each ScaledObject scales on its queue's depth as the API's metrics port reports it (KEDA's metrics-api
+  scaler, format prometheus): the sum of every Redis list its messages wait in, checked on a real
+  `reactq api` with messages in the lists;
+- KEDA never connects to Redis (its redis scaler runs an EVAL script every poll, and no Redis user but the
+  app's may run one: tests/test_redis_acl.py)."""
 
 from __future__ import annotations
 
 import copy
 import math
-import os
 import re
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures_cluster import ROOT
+from tests.fixtures_api import make_key, start_api
+from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_crds import crd_errors, crd_schemas
 from tests.fixtures_k8s import kustomize
 from tests.fixtures_services import free_port, wait_for_port
@@ -29,25 +29,6 @@ from worker.names import SANDBOX_QUEUE, STEPS_QUEUE, queue_lists
 KEDA_OBJECTS = [d for d in kustomize("autoscale-keda") if d["apiVersion"].startswith("keda.sh/")]
 SCALED = {d["metadata"]["name"]: d for d in KEDA_OBJECTS if d["kind"] == "ScaledObject"}
 QUEUE_OF = {"step-worker": STEPS_QUEUE, "sandbox-worker": SANDBOX_QUEUE}
-ACL = ROOT / "deploy" / "redis"
-
-# The script KEDA's redis scaler runs (EVAL, one key: the trigger's listName) on every poll: kedacore/keda
-# v2.20.2, pkg/scalers/redis_scaler.go, NewRedisScaler. It connects with go-redis v9: HELLO 3 AUTH, then PING.
-KEDA_SCRIPT = """
-\t\tlocal listName = KEYS[1]
-\t\tlocal listType = redis.call('type', listName).ok
-\t\tif listType == 'zset' then
-\t\t\treturn redis.call('zcard', listName)
-\t\telseif listType == 'set' then
-\t\t\treturn redis.call('scard', listName)
-\t\telseif listType == 'hash' then
-\t\t\treturn redis.call('hlen', listName)
-\t\telseif listType == 'list' or listType == 'none' then
-\t\t\treturn redis.call('llen', listName)
-\t\telse
-\t\t\treturn redis.error_reply('ERR unsupported key type: ' .. listType)
-\t\tend
-\t"""
 
 
 def _id(doc: dict[str, Any]) -> str:
@@ -71,11 +52,10 @@ def test_keda_object_is_valid_against_kedas_crd(doc: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("path", "value", "why"), [
-    (("spec", "advanced", "scalingModifiers", "metricType"), "Utilization", "is not one of"),
     (("spec", "advanced", "scalingModifier"), {"formula": "p0"}, "Additional properties"),  # a typo
-    (("spec", "triggers", 0, "listName"), "reactq.steps", "Additional properties"),  # beside, not in, metadata
+    (("spec", "triggers", 0, "valueLocation"), "x", "Additional properties"),  # beside, not in, metadata
     (("spec", "minReplicaCount"), 40, "minReplicaCount must be less than or equal to maxReplicaCount"),  # CEL
-    (("spec", "triggers", 0, "metadata", "databaseIndex"), 0, "is not of type 'string'"),
+    (("spec", "triggers", 0, "metadata", "targetValue"), 400, "is not of type 'string'"),
 ])
 def test_the_crd_check_refuses_what_the_api_server_would(path: tuple[Any, ...], value: Any, why: str) -> None:
     broken = copy.deepcopy(SCALED["step-worker"])
@@ -88,106 +68,81 @@ def test_the_crd_check_refuses_what_the_api_server_would(path: tuple[Any, ...], 
     assert any(why in e for e in errors), errors
 
 
-# --- scaling on the sum of the lists ---------------------------------------------------------------------
+# --- scaling on the queue depth the API reports ------------------------------------------------------------
 
-def _summed_names(formula: str) -> list[str]:
-    """The trigger names of a formula that is a plain sum of them (KEDA evaluates it with expr-lang)."""
-    terms = [t.strip() for t in formula.split("+")]
-    assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", t) for t in terms), formula
-    return terms
+def selector(value_location: str) -> tuple[str, dict[str, str]]:
+    """A metrics-api `valueLocation` in format prometheus: a metric selector, the name and equality label
+    matchers (KEDA parses it with Prometheus's ParseMetricSelector and takes the sample all matchers fit)."""
+    found = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}', value_location)
+    assert found, value_location
+    labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"', found.group(2)))
+    assert found.group(2) == ",".join(f'{k}="{v}"' for k, v in labels.items()), value_location
+    return found.group(1), labels
+
+
+def api_metrics_service() -> tuple[str, int]:
+    """The API's metrics port as the base renders it: `<service>.<namespace>.svc`, and the port."""
+    [svc] = [d for d in kustomize("base") if d["kind"] == "Service" and d["metadata"]["name"] == "api-metrics"]
+    [port] = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "metrics"]
+    return f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc", port
 
 
 @pytest.mark.parametrize("name", sorted(QUEUE_OF))
-def test_each_worker_scales_on_the_sum_of_its_queues_lists(name: str) -> None:
+def test_each_worker_scales_on_its_queues_depth_read_from_the_api(name: str) -> None:
     spec = SCALED[name]["spec"]
-    triggers = spec["triggers"]
-    modifiers = spec["advanced"]["scalingModifiers"]
-    # What KEDA's webhook requires of a formula (apis/keda/v1alpha1/scaledobject_webhook.go): a target > 0,
-    # a metric type other than Utilization, every trigger the formula names defined with that name.
-    assert float(modifiers["target"]) > 0
-    assert modifiers["metricType"] == "AverageValue"  # target per pod: pods = ceil(sum / target)
-    names = [t.get("name") for t in triggers]
-    assert all(names) and len(set(names)) == len(names), names
-    assert sorted(_summed_names(modifiers["formula"])) == sorted(names)  # each trigger counted once
-    # ... and the triggers are exactly the queue's lists, one each, on the keda user.
-    assert sorted(t["metadata"]["listName"] for t in triggers) == sorted(queue_lists(QUEUE_OF[name]))
-    assert {(t["type"], t["metadata"]["username"], t["authenticationRef"]["name"]) for t in triggers} == {
-        ("redis", "keda", "reactq-redis")}
+    [trigger] = spec["triggers"]
+    host, port = api_metrics_service()
+    assert (trigger["type"], trigger["metricType"]) == ("metrics-api", "AverageValue")  # target per pod
+    meta = trigger["metadata"]
+    assert meta["url"] == f"http://{host}:{port}/metrics" and meta["format"] == "prometheus"
+    assert selector(meta["valueLocation"]) == ("reactq_queue_depth", {"queue": QUEUE_OF[name]})
+    assert float(meta["targetValue"]) > 0
+    assert "authenticationRef" not in trigger and "scalingModifiers" not in spec.get("advanced", {})
+
+
+def test_keda_never_connects_to_redis() -> None:
+    """No redis trigger (its scaler runs an EVAL script each poll), no Redis credentials, no way in."""
+    overlay = kustomize("autoscale-keda")
+    assert {t["type"] for d in SCALED.values() for t in d["spec"]["triggers"]} == {"metrics-api"}
+    assert not [d for d in KEDA_OBJECTS if d["kind"] == "TriggerAuthentication"]
+    [policy] = [d for d in overlay if d["kind"] == "NetworkPolicy" and d not in kustomize("base")]
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "api"
+    assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [api_metrics_service()[1]]
 
 
 def test_the_issues_backlog_now_scales_out() -> None:
-    """8 priority lists with 399 waiting each: scaling on the largest list gave 1 pod; the sum gives 8."""
+    """8 priority lists with 399 waiting each: scaling on the largest list gave 1 pod; the depth (their sum,
+    checked on a real API below) gives 8."""
     spec = SCALED["step-worker"]["spec"]
-    waiting = dict.fromkeys([t["name"] for t in spec["triggers"]][2:], 399.0)  # 8 batch lists
-    total = sum(waiting.get(n, 0.0) for n in _summed_names(spec["advanced"]["scalingModifiers"]["formula"]))
-    pods = min(spec["maxReplicaCount"], math.ceil(total / float(spec["advanced"]["scalingModifiers"]["target"])))
-    assert (total, pods) == (3192.0, 8)
+    depth = 8 * 399
+    pods = min(spec["maxReplicaCount"], math.ceil(depth / float(spec["triggers"][0]["metadata"]["targetValue"])))
+    assert pods == 8
 
 
-def test_keda_authenticates_as_the_keda_role() -> None:
-    [auth] = [d for d in KEDA_OBJECTS if d["kind"] == "TriggerAuthentication"]
-    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "reactq-redis", "key": "keda"}]
-    [redis_pod] = [d["spec"]["template"]["spec"] for d in kustomize("base")
-                   if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"] == "redis"]
-    env = {e["name"]: e for c in redis_pod["containers"] for e in c.get("env", [])}
-    assert env["REDIS_KEDA_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "reactq-redis", "key": "keda"}
-
-
-# --- the keda Redis user, on a real redis-server -----------------------------------------------------------
-
-@pytest.fixture
-def acl_server(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
-    """redis-server started by deploy/redis/start.sh with acl.conf: (port, role -> password)."""
-    variables = sorted(set(re.findall(r"\$\{(REDIS_[A-Z_]+_PASSWORD)\}", (ACL / "acl.conf").read_text())))
-    passwords = {v: f"pw-{v.lower()}" for v in variables}
+@pytest.mark.integration
+def test_the_value_location_reads_the_sum_of_the_queues_lists_from_a_real_api(cluster: Cluster) -> None:
+    """What KEDA fetches: the API's /metrics with messages waiting in every priority list of both queues;
+    each trigger's selector matches exactly one sample, whose value is the sum of its queue's lists."""
+    client = redis.Redis.from_url(cluster.env["REACTQ_REDIS_URL"])
+    waiting = {}
+    for queue in (STEPS_QUEUE, SANDBOX_QUEUE):
+        for n, name in enumerate(queue_lists(queue)):
+            if n % 3:  # some lists stay empty
+                client.rpush(name, *[b"message"] * (n + len(queue)))
+        waiting[queue] = sum(n + len(queue) for n in range(len(queue_lists(queue))) if n % 3)
+    make_key(cluster, "default")  # the API starts only with a tenant to serve
     port = free_port()
-    proc = subprocess.Popen(["sh", str(ACL / "start.sh"), str(ACL / "acl.conf"), "--port", str(port),
-                             "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", ""],
-                            env={**os.environ, **passwords}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cluster.env["REACTQ_API_METRICS_PORT"] = str(port)  # a port of its own, as the k8s base sets it (9807)
+    api = start_api(cluster)
     try:
         wait_for_port(port)
-        yield port, {v.removeprefix("REDIS_").removesuffix("_PASSWORD").lower().replace("_", "-"): pw
-                     for v, pw in passwords.items()}
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        assert api.client(None).get("/metrics").status_code == 404  # not on the API's own port
     finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def test_the_keda_user_reads_queue_lengths_and_nothing_else(acl_server: tuple[int, dict[str, str]]) -> None:
-    port, passwords = acl_server
-    worker = redis.Redis(port=port, username="step-worker", password=passwords["step-worker"])
-    lists = queue_lists(STEPS_QUEUE) + queue_lists(SANDBOX_QUEUE)
-    for n, name in enumerate(lists):
-        if n % 3:  # some lists stay empty (TYPE says 'none'; KEDA's script counts 0)
-            worker.rpush(name, *[b"message"] * n)
-    worker.set("reactq:run:r1", "a run record")
-    worker.hset("reactq:tenant:acme", "plan", "standard")
-
-    # go-redis v9's handshake: HELLO 3 with AUTH, then PING.
-    keda = redis.Redis(port=port, username="keda", password=passwords["keda"], protocol=3)
-    assert keda.ping()
-    for n, name in enumerate(lists):
-        assert keda.eval(KEDA_SCRIPT, 1, name) == (n if n % 3 else 0), name
-        assert keda.llen(name) == (n if n % 3 else 0)
-
-    refused: list[tuple[str, tuple[Any, ...]]] = [
-        ("RPUSH", (STEPS_QUEUE, "x")), ("LPOP", (STEPS_QUEUE,)), ("DEL", (STEPS_QUEUE,)),
-        ("LRANGE", (STEPS_QUEUE, 0, -1)), ("LMOVE", (STEPS_QUEUE, "reactq.steps.mine", "LEFT", "LEFT")),
-        ("GET", ("reactq:run:r1",)), ("HGETALL", ("reactq:tenant:acme",)), ("LLEN", ("reactq:run:r1",)),
-        ("KEYS", ("*",)), ("SCAN", (0,)), ("INFO", ()), ("CONFIG", ("GET", "*")), ("CLIENT", ("LIST",)),
-        ("SELECT", (1,)), ("FLUSHALL", ()), ("PUBLISH", ("reactq", "x")), ("SUBSCRIBE", ("reactq",)),
-        ("SCRIPT", ("FLUSH",)), ("ACL", ("LIST",)),
-        ("EVAL", (KEDA_SCRIPT, 1, "reactq:run:r1")),  # KEDA's script, on a key that is not a queue list
-    ]
-    for command, args in refused:
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            keda.execute_command(command, *args)
-    # A script runs with the user's rights: no writing, no reading values, no other keys from inside one.
-    for script, keys in (("return redis.call('rpush', KEYS[1], 'x')", [STEPS_QUEUE]),
-                         ("return redis.call('lrange', KEYS[1], 0, -1)", [STEPS_QUEUE]),
-                         ("return redis.call('get', 'reactq:run:r1')", []),
-                         ("return redis.call('llen', 'reactq:run:r1')", [])):
-        with pytest.raises(redis.exceptions.ResponseError):
-            keda.eval(script, len(keys), *keys)
-    assert [worker.llen(name) for name in lists] == [n if n % 3 else 0 for n in range(len(lists))]
-    assert worker.get("reactq:run:r1") == b"a run record"
+        api.stop()
+        client.close()
+    for name, scaled in SCALED.items():
+        metric, labels = selector(scaled["spec"]["triggers"][0]["metadata"]["valueLocation"])
+        values = [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                  if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items())]
+        assert values == [waiting[QUEUE_OF[name]]], name

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import httpx
@@ -81,8 +82,11 @@ def test_pacing_takes_the_window_per_model() -> None:
     assert windowed.rpm_us == pytest.approx(300_000) and windowed.tpm_us == pytest.approx(600)
     assert windowed.rpm_burst_us == 99_999  # 7 x 0.3 s - 2 s, less a µs
     assert windowed.tpm_burst_us < 600  # less than one token's interval
-    assert (windowed.window_us, windowed.window_calls) == (2_000_000, 7)
-    assert ModelSpec(rpm=1).window_s == 1.0  # the default window
+    assert (windowed.window_us, windowed.window_calls, windowed.spacing_us) == (2_000_000, 7, 150_000)
+    assert ModelSpec(rpm=1).window_s is None  # the default: the provider's window is unknown
+    unknown = pacing(ModelSpec(rpm=LIMIT_RPM, tpm=100_000), burst_s=0.5)
+    assert (unknown.rpm_burst_us, unknown.tpm_burst_us) == (0, 0)  # admission: one call per interval
+    assert (unknown.window_us, unknown.window_calls, unknown.spacing_us) == (1_000_000, 4, 300_000)
     old = pacing(ModelSpec(rpm=LIMIT_RPM, window_s=0), burst_s=0.5)
     assert (old.rpm_burst_us, old.window_us, old.window_calls) == (500_000, 0, 0)
     assert pacing(ModelSpec(tpm=1000), burst_s=0.5).window_calls == 0  # no request budget, no guard
@@ -181,6 +185,23 @@ def test_a_slot_is_reserved_then_guarded_and_a_long_cool_down_gives_it_back(clie
     old.pace("o", 10)
     old.before_send("o")  # window_s 0: the limiter as it was, no guard
     assert client.exists(keys.llm_window("o")) == 0
+
+
+def test_with_no_window_a_send_waits_a_full_interval_after_the_last_one(client: redis.Redis) -> None:
+    """No `window_s`: the guard spaces sends one interval apart and never lets late calls catch up (a known
+    window allows half an interval)."""
+    limiter = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=LIMIT_RPM), "k": ModelSpec(rpm=LIMIT_RPM,
+                                                                                                  window_s=2)})
+    for model, least_s in (("m", 0.2), ("k", 0.0)):
+        held: list[float] = []
+
+        def sleep(seconds: float, held: list[float] = held) -> None:
+            held.append(seconds)
+            time.sleep(seconds)
+
+        assert limiter.before_send(model, sleep=sleep) == 0
+        limiter.before_send(model, sleep=sleep)  # at once: held until the spacing has passed
+        assert held and least_s <= held[0] <= (0.3 if model == "m" else 0.15), (model, held)
 
 
 @pytest.mark.parametrize(("status", "paced"), [(429, ["m"]), (500, [])])

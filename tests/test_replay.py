@@ -16,6 +16,8 @@ from tests.fixtures_cluster import Cluster
 from worker.core.models import Observation, Run, RunSpec, RunStatus, Step, ToolCall
 from worker.core.trace_diff import diff_traces
 from worker.store import keys
+from worker.store.tenant_records import TenantStore
+from worker.tenancy.tenants import Tenants
 
 QUESTION = "What is 6 * 7 and what is the capital of Japan and who painted the Mona Lisa?"
 
@@ -79,6 +81,8 @@ def test_replay_reuses_steps_and_forks_with_another_mode(cluster: Cluster, api_c
 
     bad = cluster.reactq("replay", source["run_id"], "--from-step", "4")
     assert bad.returncode == 2 and "between 1 and 3" in bad.stderr
+    past = api_client.post(f"/v1/runs/{source['run_id']}/replay", json={"from_step": 4})
+    assert past.status_code == 409 and "between 1 and 3" in past.json()["error"]["message"]  # the run's state
     assert api_client.post("/v1/runs/nope/replay", json={"from_step": 1}).status_code == 404
     assert api_client.post(f"/v1/runs/{source['run_id']}/replay", json={"from_step": 0}).status_code == 422
 
@@ -109,7 +113,8 @@ def test_replay_is_admitted_as_a_submission_is(tenancy_cluster: Cluster, api_ser
 
     spender = api.client(spent)
     theirs = spender.post("/v1/runs", json={"question": "What is 3 + 3?"}).json()["run_id"]
-    store.hset(keys.tenant_spend("spent", time.strftime("d:%Y-%m-%d", time.gmtime())), "tokens", 200_000)
+    spent_id = Tenants(TenantStore(store), c.settings()).resolve("spent")  # its spend is stored under its id
+    store.hset(keys.tenant_spend(spent_id, time.strftime("d:%Y-%m-%d", time.gmtime())), "tokens", 200_000)
     store.close()
     over = spender.post(f"/v1/runs/{theirs}/replay", json={"from_step": 1})
     assert over.status_code == 429 and int(over.headers["Retry-After"]) > 0, over.text

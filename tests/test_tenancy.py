@@ -16,6 +16,8 @@ from tests.fixtures_api import Api, make_key, start_api
 from tests.fixtures_cluster import Cluster, wait_until
 from tests.fixtures_services import RedisServer
 from worker.store import keys
+from worker.store.tenant_records import TenantStore
+from worker.tenancy.tenants import Tenants
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +61,7 @@ def test_keys_authenticate_and_a_revoked_key_stops_at_once(tenancy_cluster: Clus
     assert revoked.status_code == 403 and "revoked" in revoked.json()["error"]["message"]
     assert json.loads(c.reactq("key", "list", "alpha", "--json").stdout)[0]["revoked_at"]
     tenants = json.loads(c.reactq("tenant", "list", "--json").stdout)
-    assert {"tenant": "alpha", "plan": "standard", "overrides": {}, "keys": 1} in tenants
+    assert {"tenant": "alpha", "id": tenant_id(c, "alpha"), "plan": "standard", "overrides": {}, "keys": 1} in tenants
 
 
 def test_another_tenants_runs_and_batches_answer_404(tenancy_cluster: Cluster,
@@ -111,6 +113,15 @@ def test_tier_comes_from_the_plan(tenancy_cluster: Cluster, api_server: Callable
     assert free.post("/v1/runs", json={"question": "hi", "tenant": "default"}).status_code == 403
     cli = c.reactq("ask", "What is 2 + 2?", "--tenant", "free", "--tier", "pro")
     assert cli.returncode == 2 and "not allowed on plan 'free'" in cli.stderr
+
+
+def tenant_id(c: Cluster, name: str) -> str:
+    """The id the tenant named `name` has now (its data is stored under it)."""
+    client = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
+    try:
+        return Tenants(TenantStore(client), c.settings()).resolve(name)
+    finally:
+        client.close()
 
 
 def api_server_with(c: Cluster, api_server: Callable[..., Api], **tenants: str) -> Api:
@@ -210,7 +221,7 @@ def test_admission_limits(tenancy_cluster: Cluster, api_server: Callable[..., Ap
     minute = int(time.time() // 60)
     client = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
     for m in (minute, minute + 1):
-        client.set(keys.tenant_submissions("small", m), 4, ex=180)
+        client.set(keys.tenant_submissions(tenant_id(c, "small"), m), 4, ex=180)
     client.close()
     per_minute = small.post("/v1/runs", json={"question": "What is 7 + 7?"})
     assert per_minute.status_code == 429 and 1 <= int(per_minute.headers["Retry-After"]) <= 61

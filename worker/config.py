@@ -22,8 +22,9 @@ class ModelSpec(BaseModel):
     rpm: int | None = Field(None, ge=1)  # requests per minute; None: no limit
     tpm: int | None = Field(None, ge=1)  # tokens (prompt + completion) per minute
     # the provider's enforcement window: no `window_s` seconds see more than their share of rpm/tpm
-    # (worker/llm/ratelimit.py); 0: no window, only the burst tolerance REACTQ_LLM_LIMIT_BURST_S
-    window_s: float = Field(1.0, ge=0, le=60)
+    # (worker/llm/ratelimit.py); None (unknown, the default): calls spaced evenly, one interval apart, at
+    # admission and at send time; 0: no window, only the burst tolerance REACTQ_LLM_LIMIT_BURST_S
+    window_s: float | None = Field(None, ge=0, le=60)
     # requests in flight to its server at once, over every worker (worker/llm/in_flight.py): its slots
     # (llama.cpp's -np); None: no cap
     max_in_flight: int | None = Field(None, ge=1)
@@ -88,6 +89,9 @@ class Settings(BaseSettings):
     # the API's /metrics (tenant names, spend): on this port of its own; 0: on the API's port; unset: on the
     # API's port while `reactq api` listens on loopback only (docs/DESIGN.md's GET /metrics), else on 9807
     api_metrics_port: int | None = Field(None, ge=0, le=65535)
+    # the names (Host header, any port) the API answers to; others get 400 (docs/decisions/exposure.md):
+    # `*.example.com` for the names under it, `*` for any (a proxy in front checks them)
+    api_allowed_hosts: list[str] = Field(default_factory=lambda: ["localhost", "127.0.0.1", "[::1]"])
     health_stale_s: float = Field(30.0, gt=0)  # no consumer heartbeat for this long (Redis up): /livez fails
 
     # safeguards

@@ -34,6 +34,10 @@ class InvalidRequest(ReactqError, ValueError):
     """A submission that cannot run; the message says what was wrong and where."""
 
 
+class StepOutOfRange(InvalidRequest):
+    """A replay from past the steps the run has recorded (the HTTP API answers 409: it depends on the run)."""
+
+
 class TierNotAllowed(InvalidRequest):
     """The tenant's plan does not allow the tier asked for (the HTTP API answers 403)."""
 

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from ..config import Settings
-from ..errors import AdmissionRefused, InvalidRequest, TierNotAllowed, TooLarge
+from ..errors import AdmissionRefused, InvalidRequest, StepOutOfRange, TierNotAllowed, TooLarge
 from ..runtime.context import Runtime
 from ..runtime.metrics_server import initialise
 from ..service.submit import known_models
@@ -31,6 +31,7 @@ from ..tenancy.plans import known_tiers
 from . import routes_batches, routes_monitoring, routes_runs, routes_tenancy
 from .app_state import attach
 from .guards import BodyLimit
+from .hosts import AllowedHosts, HostGuard
 from .ui import UiHeaders, error_response, is_ui, ui_router
 
 log = logging.getLogger("reactq.api")
@@ -46,7 +47,9 @@ def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None, serve_met
         initialise(runtime)
         yield
 
-    app = FastAPI(title="reactq", version="0.1.0", lifespan=lifespan, generate_unique_id_function=_operation_id)
+    # No /docs or /redoc: FastAPI's pages load their scripts from a CDN onto the UI's origin (ui-access.md)
+    app = FastAPI(title="reactq", version="0.1.0", lifespan=lifespan, generate_unique_id_function=_operation_id,
+                  docs_url=None, redoc_url=None)
     attach(app, runtime, no_auth_tenant)
     app.add_middleware(BodyLimit, max_bytes=runtime.settings.max_body_bytes)
     routers = [m.router for m in (routes_tenancy, routes_runs, routes_batches, routes_monitoring)]
@@ -56,6 +59,7 @@ def create_app(runtime: Runtime, *, no_auth_tenant: str | None = None, serve_met
         app.include_router(router)
     app.include_router(ui_router)  # the operator UI: pages under /ui (worker/api/ui)
     app.add_middleware(UiHeaders)
+    app.add_middleware(HostGuard, allowed=AllowedHosts(runtime.settings.api_allowed_hosts))  # outermost: first
     _handle_errors(app, [r for router in routers for r in router.routes if isinstance(r, APIRoute)])
     _document_settings(app, runtime.settings)
     return app
@@ -119,6 +123,10 @@ def _handle_errors(app: FastAPI, routes: list[APIRoute]) -> None:
         if exc.status_code == 405:  # Starlette names the methods of the first route of the path only
             response.headers["Allow"] = ", ".join(_methods(routes, request))
         return response
+
+    @app.exception_handler(StepOutOfRange)  # the bound depends on the run, not the request: a conflict
+    async def _past_steps(_: Request, exc: StepOutOfRange) -> JSONResponse:
+        return _error(409, str(exc))
 
     @app.exception_handler(TierNotAllowed)
     async def _tier_refused(_: Request, exc: TierNotAllowed) -> JSONResponse:

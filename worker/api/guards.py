@@ -52,11 +52,9 @@ def check_cursor(cursor: str | None) -> str | None:
     return cursor
 
 
-def check_event_id(value: str | None) -> str:
-    """The `Last-Event-ID` header of an event stream (absent: from the start), or 422 before the stream
-    opens (inside it, a bad id would only end the stream after its headers)."""
-    if value is None:
-        return "0"
+def check_event_id(value: str) -> str:
+    """The `Last-Event-ID` header of an event stream ("0" when absent: from the start), or 422 before the
+    stream opens (inside it, a bad id would only end the stream after its headers)."""
     if not EVENT_ID.match(value):
         raise HTTPException(422, f"header Last-Event-ID: {value[:80]!r} is not an event id; send the `id:` "
                                  "of the last event received (`MS` or `MS-SEQ`, digits)")

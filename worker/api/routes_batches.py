@@ -39,8 +39,8 @@ class BatchRequest(BaseModel, extra="forbid"):
     **links(201, "batch_id", {"get": "get_batch", "cancel": "cancel_batch_route", "delete": "delete_batch_route"})})
 def create_batch(body: BatchRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
     """Every item is checked before anything is written (422 naming each bad item's index)."""
-    if body.tenant is not None and body.tenant != policy.tenant:
-        raise HTTPException(403, f"the tenant comes from your API key; this key acts for {policy.tenant!r}")
+    if body.tenant is not None and body.tenant not in (policy.tenant, policy.name):
+        raise HTTPException(403, f"the tenant comes from your API key; this key acts for {policy.name!r}")
     batch_id = new_batch_id()
     specs = [run_spec(r, policy, f"runs[{i}]: ", body.tier) for i, r in enumerate(body.runs)]
     meta = {"size": str(len(specs)), "tenant": policy.tenant}

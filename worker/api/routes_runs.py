@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, Field, StrictBool, WithJsonSchema, field_validator
 
 from ..core.models import MAX_INSTRUCTIONS_CHARS, Finite, Instructions, Mode, Run, RunSpec, Text, json_integer
 from ..core.views import run_json
@@ -29,7 +29,7 @@ from ..tenancy.tenants import Policy
 from .app_state import RuntimeDep, stream_gate_of, stream_reads_of
 from .auth import CallerPolicy, CallerTenant, bearer_scheme, caller_tenant, key_refusal
 from .guards import EVENT_ID, ID_PATTERN, Question, WebhookUrl, check_event_id, check_id, owned_run
-from .schemas import AUTHED, Deleted, RunView, RunWithTrace, errors, links
+from .schemas import AUTHED, Deleted, RunView, RunWithTrace, errors, json_errors, links
 
 router = APIRouter(dependencies=[Depends(bearer_scheme)])
 RunId = Annotated[str, Path(json_schema_extra={"pattern": ID_PATTERN})]  # checked by owned_run (400)
@@ -62,7 +62,7 @@ class RunRequest(BaseModel, extra="forbid"):
     output_schema: OutputSchema | None = Field(None, description="a JSON Schema (an object at its root, local "
                                                "$refs only, at most 16 KiB) the final answer must fit; the run's "
                                                "`output` is then the validated object")
-    python_session: bool | None = Field(None, description="python keeps its globals across the run's calls; "
+    python_session: StrictBool | None = Field(None, description="python keeps its globals across the run's calls; "
                                         "default: the plan's")
 
     _integers = field_validator("max_steps", "max_tokens", mode="before")(json_integer)
@@ -70,8 +70,8 @@ class RunRequest(BaseModel, extra="forbid"):
 
 def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None) -> RunSpec:
     """The spec of one requested run, for the caller's tenant (a body naming another is refused)."""
-    if r.tenant is not None and r.tenant != policy.tenant:
-        raise HTTPException(403, f"{where}the tenant comes from your API key; this key acts for {policy.tenant!r}")
+    if r.tenant is not None and r.tenant not in (policy.tenant, policy.name):
+        raise HTTPException(403, f"{where}the tenant comes from your API key; this key acts for {policy.name!r}")
     return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
                    max_steps=r.max_steps, mode=r.mode, model=r.model, client_id=r.id, max_tokens=r.max_tokens,
                    max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url,
@@ -116,9 +116,10 @@ class EventStream:
 
 
 async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy,
-                            last_event_id: Annotated[str | None, Header(
+                            last_event_id: Annotated[str, Header(
                                 max_length=100, description="resume after this event (the `id:` of the last "
-                                "one received)", json_schema_extra={"pattern": EVENT_ID.pattern})] = None
+                                "one received; 0: from the start)", json_schema_extra={"pattern": EVENT_ID.pattern})
+                            ] = "0"
                             ) -> AsyncIterator[EventStream]:
     """Admit a stream before its headers go out: 422 for a malformed `Last-Event-ID`, 429 past the process's
     cap or the tenant's plan, 404 for another tenant's run. Its place and slot are given back when it ends."""
@@ -138,9 +139,8 @@ async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy,
 
 
 @router.get("/v1/runs/{run_id}/events", response_class=EventSourceResponse, responses={
-    200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-          "description": "the run's events as server-sent events, until it finishes"},
-    **errors(*AUTHED, 400, 404, 422, 429)})
+    200: {"description": "the run's events as server-sent events, until it finishes"},  # FastAPI's itemSchema
+    **json_errors(*AUTHED, 400, 404, 422, 429)})
 async def run_events(run_id: RunId, request: Request, stream: Annotated[EventStream, Depends(open_event_stream)]
                      ) -> AsyncIterator[ServerSentEvent]:
     """Server-sent events: queued, each step as it is recorded, finished. Resumes after `Last-Event-ID`.
@@ -209,10 +209,11 @@ class ReplayRequest(BaseModel, extra="forbid"):
 
 
 @router.post("/v1/runs/{run_id}/replay", status_code=201, response_model=RunView,
-             responses={**errors(*AUTHED, 400, 403, 404, 413, 429), **_CREATED_RUN})
+             responses={**errors(*AUTHED, 400, 403, 404, 409, 413, 429), **_CREATED_RUN})
 def replay_run(run_id: RunId, body: ReplayRequest, policy: CallerPolicy, rt: RuntimeDep) -> dict:
     """A new run reusing this run's steps before `from_step` and continuing from there. It is admitted as a
-    submission is: the caller's plan as it is now, its budgets and admission limits (403, 422, 429)."""
+    submission is: the caller's plan as it is now, its budgets and admission limits (403, 422, 429); 409 for
+    a `from_step` past the steps the run has recorded."""
     owned_run(rt.store, run_id, policy.tenant)
     run = replay(rt.store, rt.settings, run_id, body.from_step, send_step, tenants=rt.fresh_tenants(),
                  budgets=rt.budgets, model=body.model, mode=body.mode, tier=body.tier)

@@ -29,7 +29,8 @@ _WHY = {
     401: "no API key, or an unknown one (`Authorization: Bearer KEY`)",
     403: "a revoked key, a tenant other than the key's, or a tier the plan does not allow",
     404: "no such run or batch for this tenant (another tenant's answers the same)",
-    409: "no call awaiting approval to decide",
+    409: "the run's state does not allow it: no call awaiting approval to decide, or a replay from past the "
+         "steps the run has recorded",
     413: "the request body is larger than REACTQ_MAX_BODY_BYTES",
     422: "the request is invalid: the message names each bad field and why",
     429: "an admission limit or budget of the plan is reached; `Retry-After` says when to try again",
@@ -47,6 +48,16 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
             out[status]["headers"] = RETRY_AFTER
         if status == 401:
             out[status]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+    return out
+
+
+def json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`errors(...)` for a route whose own answer is not JSON (the event stream): FastAPI would state its
+    errors in the route's media type, and they are JSON."""
+    out = errors(*statuses)
+    for entry in out.values():
+        del entry["model"]  # registered in the document's components by every other route
+        entry["content"] = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
     return out
 
 

@@ -96,7 +96,7 @@ def store_report(rt: Runtime, report: Path, name: str, summary: Summary, lines: 
 
     first = next(iter(lines()), None)
     run = rt.store.load_run(first["run_id"]) if first and first.get("run_id") else None
-    owner = run.spec.tenant if run is not None else (tenant or "default")
+    owner = run.spec.tenant if run is not None else (rt.tenants.id_of(tenant or "default") or tenant or "default")
     figures = summary.to_json()
     report_id = uuid.uuid4().hex
     try:

@@ -65,8 +65,9 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
 
     rt = _runtime()
     try:
-        tier = tier or tenant_policy(rt.tenants, tenant).plan.default_tier or "standard"
-        [run] = submit(rt.store, [RunSpec(question=question, tenant=tenant, tier=tier, max_steps=max_steps,
+        policy = tenant_policy(rt.tenants, rt.tenants.resolve(tenant))
+        tier = tier or policy.plan.default_tier or "standard"
+        [run] = submit(rt.store, [RunSpec(question=question, tenant=policy.tenant, tier=tier, max_steps=max_steps,
                                           model=model, webhook_url=webhook_url,
                                           instructions=instructions, output_schema=output_schema,
                                           python_session=python_session or None)],

@@ -128,6 +128,10 @@ def api(host: str, port: int, insecure_no_auth: bool) -> None:
     rt = _runtime()
     no_auth_tenant = None
     if insecure_no_auth:
+        if "*" in rt.settings.api_allowed_hosts:  # any name: a page re-pointed at 127.0.0.1 would act freely
+            console.print("[red]error:[/red] --insecure-no-auth answers only named hosts: remove \"*\" from "
+                          "REACTQ_API_ALLOWED_HOSTS")
+            sys.exit(2)
         no_auth_tenant = rt.settings.tenants[0]
         host = "127.0.0.1"
         console.print("[yellow]warning:[/yellow] --insecure-no-auth: no API keys are checked; serving on 127.0.0.1")

@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
+from ..core.tenant_ids import tenant_name
 from ..tenancy.plans import BUDGET_FIELDS
 from .base import _runtime, console, error
 
@@ -42,28 +43,29 @@ def tenant_add(name: str, plan: str) -> None:
     from ..errors import InvalidRequest
 
     try:
-        _rt().tenants.add(name, plan)
+        tenant_id = _rt().tenants.add(name, plan)
     except InvalidRequest as exc:
         _fail(exc)
-    click.echo(f"tenant {name} added on plan {plan}; create its API key with: reactq key create {name}")
+    click.echo(f"tenant {name} (id {tenant_id}) added on plan {plan}; create its API key with: "
+               f"reactq key create {name}")
 
 
 @tenant.command("list")
 @click.option("--json", "as_json", is_flag=True)
 def tenant_list(as_json: bool) -> None:
-    """Every tenant with its plan (those of REACTQ_TENANTS included)."""
+    """Every tenant with its id and plan (those of REACTQ_TENANTS included)."""
     tenants = _rt().tenants
     rows = []
-    for name in tenants.names():
-        policy = tenants.policy(name)
-        rows.append({"tenant": name, "plan": policy.plan.name if policy else None,
-                     "overrides": tenants.overrides(name), "keys": len(tenants.list_keys(name))})
+    for tenant_id in tenants.ids():
+        policy = tenants.policy(tenant_id)
+        rows.append({"tenant": tenant_name(tenant_id), "id": tenant_id, "plan": policy.plan.name if policy else None,
+                     "overrides": tenants.overrides(tenant_id), "keys": len(tenants.list_keys(tenant_id))})
     if as_json:
         click.echo(json.dumps(rows))
         return
     for row in rows:
         extra = " ".join(f"{k}={v}" for k, v in row["overrides"].items())
-        click.echo(f"{row['tenant']}\t{row['plan']}\tkeys={row['keys']}" + (f"\t{extra}" if extra else ""))
+        click.echo(f"{row['tenant']}\t{row['id']}\t{row['plan']}\tkeys={row['keys']}" + (f"\t{extra}" if extra else ""))
 
 
 @tenant.command("set")
@@ -86,26 +88,31 @@ def tenant_set(name: str, plan: str | None, reset_budgets: bool, **budgets: floa
 
 @tenant.command("remove")
 @click.argument("name")
-def tenant_remove(name: str) -> None:
-    """Remove a tenant: revoke its API keys (refused from their next request on, open event streams
-    included), cancel its unfinished runs, drop its plan and overrides. Its finished runs stay until
-    retention expires them (`reactq purge` removes them sooner)."""
+@click.option("--purge", is_flag=True, help="delete its runs, batches, deliveries, reports and counters now "
+                                           "(default: they expire with retention)")
+def tenant_remove(name: str, purge: bool) -> None:
+    """Remove a tenant: revoke its API keys (refused from their next request on, open event streams and UI
+    sessions included), drop its plan, overrides and webhook secret, cancel its unfinished runs. Its data
+    expires with retention, or goes now with --purge; a tenant added later with this name sees none of it."""
     from ..errors import InvalidRequest
-    from ..service.submit import cancel
+    from ..service.tenant_removal import end_data
+    from ..store.tenant_data import TenantData
     from .base import _send_step
 
     rt = _rt()
     try:
-        revoked = rt.tenants.remove(name)
+        tenant_id, revoked = rt.tenants.remove(name)
     except InvalidRequest as exc:
         _fail(exc)
-    runs = rt.store.load_runs(rt.tenants.records.inflight_run_ids(name))
-    unfinished = [run for run in runs if run is not None and not run.status.finished]
-    for run in unfinished:
-        cancel(rt.store, run.id, _send_step())
-    click.echo(f"tenant {name} removed: {len(revoked)} API key(s) revoked, {len(unfinished)} unfinished run(s) "
-               "cancelled; its finished runs are kept until retention expires them")
-    if name in rt.settings.tenants:
+    still_listed = tenant_id in rt.settings.tenants
+    end = end_data(rt.store, TenantData(rt.redis), tenant_id, rt.tenants.records.inflight_run_ids(tenant_id),
+                   purge=purge, keep_s=None if still_listed else rt.settings.retention_s,
+                   wake=_send_step())
+    kept = ("its data was deleted" if purge else
+            "its data is kept until retention expires it (`--purge` deletes it at once)")
+    click.echo(f"tenant {name} (id {tenant_id}) removed: {len(revoked)} API key(s) revoked, "
+               f"{end.cancelled} unfinished run(s) cancelled; {kept}")
+    if still_listed:
         console.print(f"[yellow]warning:[/yellow] {name} is still listed in REACTQ_TENANTS, so it still exists "
                       "(without keys); remove it there too")
 
@@ -118,7 +125,8 @@ def tenant_usage(name: str, as_json: bool) -> None:
     from ..tenancy.budgets import usage_report
 
     rt = _rt()
-    policy = rt.tenants.policy(name)
+    tenant_id = rt.tenants.id_of(name)
+    policy = None if tenant_id is None else rt.tenants.policy(tenant_id)
     if policy is None:
         _fail(f"no tenant {name!r}")
     report = usage_report(rt.budgets, policy)
@@ -194,11 +202,11 @@ def key_revoke(key_id: str) -> None:
     from ..errors import InvalidRequest
 
     try:
-        tenant_name = _rt().tenants.revoke(key_id)
+        owner = _rt().tenants.revoke(key_id)
     except InvalidRequest as exc:
         _fail(exc)
         return
-    click.echo(f"key {key_id} of tenant {tenant_name} revoked" if tenant_name else f"operator key {key_id} revoked")
+    click.echo(f"key {key_id} of tenant {tenant_name(owner)} revoked" if owner else f"operator key {key_id} revoked")
 
 
 def register(group: click.Group) -> None:

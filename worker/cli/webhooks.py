@@ -18,11 +18,13 @@ def webhook() -> None:
 
 
 def _tenant(name: str) -> str:
-    rt = _runtime()
-    if name not in rt.settings.tenants:
-        error(f"unknown tenant {name!r}; known tenants: {', '.join(rt.settings.tenants)}")
+    """The id of the tenant named `name` (any tenant: of REACTQ_TENANTS or added with `reactq tenant add`)."""
+    tenants = _runtime().tenants
+    tenant_id = tenants.id_of(name)
+    if tenant_id is None or not tenants.exists(tenant_id):
+        error(f"unknown tenant {name!r}; known tenants: {', '.join(tenants.names())}")
         sys.exit(2)
-    return name
+    return tenant_id
 
 
 @webhook.command("set-default")
@@ -37,12 +39,13 @@ def set_default(tenant: str, url: str | None, clear: bool) -> None:
     store = _runtime().webhooks
     if clear == (url is not None):
         raise click.UsageError("give a URL, or --clear")
+    tenant_id = _tenant(tenant)
     try:
-        set_default_url(store, _tenant(tenant), None if clear else url)
+        set_default_url(store, tenant_id, None if clear else url)
     except InvalidRequest as exc:
         error(exc)
         sys.exit(2)
-    store.secret(tenant)  # exists from now on, so the receiver can be configured before the first call
+    store.secret(tenant_id)  # exists from now on, so the receiver can be configured before the first call
     out.print(literal(f"{tenant}: default webhook {'cleared' if clear else url}; "
                       f"signing secret: `reactq webhook secret {tenant}`"))
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .tenant_ids import tenant_name
+
 MAX_ATTEMPTS_KEPT = 50
 
 
@@ -57,8 +59,8 @@ class Delivery(BaseModel):
     attempts: list[Attempt] = Field(default_factory=list)
 
     def public(self) -> dict[str, Any]:
-        """What `GET /v1/webhooks/deliveries` shows (not the body)."""
-        return self.model_dump(exclude={"body"})
+        """What `GET /v1/webhooks/deliveries` shows (not the body; the tenant's name, not its id)."""
+        return {**self.model_dump(exclude={"body"}), "tenant": tenant_name(self.tenant)}
 
     def awaits(self, number: int) -> bool:
         """Whether attempt `number` (from 1) is the next to make: False once the delivery is done, or for a

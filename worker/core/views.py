@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from .models import Run, Step
+from .tenant_ids import tenant_name
 
 
 def run_json(run: Run, steps: list[Step] | None = None) -> dict[str, Any]:
     data: dict[str, Any] = {
         **run.result_line(),
         "question": run.spec.question,
-        "tenant": run.spec.tenant,
+        "tenant": tenant_name(run.spec.tenant),
         "tier": run.spec.tier,
         "mode": run.mode.value,
         "model": run.model,

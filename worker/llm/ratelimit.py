@@ -7,17 +7,23 @@ host agrees. One Lua script checks the model's cool-down and both cells and, whe
 emission interval apart (60 s / limit), so calls are paced evenly across all workers instead of spending a
 minute's budget in a burst; the burst tolerance (`REACTQ_LLM_LIMIT_BURST_S`) bounds how many may go at once.
 
-Providers quantise a per-minute limit into short windows (a model's `window_s`, 1 s by default): 240/min
-over 2 s windows admits 8 in each, and a ninth is a 429 even if the minute is far from spent. So with a
-window, no `window_s` seconds may see more calls than the window's share of the limit, rounded up
-(`window_share`), which is what calls one interval apart give:
+Providers quantise a per-minute limit into short windows: 240/min over 2 s windows admits 8 in each, and a
+ninth is a 429 even if the minute is far from spent. A user seldom knows the window, so by default (no
+`window_s`) calls are spaced evenly: both cells have no burst tolerance (one call per interval) and the
+window guard below holds each call until a full interval after the previous *send*, with no catching up.
+Calls one interval apart put at most ceil(W / T) in any W seconds, and at <= 85% of the provider's limit
+that fits every window of 1 to 10 s with room for sends to bunch by 15% of the window on the way (a call
+recorded at t arrives at t + delay; under load the delays differ). With a known `window_s`, no `window_s`
+seconds may see more calls than the window's share of the limit, rounded up (`window_share`), which is
+what calls one interval apart give, and late calls may catch up:
 - each cell's burst tolerance is capped below what would let one more call in (`window_burst_us`): less
   than one interval, whatever REACTQ_LLM_LIMIT_BURST_S says; the paced rate itself is unchanged;
 - right before the request goes out (the client's `before_send`), a second script (the window guard)
   records its send time, and holds it while the last window already saw its share or the previous call
-  went less than half an interval ago. Calls slept to their slots can still bunch up (a descheduled worker
-  wakes late, next to the next slot's caller; a process's first call imports openai); the guard spreads
-  them out again, catching up at twice the rate at most. Requests only: a call's tokens are an estimate
+  went less than half an interval ago (a full interval with no `window_s`). Calls slept to their slots
+  can still bunch up (a descheduled worker wakes late, next to the next slot's caller; a process's first
+  call imports openai); the guard spreads them out again, catching up at twice the rate at most (not at
+  all with no `window_s`). Requests only: a call's tokens are an estimate
   until the reply, and the tpm cell paces them one token interval apart anyway.
 - the guard also holds calls reserved before a provider 429 until its cool-down ends (a cool-down longer
   than the bounded wait re-queues them), and the client retries a 429 only through `before_retry` (a new
@@ -56,6 +62,7 @@ __all__ = ["Acquired", "LimitedLLM", "Pacing", "RateLimiter", "estimate_tokens",
 COMPLETION_RESERVE = 256  # tokens reserved for a reply when the call sets no max_tokens
 DEFAULT_COOLDOWN_S = 1.0
 WINDOW_TRIES = 20  # window-guard holds of one call before it gives up its slot (re-queued)
+UNKNOWN_WINDOW_S = 1.0  # with no window_s: the shortest window providers are known to enforce in
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,8 @@ def window_burst_us(interval_us: float, window_us: float, burst_us: int) -> int:
 @dataclass(frozen=True)
 class Pacing:
     """One model's limits in the units the scripts take: µs per request and per token (0: no budget), the
-    cells' burst tolerances, and the window guard (window µs and its share of requests; 0: no guard)."""
+    cells' burst tolerances, and the window guard (window µs and its share of requests, 0: no guard; the
+    least µs between two sends)."""
 
     rpm_us: float
     tpm_us: float
@@ -100,15 +108,20 @@ class Pacing:
     tpm_burst_us: int
     window_us: int
     window_calls: int
+    spacing_us: int
 
 
 def pacing(spec: ModelSpec, burst_s: float) -> Pacing:
     rpm_us = 60e6 / spec.rpm if spec.rpm else 0.0
     tpm_us = 60e6 / spec.tpm if spec.tpm else 0.0
+    if spec.window_s is None:  # the provider's window is unknown: one call per interval, sends included
+        calls = window_share(spec.rpm, UNKNOWN_WINDOW_S) if spec.rpm else 0
+        return Pacing(rpm_us, tpm_us, 0, 0, int(UNKNOWN_WINDOW_S * 1e6) if calls else 0, calls, int(rpm_us))
     burst_us, window_us = int(burst_s * 1e6), int(spec.window_s * 1e6)
     calls = window_share(spec.rpm, spec.window_s) if spec.rpm and window_us else 0
     return Pacing(rpm_us, tpm_us, window_burst_us(rpm_us, window_us, burst_us),
-                  window_burst_us(tpm_us, window_us, burst_us), window_us if calls else 0, calls)
+                  window_burst_us(tpm_us, window_us, burst_us), window_us if calls else 0, calls,
+                  int(rpm_us / 2))  # late calls catch up at twice the rate at most
 
 
 class RateLimiter:
@@ -169,7 +182,7 @@ class RateLimiter:
             return 0.0
         held, wait_s = 0.0, 0.0
         for _ in range(WINDOW_TRIES):
-            status, wait_us = self.cells.send(model, plan.window_us, plan.window_calls, int(plan.rpm_us / 2))
+            status, wait_us = self.cells.send(model, plan.window_us, plan.window_calls, plan.spacing_us)
             if status == "ok":
                 return held
             wait_s = max(0.0, wait_us / 1e6)

@@ -37,6 +37,7 @@ from ..names import SANDBOX_QUEUE
 from ..store.connection import ping_quickly
 from ..tenancy.plans import known_tiers
 from .context import Runtime
+from .host_names import AllowedHosts
 
 log = logging.getLogger("reactq.metrics")
 
@@ -139,11 +140,16 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def _wsgi_app(collect: Callable[[], None] | None, probes: dict[str, Check]) -> Callable[..., Iterator[bytes]]:
+def _wsgi_app(collect: Callable[[], None] | None, probes: dict[str, Check],
+              hosts: AllowedHosts | None = None) -> Callable[..., Iterator[bytes]]:
     exposition = make_wsgi_app()
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
         path = environ.get("PATH_INFO", "")
+        if hosts is not None and not hosts.allows(environ.get("HTTP_HOST")):
+            start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
+            yield b"unknown host: this listener answers only to REACTQ_API_ALLOWED_HOSTS and IP addresses\n"
+            return
         if path == "/metrics":
             if collect is not None:
                 collect()
@@ -161,10 +167,11 @@ def _wsgi_app(collect: Callable[[], None] | None, probes: dict[str, Check]) -> C
 
 
 def serve(host: str, port: int, collect: Callable[[], None] | None = None,
-          probes: dict[str, Check] | None = None) -> WSGIServer:
-    """Serve /metrics (and `probes`, path -> check) on host:port from a daemon thread."""
+          probes: dict[str, Check] | None = None, hosts: AllowedHosts | None = None) -> WSGIServer:
+    """Serve /metrics (and `probes`, path -> check) on host:port from a daemon thread; with `hosts`, a
+    request naming another Host answers 400."""
     server_class = _Server6 if ":" in host else _Server
-    server = make_server(host, port, _wsgi_app(collect, probes or {}), server_class, _Quiet)
+    server = make_server(host, port, _wsgi_app(collect, probes or {}, hosts), server_class, _Quiet)
     threading.Thread(target=server.serve_forever, name="reactq-metrics", daemon=True).start()
     return server
 
@@ -180,13 +187,16 @@ def start_metrics_server(port: int, rt: Runtime, health: WorkerHealth = HEALTH) 
 
 
 def start_api_metrics_server(port: int, rt: Runtime) -> bool:
-    """The API's /metrics, on a port of its own (initialised by the app's lifespan)."""
-    return _start(rt.settings.metrics_host, port, lambda: refresh_cluster_gauges(rt), {})
+    """The API's /metrics (tenants, spend), on a port of its own (initialised by the app's lifespan), for
+    the API's names and any IP address (Prometheus scrapes pods by IP): never a re-pointed name."""
+    hosts = AllowedHosts(rt.settings.api_allowed_hosts, addresses=True)
+    return _start(rt.settings.metrics_host, port, lambda: refresh_cluster_gauges(rt), {}, hosts)
 
 
-def _start(host: str, port: int, collect: Callable[[], None] | None, probes: dict[str, Check]) -> bool:
+def _start(host: str, port: int, collect: Callable[[], None] | None, probes: dict[str, Check],
+           hosts: AllowedHosts | None = None) -> bool:
     try:
-        serve(host, port, collect, probes)
+        serve(host, port, collect, probes, hosts)
     except OSError as exc:
         log.warning("metrics port %s:%s unavailable (%s); this process exports no /metrics", host, port, exc)
         return False

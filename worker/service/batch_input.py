@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, StrictBool, ValidationError
 
 from ..config import Settings
 from ..core.models import Finite, Instructions, RunSpec
@@ -51,7 +51,7 @@ class BatchLine(BaseModel, extra="forbid"):
     webhook_url: str | None = None
     instructions: Instructions | None = None  # added to the run's system prompt
     output_schema: dict[str, Any] | None = None  # a JSON Schema the final answer must fit (checked by validate_spec)
-    python_session: bool | None = None  # python keeps its globals across the run's calls (default: the plan's)
+    python_session: StrictBool | None = None  # python keeps its globals across the run's calls (default: the plan's)
 
 
 @dataclass(frozen=True)
@@ -207,10 +207,11 @@ class _Context:
     policies: dict[str, Policy] = field(default_factory=dict)
 
     def policy(self, name: str) -> Policy | None:
+        """The policy of the tenant the line names (its `tenant` is the id the run is stored under)."""
         if self.tenants is None:
             return None
         if name not in self.policies:
-            self.policies[name] = tenant_policy(self.tenants, name)
+            self.policies[name] = tenant_policy(self.tenants, self.tenants.resolve(name))
         return self.policies[name]
 
 
@@ -230,7 +231,7 @@ def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_dupli
     owner = line.tenant or c.tenant or "default"
     try:
         policy = c.policy(owner)
-        spec = RunSpec(question=line.question, tenant=owner,
+        spec = RunSpec(question=line.question, tenant=owner if policy is None else policy.tenant,
                        tier=line.tier or c.tier or (policy.plan.default_tier if policy else None) or "standard",
                        max_steps=line.max_steps, model=line.model, max_tokens=line.max_tokens,
                        max_cost_usd=line.max_cost_usd, deadline_s=line.deadline_s,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ..config import Settings
 from ..core.models import Mode, Run, RunSpec, Usage
-from ..errors import InvalidRequest, TierNotAllowed
+from ..errors import InvalidRequest, StepOutOfRange, TierNotAllowed
 from ..store.runs import RunStore
 from ..tenancy.budgets import TenantBudgets
 from ..tenancy.tenants import Tenants
@@ -25,14 +25,14 @@ __all__ = ["replay"]
 def replay(store: RunStore, settings: Settings, source_id: str, from_step: int, send_step: Callable[..., None],
            *, tenants: Tenants, budgets: TenantBudgets, model: str | None = None, mode: Mode | None = None,
            tier: str | None = None) -> Run:
-    """Create and start the fork. Raises InvalidRequest for an unknown run or a step it never recorded,
+    """Create and start the fork. Raises InvalidRequest for an unknown run, StepOutOfRange for a step it never recorded,
     TierNotAllowed when the tenant's plan no longer allows the tier, AdmissionRefused as submit() does."""
     source = store.load_run(source_id)
     if source is None:
         raise InvalidRequest(f"no run {source_id!r}")
     steps = store.load_steps(source_id)
     if not 1 <= from_step <= len(steps) + 1:
-        raise InvalidRequest(f"--from-step must be between 1 and {len(steps) + 1} (run {source_id} recorded "
+        raise StepOutOfRange(f"--from-step must be between 1 and {len(steps) + 1} (run {source_id} recorded "
                              f"{len(steps)} step(s)), got {from_step}")
     kept = steps[: from_step - 1]
     s = source.spec

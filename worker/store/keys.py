@@ -103,12 +103,14 @@ def batch_file(digest: str) -> str:
 
 
 # --- tenants, keys, budgets, admission (store: tenant_records, spend, submissions, streams) ----
-TENANTS = f"{PREFIX}:tenants"  # set of tenant names added with `reactq tenant add`
+TENANTS = f"{PREFIX}:tenants"  # set of the ids of the tenants added with `reactq tenant add`
+TENANT_IDS = f"{PREFIX}:tenantids"  # hash: tenant name -> its id now (core/tenant_ids.py; absent: id = name)
 API_KEYS = f"{PREFIX}:apikeys"  # set of every API key id (revoked ones included)
 
 
 def tenant(name: str) -> str:
-    """hash: plan, created_at, and per-tenant budget overrides (tokens_per_day, usd_per_month, ...)."""
+    """hash, by tenant id: name, plan, created_at, and budget overrides (tokens_per_day, usd_per_month, ...).
+    Every `tenant:<x>:...` key is by tenant id too (core/tenant_ids.py)."""
     return f"{PREFIX}:tenant:{name}"
 
 

@@ -13,41 +13,59 @@ class TenantStore:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
 
-    # --- tenants ------------------------------------------------------------------------------
-    def add(self, name: str, plan: str, created_at: float) -> bool:
-        """Record a new tenant on `plan`; False (nothing written) if it exists already."""
-        if not self.r.hsetnx(keys.tenant(name), "plan", plan):
+    # --- tenants (by id; the name -> id index is keys.TENANT_IDS) ----------------------------------
+    def add(self, tenant_id: str, name: str, plan: str, created_at: float) -> bool:
+        """Record a new tenant `name` with id `tenant_id`; False (nothing written) if the name is taken: by
+        a tenant of the index, or by one recorded before ids existed (its id is its name)."""
+        if self.r.exists(keys.tenant(name)) and not self.r.hexists(keys.TENANT_IDS, name):
             return False
-        self.r.hset(keys.tenant(name), "created_at", str(created_at))
-        self.r.sadd(keys.TENANTS, name)
+        if not self.r.hsetnx(keys.TENANT_IDS, name, tenant_id):
+            return False
+        pipe = self.r.pipeline()
+        pipe.hset(keys.tenant(tenant_id), mapping={"name": name, "plan": plan, "created_at": str(created_at)})
+        pipe.sadd(keys.TENANTS, tenant_id)
+        pipe.execute()
         return True
 
-    def exists(self, name: str) -> bool:
-        return bool(self.r.exists(keys.tenant(name)))
+    def id_of(self, name: str) -> str | None:
+        """The id of the tenant named `name` now: the index's, else (recorded before ids) the name itself
+        when it has a record; None when neither."""
+        found = self.r.hget(keys.TENANT_IDS, name)
+        if found is not None:
+            return found.decode()
+        return name if self.r.exists(keys.tenant(name)) else None
 
-    def record(self, name: str) -> dict[str, str]:
-        """A tenant's record: plan, created_at, budget overrides (empty: no record)."""
-        return text_fields(self.r.hgetall(keys.tenant(name)))
+    def exists(self, tenant_id: str) -> bool:
+        return bool(self.r.exists(keys.tenant(tenant_id)))
 
-    def set_field(self, name: str, field: str, value: str) -> None:
-        self.r.hset(keys.tenant(name), field, value)
+    def record(self, tenant_id: str) -> dict[str, str]:
+        """A tenant's record: name, plan, created_at, budget overrides (empty: no record)."""
+        return text_fields(self.r.hgetall(keys.tenant(tenant_id)))
 
-    def drop_field(self, name: str, field: str) -> None:
-        self.r.hdel(keys.tenant(name), field)
+    def set_field(self, tenant_id: str, field: str, value: str) -> None:
+        self.r.hset(keys.tenant(tenant_id), field, value)
 
-    def remove(self, name: str) -> None:
-        """Drop a tenant's record (its keys' records stay, revoked by the caller first)."""
+    def drop_field(self, tenant_id: str, field: str) -> None:
+        self.r.hdel(keys.tenant(tenant_id), field)
+
+    def remove(self, tenant_id: str, keep_webhook: bool = False) -> None:
+        """Drop a tenant's record, its name's entry (if still this id's) and, unless `keep_webhook`, its
+        webhook URL and secret (its keys' records stay, revoked by the caller first)."""
+        raw = self.r.hget(keys.tenant(tenant_id), "name")
+        name = raw.decode() if raw is not None else tenant_id  # recorded before ids: its name is its id
         pipe = self.r.pipeline()
-        pipe.delete(keys.tenant(name))
-        pipe.srem(keys.TENANTS, name)
+        pipe.delete(keys.tenant(tenant_id), *([] if keep_webhook else [keys.tenant_webhook(tenant_id)]))
+        pipe.srem(keys.TENANTS, tenant_id)
         pipe.execute()
+        if self.r.hget(keys.TENANT_IDS, name) == tenant_id.encode():
+            self.r.hdel(keys.TENANT_IDS, name)
 
-    def inflight_run_ids(self, name: str) -> list[str]:
+    def inflight_run_ids(self, tenant_id: str) -> list[str]:
         """The tenant's runs not finished yet (its in-flight set, kept by the run store)."""
-        return sorted(i.decode() for i in self.r.smembers(keys.tenant_inflight(name)))
+        return sorted(i.decode() for i in self.r.smembers(keys.tenant_inflight(tenant_id)))
 
-    def names(self) -> set[str]:
-        """The tenants added with a record (not those that exist only by configuration)."""
+    def ids(self) -> set[str]:
+        """The ids of the tenants added with a record (not those that exist only by configuration)."""
         return {n.decode() for n in self.r.smembers(keys.TENANTS)}
 
     def registered_count(self) -> int:

@@ -229,7 +229,7 @@ def usage_report(budgets: TenantBudgets, policy: Policy, now: float | None = Non
 
     limits = policy.plan.limits
     return {
-        "tenant": policy.tenant,
+        "tenant": policy.name,
         "plan": policy.plan.name,
         "day": period(day, b.tokens_per_day, b.usd_per_day, next_day(now)),
         "month": period(month, b.tokens_per_month, b.usd_per_month, next_month(now)),

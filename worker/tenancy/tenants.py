@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..config import Settings
+from ..core.tenant_ids import SEPARATOR, TENANT_ID, TENANT_NAME, tenant_name
 from ..errors import InvalidRequest
 from ..store.tenant_records import TenantStore
 from .plans import BUDGET_FIELDS, Budgets, Plan, load_plans
 
-TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+__all__ = ["TENANT_ID", "TENANT_NAME", "KeyStatus", "NewKey", "Policy", "Tenants"]
 _KEY = re.compile(r"rq_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
 
 
@@ -37,9 +38,13 @@ class KeyStatus(StrEnum):
 class Policy:
     """What one tenant may do now: its plan with its own budget overrides applied."""
 
-    tenant: str
+    tenant: str  # its id (core/tenant_ids.py)
     plan: Plan
     budgets: Budgets
+
+    @property
+    def name(self) -> str:
+        return tenant_name(self.tenant)
 
     def check_tier(self, tier: str) -> str | None:
         """None if the plan allows `tier`, else the refusal to show the caller."""
@@ -61,7 +66,8 @@ def _digest(key: str) -> str:
 
 class Tenants:
     """Tenant records and API keys. Tenants named in REACTQ_TENANTS exist without a record and get
-    `settings.tenants_plan`."""
+    `settings.tenants_plan`; their id is their name. The operator names a tenant (`add`, `resolve`); everything
+    else takes its id."""
 
     def __init__(self, records: TenantStore, settings: Settings, policy_memo_s: float = 0.0) -> None:
         self.records = records
@@ -81,52 +87,75 @@ class Tenants:
         return plans[name]
 
     # --- tenants ------------------------------------------------------------------------------
-    def add(self, name: str, plan: str) -> None:
+    def add(self, name: str, plan: str) -> str:
+        """A new tenant named `name`, with an id never used before (a tenant of REACTQ_TENANTS: its name,
+        the identity it has had all along); returns the id."""
         if not TENANT_NAME.fullmatch(name):
             raise InvalidRequest(f"invalid tenant name {name!r}: use lowercase letters, digits, '-' and '_' "
                                  "(at most 63, starting with a letter or digit)")
         self._plan(plan)
-        if not self.records.add(name, plan, time.time()):
+        tenant_id = name if name in self.settings.tenants else f"{name}{SEPARATOR}{secrets.token_hex(8)}"
+        if not self.records.add(tenant_id, name, plan, time.time()):
             raise InvalidRequest(f"tenant {name!r} exists already (change it with `reactq tenant set`)")
+        return tenant_id
+
+    def id_of(self, name: str) -> str | None:
+        """The id of the tenant named `name` now (an id given as the name: itself), None if there is none."""
+        found = self.records.id_of(name)
+        return name if found is None and name in self.settings.tenants else found
+
+    def resolve(self, name: str) -> str:
+        """`id_of`, or InvalidRequest naming the tenant."""
+        tenant_id = self.id_of(name)
+        if tenant_id is None:
+            raise InvalidRequest(f"no tenant {name!r} (add it with `reactq tenant add`, or list it in REACTQ_TENANTS)")
+        return tenant_id
 
     def set(self, name: str, plan: str | None = None, overrides: dict[str, float | None] | None = None) -> None:
         """Change the plan and/or budget overrides (a None value drops an override: the plan's applies)."""
-        if not self.records.exists(name):
+        tenant_id = self.records.id_of(name)
+        if tenant_id is None:
             raise InvalidRequest(f"no tenant {name!r} (add it with `reactq tenant add`)")
         if plan is not None:
             self._plan(plan)
-            self.records.set_field(name, "plan", plan)
+            self.records.set_field(tenant_id, "plan", plan)
         for field, value in (overrides or {}).items():
             if field not in BUDGET_FIELDS:
                 raise InvalidRequest(f"unknown budget {field!r}; budgets: {', '.join(BUDGET_FIELDS)}")
             if value is None:
-                self.records.drop_field(name, field)
+                self.records.drop_field(tenant_id, field)
             elif value < 0:
                 raise InvalidRequest(f"{field} must be 0 (no limit) or more, got {value}")
             else:
-                self.records.set_field(name, field, str(value))
+                self.records.set_field(tenant_id, field, str(value))
 
-    def remove(self, name: str) -> list[str]:
-        """Remove a tenant: revoke every API key it has (each is refused from its next request on, open
-        event streams included), then drop its record (plan, overrides). Its runs are left to the caller
-        (`reactq tenant remove` cancels the unfinished ones; finished ones expire with retention).
-        Returns the key ids revoked now. A tenant of REACTQ_TENANTS exists for as long as it is listed."""
-        key_ids = sorted(self.records.key_ids(name))
-        if not self.records.exists(name) and name not in self.settings.tenants and not key_ids:
+    def remove(self, name: str) -> tuple[str, list[str]]:
+        """End a tenant's identity: revoke every API key it has (each is refused from its next request on,
+        open event streams and UI sessions included), then drop its record (plan, overrides), its name's
+        entry and its webhook URL and secret. A tenant later added with the name gets a new id and sees
+        none of this one's data. Its runs and data are left to the caller (`reactq tenant remove`).
+        Returns its id and the key ids revoked now. A tenant of REACTQ_TENANTS exists for as long as it
+        is listed."""
+        tenant_id = self.id_of(name) or (name if self.records.key_ids(name) else None)
+        if tenant_id is None:
             raise InvalidRequest(f"no tenant {name!r}")
         now = time.time()
-        revoked = [k for k in key_ids if not self.records.key(k).get("revoked_at")]
+        revoked = [k for k in sorted(self.records.key_ids(tenant_id)) if not self.records.key(k).get("revoked_at")]
         for key_id in revoked:
             self.records.revoke_key(key_id, now)
-        self.records.remove(name)
-        self._memo.pop(name, None)
-        return revoked
+        self.records.remove(tenant_id, keep_webhook=tenant_id in self.settings.tenants)  # still exists
+        self._memo.pop(tenant_id, None)
+        return tenant_id, revoked
+
+    def ids(self) -> list[str]:
+        """Every tenant's id (those of REACTQ_TENANTS included)."""
+        return sorted(self.records.ids() | set(self.settings.tenants))
 
     def names(self) -> list[str]:
-        return sorted(self.records.names() | set(self.settings.tenants))
+        return sorted(tenant_name(i) for i in self.ids())
 
-    def exists(self, name: str) -> bool:
-        return name in self.settings.tenants or self.records.exists(name)
+    def exists(self, tenant_id: str) -> bool:
+        return tenant_id in self.settings.tenants or self.records.exists(tenant_id)
 
     def registered_count(self) -> int:
         """Tenants added with `reactq tenant add`, plus tenants with an API key."""
@@ -159,13 +188,15 @@ class Tenants:
         return {f: raw[f] for f in BUDGET_FIELDS if f in raw}
 
     # --- API keys -----------------------------------------------------------------------------
-    def create_key(self, tenant: str) -> NewKey:
-        if not self.exists(tenant):
-            raise InvalidRequest(f"no tenant {tenant!r} (add it with `reactq tenant add`)")
+    def create_key(self, name: str) -> NewKey:
+        """A key of the tenant named `name` (its record holds the tenant's id)."""
+        tenant_id = self.id_of(name)
+        if tenant_id is None or not self.exists(tenant_id):
+            raise InvalidRequest(f"no tenant {name!r} (add it with `reactq tenant add`)")
         key_id = secrets.token_hex(8)
         key = f"rq_{key_id}_{secrets.token_urlsafe(32)}"
-        self.records.add_key(tenant, key_id, _digest(key), time.time())
-        return NewKey(tenant, key_id, key)
+        self.records.add_key(tenant_id, key_id, _digest(key), time.time())
+        return NewKey(name, key_id, key)
 
     def create_operator_key(self) -> NewKey:
         """A key for the operator UI (`reactq key create --operator`): it sees every tenant's runs there, and
@@ -175,16 +206,18 @@ class Tenants:
         self.records.add_operator_key(key_id, _digest(key), time.time())
         return NewKey("", key_id, key)
 
-    def list_keys(self, tenant: str | None) -> list[dict[str, str | None]]:
-        """A tenant's keys, or (None) the operator keys."""
+    def list_keys(self, name: str | None) -> list[dict[str, str | None]]:
+        """The keys of the tenant named `name`, or (None) the operator keys."""
         out = []
-        for key_id in sorted(self.records.key_ids(tenant) if tenant is not None else self.records.operator_key_ids()):
+        tenant_id = None if name is None else (self.id_of(name) or name)
+        for key_id in sorted(self.records.key_ids(tenant_id) if tenant_id is not None else
+                             self.records.operator_key_ids()):
             raw = self.records.key(key_id)
             out.append({"key_id": key_id, "created_at": raw.get("created_at"), "revoked_at": raw.get("revoked_at")})
         return out
 
     def revoke(self, key_id: str) -> str:
-        """Revoke a key; returns its tenant ("" for an operator key)."""
+        """Revoke a key; returns its tenant's id ("" for an operator key)."""
         tenant = self.records.key_tenant(key_id) if re.fullmatch(r"[0-9a-f]{16}", key_id) else None
         if tenant is None and re.fullmatch(r"[0-9a-f]{16}", key_id) and self.records.key(key_id).get("operator"):
             tenant = ""  # an operator key

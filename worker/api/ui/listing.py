@@ -59,10 +59,11 @@ def check_status(status: str | None) -> str | None:
 
 
 def _tenants(rt: Runtime, tenant: str | None, filters: Filters) -> list[str]:
-    """The tenants whose runs to list: the caller's, else (operator) the filter's or every tenant."""
+    """The tenants whose runs to list: the caller's, else (operator) the filter's (a name or an id) or every
+    tenant."""
     if tenant is not None:
         return [tenant]
-    return [filters.tenant] if filters.tenant else rt.tenants.names()
+    return [rt.tenants.id_of(filters.tenant) or filters.tenant] if filters.tenant else rt.tenants.ids()
 
 
 def _key(run: Run) -> tuple[float, str]:

@@ -13,6 +13,7 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 
+from ...core.tenant_ids import tenant_name
 from .session import csrf_token
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -35,6 +36,7 @@ def _pretty(value: Any) -> str:
 
 _env.filters["when"] = _when
 _env.filters["pretty"] = _pretty
+_env.filters["tenant_name"] = tenant_name  # a tenant's id shown as its name (core/tenant_ids.py)
 
 
 def render(request: Request, template_name: str, status_code: int = 200, **context: Any) -> HTMLResponse:

@@ -26,7 +26,7 @@ from ...evals import report as eval_report
 from ...service.batch_page import batch_page, recent_batches, result_lines, visible
 from ...store.eval_reports import REPORT_ID, StoredReport, from_settings
 from ...store.ops import OpsStore
-from ...tenancy.tenants import TENANT_NAME
+from ...tenancy.tenants import TENANT_ID
 from ..app_state import RuntimeDep
 from ..guards import RUN_ID
 from .render import error_page, not_found, render
@@ -41,11 +41,11 @@ REPORT_LINKS = (f'<link rel="stylesheet" href="{REPORT_CSS}">'
                 '<link rel="icon" href="/ui/static/favicon.svg" type="image/svg+xml">')
 
 
-def _tenant_filter(caller: UiPrincipal, tenant: str) -> str | None:
-    """Whose data a page lists: a tenant's own; an operator's choice (None: every tenant)."""
+def _tenant_filter(rt: RuntimeDep, caller: UiPrincipal, tenant: str) -> str | None:
+    """Whose data a page lists: a tenant's own; an operator's choice, by name or id (None: every tenant)."""
     if not caller.is_operator:
         return caller.tenant
-    return tenant if tenant and TENANT_NAME.fullmatch(tenant) else None
+    return (rt.tenants.id_of(tenant) or tenant) if tenant and TENANT_ID.fullmatch(tenant) else None
 
 
 def _run(rt: RuntimeDep, caller: UiPrincipal, run_id: str) -> Run | None:
@@ -82,10 +82,10 @@ def batches_page(request: Request, caller: UiCaller, rt: RuntimeDep, tenant: Tex
         older = math.nan
     if older is not None and not math.isfinite(older):
         return error_page(request, 400, "before: pass the link of the previous page")
-    who = _tenant_filter(caller, tenant)
+    who = _tenant_filter(rt, caller, tenant)
     rows, next_before = recent_batches(rt.store, who, 50, older)
     return render(request, "pages/batches.html", nav_active="batches", rows=rows, next_before=next_before,
-                  tenant=who or "", tenants=rt.tenants.names() if caller.is_operator else [])
+                  tenant=who or "", tenants=rt.tenants.ids() if caller.is_operator else [])
 
 
 @router.get("/batches/{batch_id}")
@@ -113,12 +113,12 @@ def _reports_of(rt: RuntimeDep, tenants: list[str]) -> list[tuple[str, StoredRep
 
 
 def _all_tenants(rt: RuntimeDep) -> list[str]:
-    return sorted(set(rt.tenants.names()) | set(rt.settings.tenants))
+    return sorted(set(rt.tenants.ids()) | set(rt.settings.tenants))
 
 
 @router.get("/evals")
 def evals_page(request: Request, caller: UiCaller, rt: RuntimeDep, tenant: Text200 = "") -> Response:
-    who = _tenant_filter(caller, tenant)
+    who = _tenant_filter(rt, caller, tenant)
     reports = _reports_of(rt, [who] if who else _all_tenants(rt))
     return render(request, "pages/evals.html", nav_active="evals", reports=reports, tenant=who or "",
                   tenants=_all_tenants(rt) if caller.is_operator else [])
@@ -128,7 +128,7 @@ def _report(rt: RuntimeDep, caller: UiPrincipal, report_id: str, tenant: str) ->
     if not REPORT_ID.fullmatch(report_id):
         return None
     owner = caller.tenant if caller.tenant is not None else tenant
-    if not owner or not TENANT_NAME.fullmatch(owner):
+    if not owner or not TENANT_ID.fullmatch(owner):
         return None
     found = from_settings(rt.redis, rt.settings).get(owner, report_id)
     return (owner, found) if found is not None else None

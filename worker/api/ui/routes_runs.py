@@ -49,7 +49,7 @@ def runs_page(request: Request, caller: UiCaller, rt: RuntimeDep, status: Text20
         return error_page(request, 400, str(exc))
     return render(request, "runs.html", nav_active="runs", runs=page.runs, next_cursor=page.next_cursor,
                   filters=filters, query=filters.query(), limit=limit, statuses=[s.value for s in RunStatus],
-                  models=known_models(rt.settings), tenants=rt.tenants.names() if caller.is_operator else [],
+                  models=known_models(rt.settings), tenants=rt.tenants.ids() if caller.is_operator else [],
                   counts=_counts(rt, caller, filters))
 
 
@@ -100,7 +100,7 @@ def run_fragment(request: Request, run_id: str, caller: UiCaller, rt: RuntimeDep
 
 
 async def _ui_event_stream(request: Request, run_id: str, caller: UiCaller, reads: Reads, rt: RuntimeDep,
-                           last_event_id: Annotated[str | None, Header(max_length=100)] = None
+                           last_event_id: Annotated[str, Header(max_length=100)] = "0"
                            ) -> AsyncIterator[EventStream]:
     """Admit a UI stream before its headers go out: 404 unless the caller may see the run, then as the
     JSON API admits one, for the run's tenant (its plan's stream slots; an operator's stream takes one too)."""
