@@ -31,6 +31,7 @@ from api_stub.answers import answer_part, combine, is_error
 from api_stub.chains import next_step, parse_chain
 from api_stub.knowledge import direct_answer
 from api_stub.planner import Action, plan
+from api_stub.structured import FINAL_TOOL, fill, offered_schema, other_tools
 from api_stub.tokens import message_text
 
 __all__ = ["Reply", "ToolCall", "respond", "KNOWN_TOOLS", "DONT_KNOW"]
@@ -285,10 +286,29 @@ def respond(messages: Sequence[Any], tools: Sequence[Any] | None = None, *, fina
     text_mode = not tools
     try:
         usable = [m for m in messages if isinstance(m, Mapping)]
-        return _respond(usable, tools, text_mode, final_only or _asked_for_final(usable),
-                        _this_year(usable, today))
+        final_only = final_only or _asked_for_final(usable)
+        reply = _respond(usable, other_tools(tools), text_mode, final_only, _this_year(usable, today))
+        schema = offered_schema(usable, tools)
+        acting = reply.tool_calls or (text_mode and "Final Answer:" not in (reply.content or ""))
+        if schema is None or acting or _asked_to_reflect(usable):
+            return reply
+        return _structured(reply, schema, _question(usable), final_only)
     except Exception as exc:  # noqa: BLE001 - a model answers something, whatever it is fed
         return _final(f"I could not understand the conversation ({type(exc).__name__}).", text_mode)
+
+
+def _structured(reply: Reply, schema: dict[str, Any], question: str, final_only: bool) -> Reply:
+    """A final answer reshaped for a request with an output schema (api_stub/structured.py): the object
+    as a `final_answer` call (tools mode), or as the Final Answer's text."""
+    prose = (reply.content or "").split("Final Answer:", 1)[-1].strip()
+    text = json.dumps(fill(schema, prose or question), ensure_ascii=False)
+    if reply.mode == "text":
+        return _final(text, text_mode=True)
+    if final_only:
+        return _final(text, text_mode=False)
+    call = ToolCall(id="call_" + hashlib.sha256(f"{question}\x00{text}".encode()).hexdigest()[:24],
+                    name=FINAL_TOOL, arguments=text)
+    return Reply(content=None, tool_calls=(call,), finish_reason="tool_calls", mode="tools")
 
 
 _REFLECT = re.compile(r"\breflect\b", re.I)

@@ -47,3 +47,9 @@ def test_demo_starts_what_is_missing_answers_the_bundled_set_and_cleans_up(tmp_p
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == len(sample) and all(line["status"] == "succeeded" for line in lines)
     assert port_free(redis_port) and port_free(stub_port), "demo left a service running"
+    # then one structured batch: each answer an object its output_schema validated, scored field by field
+    assert "3/3 structured answers correct" in result.stdout
+    structured = {line["id"]: line for line in map(json.loads, (tmp_path / "results-structured.jsonl")
+                                                   .read_text().splitlines())}
+    assert structured["s01"]["output"]["value"] == 395 and structured["s01"]["field_scores"] == {"value": 1.0}
+    assert structured["s03"]["output"]["city"] == "Canberra" and structured["s02"]["score"] == 1.0

@@ -8,11 +8,11 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, Field, StrictBool, field_validator
+from pydantic import BaseModel, Field, StrictBool, WithJsonSchema, field_validator
 
 from ..core.models import MAX_INSTRUCTIONS_CHARS, Finite, Instructions, Mode, Run, RunSpec, Text, json_integer
 from ..core.views import run_json
@@ -38,6 +38,13 @@ _CREATED_RUN = links(201, "run_id", {"get": "get_run", "cancel": "cancel_run", "
                                      "replay": "replay_run", "delete": "delete_run_route"})
 
 
+# What the document can state of an output schema: an object whose `type` is "object" (the rest, a valid
+# JSON Schema with local references only, is checked by worker/output_schema.py: 422 naming the problem)
+OutputSchema = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "properties": {"type": {"const": "object"}}, "required": ["type"],
+    "additionalProperties": True})]
+
+
 class RunRequest(BaseModel, extra="forbid"):
     question: Question = Field(description="not blank; at most REACTQ_MAX_QUESTION_CHARS characters")
     tenant: Text | None = Field(None, description="accepted only when it is the caller's own (the key decides)")
@@ -52,6 +59,9 @@ class RunRequest(BaseModel, extra="forbid"):
     webhook_url: WebhookUrl | None = Field(None, description="called when the run finishes")
     instructions: Instructions | None = Field(None, description="added to the run's system prompt; at most "
                                               f"{MAX_INSTRUCTIONS_CHARS} characters")
+    output_schema: OutputSchema | None = Field(None, description="a JSON Schema (an object at its root, local "
+                                               "$refs only, at most 16 KiB) the final answer must fit; the run's "
+                                               "`output` is then the validated object")
     python_session: StrictBool | None = Field(None, description="python keeps its globals across the run's calls; "
                                         "default: the plan's")
 
@@ -65,7 +75,8 @@ def run_spec(r: RunRequest, policy: Policy, where: str, tier: str | None = None)
     return RunSpec(question=r.question, tenant=policy.tenant, tier=r.tier or tier or policy.plan.default_tier,
                    max_steps=r.max_steps, mode=r.mode, model=r.model, client_id=r.id, max_tokens=r.max_tokens,
                    max_cost_usd=r.max_cost_usd, deadline_s=r.deadline_s, webhook_url=r.webhook_url,
-                   instructions=r.instructions, python_session=r.python_session)
+                   instructions=r.instructions, output_schema=r.output_schema,
+                   python_session=r.python_session)
 
 
 @router.post("/v1/runs", status_code=201, response_model=RunView,

@@ -79,6 +79,8 @@ class RunView(BaseModel):
     run_id: str
     status: RunStatus
     answer: str | None
+    output: dict[str, Any] | None = Field(None, description="with an `output_schema`: the final answer's object, "
+                                          "validated by it")
     partial: bool = Field(False, description="`answer` is a best-effort answer given at a limit (see `status`)")
     steps: int = Field(description="steps taken so far")
     usage: Usage

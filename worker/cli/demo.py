@@ -3,6 +3,7 @@ is missing: Redis, api_stub, a step worker, a sandbox worker."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -69,7 +70,12 @@ def run_demo(outfile: Path, console: Console, out: Console) -> int:
             result = run_eval(rt, bundled_set_path(), outfile, send_step, console, table, fresh=True)
             _summary(out, result, time.monotonic() - t0, outfile)
             _dependent_trace(out, rt, result)
-        code = result.code or _session_run(out, rt, send_step)
+        structured_out = outfile.with_name(outfile.stem + "-structured.jsonl")
+        with EvalTable() as table:
+            structured = run_eval(rt, bundled_set_path("structured_set.jsonl"), structured_out, send_step, console,
+                                  table, fresh=True)
+            _structured_summary(out, structured, structured_out)
+        code = result.code or structured.code or _session_run(out, rt, send_step)
         if code == 0:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
@@ -95,6 +101,23 @@ def _summary(out: Console, result: EvalRun, elapsed: float, outfile: Path) -> No
     out.print(Text.assemble((f"{s.correct}/{result.questions} correct", "bold"), literal(
         f" · {s.questions} runs in {elapsed:.1f}s · {s.total_tokens} tokens · ${s.total_usd:.5f} · "
         f"results in {outfile}")))
+
+
+def _structured_summary(out: Console, result: EvalRun, outfile: Path) -> None:
+    """The structured batch: each run's `output` object (its output schema validated it) and its fields'
+    scores against the expected object."""
+    table = Table(title="structured answers (output_schema)")
+    for column in ("id", "question", "output", "field scores", "ok"):
+        table.add_column(column, overflow="fold")
+    for line in result.table.lines():
+        scores = ", ".join(f"{name} {score:g}" for name, score in (line.get("field_scores") or {}).items())
+        table.add_row(literal(line["id"]), literal(str(line["question"])[:40]),
+                      literal(json.dumps(line.get("output"), ensure_ascii=False)[:80]), literal(scores),
+                      "[green]✓[/green]" if line["correct"] else "[red]✗[/red]")
+    out.print(table)
+    s = result.summary
+    out.print(Text.assemble((f"{s.correct}/{result.questions} structured answers correct", "bold"),
+                            literal(f" · results in {outfile}")))
 
 
 def _dependent_trace(out: Console, rt: Runtime, result: EvalRun) -> None:

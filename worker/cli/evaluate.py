@@ -122,6 +122,13 @@ def print_summary(target: Console, s: Summary) -> None:
         table.add_row(name, literal(value))
     target.print(table)
     print_categories(target, s)
+    if s.field_scores:
+        fields = Table(title="field scores")
+        fields.add_column("field", overflow="fold")
+        fields.add_column("mean score", justify="right")
+        for name, score in s.field_scores.items():
+            fields.add_row(literal(name), f"{score:.1%}")
+        target.print(fields)
     if s.failures:
         failures = Table(title="failures")
         for column in ("status", "reason", "count", "ids"):

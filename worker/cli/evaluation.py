@@ -25,9 +25,9 @@ from ..service.batch_input import ParsedLine
 __all__ = ["EvalRun", "bundled_set_path", "run_eval", "scored_line"]
 
 
-def bundled_set_path() -> Path:
-    """The evaluation set shipped with reactq (the demo runs it)."""
-    return Path(str(resources.files("worker").joinpath("data/eval_set.jsonl")))
+def bundled_set_path(name: str = "eval_set.jsonl") -> Path:
+    """An evaluation set shipped with reactq (the demo runs eval_set.jsonl, then structured_set.jsonl)."""
+    return Path(str(resources.files("worker").joinpath(f"data/{name}")))
 
 
 def scored_line(run: Run, expected: Expected | None, category: str | None = None) -> dict[str, Any]:

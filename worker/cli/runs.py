@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,6 +24,19 @@ def _check_instructions(ctx: click.Context, param: click.Parameter, value: str |
     return value or None
 
 
+def _read_schema(ctx: click.Context, param: click.Parameter, value: Path | None) -> dict[str, Any] | None:
+    """The JSON object in the file --output-schema names (whether it is a usable schema: validate_spec)."""
+    if value is None:
+        return None
+    try:
+        schema = json.loads(value.read_bytes()[: 1 << 20])
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(f"{value} is not a JSON file ({type(exc).__name__})") from None
+    if not isinstance(schema, dict):
+        raise click.BadParameter(f"{value} holds no JSON object")
+    return schema
+
+
 @click.command()
 @click.argument("question")
 @click.option("--wait", is_flag=True, help="wait for the answer")
@@ -35,11 +49,13 @@ def _check_instructions(ctx: click.Context, param: click.Parameter, value: str |
 @click.option("--webhook-url", default=None, help="called with the run when it finishes")
 @click.option("--instructions", default=None, callback=_check_instructions,
               help=f"added to the run's system prompt (at most {MAX_INSTRUCTIONS_CHARS} characters)")
+@click.option("--output-schema", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              callback=_read_schema, help="a JSON Schema file: the answer must be an object it validates")
 @click.option("--python-session", is_flag=True,
               help="python keeps its globals across the run's calls (without it: the plan's default)")
 def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None, max_steps: int | None,
         model: str | None, timeout: float, webhook_url: str | None, instructions: str | None,
-        python_session: bool) -> None:
+        output_schema: dict[str, Any] | None, python_session: bool) -> None:
     """Submit one run."""
     from ..core.models import RunSpec
     from ..core.views import run_json
@@ -53,7 +69,8 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
         tier = tier or policy.plan.default_tier or "standard"
         [run] = submit(rt.store, [RunSpec(question=question, tenant=policy.tenant, tier=tier, max_steps=max_steps,
                                           model=model, webhook_url=webhook_url,
-                                          instructions=instructions, python_session=python_session or None)],
+                                          instructions=instructions, output_schema=output_schema,
+                                          python_session=python_session or None)],
                        rt.settings, _send_step(),
                        interactive=True, tenants=rt.tenants, budgets=rt.budgets)
     except (InvalidRequest, AdmissionRefused, TooLarge) as exc:

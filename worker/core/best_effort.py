@@ -29,6 +29,7 @@ _ASK = "Using only the observations above, give your best Final Answer now, even
 _SHORT = " Keep it short."
 _TOOLS_TAIL = " Do not call any tool: answer in plain text."
 _TEXT_TAIL = " Reply with one line starting with \"Final Answer:\"."
+_OBJECT_TAIL = " The answer must be the JSON object the output schema describes."  # a run with an output_schema
 
 # Lines of the ReAct format that are not the answer, for a text reply without a Final Answer label
 _FORMAT_LINE = re.compile(r"^\s*[*#>\-\s]*(thought|action(?:[ _]input)?|observation|思考|行动(?:输入)?|观察)\s*[:：]",
@@ -55,10 +56,11 @@ def instruction(end: End) -> str:
 
 
 def final_request(mode: Mode, messages: list[dict[str, Any]], options: dict[str, Any],
-                  end: End) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                  end: End, structured: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The messages and options of the final call: the conversation so far, then the instruction. In
-    tools mode the tool schemas stay (the conversation names them) and `tool_choice` is "none"."""
-    tail = _TOOLS_TAIL if mode == Mode.TOOLS else _TEXT_TAIL
+    tools mode the tool schemas stay (the conversation names them) and `tool_choice` is "none".
+    `structured`: the run has an output schema, and the answer is to be its object."""
+    tail = (_TOOLS_TAIL if mode == Mode.TOOLS else _TEXT_TAIL) + (_OBJECT_TAIL if structured else "")
     messages = [*messages, {"role": "user", "content": instruction(end) + tail}]
     options = dict(options)
     if mode == Mode.TOOLS:

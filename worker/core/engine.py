@@ -54,10 +54,11 @@ from .parser import (
     parse_tool_reply,
     split_reasoning,
 )
+from .structured import SCHEMA_ERROR_KIND, Answered, OutputCheck, Refused, final_call, never_valid_reason, read_output
 
 TRUNCATION_MARKER = "\n…[truncated {n} chars]"
 # Format errors the engine finds (beside the parser's PARSE_ERROR_KINDS), for the parse-errors metric
-ENGINE_ERROR_KINDS: tuple[str, ...] = ("text_call_rejected", "truncated")
+ENGINE_ERROR_KINDS: tuple[str, ...] = ("text_call_rejected", "truncated", SCHEMA_ERROR_KIND)
 CUT_OFF_REASON = "the model's reply was cut off at max_tokens"
 
 
@@ -117,6 +118,7 @@ class PlannedCall:
 @dataclass(frozen=True)
 class Final:
     answer: str
+    output: dict[str, Any] | None = None  # the validated object of a run with an output schema
 
 
 @dataclass(frozen=True)
@@ -248,15 +250,20 @@ def _limit_reached(run: Run, steps_done: int, now: float, limits: Limits) -> End
 
 def decide(
     run: Run, history: list[Step], turn: ParsedTurn, tools: ToolLookup, limits: Limits,
-    reflection: str | None = None,
+    reflection: str | None = None, output: OutputCheck | None = None,
 ) -> Decision:
     """Decide what the model's parsed turn leads to. `reflection` is the reply's text when the turn
     answered a reflection prompt: prose without a tool call is then a thought, not the final answer
-    (in text mode an explicit "Final Answer:" still ends the run)."""
+    (in text mode an explicit "Final Answer:" still ends the run). `output`: the run's output schema,
+    which a final answer must fit (structured.py); an answer that does not is a format error."""
     if reflection is not None and reflection.strip() and not turn.calls and (
         run.mode == Mode.TOOLS or turn.final_answer is None
     ):
         return Reflect(reflection.strip())
+    if output is not None and (structured := _structured_answer(turn, output)) is not None:
+        if isinstance(structured, Answered):
+            return Final(structured.text, structured.output)
+        return _invalid(run, structured.observation(run.mode), SCHEMA_ERROR_KIND, limits, structured.problem)
     if turn.final_answer is not None and not turn.calls:
         return Final(turn.final_answer.strip())
     error, kind = turn.error, turn.error_kind
@@ -265,15 +272,7 @@ def decide(
     if error is None and "text_tool_call" in turn.warnings:
         error, kind = _text_calls_rejected(turn.calls, tools)
     if error is not None or not turn.calls:
-        streak = run.invalid_streak + 1
-        error = error or "Invalid output: no tool call and no final answer."
-        if streak >= limits.max_invalid_outputs and kind == "truncated":
-            return End(RunStatus.FAILED, f"{CUT_OFF_REASON} ({streak} invalid model outputs in a row, the last "
-                       "one cut off)", "cut_off")
-        if streak >= limits.max_invalid_outputs:
-            return End(RunStatus.FAILED, f"{streak} invalid model outputs in a row; last: {error}",
-                       "invalid_outputs")
-        return Retry(error, kind or "empty")
+        return _invalid(run, error or "Invalid output: no tool call and no final answer.", kind, limits)
 
     same_thought = repeated_thought(history, turn.thought)
     if same_thought >= limits.thought_fail_at:
@@ -335,6 +334,34 @@ def decide(
                         "Think again from the observations you have, or give your Final Answer; "
                         "one more repetition ends the run.")
     return Act(planned, rejected, thought_hint)
+
+
+def _invalid(run: Run, error: str, kind: str | None, limits: Limits, problem: str | None = None) -> Retry | End:
+    """An unusable turn: shown to the model as `error`, or, the last of `max_invalid_outputs` in a row, the
+    run's end (`problem`: the validation error of an answer the output schema refused, for the reason)."""
+    streak = run.invalid_streak + 1
+    if streak < limits.max_invalid_outputs:
+        return Retry(error, kind or "empty")
+    if kind == "truncated":
+        return End(RunStatus.FAILED, f"{CUT_OFF_REASON} ({streak} invalid model outputs in a row, the last "
+                   "one cut off)", "cut_off")
+    if problem is not None:
+        return End(RunStatus.FAILED, never_valid_reason(streak, problem), "invalid_outputs")
+    return End(RunStatus.FAILED, f"{streak} invalid model outputs in a row; last: {error}", "invalid_outputs")
+
+
+def _structured_answer(turn: ParsedTurn, output: OutputCheck) -> Answered | Refused | None:
+    """The turn's answer to a run with an output schema: a `final_answer` call (alone), or a final answer
+    in text; None when the turn is neither (tool calls, a format error: decided as for any run)."""
+    call = final_call(turn.calls)
+    if call is not None and len(turn.calls) > 1:
+        return Refused("the final_answer call came with other tool calls; call it alone, once you have their "
+                       "results")
+    if call is not None:
+        return read_output(call.arguments, output)
+    if turn.final_answer is not None and not turn.calls and turn.error is None:
+        return read_output(turn.final_answer, output)
+    return None
 
 
 def _placeholder_calls(calls: Sequence[ToolCall], tools: ToolLookup) -> tuple[str | None, str | None]:

@@ -137,6 +137,7 @@ class Step(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     observations: list[Observation] = Field(default_factory=list)
     final_answer: str | None = None
+    output: dict[str, Any] | None = None  # the final answer's object, validated by the run's output schema
     error: str | None = None  # format error shown to the model as observation
     reflection: bool = False  # the model's answer to a reflection prompt: `thought` holds it
     limit: str | None = None  # the loop safeguard that stopped the run here; the next step is its best effort
@@ -189,6 +190,8 @@ class RunSpec(BaseModel):
     deadline_s: Finite | None = None  # the run's wall time from its first step (default REACTQ_RUN_DEADLINE_S)
     webhook_url: Text | None = None  # called when the run finishes (worker/runtime/webhooks.py)
     instructions: Instructions | None = None  # added to the run's system prompt (worker/core/prompts.py)
+    # a JSON Schema the final answer must fit (worker/core/structured.py; checked at submission)
+    output_schema: dict[str, Any] | None = None
     python_session: bool | None = None  # python keeps its globals across the run's calls (None: the plan's)
 
 
@@ -203,6 +206,7 @@ class Run(BaseModel):
     mode: Mode = Mode.TOOLS
     model: str = ""
     answer: str | None = None
+    output: dict[str, Any] | None = None  # with an output schema: the answer's validated object
     partial: bool = False  # `answer` is a best-effort answer given at a limit (the status says which)
     error: str | None = None
     usage: Usage = Field(default_factory=Usage)
@@ -225,6 +229,7 @@ class Run(BaseModel):
             "run_id": self.id,
             "status": self.status.value,
             "answer": self.answer,
+            "output": self.output,
             "partial": self.partial,
             "steps": self.current_step,
             "usage": self.usage.model_dump(),

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from .models import Mode, Step, ToolCall
 from .parser import FormatExample
+from .structured import prompt_section
 
 Message = dict[str, Any]
 
@@ -65,6 +66,7 @@ class PromptContext:
     repeat_limit: int = 3  # the same call with the same arguments at most this many times (one more ends it)
     plan_instructions: str = ""
     run_instructions: str = ""
+    output_schema: Mapping[str, Any] | None = None  # the run's: the system prompt ends saying how to answer
 
 
 def run_date(created_at: float, override: str | None = None) -> str:
@@ -236,6 +238,8 @@ def drop_observation_bodies(messages: Sequence[Message], keep_last: int = 1) -> 
 def system_message(mode: Mode, tools: Sequence[ToolDescription], template: SystemTemplate,
                    context: PromptContext) -> Message:
     content = template.render(prompt_variables(mode, tools, context)).strip()
+    if context.output_schema is not None:
+        content = f"{content}\n\n{prompt_section(mode, context.output_schema)}"
     return {"role": "system", "content": content}
 
 

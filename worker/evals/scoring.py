@@ -9,6 +9,8 @@ Match modes (`match` of an evaluation line; `contains` when absent):
   (so `42` is in `the answer is 42.` but not in `420`).
 - `regex`: `expected` is a Python regular expression searched in the answer (case-sensitive; use `(?i)`).
 - `any_of`: `expected` is a list; the answer matches when it `contains` any of them.
+- `fields`: `expected` is a JSON object, compared with the run's `output` object field by field, each
+  field scored (worker/evals/fields.py); the default when `expected` is an object.
 
 An answer is the model's text, so scoring is bounded whatever it holds: numbers are decimals kept as
 digits and an exponent (`1e999999999` is never expanded into an integer), a number longer than
@@ -33,6 +35,7 @@ class MatchMode(StrEnum):
     CONTAINS = "contains"
     REGEX = "regex"
     ANY_OF = "any_of"
+    FIELDS = "fields"  # an expected object against the run's output (worker/evals/fields.py)
 
 
 Token = str | Decimal
@@ -100,6 +103,8 @@ def matches(answer: str | None, expected: str | list[str], mode: MatchMode | str
     if answer is None:
         return False
     mode = MatchMode(mode)
+    if mode == MatchMode.FIELDS:
+        raise ValueError("match 'fields' compares the run's output object (worker/evals/fields.py), not text")
     if mode == MatchMode.ANY_OF:
         options = [expected] if isinstance(expected, str) else expected
         return any(matches(answer, option, MatchMode.CONTAINS) for option in options)
@@ -114,12 +119,16 @@ def matches(answer: str | None, expected: str | list[str], mode: MatchMode | str
     return _contains(normalise(answer), normalise(expected))
 
 
-def check_expected(expected: str | list[str], mode: MatchMode | str) -> str | None:
+def check_expected(expected: str | list[str] | dict, mode: MatchMode | str) -> str | None:
     """What is wrong with an (expected, match) pair, or None when it can be scored."""
     try:
         mode = MatchMode(mode)
     except ValueError:
         return f"unknown match {mode!r}; use one of {', '.join(m.value for m in MatchMode)}"
+    if (mode == MatchMode.FIELDS) != isinstance(expected, dict):
+        return "an object `expected` goes with match 'fields' (its default), and match 'fields' with an object"
+    if mode == MatchMode.FIELDS:
+        return None
     if mode == MatchMode.ANY_OF:
         if isinstance(expected, str) or not expected or not all(isinstance(e, str) for e in expected):
             return "match 'any_of' needs `expected` as a non-empty list of strings"

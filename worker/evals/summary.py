@@ -62,6 +62,8 @@ class Summary:
     categories: dict[str, Summary] = field(default_factory=dict)  # the figures of each category's lines
     partial: int = 0  # best-effort answers given at a limit (never counted correct) ...
     partial_correct: int = 0  # ... of which matched what was expected
+    # structured answers (match "fields"): each field's mean score over the lines that expected it
+    field_scores: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -88,6 +90,7 @@ FAILURE_IDS = 10  # ids kept per failure group (the table shows a few; the resul
 FAILURE_GROUPS = 100  # distinct (status, reason) groups kept; later reasons are counted under OTHER_REASONS
 OTHER_REASONS = "other reasons"
 CATEGORY_FAILURE_GROUPS = 10  # the same, in each category's figures
+MAX_FIELDS = 100  # structured answers' fields given a mean score; later ones are not summarised
 STATUS_KINDS = 20  # distinct statuses counted apart (a run has one of 9); later ones count under OTHER_STATUS
 OTHER_STATUS = "other"
 
@@ -109,6 +112,7 @@ class SummaryBuilder:
         self._turns = array("f")
         self._latency = array("f")
         self._groups: dict[tuple[str, str], tuple[int, list[str]]] = {}
+        self._fields: dict[str, tuple[float, int]] = {}  # field -> (sum of scores, lines), MAX_FIELDS of them
 
     def add(self, line: dict[str, Any]) -> None:
         self._n += 1
@@ -123,6 +127,10 @@ class SummaryBuilder:
         self._usd += float(line.get("cost_usd") or 0.0)
         if line.get("latency_s") is not None:
             self._latency.append(float(line["latency_s"]))
+        for name, score in (line.get("field_scores") or {}).items():
+            if name in self._fields or len(self._fields) < MAX_FIELDS:
+                total, count = self._fields.get(name, (0.0, 0))
+                self._fields[name] = (total + float(score), count + 1)
         if not line.get("correct"):
             key = _reason(line)
             if key not in self._groups and len(self._groups) >= self._group_limit:
@@ -168,6 +176,7 @@ class SummaryBuilder:
             categories={} if self._categories is None else {name: b.build() for name, b in self._categories.items()},
             partial=self._partial,
             partial_correct=self._partial_correct,
+            field_scores={name: round(total / count, 4) for name, (total, count) in self._fields.items()},
         )
 
 

@@ -20,12 +20,13 @@ from types import TracebackType
 from typing import Any
 
 from .compare import Pair
+from .fields import answer_object, field_scores, object_score
 from .scoring import MatchMode, matches
 
 __all__ = ["BASE", "NEW", "EvalTable", "Expected", "rescored"]
 
 NEW, BASE = "new", "base"
-Expected = tuple[str | list[str], MatchMode]
+Expected = tuple[str | list[str] | dict[str, Any], MatchMode]
 _SCHEMA = """
 CREATE TABLE dataset (id TEXT PRIMARY KEY, pos INTEGER NOT NULL, expected TEXT, match TEXT, category TEXT);
 CREATE TABLE results (src TEXT NOT NULL, id TEXT NOT NULL, pos INTEGER NOT NULL, line TEXT NOT NULL,
@@ -39,6 +40,12 @@ def rescored(line: dict[str, Any], expected: Expected | None) -> dict[str, Any]:
     if expected is None:
         return line
     want, mode = expected
+    if isinstance(want, dict):  # match "fields": the output object, field by field (evals/fields.py)
+        got = line["output"] if line.get("output") is not None else answer_object(line.get("answer"))
+        scores = field_scores(got, want)
+        ok = line.get("status") == "succeeded" and all(v == 1.0 for v in scores.values())
+        return {**line, "expected": want, "match": mode.value, "correct": ok, "field_scores": scores,
+                "score": object_score(scores)}
     ok = line.get("status") == "succeeded" and matches(line.get("answer"), want, mode)
     scored = {**line, "expected": want, "match": mode.value, "correct": ok}
     if line.get("partial"):  # a best-effort answer at a limit is never correct; whether it matched is told apart

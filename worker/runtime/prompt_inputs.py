@@ -24,7 +24,7 @@ def prompt_context(rt: Runtime, run: Run) -> prompts.PromptContext:
         date=prompts.run_date(run.created_at, s.prompt_date.isoformat() if s.prompt_date else None),
         max_steps=run.max_steps, max_retries=s.max_invalid_outputs - 1, repeat_limit=s.repeat_fail_at - 1,
         plan_instructions=(plan.instructions if plan is not None else ""),
-        run_instructions=run.spec.instructions or "",
+        run_instructions=run.spec.instructions or "", output_schema=run.spec.output_schema,
     )
 
 

@@ -24,7 +24,9 @@ from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, St
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
 from ..core.sessions import CODE_ARGUMENT
+from ..core.structured import SCHEMA_ERROR_KIND, Answered, call_text, final_tool, read_output
 from ..errors import BudgetExceeded, LLMError
+from ..output_schema import output_check
 from ..store.cas import Command, Snapshot
 from ..store.run_keys import working_keys
 from ..store.tool_cache import cache_commands
@@ -127,7 +129,8 @@ class StepRunner:
         for warning in turn.warnings:
             log.debug("parser warning %s", warning, extra={"run_id": run.id, "step": d.index})
         decision = engine.decide(run, d.steps, turn, offered, limits,
-                                 reflection=(reply.content or "") if reflecting else None)
+                                 reflection=(reply.content or "") if reflecting else None,
+                                 output=output_check(run.spec.output_schema))
         model = reply.routed_model or run.model
         step = Step(
             index=d.index, thought=turn.thought, raw_output=reply.content, usage=reply.usage,
@@ -137,7 +140,7 @@ class StepRunner:
         )
 
         if isinstance(decision, Final):
-            step.final_answer = decision.answer
+            step.final_answer, step.output = decision.answer, decision.output
             return self._commit(snap, d, step, Outcome.FINAL_ANSWER, spend=spend)
         if isinstance(decision, Reflect):
             step.thought, step.reflection = decision.thought, True
@@ -145,6 +148,8 @@ class StepRunner:
         if isinstance(decision, Retry):
             metrics.PARSE_ERRORS.labels(decision.kind).inc()
             step.error = decision.error
+            if decision.kind == SCHEMA_ERROR_KIND and not step.raw_output:
+                step.raw_output = call_text(turn.calls)
             return self._commit(snap, d, step, Outcome.INVALID_OUTPUT, invalid=True, spend=spend)
         if isinstance(decision, End):
             metrics.PARSE_ERRORS.labels(turn.error_kind or "loop").inc()
@@ -233,6 +238,10 @@ class StepRunner:
             reasoning=engine.reply_reasoning(reply), reasoning_tokens=reply.reasoning_tokens,
             llm_ms=reply.duration_ms, model=model, fallback_from=reply.fallback_from, started_at=started,
         )
+        check = output_check(run.spec.output_schema)
+        if step.final_answer is not None and check is not None:  # kept as the output only if it fits
+            answered = read_output(step.final_answer, check)
+            step.output = answered.output if isinstance(answered, Answered) else None
         if step.final_answer is not None:
             metrics.SAFEGUARDS.labels("best_effort_answer").inc()
         return self._commit(snap, d, step, Outcome.BEST_EFFORT, end=end, spend=spend)
@@ -275,10 +284,13 @@ class StepRunner:
         options: dict[str, Any] = {"model": run.model, "temperature": s.llm_temperature}
         if run.mode == Mode.TOOLS:
             options["tools"] = [t.openai_schema() for t in tools]
+            if run.spec.output_schema is not None:  # the answer is a call of it (core/structured.py)
+                options["tools"].append(final_tool(run.spec.output_schema))
         else:
             options["stop"] = TEXT_STOP_SEQUENCES[:4]
         if final is not None:
-            messages, options = best_effort.final_request(run.mode, messages, options, final)
+            messages, options = best_effort.final_request(run.mode, messages, options, final,
+                                                          structured=run.spec.output_schema is not None)
         tenant = metrics.tenant_label(run.spec.tenant, s.tenants)
         with reserve_call(s, self.rt.tenants, self.rt.budgets, run, messages, options) as budget:
             try:

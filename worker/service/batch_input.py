@@ -17,6 +17,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, StrictBool, ValidationError
 
@@ -44,11 +45,12 @@ class BatchLine(BaseModel, extra="forbid"):
     max_tokens: int | None = None
     max_cost_usd: Finite | None = None  # NaN and Infinity (1e400) are refused: they would mean no budget
     deadline_s: Finite | None = None
-    expected: str | list[str] | None = None  # evaluation sets (`reactq eval`); not used by the engine
+    expected: str | list[str] | dict[str, Any] | None = None  # evaluation sets (`reactq eval`); not used by the engine
     match: MatchMode | None = None  # how `expected` is compared (default: contains)
     category: Category | None = None  # evaluation sets: the figures of `reactq eval` per category
     webhook_url: str | None = None
     instructions: Instructions | None = None  # added to the run's system prompt
+    output_schema: dict[str, Any] | None = None  # a JSON Schema the final answer must fit (checked by validate_spec)
     python_session: StrictBool | None = None  # python keeps its globals across the run's calls (default: the plan's)
 
 
@@ -61,7 +63,7 @@ class LineError:
         return f"line {self.line}: {self.message}"
 
 
-Expected = tuple[str | list[str], MatchMode]
+Expected = tuple[str | list[str] | dict[str, Any], MatchMode]
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,8 @@ def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_dupli
                        max_steps=line.max_steps, model=line.model, max_tokens=line.max_tokens,
                        max_cost_usd=line.max_cost_usd, deadline_s=line.deadline_s,
                        client_id=line.id or f"line-{number}", webhook_url=line.webhook_url,
-                       instructions=line.instructions, python_session=line.python_session)
+                       instructions=line.instructions, output_schema=line.output_schema,
+                       python_session=line.python_session)
         validate_spec(spec, c.settings, c.tiers, policy=policy)
     except InvalidRequest as exc:
         return LineError(number, str(exc))
@@ -242,7 +245,9 @@ def _parse(number: int, text: str, c: _Context, duplicated: set[int], seen_dupli
         if line.match is not None:
             return LineError(number, "`match` without `expected`")
         return ParsedLine(spec, None, line.category)
-    mode = line.match or MatchMode.CONTAINS
+    mode = line.match or (MatchMode.FIELDS if isinstance(line.expected, dict) else MatchMode.CONTAINS)
+    if isinstance(line.expected, dict) and line.output_schema is None:
+        return LineError(number, "an object `expected` needs an `output_schema` (it is compared with the output)")
     if (unscorable := check_expected(line.expected, mode)) is not None:
         return LineError(number, unscorable)
     return ParsedLine(spec, (line.expected, mode), line.category)

@@ -128,6 +128,7 @@ def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, inva
         run.status = end.status
         run.error = end.reason or None
         run.answer = step.final_answer
+        run.output = step.output
         run.partial = step.best_effort and step.final_answer is not None
         run.finished_at = step.finished_at
 

@@ -5,6 +5,7 @@ it `|safe`."""
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,13 @@ def _when(epoch: float | None) -> str:
     return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _pretty(value: Any) -> str:
+    """A structured answer's object (or its schema) as indented JSON text (autoescaped like any text)."""
+    return json.dumps(value, ensure_ascii=False, indent=2)
+
+
 _env.filters["when"] = _when
+_env.filters["pretty"] = _pretty
 _env.filters["tenant_name"] = tenant_name  # a tenant's id shown as its name (core/tenant_ids.py)
 
 
