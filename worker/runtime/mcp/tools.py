@@ -12,6 +12,8 @@ from typing import Any
 import jsonschema
 from mcp import types
 from pydantic import BaseModel, ConfigDict
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 from ...core.prompts import example_value
 from ...errors import InvalidArguments
@@ -51,8 +53,14 @@ class McpTool(Tool):
         if isinstance(arguments, str):
             arguments = self._coerce(arguments)
         schema = self.schema
-        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
-        problems = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.path)))
+        # An empty registry: a $ref to anywhere but the schema itself is unresolvable, never fetched.
+        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(
+            schema, registry=Registry())
+        try:
+            problems = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.path)))
+        except (Unresolvable, RecursionError):
+            raise InvalidArguments(f"{self.name}'s arguments could not be checked: its schema has a reference "
+                                   "that does not resolve") from None
         if problems:
             said = "; ".join(f"{'.'.join(map(str, e.path)) or 'arguments'}: {e.message[:200]}"
                              for e in problems[:MAX_SCHEMA_PROBLEMS])
