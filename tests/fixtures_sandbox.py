@@ -161,14 +161,16 @@ def worker_containers(client: object, pid: int, *, running: bool = False) -> lis
 
 def executing_containers(client: object, pid: int) -> list[str]:
     """The ids of the worker process `pid`'s containers that are running a program (a warm container
-    runs only tini, the supervisor and the execution child waiting for its request; anything more is
-    a program or its cleaner)."""
+    runs only tini, the supervisor, its spawner, and the execution child and cleaner waiting for the
+    request, each naming itself; anything else is a program, named exec-program, or its children)."""
+    idle = {"tini", "python3", "spawner", "exec-waiting", "cleaner"}
 
     def busy(container_id: str) -> bool:
         try:
-            return len(client.api.top(container_id)["Processes"]) > 3  # type: ignore[attr-defined]
+            listed = client.api.top(container_id, ps_args="-o pid,comm")  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - gone between the listing and the look
             return False
+        return any(process[-1] not in idle for process in listed["Processes"])
 
     return [c["Id"] for c in worker_containers(client, pid, running=True) if busy(c["Id"])]
 
