@@ -271,8 +271,10 @@ def _start_spawner(privileged):
         os.dup2(devnull, 0)  # never the host's requests ...
         os.dup2(devnull, 1)  # ... nor its output channel
         _name(b"spawner")
-        _spawn_loop(theirs, privileged)
-        os._exit(0)
+        try:
+            _spawn_loop(theirs, privileged)
+        finally:
+            os._exit(0)  # whatever happened: a fork never returns into the supervisor's code
     theirs.close()
     return ours
 
@@ -584,4 +586,5 @@ def main():
 
 _WAKE_R = -1
 _ctypes = _LIBC = None
-main()
+if __name__ == "__main__":  # `python3 -c <source>`; importing the file (a test listing modules) runs nothing
+    main()
