@@ -177,6 +177,20 @@ def test_not_root_and_no_capabilities(service) -> None:
     assert caps == "0000000000000000 0000000000000000 00000000000000e0 1"
 
 
+def test_the_spawner_is_out_of_reach(service) -> None:
+    """The program's parent is the spawner (root, the container's three capabilities): it can neither stop,
+    kill nor talk to it, and the spawner goes on forking the tenant's next executions."""
+    code = ("import ctypes, os, signal\nlibc = ctypes.CDLL(None, use_errno=True)\nspawner = os.getppid()\n"
+            "print(open(f'/proc/{spawner}/comm').read().strip())\n"
+            "print(libc.ptrace(16, spawner, None, None), ctypes.get_errno())  # PTRACE_ATTACH\n"
+            "try:\n    os.kill(spawner, signal.SIGKILL)\nexcept PermissionError:\n    print('EPERM')\n"
+            "try:\n    os.open(f'/proc/{spawner}/fd/4', os.O_RDWR)  # its socket to the supervisor\n"
+            "except OSError:\n    print('refused')\n")
+    r = run(service, code, tenant="reach")
+    assert r.stdout.splitlines() == ["spawner", "-1 1", "EPERM", "refused"], r
+    assert run(service, "print(6*7)", tenant="reach").stdout == "42\n"
+
+
 HOSTNAME = "import socket\nprint(socket.gethostname())\n"
 # Every process in the container with its uid and command, and what /tmp holds.
 PROBE = HOSTNAME + (
