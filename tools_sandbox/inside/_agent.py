@@ -7,8 +7,7 @@ the supervisor always matches the host's version.
 In a Docker sandbox the supervisor is the container's root with only SETUID, SETGID and
 KILL. Before it reads its first request it forks a spawner (a zygote): a root process that
 never reads a request or an output. Every execution process and every cleaner is forked
-from the spawner (through a short-lived middle process, so that it becomes the
-supervisor's child: the supervisor is their subreaper), ahead of its request; the
+from the spawner ahead of its request, and the spawner reports their exits; the
 supervisor hands the spawner only the pipes' ends (SCM_RIGHTS) and the tenant's uid. An
 execution therefore holds nothing an earlier execution put in memory: not the last
 request (its code, its tenant) nor the output the supervisor passed on. The child drops
