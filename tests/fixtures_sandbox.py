@@ -161,14 +161,20 @@ def worker_containers(client: object, pid: int, *, running: bool = False) -> lis
 
 def executing_containers(client: object, pid: int) -> list[str]:
     """The ids of the worker process `pid`'s containers that are running a program (a warm container
-    runs only tini, the supervisor and the execution child waiting for its request; anything more is
-    a program or its cleaner)."""
+    runs only tini, the supervisor, its spawner, and the execution child and cleaner waiting for the
+    request, each naming itself; anything else is a program, named exec-program, or its children).
+    Asked inside the container: under gVisor the engine's `top` lists host processes, not the sandbox's."""
+    idle = {"tini", "python3", "spawner", "exec-waiting", "cleaner"}
+    look = ["sh", "-c", "cat /proc/[0-9]*/comm"]  # this look's own processes are named sh and cat
 
     def busy(container_id: str) -> bool:
+        api = client.api  # type: ignore[attr-defined]
         try:
-            return len(client.api.top(container_id)["Processes"]) > 3  # type: ignore[attr-defined]
+            exec_id = api.exec_create(container_id, look, stderr=False)["Id"]
+            names = set(api.exec_start(exec_id).decode(errors="replace").split())
         except Exception:  # noqa: BLE001 - gone between the listing and the look
             return False
+        return bool(names - idle - {"sh", "cat"})
 
     return [c["Id"] for c in worker_containers(client, pid, running=True) if busy(c["Id"])]
 

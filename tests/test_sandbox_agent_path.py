@@ -20,12 +20,14 @@ from tests.waiting import wait_for
 
 FORGED = """import os, struct
 payload = b'{"signal": 9, "cpu_s": "a", "oom_kills": "x"}'
-fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+supervisor = int(open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1])  # the spawner's parent
+fd = os.open(f"/proc/{supervisor}/fd/1", os.O_WRONLY)
 os.write(fd, b"X" + struct.pack(">I", len(payload)) + payload)
 """
 NESTED = """import os, struct
 payload = b"[" * 5000 + b"]" * 5000
-fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+supervisor = int(open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1])  # the spawner's parent
+fd = os.open(f"/proc/{supervisor}/fd/1", os.O_WRONLY)
 os.write(fd, b"X" + struct.pack(">I", len(payload)) + payload)
 """
 

@@ -29,38 +29,47 @@ from tools_sandbox.base.render import PROTOCOL_VIOLATION_TEXT
 GRACE_S = SandboxSettings().sandbox_sweep_grace_s
 VALID = {"exit_code": 0, "signal": None, "cpu_s": 0.0, "oom_kills": 0, "truncated": False, "memory_error": False}
 
+# The agent (the supervisor): the program's parent, or under Docker the parent of the spawner that forked it.
+FIND_AGENT = """
+import os
+def agent():
+    pid = os.getppid()
+    if open("/proc/%d/comm" % pid).read().strip() == "spawner":
+        pid = int(open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[1])
+    return pid
+"""
 # Writes one frame straight into the agent's stdout (the channel the host reads), as a hostile program would.
-FORGE = """
+FORGE = FIND_AGENT + """
 import os, struct
 payload = {payload!r}
-fd = os.open(f"/proc/{{os.getppid()}}/fd/1", os.O_WRONLY)
+fd = os.open(f"/proc/{{agent()}}/fd/1", os.O_WRONLY)
 os.write(fd, b"X" + struct.pack(">I", len(payload)) + payload)
 """
-PTRACE_STOP = """
+PTRACE_STOP = FIND_AGENT + """
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
-libc.ptrace(16, os.getppid(), None, None)  # PTRACE_ATTACH: the agent stops, and stays stopped when we exit
+libc.ptrace(16, agent(), None, None)  # PTRACE_ATTACH: the agent stops, and stays stopped when we exit
 """
-PTRACE = """
+PTRACE = FIND_AGENT + """
 import ctypes, os, struct
 payload = b'{"signal": 9, "cpu_s": "a", "oom_kills": "x"}'
-fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+fd = os.open(f"/proc/{agent()}/fd/1", os.O_WRONLY)
 os.write(fd, b"X" + struct.pack(">I", len(payload)) + payload)
 """ + PTRACE_STOP
-RAW_WRITE = """
+RAW_WRITE = FIND_AGENT + """
 import os
-fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+fd = os.open(f"/proc/{agent()}/fd/1", os.O_WRONLY)
 os.write(fd, b"hello, agent")
 """
-REDIRECT_STDOUT = """
+REDIRECT_STDOUT = FIND_AGENT + """
 import os, sys
 os.close(1)
-os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)  # takes fd 1: our prints now go into the frame stream
+os.open(f"/proc/{agent()}/fd/1", os.O_WRONLY)  # takes fd 1: our prints now go into the frame stream
 print("forged answer: 42", flush=True)
 """
-KILL_AGENT = """
+KILL_AGENT = FIND_AGENT + """
 import os, signal
-os.kill(os.getppid(), signal.SIGKILL)
+os.kill(agent(), signal.SIGKILL)
 """
 
 TAMPERING = {

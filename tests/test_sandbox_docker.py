@@ -15,6 +15,7 @@ import pytest
 from tests.fixtures_sandbox import RUNTIMES, labelled_containers, require_runtime, tiers_on
 from tests.waiting import wait_for
 from tools_sandbox import SandboxService, SandboxSettings
+from tools_sandbox.base.exec_uids import exec_uid
 
 pytestmark = [pytest.mark.docker]
 SECRET = "hunter2-docker-secret-value"
@@ -104,7 +105,10 @@ def test_output_flood_is_truncated_and_memory_flat(service) -> None:
     # A hostile program that tries to bypass the supervisor's cap by writing raw frames to its stdout is
     # refused by the kernel (another uid); the frame parser's own cap is tested on bytes
     # (tests/test_sandbox_authority.py).
-    forged = ("import os, struct\nfd = os.open(f'/proc/{os.getppid()}/fd/1', os.O_WRONLY)\n"
+    # (The program's parent is the spawner; the supervisor, which holds the host's stream, is the spawner's.)
+    forged = ("import os, struct\nstat = open(f'/proc/{os.getppid()}/stat').read()\n"
+              "supervisor = int(stat.rsplit(')', 1)[1].split()[1])\n"
+              "fd = os.open(f'/proc/{supervisor}/fd/1', os.O_WRONLY)\n"
               "os.write(fd, b'1' + struct.pack('>I', 2**31))\nchunk = b'z' * (1 << 20)\n"
               "for _ in range(200):\n    os.write(fd, chunk)")
     r2 = run(service, forged)
@@ -166,10 +170,25 @@ def test_not_root_and_no_capabilities(service) -> None:
             "print(st['CapEff'], st['CapPrm'], st['CapBnd'], no_new_privs)")
     r = run(service, code)
     ids, caps = r.stdout.splitlines()
-    assert ids == "65534 65534 65534"
+    uid = exec_uid("t1")  # the tenant's own uid, not the nobody every tenant shared
+    assert ids == f"{uid} {uid} {uid}" and uid != 65534
     # No effective or permitted capability, no_new_privs. The bounding set keeps only the supervisor's
     # SETUID, SETGID and KILL (bits 5-7); with no capability left and no_new_privs nothing can regain them.
     assert caps == "0000000000000000 0000000000000000 00000000000000e0 1"
+
+
+def test_the_spawner_is_out_of_reach(service) -> None:
+    """The program's parent is the spawner (root, the container's three capabilities): it can neither stop,
+    kill nor talk to it, and the spawner goes on forking the tenant's next executions."""
+    code = ("import ctypes, os, signal\nlibc = ctypes.CDLL(None, use_errno=True)\nspawner = os.getppid()\n"
+            "print(open(f'/proc/{spawner}/comm').read().strip())\n"
+            "print(libc.ptrace(16, spawner, None, None), ctypes.get_errno())  # PTRACE_ATTACH\n"
+            "try:\n    os.kill(spawner, signal.SIGKILL)\nexcept PermissionError:\n    print('EPERM')\n"
+            "try:\n    os.open(f'/proc/{spawner}/fd/4', os.O_RDWR)  # its socket to the supervisor\n"
+            "except OSError:\n    print('refused')\n")
+    r = run(service, code, tenant="reach")
+    assert r.stdout.splitlines() == ["spawner", "-1 1", "EPERM", "refused"], r
+    assert run(service, "print(6*7)", tenant="reach").stdout == "42\n"
 
 
 HOSTNAME = "import socket\nprint(socket.gethostname())\n"
@@ -193,7 +212,7 @@ def test_background_process_does_not_outlive_its_call(service, docker_engine) ->
         assert (probe_host == host) == (tenant == "t1"), (tenant, host, probe_host)
         assert "sleep" not in seen.stdout and "leftover" not in seen.stdout, seen.stdout
         procs = eval(procs_line)  # noqa: S307 - our own probe's repr of a list
-        # Only root's tini, supervisor and waiting cleaner besides the probe: no process of the code's uid.
+        # Only root's tini, supervisor, spawner and waiting cleaner besides the probe: no process of the code's uid.
         assert [uid for uid, _ in procs if uid != 0] == [], procs
         assert tmp_line.startswith("['run-") and tmp_line.count("run-") == 2, tmp_line  # only its own workdir
     # The background process is gone from every container, not merely out of the probe's sight.

@@ -159,3 +159,62 @@ def test_tenants_never_share_a_container(service, docker_engine) -> None:
             continue
         hostname = docker_engine.api.inspect_container(container_id)["Config"]["Hostname"]
         assert served[hostname] == {tenant}, (hostname, tenant, served[hostname])
+
+
+# The previous execution's secret, held in a local and printed. The probe below looks for any token of its
+# shape (never this one: it does not know it) in its own frames, in every object the collector tracks and in
+# every readable page of its own memory, and prints what it found.
+HOLD_SECRET = HOSTNAME + 'API_TOKEN = "sk-live-{token}"\nprint(API_TOKEN)\nkept = [API_TOKEN * 2]\n'
+FIND_SECRETS = HOSTNAME + r"""import ctypes, gc, re, sys
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: a process that changed its uid may not open its own mem
+shape = re.compile(rb"sk-" rb"live-([0-9a-f]{32})")
+found = set()
+def look(value):
+    if isinstance(value, str):
+        value = value.encode("utf-8", "replace")
+    if isinstance(value, (bytes, bytearray)):
+        found.update(m.decode() for m in shape.findall(value))
+for frame in sys._current_frames().values():
+    while frame is not None:
+        for value in list(frame.f_locals.values()) + list(frame.f_globals.values()):
+            look(value)
+        frame = frame.f_back
+for obj in gc.get_objects():
+    for value in gc.get_referents(obj):
+        look(value)
+in_frames = len(found)
+pages = 0
+with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+    for line in maps:
+        span, perms = line.split()[:2]
+        if not perms.startswith("r") or line.rstrip().endswith(("[vvar]", "[vsyscall]", "[vvar_vclock]")):
+            continue
+        start, end = (int(x, 16) for x in span.split("-"))
+        while start < end:
+            size = min(end - start, 1 << 22)
+            try:
+                mem.seek(start)
+                chunk = mem.read(size)
+            except (OSError, ValueError, OverflowError):
+                break
+            pages += len(chunk) >> 12
+            look(chunk)
+            start += size
+print(sorted(found), in_frames, pages > 0)
+"""
+
+
+def test_an_execution_holds_nothing_of_the_last_one_in_memory(service) -> None:
+    """The next execution in the same warm container walks its frames and the collector's objects and scans
+    its own readable memory: the previous execution's secret (its code and its output) is nowhere."""
+    import secrets
+
+    token = secrets.token_hex(16)
+    held = run(service, HOLD_SECRET.format(token=token), "vault")
+    host, said = lines(held, 2)
+    assert said == f"sk-live-{token}", held
+    probe = run(service, FIND_SECRETS, "vault")
+    again, seen = lines(probe, 2)
+    assert again == host  # the same warm container ...
+    assert seen.endswith(" True"), probe  # ... whose probe did read its own memory ...
+    assert token not in seen, seen  # ... and found no trace of the last execution

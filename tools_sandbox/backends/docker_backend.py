@@ -5,9 +5,10 @@ hardening applied whatever the tier: no network, read-only root, a capped tmpfs 
 the only writable place, all capabilities dropped but the supervisor's SETUID, SETGID and
 KILL, no-new-privileges, pids/memory(+no swap)/CPU limits, fsize/nofile ulimits, no
 /dev/shm, no logging driver (an output flood must not fill the host's disk), an explicit
-minimal environment and no mounts at all. The code itself runs as an unprivileged uid with
-no capabilities. A container may serve many executions of one tenant (the pool binds it at
-its first use), each from a clean state the supervisor vouches for, and never two tenants.
+minimal environment and no mounts at all. The code itself runs as an unprivileged uid of its
+tenant's own (base/exec_uids.py) with no capabilities. A container may serve many executions of
+one tenant (the pool binds it at its first use), each from a clean state the supervisor vouches
+for, and never two tenants.
 
 The host keeps its authority over every execution: the wall-clock deadline is enforced here
 by killing the container; CPU time, peak memory and OOM kills come from the container's
@@ -36,6 +37,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ..base.errors import SandboxUnavailable, TierUnavailable
+from ..base.exec_uids import exec_uid
 from ..base.models import ReapReason, SandboxResult, Tier
 from ..base.protocol import FrameParser, agent_source, encode_request
 from ..base.sweeper import SweepPolicy
@@ -309,11 +311,14 @@ class DockerBackend:
         """Under gVisor the sandbox's own kernel bounds processes and memory per sandbox (its sentry
         takes no pids cgroup, and an OOM kill there would take the whole sandbox): the supervisor sets
         RLIMIT_NPROC and RLIMIT_AS for the program. Under runc the cgroup does, and RLIMIT_NPROC would
-        count the uid's processes in every container of the host."""
+        count the uid's processes in every container of the host. The code runs as its tenant's own
+        uid (base/exec_uids.py), so per-user kernel limits are not shared with other tenants."""
         tier = sandbox.tier
+        uid = exec_uid(tenant)
         if self.runtime_of(tier) == "runsc":
-            return encode_request(code, tier, tenant=tenant, nproc=tier.pids, as_bytes=tier.memory_mb << 20)
-        return encode_request(code, tier, tenant=tenant)
+            return encode_request(code, tier, tenant=tenant, nproc=tier.pids, as_bytes=tier.memory_mb << 20,
+                                  uid=uid)
+        return encode_request(code, tier, tenant=tenant, uid=uid)
 
     @staticmethod
     def _exchange(sandbox: DockerSandbox, request: bytes, demux: Demux) -> tuple[bool, str | None]:

@@ -80,7 +80,7 @@ def agent_source() -> str:
 
 
 def encode_request(code: str, tier: Tier, *, tenant: str = "", as_bytes: int | None = None,
-                   nproc: int | None = None) -> bytes:
+                   nproc: int | None = None, uid: int | None = None) -> bytes:
     body: dict[str, object] = {
         "code": code,
         "cpu_time_s": tier.cpu_time_s,
@@ -91,6 +91,8 @@ def encode_request(code: str, tier: Tier, *, tenant: str = "", as_bytes: int | N
         body["as_bytes"] = as_bytes
     if nproc:
         body["nproc"] = nproc
+    if uid is not None:
+        body["uid"] = uid
     # ensure_ascii: only printable bytes, never Docker's detach keys on the attached stdin.
     payload = json.dumps(body, ensure_ascii=True).encode("ascii")
     return str(len(payload)).encode("ascii") + b"\n" + payload

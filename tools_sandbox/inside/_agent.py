@@ -5,24 +5,32 @@ command (`python3 -c <source>`), so the image stays a plain Debian + python3 and
 the supervisor always matches the host's version.
 
 In a Docker sandbox the supervisor is the container's root with only SETUID, SETGID and
-KILL. For each request it forks a child that drops to the unprivileged execution uid
-(no capabilities left, no_new_privs from the container) in a fresh empty working
-directory and runs the code there. The code cannot signal, ptrace or write to the
-supervisor: another uid, no capabilities, and none of its file descriptors. After the
-program ends, a cleaner forked as that uid kills every process of the uid (kill(-1)
-reaches them all, whatever their group or session) and removes everything the uid
-wrote in /tmp and /dev/mqueue, the only writable places; the supervisor then checks
-that no process, file or SysV IPC object of the uid is left and says whether it is
-clean. The host retires a container that is not. The first request binds the
-supervisor to its tenant; a request for another tenant ends it (the host never sends
-one: this is the second lock). Without root (the process backend) there is no uid to
-drop to: the supervisor serves one request and says it is not reusable.
+KILL. Before it reads its first request it forks a spawner (a zygote): a root process that
+never reads a request or an output. Every execution process and every cleaner is forked
+from the spawner ahead of its request, and the spawner reports their exits; the
+supervisor hands the spawner only the pipes' ends (SCM_RIGHTS) and the tenant's uid. An
+execution therefore holds nothing an earlier execution put in memory: not the last
+request (its code, its tenant) nor the output the supervisor passed on. The child drops
+to the tenant's execution uid (the host derives it from the tenant: tenants do not share
+a uid, so per-user kernel limits are not shared across them; no capabilities left,
+no_new_privs from the container) in a fresh empty working directory, reads its request
+from its own pipe and runs the code there. The code cannot signal, ptrace or write to the
+supervisor or the spawner: another uid, no capabilities, and none of their file
+descriptors. After the program ends, a cleaner running as that uid kills every process of
+the uid (kill(-1) reaches them all, whatever their group or session) and removes
+everything the uid wrote in /tmp and /dev/mqueue, the only writable places; the
+supervisor then checks that no process, file or SysV IPC object of the uid is left and
+says whether it is clean. The host retires a container that is not. The first request
+binds the supervisor to its tenant and uid; a request for another ends it (the host never
+sends one: this is the second lock). Without root (the process backend) there is no uid to
+drop to: the supervisor forks its one child before reading the request, serves that one
+request and says it is not reusable.
 
 Why an agent instead of `docker exec`: an exec costs a runc setup (~60-90 ms); the
 supervisor is already running, and forking the warm interpreter costs ~1 ms.
 
 Wire format (stdin -> supervisor): ASCII decimal length + newline + ASCII JSON request
-    {"code", "cpu_time_s", "output_bytes", "tenant", "as_bytes" (optional), "nproc" (optional)}
+    {"code", "cpu_time_s", "output_bytes", "tenant", "uid" (optional), "as_bytes" (optional), "nproc" (optional)}
 (supervisor -> stdout): frames of 1 byte kind + 4-byte big-endian length + payload;
 kind b"1" = program stdout, b"2" = program stderr, b"X" = JSON exit record, then
 b"R" = JSON ready record {"clean": bool, "problem": str or null}. The request is pure
@@ -35,11 +43,13 @@ import os
 import resource
 import select
 import signal
+import socket
 import struct
 import sys
 import time
 
-EXEC_UID = 65534
+EXEC_UID = 65534  # the default; a request's "uid" binds the supervisor to its tenant's own
+UID_RANGE = (1000, 1 << 31)
 WRITABLE = ("/tmp", "/dev/mqueue")
 SETTLE_S = 1.0
 
@@ -87,14 +97,16 @@ def _oom_kills():
     return -1
 
 
-def _become_exec_uid():
+def _become_exec_uid(uid):
     os.setgroups([])
-    os.setresgid(EXEC_UID, EXEC_UID, EXEC_UID)
-    os.setresuid(EXEC_UID, EXEC_UID, EXEC_UID)
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
 
 
-def _child(r_req, w_out, w_err, w_stat, privileged, serial):
-    """The execution process, from its fork on: ready ahead of its request, then the program."""
+def _child(r_req, w_out, w_err, w_stat, privileged, serial, uid):
+    """The execution process, from its fork on: ready ahead of its request, then the program. `uid` is
+    the execution uid to become before the request arrives, or -1 when the spawner did not know it yet
+    (a container's first execution): then the request's."""
     signal.set_wakeup_fd(-1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -106,13 +118,17 @@ def _child(r_req, w_out, w_err, w_stat, privileged, serial):
     os.setsid()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    if privileged:
-        _become_exec_uid()  # before the request: dropping privileges costs milliseconds in a container
+    if privileged and uid >= 0:
+        _become_exec_uid(uid)  # before the request: dropping privileges costs milliseconds in a container
+    _name(b"exec-waiting")
     raw = _read_frame(4)
     if raw is None:
         os._exit(0)
     os.close(4)
     req = json.loads(raw)
+    if privileged and uid < 0:
+        _become_exec_uid(_request_uid(req))
+    _name(b"exec-program")
     code = req["code"]
     cpu = int(req["cpu_time_s"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -173,39 +189,139 @@ def _child(r_req, w_out, w_err, w_stat, privileged, serial):
     os._exit(rc)
 
 
-class _Prepared:
-    """A child forked, and already the execution uid, ahead of its request (forking and dropping
-    privileges are the dearest steps: milliseconds in a container): it waits for the request on a pipe."""
+def _name(name):
+    """The process's name (comm) as `ps` shows it: which of the container's processes is which."""
+    if _LIBC is not None:
+        _LIBC.prctl(15, name, 0, 0, 0)  # PR_SET_NAME
 
-    def __init__(self, privileged, serial):
+
+def _request_uid(req):
+    uid = int(req.get("uid", EXEC_UID))
+    if not UID_RANGE[0] <= uid < UID_RANGE[1]:
+        os._exit(4)  # never root, never a system account
+    return uid
+
+
+class _Prepared:
+    """A child, and its cleaner, forked ahead of the request (forking and dropping privileges are the
+    dearest steps: milliseconds in a container): the child waits for the request on a pipe.
+
+    With a spawner, both come from it (memory that never held a request or an output), and it reports
+    their exits; without one (no root: one request per supervisor, and this child is forked before it is
+    read) the child is forked from here."""
+
+    def __init__(self, privileged, serial, spawner, uid):
         r_req, self.w_req = os.pipe()
         self.r_out, w_out = os.pipe()
         self.r_err, w_err = os.pipe()
         self.r_stat, w_stat = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:
-            _child(r_req, w_out, w_err, w_stat, privileged, serial)
-        os.close(r_req)
-        os.close(w_out)
-        os.close(w_err)
-        os.close(w_stat)
+        self.spawner = spawner
+        self.cleaner_pid = self.w_go = None
+        if spawner is None:
+            self.pid = os.fork()
+            if self.pid == 0:
+                _child(r_req, w_out, w_err, w_stat, privileged, serial, uid)
+            kept = (r_req, w_out, w_err, w_stat)
+        else:
+            self.pid = None  # known once the spawner answers (see forked())
+            r_go, self.w_go = os.pipe()
+            kept = (r_req, w_out, w_err, w_stat, r_go)
+            socket.send_fds(spawner, [f"{uid} {serial}".encode()], list(kept))
+        for fd in kept:
+            os.close(fd)
 
-
-def _fork_cleaner():
-    """The cleaner, forked as the program starts: it stays the supervisor's (root, out of the
-    program's reach) until told to go, then becomes the execution uid and cleans up."""
-    r_go, w_go = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.dup2(r_go, 0)
-        os.closerange(1, 4096)
+    def _word(self, block=True):
         try:
-            if os.read(0, 1) == b"g":
-                _clean()
+            answer = self.spawner.recv(128, 0 if block else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        if not answer:
+            os._exit(5)  # the spawner is gone: the host sees no exit record and retires the container
+        return answer.split()
+
+    def forked(self):
+        """The child's pid (once the spawner has forked it and its cleaner)."""
+        if self.pid is None:
+            child, cleaner = (int(x) for x in self._word())
+            self.pid, self.cleaner_pid = child, cleaner
+        return self.pid
+
+    def exited(self, block):
+        """(wait status, CPU seconds) once the child has exited, else None (never when `block`)."""
+        if self.spawner is None:
+            done, status, usage = os.wait4(self.pid, 0 if block else os.WNOHANG)
+            return (status, usage.ru_utime + usage.ru_stime) if done else None
+        word = self._word(block)
+        return None if word is None else (int(word[0]), float(word[1]))
+
+    def cleaned(self, uid):
+        """Tell the cleaner to go as `uid`; its wait status."""
+        os.write(self.w_go, b"g%d" % uid)
+        os.close(self.w_go)
+        return int(self._word()[0])
+
+
+def _start_spawner(privileged):
+    """Fork the spawner before anything is read: every later process is forked from its clean memory."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if os.fork() == 0:
+        ours.close()
+        devnull = os.open(os.devnull, os.O_RDWR)  # stays open: received pipe ends are never fds 0-4
+        os.dup2(devnull, 0)  # never the host's requests ...
+        os.dup2(devnull, 1)  # ... nor its output channel
+        _name(b"spawner")
+        try:
+            _spawn_loop(theirs, privileged)
         finally:
-            os._exit(1)
-    os.close(r_go)
-    return pid, w_go
+            os._exit(0)  # whatever happened: a fork never returns into the supervisor's code
+    theirs.close()
+    return ours
+
+
+def _spawn_loop(ctl, privileged):
+    """The spawner: for each message (uid, serial and five pipe ends) fork a child and its cleaner, say
+    their pids, then the child's exit (status, CPU seconds) and the cleaner's. Its parent, not the
+    supervisor, waits for them: gVisor has no PR_SET_CHILD_SUBREAPER to hand them over."""
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 64, 5)
+        except OSError:
+            return
+        if not msg or len(fds) != 5 or min(fds) <= 4:
+            return
+        uid, serial = (int(x) for x in msg.split())
+        r_req, w_out, w_err, w_stat, r_go = fds
+        child = os.fork()
+        if child == 0:
+            ctl.close()
+            os.close(r_go)
+            _child(r_req, w_out, w_err, w_stat, privileged, serial, uid)
+        cleaner = os.fork()
+        if cleaner == 0:
+            _cleaner(r_go)
+        for fd in fds:
+            os.close(fd)
+        ctl.send(f"{child} {cleaner}".encode())
+        _, status, usage = os.wait4(child, 0)
+        ctl.send(f"{status} {usage.ru_utime + usage.ru_stime!r}".encode())
+        _, status = os.waitpid(cleaner, 0)
+        ctl.send(f"{status}".encode())
+
+
+def _cleaner(r_go):
+    """The cleaner: it stays root (out of the program's reach) until told to go with the execution uid,
+    then becomes that uid and cleans up."""
+    global EXEC_UID
+    os.dup2(r_go, 0)
+    os.closerange(1, 4096)
+    _name(b"cleaner")
+    try:
+        word = os.read(0, 32)
+        if word[:1] == b"g":
+            EXEC_UID = int(word[1:])
+            _clean()
+    finally:
+        os._exit(1)
 
 
 def _execute(raw, prepared):
@@ -213,9 +329,8 @@ def _execute(raw, prepared):
     req = json.loads(raw)
     cap = int(req["output_bytes"])
     oom_before = _oom_kills()
-    pid, r_out, r_err, r_stat = prepared.pid, prepared.r_out, prepared.r_err, prepared.r_stat
-    # Before the program starts: a fork bomb must not leave the supervisor unable to fork its cleaner.
-    cleaner = _fork_cleaner() if os.geteuid() == 0 else None
+    # The cleaner was forked with the child, before the program starts: a fork bomb cannot prevent it.
+    pid, r_out, r_err, r_stat = prepared.forked(), prepared.r_out, prepared.r_err, prepared.r_stat
     view = memoryview(str(len(raw)).encode() + b"\n" + raw)
     try:
         while view:
@@ -227,17 +342,19 @@ def _execute(raw, prepared):
     kinds = {r_out: b"1", r_err: b"2"}
     sent = {r_out: 0, r_err: 0}
     truncated = False
-    status = None
-    usage = None
-    while kinds and status is None:
+    exited = None
+    watch = [_WAKE_R] + ([prepared.spawner.fileno()] if prepared.spawner is not None else [])
+    while kinds and exited is None:
         try:
-            ready, _, _ = select.select(list(kinds) + [_WAKE_R], [], [])
+            ready, _, _ = select.select(list(kinds) + watch, [], [])
         except InterruptedError:
             ready = []
         for fd in ready:
             if fd == _WAKE_R:
                 os.read(_WAKE_R, 512)
                 continue
+            if fd in watch:
+                continue  # the spawner's word on the child: read below
             chunk = os.read(fd, 65536)
             if not chunk:
                 del kinds[fd]
@@ -256,11 +373,8 @@ def _execute(raw, prepared):
                     pass
                 kinds.clear()
                 break
-        done, st, ru = os.wait4(pid, os.WNOHANG)
-        if done:
-            status, usage = st, ru
-    if status is None:
-        _, status, usage = os.wait4(pid, 0)
+        exited = prepared.exited(block=False)
+    status, cpu = exited or prepared.exited(block=True)
     # The program exited; a background child may still hold the pipes: send what is there.
     for fd, kind in list(kinds.items()):
         os.set_blocking(fd, False)
@@ -282,18 +396,17 @@ def _execute(raw, prepared):
     record = {
         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "cpu_s": cpu,
         "oom_kills": (_oom_kills() - oom_before) if oom_before >= 0 else -1,
         "truncated": truncated,
         "memory_error": memory_error,
     }
     _send(b"X", json.dumps(record).encode())
-    return cleaner
 
 
 def _clean():
     """As the execution uid: kill every process of the uid, then remove everything it wrote."""
-    _become_exec_uid()
+    _become_exec_uid(EXEC_UID)
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
         try:
@@ -396,11 +509,8 @@ def _sysv_ipc_left():
     return None
 
 
-def _make_clean(cleaner):
-    pid, w_go = cleaner
-    os.write(w_go, b"g")
-    os.close(w_go)
-    _, status = os.waitpid(pid, 0)
+def _make_clean(prepared):
+    status = prepared.cleaned(EXEC_UID)
     if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
         return "the cleanup failed"
     return _leftovers()
@@ -433,29 +543,33 @@ def _reap_orphans():
 
 
 def main():
-    global _WAKE_R
+    global _WAKE_R, EXEC_UID
     privileged = os.geteuid() == 0
+    if privileged:
+        _load_libc()
+    spawner = _start_spawner(privileged) if privileged else None
     _WAKE_R, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
     if privileged:
-        _load_libc()
         _become_subreaper()
     tenant = None
+    uid = -1  # not known before the first request
     serial = 1
-    prepared = _Prepared(privileged, serial)
+    prepared = _Prepared(privileged, serial, spawner, uid)
     while True:
         raw = _read_frame(0)
         if raw is None:
             return
-        bound = json.loads(raw).get("tenant")
+        req = json.loads(raw)
         if tenant is None:
-            tenant = bound
-        elif bound != tenant:
+            tenant = req.get("tenant")
+            uid = EXEC_UID = _request_uid(req) if privileged else EXEC_UID
+        elif req.get("tenant") != tenant or (privileged and _request_uid(req) != uid):
             os._exit(4)  # a container never serves two tenants
-        cleaner = _execute(raw, prepared)
-        problem = _make_clean(cleaner) if cleaner is not None else "no privilege to separate executions"
+        _execute(raw, prepared)
+        problem = _make_clean(prepared) if privileged else "no privilege to separate executions"
         _send(b"R", json.dumps({"clean": problem is None, "problem": problem}).encode())
         if not privileged:
             # Stay until the host ends the sandbox: exiting here would take the process tree the host
@@ -466,9 +580,10 @@ def main():
                 pass
             return
         serial += 1
-        prepared = _Prepared(privileged, serial)
+        prepared = _Prepared(privileged, serial, spawner, uid)
 
 
 _WAKE_R = -1
 _ctypes = _LIBC = None
-main()
+if __name__ == "__main__":  # `python3 -c <source>`; importing the file (a test listing modules) runs nothing
+    main()
