@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from tests.fixtures_sandbox import RUNTIMES, labelled_containers, require_runtime, tiers_on
+from tests.fixtures_sandbox import RUNTIMES, labelled_containers, pool_executing, require_runtime, tiers_on
 from tests.waiting import wait_for
 from tools_sandbox import ErrorKind, SandboxService, SandboxSettings, render_result
 from tools_sandbox.base.render import PROTOCOL_VIOLATION_TEXT
@@ -232,11 +232,7 @@ def test_a_corrupted_frame_stream_is_still_the_programs_protocol_violation(servi
     corrupted: list[str] = []
 
     def corrupt_the_executing_one() -> None:
-        def executing() -> list[str]:
-            return [c["Id"] for c in labelled_containers(docker_engine, mine=True)
-                    if service.pool.backend.executing_since(c["Id"]) is not None]
-
-        for container_id in wait_for("the call's container to be executing", executing, 60, 0.02):
+        for container_id in pool_executing(docker_engine, service.pool):
             exec_id = docker_engine.api.exec_create(container_id, ["python3", "-c", CORRUPT_THE_STREAM], user="0")
             # Detached: the host kills the container on the bad frame, and under gVisor the exec's own end
             # is then never reported. Whether the frame landed is the verdict's to show.

@@ -13,8 +13,7 @@ from collections import defaultdict
 import docker.errors
 import pytest
 
-from tests.fixtures_sandbox import RUNTIMES, labelled_containers, require_runtime, tiers_on
-from tests.waiting import wait_for
+from tests.fixtures_sandbox import RUNTIMES, labelled_containers, pool_executing, require_runtime, tiers_on
 from tools_sandbox import SandboxService, SandboxSettings
 
 pytestmark = [pytest.mark.docker]
@@ -199,11 +198,7 @@ def test_a_container_removed_during_an_execution_runs_the_call_again(service, do
     removed: list[str] = []
 
     def remove_the_executing_one() -> None:
-        def executing() -> list[str]:
-            return [c["Id"] for c in labelled_containers(docker_engine, mine=True)
-                    if service.pool.backend.executing_since(c["Id"]) is not None]
-
-        for container_id in wait_for("the call's container to be executing", executing, 60, 0.02, until=bool):
+        for container_id in pool_executing(docker_engine, service.pool):
             try:
                 hostname = docker_engine.api.inspect_container(container_id)["Config"]["Hostname"]
                 docker_engine.api.remove_container(container_id, force=True)
