@@ -148,6 +148,18 @@ def labelled_containers(client: object, *, mine: bool = False) -> list[dict]:
     return client.api.containers(all=True, filters={"label": label})  # type: ignore[attr-defined]
 
 
+def pool_executing(client: object, pool: object, timeout: float = 60) -> list[str]:
+    """Once one is, the ids of this test process's containers that the warm pool `pool` is executing a call in
+    (waits for it)."""
+    from tests.waiting import wait_for
+
+    def executing() -> list[str]:
+        return [c["Id"] for c in labelled_containers(client, mine=True)
+                if pool.backend.executing_since(c["Id"]) is not None]  # type: ignore[attr-defined]
+
+    return wait_for("a call's container to be executing", executing, timeout, 0.02)
+
+
 def worker_containers(client: object, pid: int, *, running: bool = False) -> list[dict]:
     """The sandbox containers that the worker process `pid` started (owner label host/pid/start-time), or
     (`running`) only those still running. The low-level listing: the SDK's containers.list() inspects each

@@ -4,18 +4,21 @@ Real step worker and sandbox worker (Docker backend) processes, the api_stub mod
 "Run this python code: ```...```" block verbatim), real Redis: the run finishes; the forgery cannot
 reach the supervisor (another uid), so the model's observation is the program's own PermissionError,
 honestly reported; the sandbox worker counts two `error` outcomes and no `protocol_violation` or
-`unavailable`; and none of the worker's containers is left executing.
+`unavailable`; and none of the worker's containers is left executing. And a batch of python runs through
+the same path finishes right while the sandbox worker's containers are removed from outside again and again.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from pathlib import Path
 
 import pytest
 
 from tests.fixtures_cluster import Cluster, metrics_port
 from tests.fixtures_prometheus import scrape, series, total
-from tests.fixtures_sandbox import executing_containers
+from tests.fixtures_sandbox import executing_containers, worker_containers
 from tests.waiting import wait_for
 
 FORGED = """import os, struct
@@ -64,3 +67,62 @@ def test_a_forged_report_is_refused_and_the_model_sees_the_honest_result(cluster
     # The worker's idle warm containers are running by design; the executed ones must be gone.
     wait_for("no container of the sandbox worker to be executing a program",
              lambda: executing_containers(engine, sandbox.pid), 20, 0.2, until=lambda busy: busy == [])
+
+
+def _python_batch(path: Path, runs: int) -> dict[str, str]:
+    """A batch file of `runs` python runs, each a little slow (so removals catch programs mid-run); their
+    expected answers by id (the stub answers with the program's last line)."""
+    expected = {}
+    with path.open("w") as f:
+        for i in range(runs):
+            code = f"import time\ntime.sleep(0.4)\nprint({7000 + i} * 3)\n"
+            f.write(json.dumps({"id": f"p{i}", "question": f"Run this python code:\n```python\n{code}```"}) + "\n")
+            expected[f"p{i}"] = str((7000 + i) * 3)
+    return expected
+
+
+@pytest.mark.docker
+def test_a_batch_finishes_right_while_the_pools_containers_are_removed_again_and_again(
+        cluster: Cluster, sandbox_image: str, tmp_path: Path) -> None:
+    """An operator's `docker rm -f` of every container of the sandbox worker, once a second while the batch
+    runs: idle, warm and executing ones alike. Every run succeeds with its program's real output; none is
+    told its program interfered with the sandbox's reporting."""
+    import docker
+    import docker.errors
+
+    port = metrics_port()
+    cluster.start_worker(queues="steps", concurrency=8)
+    sandbox = cluster.start_worker(queues="sandbox", concurrency=4, metrics_port=port,
+                                   REACTQ_SANDBOX_BACKEND="docker", REACTQ_SANDBOX_IMAGE=sandbox_image)
+    engine = docker.from_env()
+    expected = _python_batch(tmp_path / "in.jsonl", 12)
+    removed: list[str] = []
+    stop = threading.Event()
+
+    def remove_again_and_again() -> None:
+        while not stop.wait(1.0):
+            for container in worker_containers(engine, sandbox.pid, running=True):
+                try:
+                    engine.api.remove_container(container["Id"], force=True)
+                    removed.append(container["Id"])
+                except docker.errors.APIError:
+                    pass  # retired by the worker meanwhile
+
+    out = tmp_path / "out.jsonl"
+    remover = threading.Thread(target=remove_again_and_again, daemon=True)
+    remover.start()
+    try:
+        stderr = cluster.finish_batch(cluster.start_batch(tmp_path / "in.jsonl", out), timeout=400)
+    finally:
+        stop.set()
+        remover.join(30)
+    results = {line["id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    assert {qid: (r.get("status"), (r.get("answer") or "").strip()) for qid, r in results.items()} == \
+        {qid: ("succeeded", answer) for qid, answer in expected.items()}, stderr
+    assert len(removed) >= 4, removed  # the removals did happen, repeatedly
+    samples = scrape(f"http://127.0.0.1:{port}/metrics")
+    assert total(samples, "reactq_sandbox_executions_total", outcome="protocol_violation") == 0
+    assert total(samples, "reactq_sandbox_executions_total", outcome="ok") >= len(expected)
+    # The worker saw the removals as its host's trouble: containers found gone, or lost under a call.
+    assert total(samples, "reactq_sandbox_retired_total", reason="gone") + \
+        total(samples, "reactq_sandbox_retired_total", reason="lost") >= 1

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 import resource
+import threading
 
 import pytest
 
-from tests.fixtures_sandbox import RUNTIMES, labelled_containers, require_runtime, tiers_on
+from tests.fixtures_sandbox import RUNTIMES, labelled_containers, pool_executing, require_runtime, tiers_on
 from tests.waiting import wait_for
-from tools_sandbox import SandboxService, SandboxSettings
+from tools_sandbox import ErrorKind, SandboxService, SandboxSettings, render_result
 from tools_sandbox.base.exec_uids import exec_uid
+from tools_sandbox.base.render import PROTOCOL_VIOLATION_TEXT
 
 pytestmark = [pytest.mark.docker]
 SECRET = "hunter2-docker-secret-value"
@@ -229,6 +231,45 @@ def _processes(client, container_id: str) -> list[list[str]]:
         return client.api.top(container_id).get("Processes") or []
     except docker.errors.APIError:  # not running (any more)
         return []
+
+
+# Run as root inside the container (by `docker exec`), standing in for a program that got past its uid: a frame
+# of a kind the protocol does not have, written into the supervisor's stdout (the stream the host reads).
+CORRUPT_THE_STREAM = (
+    "import os\n"
+    "sup = [p for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/stat').read().rsplit(') ', 1)[1]"
+    ".split()[1] == '1' and open(f'/proc/{p}/cmdline', 'rb').read().startswith(b'python3')][0]\n"
+    "fd = os.open(f'/proc/{sup}/fd/1', os.O_WRONLY)\n"
+    "os.write(fd, b'Z' + (6).to_bytes(4, 'big') + b'forged')\n")
+
+
+def test_a_corrupted_frame_stream_is_still_the_programs_protocol_violation(service, docker_engine) -> None:
+    """Only what the program could do reaches the verdict: frames that break the protocol on a container that
+    is still there are a protocol violation (the one sentence, no output), run once, never retried as the host's
+    trouble (which a container that vanished is: tests/test_sandbox_reuse.py)."""
+    code = HOSTNAME + "import time\ntime.sleep(4)\nprint('finished')\n"
+    corrupted: list[str] = []
+
+    def corrupt_the_executing_one() -> None:
+        for container_id in pool_executing(docker_engine, service.pool):
+            exec_id = docker_engine.api.exec_create(container_id, ["python3", "-c", CORRUPT_THE_STREAM], user="0")
+            # Detached: the host kills the container on the bad frame, and under gVisor the exec's own end
+            # is then never reported. Whether the frame landed is the verdict's to show.
+            docker_engine.api.exec_start(exec_id["Id"], detach=True)
+            corrupted.append(container_id)
+
+    before = dict(service.pool.retired)
+    corrupter = threading.Thread(target=corrupt_the_executing_one)
+    corrupter.start()
+    result = run(service, code, tenant="corrupted", tier="roomy")
+    corrupter.join(60)
+    assert len(corrupted) == 1, corrupted
+    assert result.error_kind is ErrorKind.PROTOCOL_VIOLATION, result
+    assert render_result(result).text == PROTOCOL_VIOLATION_TEXT
+    assert (result.stdout, result.stderr, result.exit_code) == ("", "", None)
+    retired = service.pool.retired
+    assert retired.get("protocol", 0) == before.get("protocol", 0) + 1, retired
+    assert (retired.get("lost", 0), retired.get("gone", 0)) == (before.get("lost", 0), before.get("gone", 0))
 
 
 def test_the_sandbox_still_serves_after_the_attacks(service) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+import docker.errors
 import pytest
 
-from tests.fixtures_sandbox import RUNTIMES, labelled_containers, require_runtime, tiers_on
+from tests.fixtures_sandbox import RUNTIMES, labelled_containers, pool_executing, require_runtime, tiers_on
 from tools_sandbox import SandboxService, SandboxSettings
 
 pytestmark = [pytest.mark.docker]
@@ -218,3 +219,60 @@ def test_an_execution_holds_nothing_of_the_last_one_in_memory(service) -> None:
     assert again == host  # the same warm container ...
     assert seen.endswith(" True"), probe  # ... whose probe did read its own memory ...
     assert token not in seen, seen  # ... and found no trace of the last execution
+
+
+def _remove_my_containers(engine) -> int:
+    """What an operator's `docker rm -f` (or a prune, or an engine restart) does to the pool's containers."""
+    gone = 0
+    for container in labelled_containers(engine, mine=True):
+        try:
+            engine.api.remove_container(container["Id"], force=True)
+            gone += 1
+        except docker.errors.NotFound:
+            pass  # the pool retired it meanwhile
+    return gone
+
+
+def test_warm_containers_removed_from_outside_are_replaced_and_the_call_runs(service, docker_engine) -> None:
+    """The tenant's idle bound container and every unbound one vanish between two calls: the next calls run
+    in fresh containers, and the observation is the program's own output (not a protocol violation)."""
+    first = run(service, HOSTNAME, "evicted").stdout.strip()
+    assert first.startswith("sandbox-")
+    assert service.pool.wait_ready(120)  # unbound ones are warm too, so a new tenant would take one of them
+    assert _remove_my_containers(docker_engine) >= 2
+    again = run(service, HOSTNAME + "print(6*7)", "evicted")  # its bound container is gone
+    assert (again.error_kind, again.exit_code) == (None, 0), again
+    host, said = lines(again, 2)
+    assert host != first and host.startswith("sandbox-") and said == "42"
+    newcomer = run(service, HOSTNAME + "print('hello')", "newcomer")  # the unbound ones are gone
+    assert (newcomer.error_kind, newcomer.exit_code) == (None, 0), newcomer
+    assert lines(newcomer, 2)[1] == "hello"
+    assert service.pool.retired.get("gone", 0) >= 1, service.pool.retired  # found dead before its use
+
+
+def test_a_container_removed_during_an_execution_runs_the_call_again(service, docker_engine) -> None:
+    """The container goes while the program runs: the call runs again in another container and its result is
+    the program's whole output, once (not a protocol violation, not `unavailable`)."""
+    slow = HOSTNAME + "import time\ntime.sleep(3)\nprint('done')\n"
+    removed: list[str] = []
+
+    def remove_the_executing_one() -> None:
+        for container_id in pool_executing(docker_engine, service.pool):
+            try:
+                hostname = docker_engine.api.inspect_container(container_id)["Config"]["Hostname"]
+                docker_engine.api.remove_container(container_id, force=True)
+            except docker.errors.NotFound:
+                continue  # another of this process's containers, retired meanwhile
+            removed.append(hostname)
+
+    lost_before = service.pool.retired.get("lost", 0) + service.pool.retired.get("connection", 0)
+    remover = threading.Thread(target=remove_the_executing_one)
+    remover.start()
+    result = run(service, slow, "interrupted")
+    remover.join(60)
+    assert removed, "nothing was removed"
+    assert (result.error_kind, result.exit_code) == (None, 0), result
+    host, said = lines(result, 2)
+    assert said == "done" and host not in removed and host.startswith("sandbox-")
+    lost = service.pool.retired.get("lost", 0) + service.pool.retired.get("connection", 0)
+    assert lost == lost_before + 1, service.pool.retired  # the host's trouble, counted as such

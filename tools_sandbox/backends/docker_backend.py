@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import queue
 import secrets
+import select
 import socket
 import threading
 import time
@@ -42,7 +43,7 @@ from ..base.models import ReapReason, SandboxResult, Tier
 from ..base.protocol import FrameParser, agent_source, encode_request
 from ..base.sweeper import SweepPolicy
 from .cgroup import CgroupMeter, Usage
-from .frames import Demux, anomaly
+from .frames import Demux, anomaly, lost
 from .outcome import HostFacts, finish
 from .owners import owner_alive, owner_id
 
@@ -300,12 +301,29 @@ class DockerBackend:
             # No record: the container itself died. Under gVisor an OOM kill takes the whole sandbox
             # (and its cgroup with it), and only the engine remembers why.
             oom = self._oom_killed(sandbox)
+        gone = lost(parser, timed_out, bool(oom)) if infra_error is None else None
+        if gone is not None:  # the host's trouble, never the program's: the caller may run it again
+            infra_error, retired_because = gone, "lost"
         facts = HostFacts(started=started, timed_out=timed_out, cpu_seconds=cpu,
                           memory_peak_bytes=usage.memory_peak_bytes if usage is not None else None,
                           oom_killed=bool(oom), infra_error=infra_error, agent_said=bytes(demux.agent_err))
         if retired_because is not None:
             self.destroy_id(sandbox.container_id)
         return Executed(finish(tier, self.name, parser, facts), retired_because)
+
+    @staticmethod
+    def alive(sandbox: DockerSandbox) -> bool:
+        """Whether a waiting container can still serve, asked of the kernel in microseconds: its init has
+        not exited (its pidfd turns readable when it does) and its attach stream is open and quiet (a
+        waiting supervisor says nothing; the stream of a removed container ends)."""
+        waiter = select.poll()
+        try:
+            waiter.register(sandbox.raw.fileno(), select.POLLIN | select.POLLRDHUP)
+            if sandbox.meter is not None:
+                waiter.register(sandbox.meter.pidfd, select.POLLIN)
+            return not waiter.poll(0)
+        except (OSError, ValueError):  # a closed socket or descriptor
+            return False
 
     def _request(self, sandbox: DockerSandbox, code: str, tenant: str) -> bytes:
         """Under gVisor the sandbox's own kernel bounds processes and memory per sandbox (its sentry

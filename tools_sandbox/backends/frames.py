@@ -2,7 +2,8 @@
 
 `Demux` splits the multiplexed stream: the supervisor's stdout goes to the frame parser, its stderr
 into a small buffer for the log. `anomaly` says why a container must not serve again after an
-execution (the pool retires it), or None when it may.
+execution (the pool retires it), or None when it may. `lost` tells the host's trouble from the
+program's: see docs/decisions/warm-containers.md.
 """
 
 from __future__ import annotations
@@ -36,6 +37,23 @@ def anomaly(parser: FrameParser, timed_out: bool, infra_error: str | None, usage
     if not parser.ready.clean:
         log.warning("sandbox retired after its cleanup: %s", parser.ready.problem)
         return "unclean"
+    return None
+
+
+LOST = "the container ended without its supervisor's exit record (removed or stopped from outside, or its engine)"
+
+
+def lost(parser: FrameParser, timed_out: bool, oom_killed: bool) -> str | None:
+    """Why the host, not the program, ended this execution; None when it did not.
+
+    In a Docker sandbox the program cannot reach its supervisor (another uid, no capabilities, none
+    of its descriptors), so a stream that ends without the exit record, with no deadline, output cap
+    or OOM kill to explain it, means the container went away under us: removed, killed or restarted
+    from outside. Frames that break the protocol stay the program's doing (a protocol violation).
+    """
+    if parser.exit is None and parser.protocol_error is None and not parser.truncated and not timed_out \
+            and not oom_killed:
+        return LOST
     return None
 
 

@@ -6,7 +6,8 @@ it *heard* (the FrameParser) to `finish`. The rule: the host decides. A frame st
 breaks the protocol, or an agent that dies without reporting (only the program can kill it,
 short of the OOM killer), is a protocol violation: the program's claims — output included —
 are dropped and the model is told so in one sentence. Only a failure of our own machinery
-(`infra_error`) is `unavailable`.
+(`infra_error`) is `unavailable`; in Docker, where the program cannot reach its supervisor, a
+container that ended without the exit record is one (frames.lost), and the pool runs the call again.
 """
 
 from __future__ import annotations

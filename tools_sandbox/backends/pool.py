@@ -20,6 +20,11 @@ observed concurrency over the last `RATE_WINDOW_S` x 3), and a worker keeps at m
 containers unused for their tier's max idle age are retired, so none waits long enough for
 the sweeper's age cap (see base/sweeper.py). Start-up first reaps orphans: labelled containers
 whose owning worker process on this host is gone (a worker that died mid-execution).
+
+Containers can vanish under the pool (an operator's `docker rm -f`, a prune, an engine restart).
+A container is checked before it is handed out (its init and its attach stream, in microseconds)
+and a dead one is dropped (`gone`); one lost during an execution (`lost`) is the host's trouble,
+not the program's: the call runs again in another container, up to `RUNS_PER_CALL` times.
 """
 
 from __future__ import annotations
@@ -34,13 +39,15 @@ from functools import partial
 
 from ..base.errors import SandboxUnavailable
 from ..base.metrics import RETIRED, WARM
-from ..base.models import ReapReason, SandboxResult, Tier
+from ..base.models import ErrorKind, ReapReason, SandboxResult, Tier
 from ..base.sweeper import SweepPolicy
 from .docker_backend import DockerBackend, DockerSandbox
 
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 10.0
+# Containers one call may use when they are lost under it (see PooledDocker.execute).
+RUNS_PER_CALL = 3
 Key = tuple[str, str]  # (tenant, tier)
 
 
@@ -145,7 +152,15 @@ class WarmPool:
     def acquire(self, tier: Tier, tenant: str, wait_s: float = 30.0) -> DockerSandbox:
         """A ready sandbox for `tenant` on `tier`: its own idle one, else an unbound one it binds; for a
         pooled tier whose builders are busy, the next one they finish (a queue of callers each starting
-        a container at once only slows the engine down); else one started now."""
+        a container at once only slows the engine down); else one started now. Never one found dead."""
+        dead: list[DockerSandbox] = []
+        try:
+            return self._acquire(tier, tenant, wait_s, dead)
+        finally:
+            for sandbox in dead:
+                self.backend.destroy(sandbox)  # its socket and pidfd; the removal is the remover's
+
+    def _acquire(self, tier: Tier, tenant: str, wait_s: float, dead: list[DockerSandbox]) -> DockerSandbox:
         key = (tenant, tier.name)
         deadline = time.monotonic() + wait_s
         counted = False
@@ -159,7 +174,7 @@ class WarmPool:
                 if self._closing:
                     self._note_busy(key, -1)
                     raise SandboxUnavailable("the sandbox pool is closed")
-                own = self._take_idle(key)
+                own = self._take_idle(key, dead)
                 if own is not None:
                     self.reuses += 1
                     return self._hand_out(own, key)
@@ -169,9 +184,9 @@ class WarmPool:
                 if not counted:
                     self._note_take(tier.name)
                     counted = True
-                ready = self._ready.get(tier.name)
-                if ready:
-                    return self._hand_out(self._bind(ready.popleft(), tenant), key)
+                unbound = self._take_ready(tier.name, dead)
+                if unbound is not None:
+                    return self._hand_out(self._bind(unbound, tenant), key)
                 if tier.name not in self.sizes or self._building[tier.name] == 0 or time.monotonic() >= deadline:
                     break
                 self._waiting[tier.name] += 1
@@ -222,26 +237,33 @@ class WarmPool:
             self.backend.destroy(old)
 
     def retire_idle(self, now: float | None = None) -> int:
-        """Destroy warm sandboxes that waited longer than their tier's max idle age, and bound ones past
-        their max age (builders replace the unbound ones)."""
+        """Destroy warm sandboxes that waited longer than their tier's max idle age, bound ones past their
+        max age, and any found dead (builders replace the unbound ones)."""
         now = time.monotonic() if now is None else now
         stale: list[DockerSandbox] = []
+        dead: list[DockerSandbox] = []
         with self._lock:
             for name, ready in self._ready.items():
                 limit = self._limit(self.tiers[name].max_idle_s, self.limits.max_idle_s)
                 while ready and now - ready[0].created_at > limit:
                     stale.append(ready.popleft())
+                for sb in [sb for sb in ready if not self.backend.alive(sb)]:
+                    ready.remove(sb)
+                    dead.append(sb)
             for cid, sb in list(self._idle.items()):
                 idle = now - sb.last_used > self._limit(sb.tier.max_idle_s, self.limits.max_idle_s)
                 old = now - sb.created_at > self._limit(sb.tier.max_age_s, self.limits.max_age_s)
                 if idle or old:
                     stale.append(self._idle.pop(cid))
+                elif not self.backend.alive(sb):
+                    dead.append(self._idle.pop(cid))
             self._count("idle", len(stale))
-            if stale:
+            self._count("gone", len(dead))
+            if stale or dead:
                 self._wake.notify_all()
-        for sandbox in stale:
+        for sandbox in stale + dead:
             self.backend.destroy(sandbox)
-        return len(stale)
+        return len(stale) + len(dead)
 
     def close(self) -> None:
         """Stop refilling and destroy every idle sandbox (removal finishes in backend.close())."""
@@ -279,12 +301,32 @@ class WarmPool:
         sandbox.tenant = tenant
         return sandbox
 
-    def _take_idle(self, key: Key) -> DockerSandbox | None:
-        for cid in reversed(self._idle):
+    def _take_idle(self, key: Key, dead: list[DockerSandbox]) -> DockerSandbox | None:
+        for cid in list(reversed(self._idle)):  # most recently used first; dead ones are dropped on the way
             sb = self._idle[cid]
-            if (sb.tenant, sb.tier.name) == key:
-                return self._idle.pop(cid)
+            if (sb.tenant, sb.tier.name) == key and self._usable(self._idle.pop(cid), dead):
+                return sb
         return None
+
+    def _take_ready(self, tier: str, dead: list[DockerSandbox]) -> DockerSandbox | None:
+        ready = self._ready.get(tier)
+        while ready:
+            sb = ready.popleft()
+            if self._usable(sb, dead):
+                return sb
+        return None
+
+    def _usable(self, sandbox: DockerSandbox, dead: list[DockerSandbox]) -> bool:
+        """Whether a container just taken from the pool still serves; a dead one goes to `dead` (the
+        builders then make up the deficit)."""
+        if self.backend.alive(sandbox):
+            return True
+        log.warning("warm sandbox container %s was gone before its use (removed or stopped from outside); "
+                    "dropped", sandbox.container_id[:12])
+        dead.append(sandbox)
+        self._count("gone")
+        self._wake.notify_all()
+        return False
 
     def _idle_of(self, key: Key) -> int:
         return sum(1 for sb in self._idle.values() if (sb.tenant, sb.tier.name) == key)
@@ -374,7 +416,18 @@ class PooledDocker:
         return self.docker.name
 
     def execute(self, code: str, tier: Tier, tenant: str) -> SandboxResult:
+        """Run `code` in a container of the tenant's; a container lost under the call (the host's trouble:
+        the program cannot end its supervisor) is replaced and the call runs again from the start, in
+        a container of its own (no network: nothing outside saw the lost run). After `RUNS_PER_CALL`
+        lost ones, the result is `unavailable` (the sandbox worker sends the call again later)."""
         started = time.monotonic()
+        for _ in range(RUNS_PER_CALL - 1):
+            result = self._run_once(code, tier, tenant, started)
+            if result.error_kind is not ErrorKind.UNAVAILABLE:
+                return result
+        return self._run_once(code, tier, tenant, started)
+
+    def _run_once(self, code: str, tier: Tier, tenant: str, started: float) -> SandboxResult:
         sandbox = self.pool.acquire(tier, tenant)
         try:
             executed = self.docker.run(sandbox, code, tenant=tenant, started=started)
@@ -383,6 +436,9 @@ class PooledDocker:
             self.pool.release(sandbox, retired_because="error")
             raise
         self.pool.release(sandbox, executed.retired_because)
+        if executed.result.error_kind is ErrorKind.UNAVAILABLE:
+            log.warning("sandbox container %s was lost during a call on tier %s (%s)", sandbox.container_id[:12],
+                        tier.name, executed.retired_because)
         return executed.result
 
     def ping(self) -> None:
