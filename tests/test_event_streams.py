@@ -125,4 +125,4 @@ def test_an_open_stream_ends_when_its_key_is_revoked_or_its_tenant_removed(
     assert json.loads(c.reactq("key", "list", removed_id, "--json").stdout)[0]["revoked_at"]
     assert json.loads(c.reactq("key", "list", "removed", "--json").stdout) == []
     unknown = c.reactq("tenant", "remove", "nobody")
-    assert unknown.returncode == 2 and "no tenant 'nobody'" in unknown.stderr
+    assert unknown.returncode == 2 and "unknown tenant 'nobody'" in unknown.stderr

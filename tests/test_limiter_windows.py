@@ -217,14 +217,19 @@ def test_the_client_retries_a_429_only_through_the_limiter(make_stub, status: in
     chat.close()
 
 
-def reservation_starts(client: redis.Redis, limiter: RateLimiter, calls: int) -> list[float]:
+def reservation_starts(client: redis.Redis, limiter: RateLimiter, calls: int) -> tuple[list[float], float]:
     """Reserve `calls` slots back to back (as many waiting callers would) and return when each starts, on
-    Redis's clock: the time just before the reservation plus its wait (exact to the script's run time)."""
-    starts = []
+    Redis's clock, and how far off a start may be: a start is the time read just before its reservation plus
+    its wait, early by at most the time until the script ran (the largest such reading-to-reading gap)."""
+    starts, late = [], 0.0
     for _ in range(calls):
         seconds, micros = client.time()
-        starts.append(seconds + micros / 1e6 + limiter.try_acquire("m", 1).wait_s)
-    return starts
+        before = seconds + micros / 1e6
+        wait_s = limiter.try_acquire("m", 1).wait_s
+        seconds, micros = client.time()
+        late = max(late, seconds + micros / 1e6 - before)
+        starts.append(before + wait_s)
+    return starts, late
 
 
 def refused_somewhere(starts: list[float]) -> bool:
@@ -241,16 +246,15 @@ def test_reservations_from_a_lull_fit_the_providers_windows_only_with_a_window(c
     """The same numbers on the real cells: 200/min after a lull, the default burst tolerance."""
     old = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=LIMIT_RPM, window_s=0)}, burst_s=0.5,
                       max_wait_s=10)
-    assert refused_somewhere(reservation_starts(client, old, 12))
+    assert refused_somewhere(reservation_starts(client, old, 12)[0])
     client.flushdb()
     new = RateLimiter(ProviderLimits(client), {"m": ModelSpec(rpm=LIMIT_RPM, window_s=WINDOW_S)}, burst_s=0.5,
                       max_wait_s=10)
-    starts = reservation_starts(client, new, 12)
-    assert not refused_somewhere(starts)
-    # A start is known to the script's run time (two clock readings apart): one measured within a millisecond
-    # of a window's end may belong to the next window (the GCRA spaces the 8th call exactly WINDOW_S after
-    # the 1st), so the window here is that much shorter.
-    assert most_in_a_window(starts, WINDOW_S - 0.001) <= 7
+    starts, late = reservation_starts(client, new, 12)
+    # Each start may be early by up to `late` (a loaded machine: milliseconds), and the GCRA spaces the 8th
+    # call exactly WINDOW_S after the 1st: 8 measured starts within WINDOW_S - late would mean 8 real ones
+    # within WINDOW_S. At most 7 in any window is also what keeps the provider (8 a window) from refusing one.
+    assert most_in_a_window(starts, WINDOW_S - late - 1e-6) <= 7
 
 
 # --- three workers against the stub's 2-second windows ---

@@ -66,7 +66,7 @@ def test_a_tenant_recorded_by_name_or_configured_has_its_name_as_id(client: redi
     tenants.remove("legacy")
     again = tenants.add("legacy", "free")
     assert again.startswith("legacy.") and set(tenants.names()) == {"default", "ops", "legacy"}
-    with pytest.raises(InvalidRequest, match="no tenant 'nobody'"):
+    with pytest.raises(InvalidRequest, match="unknown tenant 'nobody'"):
         tenants.resolve("nobody")
 
 

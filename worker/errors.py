@@ -3,6 +3,7 @@
     ReactqError
     ├── InvalidRequest       a submission that cannot run (the user's input; says what and where)
     │   ├── TierNotAllowed   the tenant's plan does not allow the tier asked for (HTTP 403)
+    │   ├── StepOutOfRange   a replay from past the run's recorded steps (HTTP 409)
     │   └── ApprovalConflict no pending call matches an approval decision
     ├── AdmissionRefused     the tenant's plan does not admit it now (HTTP 429; `retry_after_s`)
     ├── TooLarge             a submission no plan limit will ever admit as it is (HTTP 422)

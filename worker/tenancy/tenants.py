@@ -108,14 +108,15 @@ class Tenants:
         """`id_of`, or InvalidRequest naming the tenant."""
         tenant_id = self.id_of(name)
         if tenant_id is None:
-            raise InvalidRequest(f"no tenant {name!r} (add it with `reactq tenant add`, or list it in REACTQ_TENANTS)")
+            raise InvalidRequest(f"unknown tenant {name!r} (add it with `reactq tenant add`, or list it in "
+                                 "REACTQ_TENANTS)")
         return tenant_id
 
     def set(self, name: str, plan: str | None = None, overrides: dict[str, float | None] | None = None) -> None:
         """Change the plan and/or budget overrides (a None value drops an override: the plan's applies)."""
         tenant_id = self.records.id_of(name)
         if tenant_id is None:
-            raise InvalidRequest(f"no tenant {name!r} (add it with `reactq tenant add`)")
+            raise InvalidRequest(f"unknown tenant {name!r} (add it with `reactq tenant add`)")
         if plan is not None:
             self._plan(plan)
             self.records.set_field(tenant_id, "plan", plan)
@@ -138,7 +139,7 @@ class Tenants:
         is listed."""
         tenant_id = self.id_of(name) or (name if self.records.key_ids(name) else None)
         if tenant_id is None:
-            raise InvalidRequest(f"no tenant {name!r}")
+            raise InvalidRequest(f"unknown tenant {name!r}")
         now = time.time()
         revoked = [k for k in sorted(self.records.key_ids(tenant_id)) if not self.records.key(k).get("revoked_at")]
         for key_id in revoked:
@@ -192,7 +193,7 @@ class Tenants:
         """A key of the tenant named `name` (its record holds the tenant's id)."""
         tenant_id = self.id_of(name)
         if tenant_id is None or not self.exists(tenant_id):
-            raise InvalidRequest(f"no tenant {name!r} (add it with `reactq tenant add`)")
+            raise InvalidRequest(f"unknown tenant {name!r} (add it with `reactq tenant add`)")
         key_id = secrets.token_hex(8)
         key = f"rq_{key_id}_{secrets.token_urlsafe(32)}"
         self.records.add_key(tenant_id, key_id, _digest(key), time.time())
