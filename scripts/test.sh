@@ -3,7 +3,8 @@
 #
 # Installs what the tests need (Debian: redis-server, docker.io, debootstrap, bubblewrap, prometheus, chromium, runsc,
 # prometheus-alertmanager and prometheus-redis-exporter (tests/test_alertmanager.py, tests/test_redis_exporter.py),
-# docker-compose to render the compose file; cmake, g++ and make to build llama-server;
+# docker-compose to render the compose file; cmake, g++ and make to build llama-server; nodejs and npm for the
+# MCP servers the tests run (tests/assets/mcp, `npm ci` at its lockfile's versions);
 # pip: this project with its test extras, at the versions of deploy/constraints.txt), starts a Docker engine if none answers, builds the sandbox
 # image offline when it is missing, builds llama.cpp's llama-server and fetches the test model for
 # tests/test_real_model.py (both cached outside the repository: only a machine's first run pays the ~15-minute
