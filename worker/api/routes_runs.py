@@ -115,7 +115,7 @@ class EventStream:
     slot: StreamSlot
 
 
-async def open_event_stream(run_id: str, request: Request, policy: CallerPolicy,
+async def open_event_stream(run_id: RunId, request: Request, policy: CallerPolicy,
                             last_event_id: Annotated[str, Header(
                                 max_length=100, description="resume after this event (the `id:` of the last "
                                 "one received; 0: from the start)", json_schema_extra={"pattern": EVENT_ID.pattern})
