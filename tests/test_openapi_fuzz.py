@@ -130,3 +130,18 @@ def test_the_stated_question_pattern_is_what_submission_checks() -> None:
     the submission's check uses it, keeps it."""
     pattern = re.compile(NOT_BLANK.pattern)
     assert all(bool(pattern.search(c)) == bool(c.strip()) for c in map(chr, range(sys.maxunicode + 1)))
+
+
+def test_every_path_parameter_states_the_pattern_its_route_checks() -> None:
+    """An id the route refuses as malformed (400) must be one the document says is invalid: a route whose
+    dependency declared the id as a plain string once left the pattern out (Schemathesis found it by chance)."""
+    from worker.api.app import create_app
+    from worker.api.guards import ID_PATTERN
+    from worker.config import Settings
+    from worker.runtime.context import Runtime
+
+    document = create_app(Runtime(Settings())).openapi()
+    parameters = [(path, p) for path, operations in document["paths"].items() for op in operations.values()
+                  for p in op.get("parameters", []) if p["in"] == "path"]
+    assert parameters
+    assert [(path, p["name"]) for path, p in parameters if p["schema"].get("pattern") != ID_PATTERN] == []
