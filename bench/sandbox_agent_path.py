@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.proc_cpu import machine_busy_s, snapshot  # noqa: E402
 from bench.throughput import BIN, Bench  # noqa: E402
 
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # this tree
@@ -90,23 +91,7 @@ def tiers_file(runtime: str, workdir: Path) -> Path:
 
 def engine_cpu_s() -> float:
     """CPU seconds so far of the engine's long-lived daemons (per-container shims are not counted)."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name, rest = text.split("(", 1)[1].rsplit(")", 1)
-        if name in ENGINE:
-            fields = rest.split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def machine_busy_s() -> float:
-    """Busy CPU seconds of the whole machine so far (all but idle and iowait), from /proc/stat."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    return sum(p.own_s for p in snapshot().values() if p.name in ENGINE)
 
 
 def docker_starts(since: float, until: float, owner_pid: int) -> int | None:
