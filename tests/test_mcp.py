@@ -131,10 +131,14 @@ def test_a_hung_call_costs_its_deadline_and_the_next_call_gets_a_fresh_server(mc
     assert harness.rt.mcp is not None and harness.rt.mcp.starts("everything") == 2
 
 
-def servers_running() -> set[int]:
-    """This process's server-everything children."""
+def server_pids(parent_pid: int | None = None) -> set[int]:
+    """The server-everything processes under `parent_pid` (default: this process)."""
+    try:
+        children = psutil.Process(parent_pid).children(recursive=True)
+    except psutil.Error:
+        return set()
     found = set()
-    for child in psutil.Process().children(recursive=True):
+    for child in children:
         try:
             if str(EVERYTHING) in " ".join(child.cmdline()):
                 found.add(child.pid)
@@ -145,9 +149,9 @@ def servers_running() -> set[int]:
 
 def test_a_server_that_died_between_calls_is_started_again_for_the_next(mcp_harness) -> None:
     harness = mcp_harness({"everything": everything()})
-    before = servers_running()
+    before = server_pids()
     offered(harness)
-    [server] = servers_running() - before  # an earlier test's server may still be on its way out
+    [server] = server_pids() - before  # an earlier test's server may still be on its way out
     psutil.Process(server).kill()
     hub = harness.rt.mcp
     assert hub is not None

@@ -15,7 +15,7 @@ import pytest
 
 from tests.fixtures_cluster import Cluster
 from tests.fixtures_stub import StubControl
-from tests.test_mcp import EVERYTHING
+from tests.test_mcp import EVERYTHING, server_pids
 from tests.waiting import wait_for
 
 SERVERS = json.dumps({"everything": {"command": ["node", str(EVERYTHING), "stdio"], "timeout_s": 60}})
@@ -28,22 +28,6 @@ def write_batch(path: Path, questions: dict[str, str]) -> Path:
 
 def results(out: Path) -> dict[str, dict]:
     return {line["id"]: line for line in map(json.loads, out.read_text().splitlines())}
-
-
-def server_pids(worker_pid: int) -> set[int]:
-    """The worker's server-everything processes."""
-    try:
-        children = psutil.Process(worker_pid).children(recursive=True)
-    except psutil.Error:
-        return set()
-    found = set()
-    for child in children:
-        try:
-            if str(EVERYTHING) in " ".join(child.cmdline()):
-                found.add(child.pid)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.mark.integration
