@@ -11,7 +11,7 @@ from .scripts import lua
 
 __all__ = ["LLMSlots"]
 
-TAKE = lua(__file__, "take_llm_slot.lua")
+TAKE = lua(__file__, "take_slots.lua")
 
 
 class LLMSlots:
@@ -21,11 +21,11 @@ class LLMSlots:
 
     def take(self, model: str, token: str, cap: int, hold_ms: int) -> bool:
         """One of the model's `cap` slots for `hold_ms`, or False when all are held."""
-        return bool(self._take(keys=[keys.llm_in_flight(model)], args=[token, cap, hold_ms]))
+        return self._take(keys=[keys.llm_in_flight(model)], args=[token, hold_ms, cap]) == 0
 
     def renew(self, model: str, token: str, hold_ms: int) -> bool:
         """Hold the slot `hold_ms` more (False: it lapsed meanwhile, and was dropped)."""
-        return bool(self._take(keys=[keys.llm_in_flight(model)], args=[token, 0, hold_ms]))
+        return self._take(keys=[keys.llm_in_flight(model)], args=[token, hold_ms, 0]) == 0
 
     def give_back(self, model: str, token: str) -> None:
         self.r.zrem(keys.llm_in_flight(model), token)

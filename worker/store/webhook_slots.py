@@ -12,7 +12,8 @@ from .scripts import lua
 
 __all__ = ["WebhookSlots"]
 
-TAKE = lua(__file__, "take_webhook_slot.lua")
+TAKE = lua(__file__, "take_slots.lua")
+CAPS = ("tenant", "host")  # the order of the keys take() passes
 
 
 class WebhookSlots:
@@ -23,9 +24,9 @@ class WebhookSlots:
     def take(self, tenant: str, host: str, token: str, tenant_cap: int, host_cap: int, hold_ms: int) -> str | None:
         """A slot of the tenant's `tenant_cap` and of the host's `host_cap` for `hold_ms`; None when taken,
         else which cap is full (`tenant` or `host`), with nothing taken."""
-        full = self._take(keys=[keys.webhook_tenant_in_flight(tenant), keys.webhook_host_in_flight(host)],
-                          args=[token, tenant_cap, host_cap, hold_ms])
-        return (full.decode() if isinstance(full, bytes) else str(full)) or None
+        full = int(self._take(keys=[keys.webhook_tenant_in_flight(tenant), keys.webhook_host_in_flight(host)],
+                              args=[token, hold_ms, tenant_cap, host_cap]))
+        return CAPS[full - 1] if full else None
 
     def give_back(self, tenant: str, host: str, token: str) -> None:
         pipe = self.r.pipeline(transaction=False)
