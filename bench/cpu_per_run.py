@@ -27,12 +27,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.proc_cpu import GroupOf, Proc, cpu_by_group, descendants, machine_busy_s, snapshot  # noqa: E402
+from bench.proc_cpu import Proc, cpu_by_group, descendants, machine_busy_s, snapshot  # noqa: E402
 from bench.sandbox_agent_path import IMAGE, tiers_file, wait_pool  # noqa: E402
 from bench.throughput import BIN, Bench  # noqa: E402
 
@@ -67,15 +68,18 @@ def container_pids(owner_pid: int) -> set[int]:
             if f"/{owner_pid}/" in owner and pid.isdigit() and int(pid) > 0}
 
 
-def grouper(roots: dict[str, int], containers: set[int]) -> GroupOf:
-    """group_of(proc, procs) for cpu_by_group: our processes by role, the engine's by name."""
+def grouper(roots: dict[str, int], containers: set[int], procs: dict[int, Proc]) -> Callable[[Proc], str | None]:
+    """group_of(proc) for cpu_by_group on the snapshot `procs`: our processes by role, the engine's by name
+    (each process tree is walked once here, not once per process)."""
+    children = {role: descendants(procs, {roots[role]}) - {roots[role]} for role in ("step worker", "sandbox worker")}
+    in_containers = descendants(procs, containers)
+    shims = {procs[c].ppid for c in containers if c in procs}
 
-    def group_of(p: Proc, procs: dict[int, Proc]) -> str | None:
-        for role in ("step worker", "sandbox worker"):
-            root = roots[role]
-            if p.pid == root:
+    def group_of(p: Proc) -> str | None:
+        for role, pids in children.items():
+            if p.pid == roots[role]:
                 return role
-            if p.pid in descendants(procs, {root}):
+            if p.pid in pids:
                 return f"{role}'s children"
         if p.pid == roots["redis-server"]:
             return "redis-server"
@@ -83,9 +87,9 @@ def grouper(roots: dict[str, int], containers: set[int]) -> GroupOf:
             return "model server (stub)"
         if p.name in ("dockerd", "containerd"):
             return p.name
-        if p.pid in descendants(procs, containers):
+        if p.pid in in_containers:
             return "containers"
-        if p.name.startswith("containerd-shim") and any(procs[c].ppid == p.pid for c in containers if c in procs):
+        if p.name.startswith("containerd-shim") and p.pid in shims:
             return "shims"
         return None
 
@@ -132,7 +136,7 @@ def measure(bench: Bench, args: argparse.Namespace, kind: str, workdir: Path) ->
         cli1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         if any(code for code, _ in failed):
             raise RuntimeError(f"a reactq batch failed: {[e[-1000:] for code, e in failed if code]}")
-        spent = cpu_by_group(before, after, grouper(roots, containers))
+        spent = cpu_by_group(before, after, grouper(roots, containers, after))
         spent["batch CLI"] = cli1.ru_utime + cli1.ru_stime - cli0.ru_utime - cli0.ru_stime
         spent["other"] = (busy1 - busy0) - sum(spent.values())
         lines = [json.loads(line) for _, outfile in files for line in outfile.read_text().splitlines()]

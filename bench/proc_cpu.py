@@ -59,15 +59,14 @@ def descendants(procs: dict[int, Proc], roots: set[int]) -> set[int]:
     return found
 
 
-GroupOf = Callable[[Proc, dict[int, Proc]], str | None]
-
-
-def cpu_by_group(before: dict[int, Proc], after: dict[int, Proc], group_of: GroupOf) -> dict[str, float]:
+def cpu_by_group(before: dict[int, Proc], after: dict[int, Proc], group_of: Callable[[Proc], str | None]
+                 ) -> dict[str, float]:
     """CPU seconds each group spent between the snapshots: own CPU, plus reaped children's under the parent's
-    group. `group_of(proc, after)` names a process's group (None: not ours to name; it lands in `other`)."""
+    group. `group_of(proc)` names a process of `after` by its group (None: not ours to name; it lands in
+    `other`)."""
     spent: dict[str, float] = {}
     for pid, now in after.items():
-        group = group_of(now, after)
+        group = group_of(now)
         if group is None:
             continue
         then = before.get(pid)
