@@ -271,3 +271,12 @@ def test_the_api_body_turns_the_session_on_and_the_ui_shows_its_cells(
     assert [int(n) for n in re.findall(r'<span class="tag">session cell (\d+)</span>', page)] == [1, 2, 3]
     refused = api.client(key).post("/v1/runs", json={"question": CELLS, "python_session": "sometimes"})
     assert refused.status_code == 422 and "python_session" in refused.text
+
+
+def test_the_kinds_that_stop_a_cell_are_the_sandboxs_own() -> None:
+    """worker/core may not import tools_sandbox: its copy of the ErrorKind values must stay the same set (every
+    kind but the output cap, which lets the program run to its end)."""
+    from tools_sandbox import ErrorKind
+    from worker.core.sessions import STOPPED
+
+    assert STOPPED == {kind.value for kind in ErrorKind} - {ErrorKind.OUTPUT_LIMIT.value}
