@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures_sandbox",
     "tests.fixtures_stub",
     "tests.fixtures_cluster",
+    "tests.fixtures_redis_cluster",
     "tests.fixtures_prometheus",
     "tests.harness",
     "tests.fixtures_receiver",

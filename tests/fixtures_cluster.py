@@ -28,6 +28,13 @@ from worker.store.runs import RunStore
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def state_client(url: str) -> redis.Redis:
+    """A client of the runs' state: a Redis Cluster's for a redis+cluster:// URL."""
+    if url.startswith("redis+cluster://"):
+        return redis.RedisCluster.from_url(url.replace("+cluster://", "://", 1))  # type: ignore[return-value]
+    return redis.Redis.from_url(url)
+
+
 @dataclass
 class Cluster:
     """Environment for the reactq processes of one test, and the worker processes started for it."""
@@ -50,7 +57,7 @@ class Cluster:
         self.procs.append(proc)
         if {**self.env, **extra_env}.get("REACTQ_SANDBOX_BACKEND") == "docker":
             self.graceful.add(proc.pid)
-        client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
+        client = state_client(self.env["REACTQ_REDIS_URL"])
         wanted = [keys.workers(f"reactq.{q.strip()}") for q in queues.split(",")]
 
         def heartbeats() -> list[int]:
@@ -138,7 +145,7 @@ class Cluster:
 
     def load_run(self, run_id: str) -> Run | None:
         """The run's record as Redis holds it (read in-process: cheap enough to poll)."""
-        client = redis.Redis.from_url(self.env["REACTQ_REDIS_URL"])
+        client = state_client(self.env["REACTQ_REDIS_URL"])
         try:
             return RunStore(client).load_run(run_id)
         finally:

@@ -65,6 +65,11 @@ class McpServerSpec(BaseModel):
 MCP_SERVER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
 
 
+def is_cluster_url(url: str) -> bool:
+    """A Redis Cluster, named by one seed node: redis+cluster://[USER:PASSWORD@]HOST:PORT."""
+    return url.startswith(("redis+cluster://", "rediss+cluster://"))
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="REACTQ_",
@@ -231,6 +236,18 @@ class Settings(BaseSettings):
         elif self.broker_url is not None and not self.broker_url.startswith(("redis://", "rediss://")):
             raise ValueError("REACTQ_BROKER_URL must be a redis://, rediss:// or sentinel:// URL")
         return self
+
+    @model_validator(mode="after")
+    def _cluster_broker(self) -> Settings:
+        """kombu has no Redis Cluster transport: state on a cluster needs the broker on a server of its own."""
+        if self.redis_on_cluster and self.broker_url is None:
+            raise ValueError("REACTQ_REDIS_URL names a Redis Cluster: set REACTQ_BROKER_URL to the Celery broker "
+                             "(a redis:// or sentinel:// server apart from the cluster)")
+        return self
+
+    @property
+    def redis_on_cluster(self) -> bool:
+        return is_cluster_url(self.redis_url)
 
     @property
     def broker_apart(self) -> bool:

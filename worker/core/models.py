@@ -221,6 +221,7 @@ class Run(BaseModel):
     cancel_recorded: bool = False  # a worker has counted this cancellation in its metrics
     approvals: list[Approval] = Field(default_factory=list)  # every call that needed approval, decided or not
     forked_from: str | None = None  # `reactq replay`: the run whose steps before `current_step` were reused
+    outbox_seq: int = 0  # on a Redis Cluster: the last entry this record's writes put in its outbox (store/outbox.py)
 
     def result_line(self) -> dict[str, Any]:
         """The batch output line of the contract."""

@@ -57,16 +57,34 @@ class Written:
         return None
 
 
-def cas_args(expected: bytes, new: bytes, lease_token: str | None, commands: list[Command]) -> list[Any]:
-    return [expected, new, lease_token or "", *script_commands(commands)]
+def cas_args(expected: bytes, new: bytes, lease_token: str | None, commands: list[Command],
+             script_keys: list[str], compact: bool) -> list[Any]:
+    """ARGV of cas.lua; the commands' keys are added to `script_keys` (its KEYS)."""
+    return [expected, new, lease_token or "", int(compact), *script_commands(commands, script_keys)]
 
 
-def script_commands(commands: list[Command]) -> list[Any]:
-    """Commands as a script's ARGV tail: each as its argument count followed by its arguments."""
+ALL_KEYS = frozenset({"DEL", "UNLINK", "EXISTS", "MGET"})  # commands whose arguments are all keys
+
+
+def command_keys(command: Command) -> list[Any]:
+    """The keys a command touches: every argument of ALL_KEYS' commands, else the first."""
+    return list(command[1:]) if command[0] in ALL_KEYS else [command[1]]
+
+
+def script_commands(commands: list[Command], script_keys: list[Any]) -> list[Any]:
+    """Commands as a script's ARGV tail (commands_function.lua), their keys appended to `script_keys` (the
+    script's KEYS) and named by their index there."""
     args: list[Any] = []
+    index = {key: i for i, key in enumerate(script_keys, 1)}
     for command in commands:
-        args.append(len(command))
-        args.extend(command)
+        named = command_keys(command)
+        positions = []
+        for key in named:
+            if key not in index:
+                script_keys.append(key)
+                index[key] = len(script_keys)
+            positions.append(index[key])
+        args += [len(command), len(named), command[0], *positions, *command[1 + len(named):]]
     return args
 
 
@@ -88,7 +106,7 @@ def write_watched(client: redis.Redis, key: str, decide: Callable[[bytes], tuple
     meanwhile. `decide` gets the stored bytes and returns what to give back and a function that queues
     the writes on the transaction (and may return one that takes the transaction's replies), or None
     to write nothing. None if the key is missing or nothing was written."""
-    with client.pipeline() as pipe:
+    with client.pipeline(transaction=True) as pipe:
         while True:
             try:
                 pipe.watch(key)

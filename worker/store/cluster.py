@@ -15,12 +15,13 @@ import redis
 
 from ..names import QUEUES, queue_lists
 from . import keys
+from .connection import mget
 
 # A step message's run id, from Celery's `argsrepr` header ("['RUN_ID', INDEX]") in the raw message JSON.
 _STEP_ARGS = re.compile(rb'"argsrepr": "\[\'([0-9a-f]{32})\', \d+\]"')
 _ETA = re.compile(rb'"eta": "([^"]+)"')
 # A sandbox message's run id, from the result key in its body (its argsrepr may be cut short by long code).
-_SANDBOX_RUN = re.compile(rb"reactq:run:([0-9a-f]{32}):sandbox:")
+_SANDBOX_RUN = re.compile(rb"reactq:run:\{?([0-9a-f]{32})\}?:sandbox:")
 
 
 class ClusterStore:
@@ -65,7 +66,7 @@ class ClusterStore:
     def taken_marks(self, run_ids: list[str]) -> list[tuple[int, float] | None]:
         """For each run, the last step index a worker received and when (None: never)."""
         marks: list[tuple[int, float] | None] = []
-        for raw in self.r.mget([keys.step_taken(r) for r in run_ids]) if run_ids else []:
+        for raw in mget(self.r, [keys.step_taken(r) for r in run_ids]):
             index, _, at = raw.decode().partition(":") if raw else ("", "", "")
             marks.append((int(index), float(at)) if at else None)
         return marks

@@ -6,24 +6,45 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from ..config import is_cluster_url
 from ..errors import StoreUnavailable
+from . import keys
 
 RedisError = redis.exceptions.RedisError  # what any store call raises when Redis fails (the API maps it to 503)
 Client = redis.Redis  # the synchronous client the store classes are built on
 
 
+def _retry() -> Retry:
+    # ~30 s of retries: long enough to ride out a Redis restart or a cluster failover
+    return Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20,
+                 supported_errors=(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError))
+
+
+def connect_cluster(url: str, max_connections: int = 64) -> redis.Redis:
+    """A Redis Cluster client from one seed node (redis+cluster://...), and this process's keys tagged by
+    run, batch, tenant and model (keys.use_hash_tags) so that each lives on one shard."""
+    keys.use_hash_tags(True)
+    plain = url.replace("+cluster://", "://", 1)
+    client = RedisCluster.from_url(
+        plain, max_connections=max_connections, socket_connect_timeout=5, socket_timeout=30,
+        socket_keepalive=True, retry=_retry(), cluster_error_retry_attempts=10,
+    )
+    return client  # type: ignore[return-value]  # the store uses the commands both clients have
+
+
 def connect(url: str, max_connections: int = 64) -> redis.Redis:
     """A client whose pool holds `max_connections` (blocking, not raising, when all are busy) and which
-    retries through a Redis restart."""
+    retries through a Redis restart; a Redis Cluster's for a redis+cluster:// URL."""
+    if is_cluster_url(url):
+        return connect_cluster(url, max_connections)
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=30, health_check_interval=30,
         socket_connect_timeout=5, socket_keepalive=True,
-        # ~30 s of retries: long enough to ride out a Redis restart
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20,
-                    supported_errors=(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)),
+        retry=_retry(),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
     )
     return redis.Redis(connection_pool=pool)
@@ -62,14 +83,26 @@ def ping_quickly(url: str, timeout_s: float = QUICK_TIMEOUT_S) -> None:
 
     The store's own client retries for ~30 s to ride out a restart, which is right for a daemon and
     wrong for `reactq status`: an unreachable Redis must be reported within seconds."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
-                                  retry=Retry(NoBackoff(), 0), retry_on_error=[])
+    client: redis.Redis | RedisCluster | None = None
+    options = {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s, "retry": Retry(NoBackoff(), 0)}
     try:
+        client = (RedisCluster.from_url(url.replace("+cluster://", "://", 1), **options) if is_cluster_url(url)
+                  else redis.Redis.from_url(url, retry_on_error=[], **options))
         client.ping()
-    except (redis.exceptions.RedisError, OSError) as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         raise StoreUnavailable(url, exc) from None
     finally:
-        client.close()
+        if client is not None:
+            client.close()
+
+
+def mget(client: redis.Redis, names: list[str]) -> list[bytes | None]:
+    """GET of each key: one MGET on a single Redis; on a cluster, one per shard (its keys are spread)."""
+    if not names:
+        return []
+    if isinstance(client, RedisCluster):
+        return client.mget_nonatomic(names)
+    return client.mget(names)
 
 
 def text_fields(raw: dict[bytes, bytes]) -> dict[str, str]:

@@ -14,6 +14,7 @@ import redis
 from ..core.ops_view import LimiterCells, OpsRaw
 from ..names import QUEUES, WEBHOOKS_QUEUE, queue_lists
 from . import keys
+from .connection import mget
 
 __all__ = ["OpsStore", "WATCHED"]
 
@@ -78,6 +79,6 @@ class OpsStore:
                                          max(0, cooldown), max(0, circuit)))
         reaped = [json.loads(raw) for raw in next(replies)]
         members = [m.decode() for m in next(replies)]
-        raws = self.r.mget([keys.worker_snapshot(m) for m in members]) if members else []
+        raws = mget(self.r, [keys.worker_snapshot(m) for m in members])
         snapshots = [json.loads(raw) for raw in raws if raw]
         return OpsRaw(now, seconds * 1e6 + micros, queues, unacked, workers, active, limiters, snapshots, reaped)

@@ -40,7 +40,9 @@ from .cas import (
     write_watched,
 )
 from .claims import Claims
+from .connection import mget
 from .events import event_command
+from .outbox import Entry, Outbox, split
 from .scratch import StepScratch
 from .submissions import SubmissionStore
 from .sweep import Sweep
@@ -82,12 +84,19 @@ class Updated(Generic[T]):
 
 @dataclass(frozen=True)
 class _Decided:
-    """A mutated run record as it is to be written, the commands to write with it, and whether its
-    events are compacted after them."""
+    """A mutated run record as it is to be written, the commands to write with it (on a cluster, those on
+    the run's own shard, ending with its outbox's: `remote` went into it), and whether its events are
+    compacted after them."""
 
     snapshot: Snapshot
     commands: list[Command]
     compact: bool
+    remote: list[Command]
+
+    @property
+    def own(self) -> int:
+        """How many of `commands` are the change's own (not the outbox's two)."""
+        return len(self.commands) - (2 if self.remote else 0)
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,8 @@ class RunStore:
         self.sweep = Sweep(client)
         self.scratch = StepScratch(client, run_ttl_s)
         self.claims = Claims(client)
+        self.on_cluster = keys.hash_tags()
+        self.outbox = Outbox(client)
 
     # --- run records -------------------------------------------------------------------------
     def load_run(self, run_id: str) -> Run | None:
@@ -155,7 +166,7 @@ class RunStore:
     def load_runs(self, run_ids: list[str]) -> list[Run | None]:
         if not run_ids:
             return []
-        raws = self.r.mget([keys.run(i) for i in run_ids])
+        raws = mget(self.r, [keys.run(i) for i in run_ids])
         return [Run.model_validate_json(r) if r else None for r in raws]
 
     def copy_steps(self, run_id: str, steps: list[Step]) -> None:
@@ -192,7 +203,14 @@ class RunStore:
                 return None
             run.updated_at = time.time()
             commands, compact = self._commands(run, was_finished, extra(run, returned) if extra else [], trim)
-            return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact)
+            remote: list[Command] = []
+            if self.on_cluster:
+                commands, remote = split(run_id, commands)
+                if remote:
+                    run.outbox_seq += 1
+                    entry = Entry(run.outbox_seq, remote, last=run.status.finished)
+                    commands += [("RPUSH", keys.outbox(run_id), entry.encode()), ("LRANGE", keys.outbox(run_id), 0, -1)]
+            return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact, remote)
 
         written = None
         if expect is not None:
@@ -204,19 +222,26 @@ class RunStore:
             written = self._write_watched(run_id, decide, release_lease)
         return Updated(written, value)
 
+    def _written(self, run_id: str, d: _Decided, replies: list[Any]) -> Written:
+        """The write as done: on a cluster, with its outbox applied (and the replies of its entry's part)."""
+        if not d.remote:
+            return Written(d.snapshot, d.commands, replies)
+        applied = self.outbox.apply(run_id, replies[-1])
+        remote_replies = applied.get(d.snapshot.run.outbox_seq, [None] * len(d.remote))
+        return Written(d.snapshot, d.commands[:d.own] + d.remote, replies[:d.own] + remote_replies)
+
     def _compare_and_set(self, run_id: str, expected: bytes, d: _Decided, release_lease: str | None) -> Written | None:
         """Write the decided record if the stored one is still `expected` (cas.py); None if it is not."""
-        script_keys = [keys.run(run_id), keys.lease(run_id)]
-        if d.compact:
-            script_keys += [keys.events(run_id), keys.events_compacted(run_id)]
-        replies = self._cas(keys=script_keys, args=cas_args(expected, d.snapshot.raw, release_lease, d.commands))
-        return Written(d.snapshot, d.commands, replies) if replies != 0 else None
+        script_keys = [keys.run(run_id), keys.lease(run_id), keys.events(run_id), keys.events_compacted(run_id)]
+        args = cas_args(expected, d.snapshot.raw, release_lease, d.commands, script_keys, d.compact)
+        replies = self._cas(keys=script_keys, args=args)
+        return self._written(run_id, d, replies) if replies != 0 else None
 
     def _write_watched(self, run_id: str, decide: Callable[[Run, bool], _Decided | None],
                        release_lease: str | None) -> Written | None:
         key = keys.run(run_id)
 
-        def on_stored(stored: bytes) -> tuple[Written, QueueWrites] | None:
+        def on_stored(stored: bytes) -> tuple[tuple[_Decided, list[Any]], QueueWrites] | None:
             run = Run.model_validate_json(stored)
             d = decide(run, run.status.finished)
             if d is None:
@@ -234,9 +259,10 @@ class RunStore:
                 first = 1 + bool(release_lease)
                 return lambda results: replies.extend(results[first:first + len(d.commands)])
 
-            return Written(d.snapshot, d.commands, replies), writes
+            return (d, replies), writes
 
-        return write_watched(self.r, key, on_stored)
+        done = write_watched(self.r, key, on_stored)
+        return self._written(run_id, *done) if done is not None else None
 
     def _commands(self, run: Run, was_finished: bool, extra: list[Command],
                   trim: Trim | None = None) -> tuple[list[Command], bool]:

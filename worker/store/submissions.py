@@ -53,30 +53,71 @@ class SubmissionStore:
         by_tenant: dict[str, list[Run]] = {}
         for run in runs:
             by_tenant.setdefault(run.spec.tenant, []).append(run)
-        commands: list[Command] = []
+        records: list[Command] = []
         for run in runs:
-            commands += [("SET", keys.run(run.id), run.model_dump_json(), "EX", self.ttl),
-                         event_command(run.id, "queued", "{}"), ("EXPIRE", keys.events(run.id), self.ttl)]
-        commands += _variadic("ZADD", keys.ACTIVE_RUNS, _scored(runs, lambda r: now), 2)
+            records += [("SET", keys.run(run.id), run.model_dump_json(), "EX", self.ttl),
+                        event_command(run.id, "queued", "{}"), ("EXPIRE", keys.events(run.id), self.ttl)]
+        active = _variadic("ZADD", keys.ACTIVE_RUNS, _scored(runs, lambda r: now), 2)
+        tenants: dict[str, list[Command]] = {}
         for tenant, group in by_tenant.items():
-            commands += _variadic("ZADD", keys.tenant_runs(tenant), _scored(group, lambda r: r.created_at), 2)
-            commands += _variadic("SADD", keys.tenant_inflight(tenant), [r.id for r in group])
+            tenants[tenant] = [*_variadic("ZADD", keys.tenant_runs(tenant), _scored(group, lambda r: r.created_at), 2),
+                               *_variadic("SADD", keys.tenant_inflight(tenant), [r.id for r in group])]
+            if count_window_s is not None:
+                tenants[tenant] += _count_commands(tenant, len(group), count_window_s, now)
+        batch: list[Command] = []
         if batch_id:
-            commands += _variadic("RPUSH", keys.batch_runs(batch_id), [r.id for r in runs])
-            commands += [("EXPIRE", key, self.batch_ttl) for key in batch_keys(batch_id)]
-        counted = list(by_tenant) if count_window_s is not None else []
-        for tenant in counted:
-            commands += _count_commands(tenant, len(by_tenant[tenant]), count_window_s or 0, now)
+            batch = _variadic("RPUSH", keys.batch_runs(batch_id), [r.id for r in runs])
+            batch += [("EXPIRE", key, self.batch_ttl) for key in batch_keys(batch_id)]
         quotas = quotas or []
+        if keys.hash_tags():
+            replies_by_tenant = self._create_on_cluster(by_tenant, records, active, tenants, batch, quotas, now)
+        else:
+            commands = records + active + [c for written in tenants.values() for c in written] + batch
+            replies = self._admit(quotas, commands, now)
+            replies_by_tenant, at = {}, len(records) + len(active)
+            for tenant, written in tenants.items():
+                replies_by_tenant[tenant] = replies[at:at + len(written)]
+                at += len(written)
+        if count_window_s is None:
+            return {}
+        return {tenant: _counted_before(replies[-COUNT_COMMANDS:], len(by_tenant[tenant]))
+                for tenant, replies in replies_by_tenant.items()}
+
+    def _admit(self, quotas: list[Quota], commands: list[Command], now: float) -> list[Any]:
+        """Check and count the quotas and make the writes, in one script; the writes' replies."""
         script_keys = [k for q in quotas for k in (keys.tenant_inflight(q.tenant),
                                                    keys.tenant_submissions(q.tenant, int(now // 60)))]
         args: list[Any] = [len(quotas), *[a for q in quotas for a in (q.runs, q.in_flight, q.per_minute)]]
-        code, replies = self._create(keys=script_keys, args=args + script_commands(commands))
+        args += script_commands(commands, script_keys)
+        code, replies = self._create(keys=script_keys, args=args)
         if code != 0:
             raise QuotaExceeded(quotas[replies - 1], "in_flight" if code == -2 else "per_minute")
-        tail = len(replies) - COUNT_COMMANDS * len(counted)
-        return {tenant: _counted_before(replies[tail + COUNT_COMMANDS * i:tail + COUNT_COMMANDS * (i + 1)],
-                                        len(by_tenant[tenant])) for i, tenant in enumerate(counted)}
+        return list(replies)
+
+    def _create_on_cluster(self, by_tenant: dict[str, list[Run]], records: list[Command], active: list[Command],
+                           tenants: dict[str, list[Command]], batch: list[Command], quotas: list[Quota],
+                           now: float) -> dict[str, list[Any]]:
+        """The same writes on a Redis Cluster, where they span shards: in an order that leaves every crash
+        recoverable (docs/decisions/redis-cluster.md). The runs enter the active set first (an entry without
+        a record is dropped by the reaper); each tenant's admission and indexes are one script on its shard
+        (refused: what was written is taken back); then the records (a run the reaper finds without a step
+        message is sent one) and the batch's lists."""
+        run_commands(self.r, active)
+        admitted: list[str] = []
+        replies: dict[str, list[Any]] = {}
+        try:
+            for tenant, writes in tenants.items():
+                replies[tenant] = self._admit([q for q in quotas if q.tenant == tenant], writes, now)
+                admitted.append(tenant)
+        except QuotaExceeded:
+            undo: list[Command] = [("ZREM", keys.ACTIVE_RUNS, *[r.id for rs in by_tenant.values() for r in rs])]
+            for tenant in admitted:
+                ids = [r.id for r in by_tenant[tenant]]
+                undo += [("SREM", keys.tenant_inflight(tenant), *ids), ("ZREM", keys.tenant_runs(tenant), *ids)]
+            run_commands(self.r, undo)
+            raise
+        run_commands(self.r, records + batch)
+        return replies
 
     def forget_expired_in_flight(self, tenant: str) -> None:
         """Drop a tenant's in-flight entries whose run record has expired (a run that never finished)."""

@@ -13,6 +13,7 @@ import redis
 from ..core.deliveries import Attempt, Delivery, DeliveryState
 from . import keys
 from .cas import write_watched
+from .connection import mget
 
 
 class WebhookStore:
@@ -76,5 +77,5 @@ class WebhookStore:
         """The tenant's deliveries, newest first."""
         ids = self.r.zrevrangebyscore(keys.tenant_deliveries(tenant), f"({before}" if before else "+inf", "-inf",
                                       start=0, num=limit)
-        raws = self.r.mget([keys.webhook_delivery(i.decode()) for i in ids]) if ids else []
+        raws = mget(self.r, [keys.webhook_delivery(i.decode()) for i in ids])
         return [Delivery.model_validate_json(raw) for raw in raws if raw]

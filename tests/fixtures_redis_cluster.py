@@ -1,0 +1,132 @@
+"""A real Redis Cluster on loopback: six redis-server processes made into three primaries with a replica
+each by `redis-cli --cluster create`, restartable node by node, and SIGKILL of a primary with its
+replica's promotion awaited."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from tests.fixtures_services import wait_for_port
+from tests.waiting import wait_for
+from worker.store import keys
+
+NODE_TIMEOUT_MS = 2000  # how long a primary may be silent before its replica takes over
+
+
+def node_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too, so below 55536."""
+    while True:
+        port = random.randrange(20000, 45000)
+        if all(_free(p) for p in (port, port + 10000)):
+            return port
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class RedisClusterNodes:
+    def __init__(self, workdir: Path, primaries: int = 3, replicas: int = 1) -> None:
+        self.workdir = workdir
+        self.ports = [node_port() for _ in range(primaries * (1 + replicas))]
+        self.replicas = replicas
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        """The contract's form: one seed node."""
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def start_node(self, port: int) -> None:
+        node_dir = self.workdir / str(port)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        self.procs[port] = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir),
+             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "yes", "--appendfsync", "everysec",
+             "--save", "", "--maxmemory-policy", "noeviction", "--logfile", str(node_dir / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(port)
+
+    def start(self) -> None:
+        for port in self.ports:
+            self.start_node(port)
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        self.wait_healthy()
+
+    def wait_healthy(self) -> None:
+        """Until every live node says the cluster is ok and every primary has its replicas."""
+        def state() -> list[str]:
+            found = []
+            for port, proc in self.procs.items():
+                if proc.poll() is None:
+                    client = redis.Redis(port=port, socket_timeout=2)
+                    try:
+                        found.append(client.cluster("info").get("cluster_state"))
+                    finally:
+                        client.close()
+            return found
+
+        wait_for("the Redis Cluster to be ok on every node", state, 60, 0.2,
+                 until=lambda states: bool(states) and all(s == "ok" for s in states))
+
+    def client(self) -> RedisCluster:
+        return RedisCluster(host="127.0.0.1", port=self.ports[0])
+
+    def primary_of(self, key: str) -> int:
+        """The port of the primary serving `key` now."""
+        cluster = self.client()
+        try:
+            return int(cluster.get_node_from_key(key).port)
+        finally:
+            cluster.close()
+
+    def kill(self, port: int) -> None:
+        """SIGKILL one node: what its replicas had not received is gone."""
+        proc = self.procs[port]
+        proc.kill()
+        proc.wait(10)
+
+    def roles(self) -> dict[int, str]:
+        out = {}
+        for port, proc in self.procs.items():
+            if proc.poll() is None:
+                client = redis.Redis(port=port, socket_timeout=2)
+                try:
+                    out[port] = client.info("replication")["role"]
+                finally:
+                    client.close()
+        return out
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterNodes]:
+    nodes = RedisClusterNodes(tmp_path / "redis-cluster")
+    nodes.start()
+    keys.use_hash_tags(True)  # this process reads the cluster's keys as its workers name them
+    try:
+        yield nodes
+    finally:
+        keys.use_hash_tags(False)
+        nodes.stop()

@@ -1,0 +1,111 @@
+"""On a Redis Cluster, the writes of a run-record change that fall outside the run's shard.
+
+A run's keys share its hash tag, so its commit stays one atomic script on one shard. What it also wrote on
+a single Redis (the active set, the tenant's usage and spend, its batch's counters) lives on other shards,
+where no script of the run's shard may reach. The commit therefore appends those commands to the run's
+outbox (a list in its own slot, in the same script), and whoever wrote it applies the outbox right after;
+a worker that dies in between leaves the outbox to the run's next write or to the reaper (a run with
+anything in its outbox stays in the active set: its removal from it is applied last).
+
+Each entry carries the run record's `outbox_seq` (the record's history is linear, so the numbers are), and
+each shard applies an entry's commands at most once: a marker hash in the commands' own slot remembers the
+last entry applied there per run. Replies to an entry applied elsewhere already are None.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.crc import key_slot
+
+from . import keys
+from .cas import COMMANDS_FUNCTION, Command, script_commands
+from .scripts import lua
+
+APPLY_SCRIPT = COMMANDS_FUNCTION + lua(__file__, "apply_outbox.lua")
+MARKER_TTL_S = 7 * 24 * 3600  # a marker outlives any run that left entries in it unfinished
+
+
+def slot_of(key: str | bytes) -> int:
+    return key_slot(key.encode() if isinstance(key, str) else key)
+
+
+def split(run_id: str, commands: list[Command]) -> tuple[list[Command], list[Command]]:
+    """The commands on the run's own slot, and the others, each keeping its order."""
+    home = slot_of(keys.run(run_id))
+    local = [c for c in commands if slot_of(c[1]) == home]
+    return local, [c for c in commands if slot_of(c[1]) != home]
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    commands: list[Command]
+    last: bool  # the run's final entry: its markers forget the run
+
+    def encode(self) -> str:
+        return json.dumps([self.seq, self.last, [list(c) for c in self.commands]])
+
+    @staticmethod
+    def decode(raw: bytes | str) -> Entry:
+        seq, last, commands = json.loads(raw)
+        return Entry(int(seq), [tuple(c) for c in commands], bool(last))
+
+
+def marker(key: str) -> str:
+    """The applied-marker hash in `key`'s slot: named by the key's hash tag, or by the whole key."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    tag = key[start + 1:end] if start != -1 and end > start + 1 else key
+    return f"{keys.PREFIX}:applied:{{{tag}}}"
+
+
+def _groups(commands: list[Command]) -> list[tuple[int, list[tuple[int, Command]]]]:
+    """The commands (with their index) grouped by slot, the active set's group last: the run leaves the
+    active set only once everything else of its final entry is applied."""
+    by_slot: dict[int, list[tuple[int, Command]]] = {}
+    for i, command in enumerate(commands):
+        by_slot.setdefault(slot_of(command[1]), []).append((i, command))
+    active = slot_of(keys.ACTIVE_RUNS)
+    return sorted(by_slot.items(), key=lambda item: item[0] == active)
+
+
+class Outbox:
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+        self._apply = client.register_script(APPLY_SCRIPT)
+
+    def apply(self, run_id: str, raws: Iterable[bytes]) -> dict[int, list[Any]]:
+        """Apply these entries of the run's outbox in order, each slot's part at most once, then drop them
+        from the outbox. The replies of each entry by sequence number (None for a part applied before)."""
+        replies: dict[int, list[Any]] = {}
+        done: list[bytes] = []
+        for raw in raws:
+            entry = Entry.decode(raw)
+            got: list[Any] = [None] * len(entry.commands)
+            for _, group in _groups(entry.commands):
+                commands = [c for _, c in group]
+                key_names = [marker(str(commands[0][1]))]
+                args = [run_id, entry.seq, int(entry.last), MARKER_TTL_S, *script_commands(commands, key_names)]
+                result = self._apply(keys=key_names, args=args)
+                if result != 0:
+                    for (i, _), reply in zip(group, result, strict=True):
+                        got[i] = reply
+            replies[entry.seq] = got
+            done.append(raw)
+        if done:
+            pipe = self.r.pipeline(transaction=False)
+            for raw in done:
+                pipe.lrem(keys.outbox(run_id), 1, raw)
+            pipe.execute()
+        return replies
+
+    def drain(self, run_id: str) -> int:
+        """Apply whatever the run's outbox holds (a writer died before it did); how many entries."""
+        raws = self.r.lrange(keys.outbox(run_id), 0, -1)
+        self.apply(run_id, raws)
+        return len(raws)
