@@ -1,6 +1,6 @@
-"""A real Redis Cluster on loopback: six redis-server processes made into three primaries with a replica
-each by `redis-cli --cluster create`, restartable node by node, and SIGKILL of a primary with its
-replica's promotion awaited."""
+"""A real Redis Cluster on loopback, and a Sentinel-managed Redis for the broker. The cluster: six
+redis-server processes made into three primaries with a replica each by `redis-cli --cluster create`, and
+SIGKILL of a primary with its replica's promotion awaited."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
-from tests.fixtures_services import wait_for_port
+from tests.fixtures_services import RedisServer, free_port, wait_for_port
 from tests.waiting import wait_for
 from worker.store import keys
 
+MASTER = "reactq-broker"  # the Sentinel-managed broker's master name
 NODE_TIMEOUT_MS = 2000  # how long a primary may be silent before its replica takes over
 
 
@@ -86,7 +87,9 @@ class RedisClusterNodes:
                  until=lambda states: bool(states) and all(s == "ok" for s in states))
 
     def client(self) -> RedisCluster:
-        return RedisCluster(host="127.0.0.1", port=self.ports[0])
+        """A client seeded with every live node (the first may be the one a test killed)."""
+        live = [ClusterNode("127.0.0.1", p) for p, proc in self.procs.items() if proc.poll() is None]
+        return RedisCluster(startup_nodes=live)
 
     def primary_of(self, key: str) -> int:
         """The port of the primary serving `key` now."""
@@ -130,3 +133,62 @@ def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterNodes]:
     finally:
         keys.use_hash_tags(False)
         nodes.stop()
+
+
+class SentinelBroker:
+    """A primary, its replica and three sentinels watching them, on free loopback ports."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.primary = RedisServer(workdir / "primary")
+        self.replica_port = free_port()
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports)
+
+    def start(self) -> None:
+        self.primary.workdir.mkdir(parents=True)
+        self.primary.start()
+        replica_dir = self.workdir / "replica"
+        replica_dir.mkdir()
+        self.procs.append(subprocess.Popen(
+            ["redis-server", "--port", str(self.replica_port), "--bind", "127.0.0.1", "--dir", str(replica_dir),
+             "--appendonly", "yes", "--save", "", "--replicaof", "127.0.0.1", str(self.primary.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for_port(self.replica_port)
+        for i, port in enumerate(self.sentinel_ports):
+            conf = self.workdir / f"sentinel-{i}.conf"
+            conf.write_text(f"port {port}\nbind 127.0.0.1\nsentinel monitor {MASTER} 127.0.0.1 {self.primary.port} 2\n"
+                            f"sentinel down-after-milliseconds {MASTER} 1000\n"
+                            f"sentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n")
+            self.procs.append(subprocess.Popen(["redis-server", str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL))
+            wait_for_port(port)
+        replica = redis.Redis(port=self.replica_port)
+        wait_for("the replica to sync with the primary", lambda: replica.info("replication"), 30, 0.1,
+                 until=lambda info: info.get("master_link_status") == "up")
+        replica.close()
+
+    def master_port(self) -> int:
+        sentinel = redis.Redis(port=self.sentinel_ports[0])
+        try:
+            return int(sentinel.sentinel_get_master_addr_by_name(MASTER)[1])
+        finally:
+            sentinel.close()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait(10)
+        self.primary.stop()
+
+
+@pytest.fixture
+def sentinel_broker(tmp_path: Path) -> Iterator[SentinelBroker]:
+    broker = SentinelBroker(tmp_path / "sentinel")
+    broker.start()
+    yield broker
+    broker.stop()

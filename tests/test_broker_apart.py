@@ -8,15 +8,14 @@ broker primary SIGKILLed mid-batch (Sentinel promotes the replica) leave every r
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
 from tests.fixtures_cluster import Cluster
-from tests.fixtures_services import RedisServer, free_port, wait_for_port
+from tests.fixtures_redis_cluster import MASTER, SentinelBroker
+from tests.fixtures_services import RedisServer
 from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
 from tests.test_recovery import batch_under_way
@@ -25,7 +24,6 @@ from worker.config import Settings
 from worker.names import STEPS_QUEUE, queue_lists
 
 pytestmark = pytest.mark.integration
-MASTER = "reactq-broker"
 
 
 def _run_keys(client: redis.Redis) -> list[bytes]:
@@ -57,65 +55,6 @@ def test_the_broker_url_is_checked() -> None:
         Settings(broker_url="amqp://guest@localhost//")
     assert not Settings(broker_url=None).broker_apart
     assert Settings(redis_url="redis://a:6379/0", broker_url="redis://b:6379/0").broker_apart
-
-
-class SentinelBroker:
-    """A primary, its replica and three sentinels watching them, on free loopback ports."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.primary = RedisServer(workdir / "primary")
-        self.replica_port = free_port()
-        self.sentinel_ports = [free_port() for _ in range(3)]
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    @property
-    def url(self) -> str:
-        return ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports)
-
-    def start(self) -> None:
-        self.primary.workdir.mkdir(parents=True)
-        self.primary.start()
-        replica_dir = self.workdir / "replica"
-        replica_dir.mkdir()
-        self.procs.append(subprocess.Popen(
-            ["redis-server", "--port", str(self.replica_port), "--bind", "127.0.0.1", "--dir", str(replica_dir),
-             "--appendonly", "yes", "--save", "", "--replicaof", "127.0.0.1", str(self.primary.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_for_port(self.replica_port)
-        for i, port in enumerate(self.sentinel_ports):
-            conf = self.workdir / f"sentinel-{i}.conf"
-            conf.write_text(f"port {port}\nbind 127.0.0.1\nsentinel monitor {MASTER} 127.0.0.1 {self.primary.port} 2\n"
-                            f"sentinel down-after-milliseconds {MASTER} 1000\n"
-                            f"sentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n")
-            self.procs.append(subprocess.Popen(["redis-server", str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL))
-            wait_for_port(port)
-        replica = redis.Redis(port=self.replica_port)
-        wait_for("the replica to sync with the primary", lambda: replica.info("replication"), 30, 0.1,
-                 until=lambda info: info.get("master_link_status") == "up")
-        replica.close()
-
-    def master_port(self) -> int:
-        sentinel = redis.Redis(port=self.sentinel_ports[0])
-        try:
-            return int(sentinel.sentinel_get_master_addr_by_name(MASTER)[1])
-        finally:
-            sentinel.close()
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.kill()
-            proc.wait(10)
-        self.primary.stop()
-
-
-@pytest.fixture
-def sentinel_broker(tmp_path: Path) -> Iterator[SentinelBroker]:
-    broker = SentinelBroker(tmp_path / "sentinel")
-    broker.start()
-    yield broker
-    broker.stop()
 
 
 def test_a_sentinel_broker_fails_over_mid_batch_and_every_run_is_answered(

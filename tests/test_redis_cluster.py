@@ -11,15 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from redis.exceptions import RedisClusterException, RedisError
 
 from tests.fixtures_cluster import Cluster, state_client
-from tests.fixtures_redis_cluster import RedisClusterNodes
+from tests.fixtures_redis_cluster import MASTER, RedisClusterNodes, SentinelBroker
 from tests.fixtures_services import RedisServer
 from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
 from tests.test_recovery import batch_under_way
+from tests.waiting import wait_for
 from worker.store import keys
 from worker.store.outbox import slot_of
+from worker.store.runs import RunStore
 
 pytestmark = pytest.mark.integration
 
@@ -39,3 +42,43 @@ def test_a_batch_runs_on_a_redis_cluster(cluster: Cluster, redis_cluster: RedisC
         assert run_keys and {slot_of(k) for k in run_keys} == {slot_of(keys.run(run_id))}
         assert not state.exists(keys.outbox(run_id))
     assert state.zcard(keys.ACTIVE_RUNS) == 0
+
+
+def test_a_cluster_primary_then_the_broker_primary_killed_mid_batch_lose_nothing(
+        cluster: Cluster, redis_cluster: RedisClusterNodes, sentinel_broker: SentinelBroker,
+        stub_control: StubControl, tmp_path: Path) -> None:
+    cluster.env.update({"REACTQ_REDIS_URL": redis_cluster.url, "REACTQ_BROKER_URL": sentinel_broker.url,
+                        "REACTQ_BROKER_SENTINEL_MASTER": MASTER})
+    _, batch, _, out, expected = batch_under_way(cluster, stub_control, tmp_path, 300, 8)
+    # a primary holding a third of the runs (and the active set, unless that one is the URL's seed node, which
+    # new processes need: a deployment names a seed that outlives any one node, such as a Service)
+    primaries = [port for port, role in redis_cluster.roles().items() if role == "master"]
+    victim = redis_cluster.primary_of(keys.ACTIVE_RUNS)
+    if victim == redis_cluster.ports[0]:
+        victim = next(port for port in primaries if port != redis_cluster.ports[0])
+    slot_key = next(k for k in (f"probe-{i}" for i in range(10_000)) if redis_cluster.primary_of(k) == victim)
+    redis_cluster.kill(victim)
+    wait_for("a replica to take over the killed primary's slots", lambda: redis_cluster.primary_of(slot_key),
+             60, 0.2, until=lambda port: port != victim, ignoring=(RedisClusterException, RedisError))
+    cluster.wait_for_results(out, len(expected) // 2, timeout=180)
+    assert sentinel_broker.primary.proc is not None
+    sentinel_broker.primary.proc.kill()  # SIGKILL: what the broker's replica had not received is gone
+    sentinel_broker.primary.proc.wait(10)
+    sentinel_broker.primary.proc = None
+    wait_for("Sentinel to promote the broker's replica", sentinel_broker.master_port, 60, 0.2,
+             until=lambda port: port == sentinel_broker.replica_port)
+    stderr = cluster.finish_batch(batch, timeout=300)
+    assert batch.returncode == 0, stderr[-3000:]
+    lines = assert_all_answered(out, expected)
+    state = state_client(redis_cluster.url)
+    store = RunStore(state)
+    total_steps = 0
+    for line in lines.values():
+        run = store.load_run(line["run_id"])
+        assert run is not None and run.status.value == "succeeded"
+        assert [s.index for s in store.load_steps(run.id)] == list(range(run.current_step))  # each step once
+        assert not state.exists(keys.outbox(run.id))
+        total_steps += run.current_step
+    assert state.zcard(keys.ACTIVE_RUNS) == 0
+    completions = stub_control.stats()["completions"]
+    assert total_steps <= completions <= total_steps + 2 * len(expected), (completions, total_steps)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import redis
 
+from . import keys
 from .models import SandboxResult
 from .request import ExecuteRequest
 
@@ -21,9 +22,15 @@ UNREACHABLE: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, re
 _KEEP_PENDING = (Path(__file__).parent / "keep_pending.lua").read_text()
 
 
-def connect(redis_url: str) -> redis.Redis:
-    """A sandbox worker's Redis client (its quota gate's and its calls')."""
-    return redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+def connect(redis_url: str, socket_timeout: float = 10) -> redis.Redis:
+    """A sandbox worker's Redis client (its quota gate's and its calls'); a Redis Cluster's for a
+    redis+cluster:// URL, with the quota keys' shared hash tag on."""
+    if redis_url.startswith(("redis+cluster://", "rediss+cluster://")):
+        keys.use_hash_tags(True)
+        cluster = redis.RedisCluster.from_url(redis_url.replace("+cluster://", "://", 1),
+                                              socket_timeout=socket_timeout, socket_connect_timeout=5)
+        return cluster  # type: ignore[return-value]  # the commands used here are both clients'
+    return redis.Redis.from_url(redis_url, socket_timeout=socket_timeout, socket_connect_timeout=5)
 
 
 class CallStore:

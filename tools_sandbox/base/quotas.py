@@ -38,6 +38,7 @@ import redis
 from redis.commands.core import Script
 
 from . import keys
+from .calls import connect
 from .models import Tier
 
 SLOT_GRACE_S = 30
@@ -111,7 +112,7 @@ class QuotaGate:
         self._wake: Script | None = None
 
     def start(self) -> None:
-        self._client = self._given or redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self._client = self._given or connect(self.redis_url, socket_timeout=5)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._wake = self._client.register_script(_WAKE)
 

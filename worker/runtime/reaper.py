@@ -147,6 +147,8 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
 
     kicked = []
     for (run_id, progress_at), run, mark, held in zip(candidates, runs, taken, leased, strict=True):
+        if rt.store.on_cluster and run is not None and not held:
+            rt.store.outbox.drain(run_id)  # what a writer that died did not apply on other shards (store/outbox.py)
         if run is None or run.status.finished:  # a missing record (expired, or lost with Redis data) too
             rt.cluster.forget_active(run_id)
             metrics.REAPER_ACTIONS.labels(ReaperAction.DROPPED).inc()

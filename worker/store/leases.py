@@ -64,7 +64,7 @@ class Leases:
         """Extend each (run id, token) lease that is still ours."""
         pipe = self.r.pipeline(transaction=False)
         for run_id, token in held:
-            pipe.eval(_RENEW_LEASE, 1, keys.lease(run_id), token, ttl_ms)
+            pipe.execute_command("EVAL", _RENEW_LEASE, 1, keys.lease(run_id), token, ttl_ms)  # a cluster's pipeline too
         pipe.execute()
 
     def release(self, run_id: str, token: str) -> None:

@@ -26,7 +26,7 @@ from pydantic import TypeAdapter
 
 from ..core.engine import End
 from ..core.models import Run, RunStatus, Step
-from . import keys
+from . import keys, replicated
 from .batches import BatchStore, batch_keys
 from .cas import (
     CAS_SCRIPT,
@@ -234,7 +234,10 @@ class RunStore:
         """Write the decided record if the stored one is still `expected` (cas.py); None if it is not."""
         script_keys = [keys.run(run_id), keys.lease(run_id), keys.events(run_id), keys.events_compacted(run_id)]
         args = cas_args(expected, d.snapshot.raw, release_lease, d.commands, script_keys, d.compact)
-        replies = self._cas(keys=script_keys, args=args)
+        if self.on_cluster:  # acknowledged by a replica before the next step may read it (replicated.py)
+            replies = replicated.run_script(self.r, self._cas, script_keys, args)  # type: ignore[arg-type]
+        else:
+            replies = self._cas(keys=script_keys, args=args)
         return self._written(run_id, d, replies) if replies != 0 else None
 
     def _write_watched(self, run_id: str, decide: Callable[[Run, bool], _Decided | None],
@@ -251,11 +254,11 @@ class RunStore:
             def writes(pipe: Any) -> Callable[[list[Any]], None]:
                 pipe.set(key, d.snapshot.raw, keepttl=True)
                 if release_lease:
-                    pipe.eval(RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
+                    pipe.execute_command("EVAL", RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
                 for command in d.commands:
                     pipe.execute_command(*command)
                 if d.compact:
-                    pipe.eval(COMPACT_SCRIPT, 2, keys.events(run_id), keys.events_compacted(run_id))
+                    pipe.execute_command("EVAL", COMPACT_SCRIPT, 2, keys.events(run_id), keys.events_compacted(run_id))
                 first = 1 + bool(release_lease)
                 return lambda results: replies.extend(results[first:first + len(d.commands)])
 

@@ -10,9 +10,10 @@ import redis
 
 from . import keys
 
-_RUN_RECORD = re.compile(rf"^{keys.PREFIX}:run:([^:]+)$")
-_RUN_ANY = re.compile(rf"^{keys.PREFIX}:run:([^:]+)(?::.*)?$")
-_BATCH_RECORD = re.compile(rf"^{keys.PREFIX}:batch:([^:]+)$")
+# an id, or (on a Redis Cluster) an id as a hash tag: {id}
+_RUN_RECORD = re.compile(rf"^{keys.PREFIX}:run:{{?([^:{{}}]+)}}?$")
+_RUN_ANY = re.compile(rf"^{keys.PREFIX}:run:{{?([^:{{}}]+)}}?(?::.*)?$")
+_BATCH_RECORD = re.compile(rf"^{keys.PREFIX}:batch:{{?([^:{{}}]+)}}?$")
 CHUNK = 500
 
 

@@ -46,7 +46,7 @@ class WebhookStore:
         return raw.decode()
 
     def create(self, delivery: Delivery) -> Delivery:
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self.r.pipeline(transaction=False)  # on a cluster the record and the tenant's index are apart
         pipe.set(keys.webhook_delivery(delivery.id), delivery.model_dump_json(), ex=self.keep_s)
         pipe.zadd(keys.tenant_deliveries(delivery.tenant), {delivery.id: delivery.created_at})
         pipe.zremrangebyscore(keys.tenant_deliveries(delivery.tenant), "-inf", time.time() - self.keep_s)
