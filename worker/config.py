@@ -143,6 +143,9 @@ class Settings(BaseSettings):
 
     # capacity
     redis_max_connections: int = Field(512, ge=8)
+    # on a Redis Cluster: the replicas that must acknowledge a commit or a new run before it counts (WAIT on the
+    # primary's connection, up to 1 s; 0: none, asynchronous replication only; docs/decisions/redis-cluster.md)
+    redis_wait_replicas: int = Field(1, ge=0, le=5)
     llm_max_connections: int = Field(512, ge=1)
 
     # human approval

@@ -58,7 +58,8 @@ class Runtime:
 
     @cached_property
     def store(self) -> RunStore:
-        return RunStore(self.redis, self.settings.run_ttl_s, self.settings.retention_s)
+        return RunStore(self.redis, self.settings.run_ttl_s, self.settings.retention_s,
+                        wait_replicas=self.settings.redis_wait_replicas)
 
     @cached_property
     def tenants(self) -> Tenants:

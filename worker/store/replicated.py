@@ -24,7 +24,6 @@ from .cas import Command
 
 log = logging.getLogger("reactq.store")
 
-REPLICAS = 1  # acknowledgements asked for: every primary of the shipped layouts has one replica
 WAIT_MS = 1000
 _REROUTE = (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError,
             redis.exceptions.ClusterDownError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -34,35 +33,37 @@ def _node_client(cluster: RedisCluster, key: str) -> redis.Redis:
     return cluster.get_redis_connection(cluster.get_node_from_key(key))
 
 
-def _waited(client: redis.Redis, commands: list[Command]) -> list[Any]:
+def _waited(client: redis.Redis, commands: list[Command], replicas: int) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)
-    pipe.execute_command("WAIT", REPLICAS, WAIT_MS)
+    if replicas == 0:
+        return list(pipe.execute())
+    pipe.execute_command("WAIT", replicas, WAIT_MS)
     *replies, acked = pipe.execute()
-    if int(acked) < REPLICAS:
-        log.warning("a write was not acknowledged by a replica in time", extra={"replicas": int(acked)})
+    if int(acked) < replicas:
+        log.warning("a write was not acknowledged by its replicas in time", extra={"replicas": int(acked)})
     return replies
 
 
-def run_script(cluster: RedisCluster, script: Script, script_keys: list[str], args: list[Any]) -> Any:
-    """`script` on the primary of its first key's slot, then WAIT; its reply."""
+def run_script(cluster: RedisCluster, script: Script, script_keys: list[str], args: list[Any], replicas: int) -> Any:
+    """`script` on the primary of its first key's slot, then WAIT for `replicas`; its reply."""
     command = ("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
     try:
         client = _node_client(cluster, script_keys[0])
         try:
-            return _waited(client, [command])[0]
+            return _waited(client, [command], replicas)[0]
         except redis.exceptions.NoScriptError:  # a node that never ran it (a replica promoted since)
             client.script_load(script.script)
-            return _waited(client, [command])[0]
+            return _waited(client, [command], replicas)[0]
     except _REROUTE:
         log.info("a cluster node moved or failed during a write; going through the cluster client")
         return script(keys=script_keys, args=args)
 
 
-def run_commands(cluster: RedisCluster, commands: list[Command]) -> list[Any]:
+def run_commands(cluster: RedisCluster, commands: list[Command], replicas: int) -> list[Any]:
     """Commands (each on its first argument's key) grouped by the primary serving them, each group followed
-    by WAIT; their replies in order."""
+    by WAIT for `replicas`; their replies in order."""
     by_node: dict[str, list[int]] = {}
     for i, command in enumerate(commands):
         by_node.setdefault(cluster.get_node_from_key(command[1]).name, []).append(i)
@@ -70,7 +71,7 @@ def run_commands(cluster: RedisCluster, commands: list[Command]) -> list[Any]:
     for indexes in by_node.values():
         group = [commands[i] for i in indexes]
         try:
-            got = _waited(_node_client(cluster, str(group[0][1])), group)
+            got = _waited(_node_client(cluster, str(group[0][1])), group, replicas)
         except _REROUTE:
             log.info("a cluster node moved or failed during a write; going through the cluster client")
             pipe = cluster.pipeline(transaction=False)

@@ -143,7 +143,8 @@ def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, inva
 
 
 class RunStore:
-    def __init__(self, client: redis.Redis, run_ttl_s: int = 7 * 24 * 3600, retention_s: int = 30 * 24 * 3600) -> None:
+    def __init__(self, client: redis.Redis, run_ttl_s: int = 7 * 24 * 3600, retention_s: int = 30 * 24 * 3600, *,
+                 wait_replicas: int = 1) -> None:
         self.r = client
         self.ttl = run_ttl_s  # every key of an unfinished run; refreshed on each step
         self.retention = retention_s  # a finished run's record, steps and events
@@ -151,7 +152,8 @@ class RunStore:
         self.batches = BatchStore(client, self.batch_ttl)
         self._cas = client.register_script(CAS_SCRIPT)
         self._compact = client.register_script(COMPACT_SCRIPT)
-        self.submissions = SubmissionStore(client, run_ttl_s, self.batch_ttl)
+        self.wait_replicas = wait_replicas  # on a cluster (replicated.py)
+        self.submissions = SubmissionStore(client, run_ttl_s, self.batch_ttl, wait_replicas)
         self.sweep = Sweep(client)
         self.scratch = StepScratch(client, run_ttl_s)
         self.claims = Claims(client)
@@ -235,7 +237,8 @@ class RunStore:
         script_keys = [keys.run(run_id), keys.lease(run_id), keys.events(run_id), keys.events_compacted(run_id)]
         args = cas_args(expected, d.snapshot.raw, release_lease, d.commands, script_keys, d.compact)
         if self.on_cluster:  # acknowledged by a replica before the next step may read it (replicated.py)
-            replies = replicated.run_script(self.r, self._cas, script_keys, args)  # type: ignore[arg-type]
+            replies = replicated.run_script(self.r, self._cas, script_keys, args,  # type: ignore[arg-type]
+                                            self.wait_replicas)
         else:
             replies = self._cas(keys=script_keys, args=args)
         return self._written(run_id, d, replies) if replies != 0 else None

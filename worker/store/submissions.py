@@ -35,8 +35,9 @@ _CREATE_RUNS = COMMANDS_FUNCTION + lua(__file__, "create_runs.lua")
 
 
 class SubmissionStore:
-    def __init__(self, client: redis.Redis, run_ttl_s: int, batch_ttl_s: int) -> None:
+    def __init__(self, client: redis.Redis, run_ttl_s: int, batch_ttl_s: int, wait_replicas: int = 1) -> None:
         self.r = client
+        self.wait_replicas = wait_replicas
         self.ttl = run_ttl_s
         self.batch_ttl = batch_ttl_s
         self._create = client.register_script(_CREATE_RUNS)
@@ -116,7 +117,7 @@ class SubmissionStore:
                 undo += [("SREM", keys.tenant_inflight(tenant), *ids), ("ZREM", keys.tenant_runs(tenant), *ids)]
             run_commands(self.r, undo)
             raise
-        replicated.run_commands(self.r, records)  # type: ignore[arg-type]  # on a replica before a step reads them
+        replicated.run_commands(self.r, records, self.wait_replicas)  # type: ignore[arg-type]  # on a replica before a step reads them
         run_commands(self.r, batch)
         return replies
 
