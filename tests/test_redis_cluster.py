@@ -19,9 +19,10 @@ from tests.fixtures_services import RedisServer
 from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
 from tests.test_recovery import batch_under_way
-from tests.waiting import wait_for
+from tests.waiting import WaitTimeout, wait_for
 from worker.store import keys
-from worker.store.outbox import slot_of
+from worker.core.models import Run, RunSpec, RunStatus
+from worker.store.outbox import Entry, marker, slot_of, split
 from worker.store.runs import RunStore
 
 pytestmark = pytest.mark.integration
@@ -60,7 +61,11 @@ def test_a_cluster_primary_then_the_broker_primary_killed_mid_batch_lose_nothing
     redis_cluster.kill(victim)
     wait_for("a replica to take over the killed primary's slots", lambda: redis_cluster.primary_of(slot_key),
              60, 0.2, until=lambda port: port != victim, ignoring=(RedisClusterException, RedisError))
-    cluster.wait_for_results(out, len(expected) // 2, timeout=180)
+    try:
+        cluster.wait_for_results(out, len(expected) // 2, timeout=180)
+    except WaitTimeout:
+        batch.kill()
+        raise AssertionError(f"the batch stalled; it said: {batch.communicate()[1][-12000:]}") from None
     assert sentinel_broker.primary.proc is not None
     sentinel_broker.primary.proc.kill()  # SIGKILL: what the broker's replica had not received is gone
     sentinel_broker.primary.proc.wait(10)
@@ -82,3 +87,42 @@ def test_a_cluster_primary_then_the_broker_primary_killed_mid_batch_lose_nothing
     assert state.zcard(keys.ACTIVE_RUNS) == 0
     completions = stub_control.stats()["completions"]
     assert total_steps <= completions <= total_steps + 2 * len(expected), (completions, total_steps)
+
+
+def test_a_writer_that_dies_before_applying_its_outbox_leaves_it_to_the_next_and_nothing_is_applied_twice(
+        redis_cluster: RedisClusterNodes, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = state_client(redis_cluster.url)
+    store = RunStore(state)
+    run = Run(spec=RunSpec(question="What is 6 * 7?", batch_id="b1"))
+    store.submissions.create_runs([run], batch_id="b1")
+    assert state.zscore(keys.ACTIVE_RUNS, run.id) is not None and state.sismember(keys.tenant_inflight("default"), run.id)
+
+    def dies(run_id: str, raws: list[bytes]) -> dict[int, list[object]]:
+        raise SystemExit("the worker died right after its commit")
+
+    monkeypatch.setattr(store.outbox, "apply", dies)
+    with pytest.raises(SystemExit):
+        store.finish(run.id, RunStatus.FAILED, "stopped")
+    monkeypatch.undo()
+    # the run's own shard has it all: ended, and the writes for other shards waiting in its outbox
+    assert store.load_run(run.id).status is RunStatus.FAILED  # type: ignore[union-attr]
+    [entry] = state.lrange(keys.outbox(run.id), 0, -1)
+    assert state.hget(keys.batch("b1"), "status:failed") is None and state.llen(keys.batch_done("b1")) == 0
+    assert state.zscore(keys.ACTIVE_RUNS, run.id) is not None  # still found by the reaper
+
+    assert store.outbox.drain(run.id) == 1  # what the reaper does with a stale run
+    assert state.hget(keys.batch("b1"), "status:failed") == b"1" and state.llen(keys.batch_done("b1")) == 1
+    assert not state.sismember(keys.tenant_inflight("default"), run.id)
+    assert state.zscore(keys.ACTIVE_RUNS, run.id) is None and not state.exists(keys.outbox(run.id))
+    store.outbox.apply(run.id, [entry])  # a second writer that read the same entry before it went
+    assert state.hget(keys.batch("b1"), "status:failed") == b"1" and state.llen(keys.batch_done("b1")) == 1
+
+
+def test_outbox_entries_and_markers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keys, "_hash_tags", True)
+    entry = Entry(3, [("HINCRBY", "reactq:tenant:{t}:usage", "prompt_tokens", 5)], last=False)
+    assert Entry.decode(entry.encode()) == entry
+    assert marker("reactq:batch:{b1}:done") == "reactq:applied:{b1}"
+    assert slot_of(marker("reactq:active")) == slot_of("reactq:active")  # an untagged key's marker is on its slot
+    local, remote = split("r1", [("RPUSH", "reactq:run:{r1}:steps", "x"), ("ZADD", "reactq:active", 1, "r1")])
+    assert local == [("RPUSH", "reactq:run:{r1}:steps", "x")] and remote == [("ZADD", "reactq:active", 1, "r1")]

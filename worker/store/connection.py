@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterPipeline, PipelineStrategy, RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..config import is_cluster_url
 from ..errors import StoreUnavailable
 from . import keys
+
+T = TypeVar("T")
 
 RedisError = redis.exceptions.RedisError  # what any store call raises when Redis fails (the API maps it to 503)
 Client = redis.Redis  # the synchronous client the store classes are built on
@@ -24,12 +29,59 @@ def _retry() -> Retry:
                  supported_errors=(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError))
 
 
+CLUSTER_PATIENCE_S = 30.0  # about what the single client's retries ride out: a failover takes a few seconds
+
+
+def _patiently(call: Callable[[], T], again: Callable[[], None] = lambda: None) -> T:
+    """`call`, again after a growing pause while it fails with a cluster error, for up to CLUSTER_PATIENCE_S."""
+    deadline, pause = time.monotonic() + CLUSTER_PATIENCE_S, 0.05
+    while True:
+        try:
+            return call()
+        except RedisCluster.ERRORS_ALLOW_RETRY:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
+            again()
+
+
+class PatientPipeline(ClusterPipeline):
+    """A cluster pipeline that rides out a failover (see PatientCluster); a command that had run before the
+    error runs again, as after a single client's retry of a lost reply."""
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        strategy = self._execution_strategy
+        if not isinstance(strategy, PipelineStrategy):  # a WATCH/MULTI transaction: its caller starts again
+            return super().execute(raise_on_error)
+        queued = list(strategy.command_queue)
+
+        def requeue() -> None:
+            strategy.command_queue = list(queued)
+
+        return _patiently(lambda: ClusterPipeline.execute(self, raise_on_error), requeue)
+
+
+class PatientCluster(RedisCluster):
+    """A Redis Cluster client that rides out a failover. redis-py retries a command's or a pipeline's cluster
+    errors at once, some twenty times in a few milliseconds, while a replica needs seconds to take over its
+    primary's slots; this one tries again after a growing pause, for up to CLUSTER_PATIENCE_S."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return _patiently(lambda: RedisCluster.execute_command(self, *args, **kwargs))
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+        pipe = super().pipeline(transaction, shard_hint)
+        pipe.__class__ = PatientPipeline
+        return pipe
+
+
 def connect_cluster(url: str, max_connections: int = 64) -> redis.Redis:
     """A Redis Cluster client from one seed node (redis+cluster://...), and this process's keys tagged by
     run, batch, tenant and model (keys.use_hash_tags) so that each lives on one shard."""
     keys.use_hash_tags(True)
     plain = url.replace("+cluster://", "://", 1)
-    client = RedisCluster.from_url(
+    client = PatientCluster.from_url(
         plain, max_connections=max_connections, socket_connect_timeout=5, socket_timeout=30,
         socket_keepalive=True, retry=_retry(), cluster_error_retry_attempts=10,
     )

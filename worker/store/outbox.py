@@ -9,7 +9,8 @@ anything in its outbox stays in the active set: its removal from it is applied l
 
 Each entry carries the run record's `outbox_seq` (the record's history is linear, so the numbers are), and
 each shard applies an entry's commands at most once: a marker hash in the commands' own slot remembers the
-last entry applied there per run. Replies to an entry applied elsewhere already are None.
+last entry applied there per run while it runs, and an end marker (END_MARKER_TTL_S) refuses its entries
+once its last one is applied there. Replies to an entry applied elsewhere already are None.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from .scripts import lua
 
 APPLY_SCRIPT = COMMANDS_FUNCTION + lua(__file__, "apply_outbox.lua")
 MARKER_TTL_S = 7 * 24 * 3600  # a marker outlives any run that left entries in it unfinished
+# A finished run's entries are refused for this long after its last one was applied: longer than any writer
+# holds an entry it read (its commit's reply) before applying it. One small key per run and shard meanwhile.
+END_MARKER_TTL_S = 600
 
 
 def slot_of(key: str | bytes) -> int:
@@ -64,6 +68,11 @@ def marker(key: str) -> str:
     return f"{keys.PREFIX}:applied:{{{tag}}}"
 
 
+def end_marker(key: str, run_id: str) -> str:
+    """Beside `marker(key)`: set once the run's last entry was applied in that slot."""
+    return f"{marker(key)}:end:{run_id}"
+
+
 def _groups(commands: list[Command]) -> list[tuple[int, list[tuple[int, Command]]]]:
     """The commands (with their index) grouped by slot, the active set's group last: the run leaves the
     active set only once everything else of its final entry is applied."""
@@ -89,8 +98,10 @@ class Outbox:
             got: list[Any] = [None] * len(entry.commands)
             for _, group in _groups(entry.commands):
                 commands = [c for _, c in group]
-                key_names = [marker(str(commands[0][1]))]
-                args = [run_id, entry.seq, int(entry.last), MARKER_TTL_S, *script_commands(commands, key_names)]
+                first = str(commands[0][1])
+                key_names = [marker(first), end_marker(first, run_id)]
+                args = [run_id, entry.seq, int(entry.last), MARKER_TTL_S, END_MARKER_TTL_S,
+                        *script_commands(commands, key_names)]
                 result = self._apply(keys=key_names, args=args)
                 if result != 0:
                     for (i, _), reply in zip(group, result, strict=True):
