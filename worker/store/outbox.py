@@ -23,7 +23,7 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
-from . import keys
+from . import keys, replicated
 from .cas import COMMANDS_FUNCTION, Command, script_commands
 from .scripts import lua
 
@@ -84,8 +84,9 @@ def _groups(commands: list[Command]) -> list[tuple[int, list[tuple[int, Command]
 
 
 class Outbox:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, wait_replicas: int = 1) -> None:
         self.r = client
+        self.wait_replicas = wait_replicas  # each shard's part acknowledged by its replicas (replicated.py)
         self._apply = client.register_script(APPLY_SCRIPT)
 
     def apply(self, run_id: str, raws: Iterable[bytes]) -> dict[int, list[Any]]:
@@ -102,7 +103,8 @@ class Outbox:
                 key_names = [marker(first), end_marker(first, run_id)]
                 args = [run_id, entry.seq, int(entry.last), MARKER_TTL_S, END_MARKER_TTL_S,
                         *script_commands(commands, key_names)]
-                result = self._apply(keys=key_names, args=args)
+                result = replicated.run_script(self.r, self._apply, key_names, args,  # type: ignore[arg-type]
+                                               self.wait_replicas)
                 if result != 0:
                     for (i, _), reply in zip(group, result, strict=True):
                         got[i] = reply

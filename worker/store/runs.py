@@ -158,7 +158,7 @@ class RunStore:
         self.scratch = StepScratch(client, run_ttl_s)
         self.claims = Claims(client)
         self.on_cluster = keys.hash_tags()
-        self.outbox = Outbox(client)
+        self.outbox = Outbox(client, wait_replicas)
 
     # --- run records -------------------------------------------------------------------------
     def load_run(self, run_id: str) -> Run | None:
