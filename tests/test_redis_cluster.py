@@ -20,8 +20,8 @@ from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
 from tests.test_recovery import batch_under_way
 from tests.waiting import WaitTimeout, wait_for
-from worker.store import keys
 from worker.core.models import Run, RunSpec, RunStatus
+from worker.store import keys
 from worker.store.outbox import Entry, marker, slot_of, split
 from worker.store.runs import RunStore
 
