@@ -95,7 +95,8 @@ def test_a_writer_that_dies_before_applying_its_outbox_leaves_it_to_the_next_and
     store = RunStore(state)
     run = Run(spec=RunSpec(question="What is 6 * 7?", batch_id="b1"))
     store.submissions.create_runs([run], batch_id="b1")
-    assert state.zscore(keys.ACTIVE_RUNS, run.id) is not None and state.sismember(keys.tenant_inflight("default"), run.id)
+    assert state.zscore(keys.ACTIVE_RUNS, run.id) is not None
+    assert state.sismember(keys.tenant_inflight("default"), run.id)
 
     def dies(run_id: str, raws: list[bytes]) -> dict[int, list[object]]:
         raise SystemExit("the worker died right after its commit")
