@@ -8,6 +8,7 @@ bounded. Every key of a run is on its run's shard; nothing of a run is left in i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests.fixtures_cluster import Cluster, state_client
 from tests.fixtures_redis_cluster import MASTER, RedisClusterNodes, SentinelBroker
 from tests.fixtures_services import RedisServer
 from tests.fixtures_stub import StubControl
-from tests.test_integration import assert_all_answered
+from tests.test_integration import SAMPLE, assert_all_answered
 from tests.test_recovery import batch_under_way
 from tests.waiting import WaitTimeout, wait_for
 from worker.core.models import Run, RunSpec, RunStatus
@@ -28,14 +29,17 @@ from worker.store.runs import RunStore
 pytestmark = pytest.mark.integration
 
 
-def test_a_batch_runs_on_a_redis_cluster(cluster: Cluster, redis_cluster: RedisClusterNodes, own_redis: RedisServer,
-                                         stub_control: StubControl, tmp_path: Path) -> None:
+def test_the_sample_batch_runs_on_a_redis_cluster_python_included(
+        cluster: Cluster, redis_cluster: RedisClusterNodes, own_redis: RedisServer, tmp_path: Path) -> None:
     cluster.env["REACTQ_REDIS_URL"] = redis_cluster.url
     cluster.env["REACTQ_BROKER_URL"] = own_redis.url
-    _, batch, _, out, expected = batch_under_way(cluster, stub_control, tmp_path, 50, 8)
-    stderr = cluster.finish_batch(batch)
-    assert batch.returncode == 0, stderr[-3000:]
-    lines = assert_all_answered(out, expected)
+    cluster.start_worker(queues="steps,sandbox", concurrency=8)
+    items = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    infile, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    infile.write_text("".join(json.dumps({"id": i["id"], "question": i["question"]}) + "\n" for i in items))
+    done = cluster.reactq("batch", str(infile), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = assert_all_answered(out, {i["id"]: i["expected"] for i in items})
     state = state_client(redis_cluster.url)
     for line in lines.values():
         run_id = line["run_id"]
@@ -43,6 +47,7 @@ def test_a_batch_runs_on_a_redis_cluster(cluster: Cluster, redis_cluster: RedisC
         assert run_keys and {slot_of(k) for k in run_keys} == {slot_of(keys.run(run_id))}
         assert not state.exists(keys.outbox(run_id))
     assert state.zcard(keys.ACTIVE_RUNS) == 0
+    assert list(state.scan_iter("reactq:sandbox:{quota}:*"))  # the python runs' quota keys, tagged
 
 
 def test_a_cluster_primary_then_the_broker_primary_killed_mid_batch_lose_nothing(
