@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 from redis.exceptions import RedisClusterException, RedisError
 
+from tests.fixtures_api import make_key, start_api
 from tests.fixtures_cluster import Cluster, state_client
 from tests.fixtures_redis_cluster import MASTER, RedisClusterNodes, SentinelBroker
 from tests.fixtures_services import RedisServer
 from tests.fixtures_stub import StubControl
 from tests.test_integration import SAMPLE, assert_all_answered
 from tests.test_recovery import batch_under_way
+from tests.test_tenancy import tenant_id
 from tests.waiting import WaitTimeout, wait_for
 from worker.core.models import Run, RunSpec, RunStatus
 from worker.store import keys
@@ -132,3 +134,28 @@ def test_outbox_entries_and_markers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert slot_of(marker("reactq:active")) == slot_of("reactq:active")  # an untagged key's marker is on its slot
     local, remote = split("r1", [("RPUSH", "reactq:run:{r1}:steps", "x"), ("ZADD", "reactq:active", 1, "r1")])
     assert local == [("RPUSH", "reactq:run:{r1}:steps", "x")] and remote == [("ZADD", "reactq:active", 1, "r1")]
+
+
+def test_the_api_serves_runs_from_a_redis_cluster(cluster: Cluster, redis_cluster: RedisClusterNodes,
+                                                  own_redis: RedisServer) -> None:
+    cluster.env["REACTQ_REDIS_URL"] = redis_cluster.url
+    cluster.env["REACTQ_BROKER_URL"] = own_redis.url
+    cluster.start_worker(queues="steps", concurrency=4)
+    key = make_key(cluster, "acme", plan="standard", via_cli=True)
+    api = start_api(cluster)
+    try:
+        client = api.client(key)
+        created = client.post("/v1/runs", json={"question": "What is 6 * 7?"})
+        assert created.status_code == 201, created.text
+        run_id = created.json()["run_id"]
+        with client.stream("GET", f"/v1/runs/{run_id}/events") as events:  # the asyncio client's stream reads
+            kinds = [line.split(":", 1)[1].strip() for line in events.iter_lines() if line.startswith("event:")]
+        assert kinds[0] == "queued" and kinds[-1] == "finished", kinds
+        run = client.get(f"/v1/runs/{run_id}").json()
+        assert run["status"] == "succeeded" and run["answer"] == "42", run
+        listed = client.get("/v1/runs").json()
+        assert [r["run_id"] for r in listed["runs"]] == [run_id], listed
+        state = state_client(redis_cluster.url)
+        assert state.hget(keys.tenant_usage(tenant_id(cluster, "acme")), "prompt_tokens")  # through the outbox
+    finally:
+        api.stop()

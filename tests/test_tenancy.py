@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from tests.fixtures_api import Api, make_key, start_api
-from tests.fixtures_cluster import Cluster, wait_until
+from tests.fixtures_cluster import Cluster, state_client, wait_until
 from tests.fixtures_services import RedisServer
 from worker.store import keys
 from worker.store.tenant_records import TenantStore
@@ -117,7 +117,7 @@ def test_tier_comes_from_the_plan(tenancy_cluster: Cluster, api_server: Callable
 
 def tenant_id(c: Cluster, name: str) -> str:
     """The id the tenant named `name` has now (its data is stored under it)."""
-    client = redis.Redis.from_url(c.env["REACTQ_REDIS_URL"])
+    client = state_client(c.env["REACTQ_REDIS_URL"])
     try:
         return Tenants(TenantStore(client), c.settings()).resolve(name)
     finally:
