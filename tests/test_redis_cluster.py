@@ -50,6 +50,9 @@ def test_the_sample_batch_runs_on_a_redis_cluster_python_included(
         assert not state.exists(keys.outbox(run_id))
     assert state.zcard(keys.ACTIVE_RUNS) == 0
     assert list(state.scan_iter("reactq:sandbox:{quota}:*"))  # the python runs' quota keys, tagged
+    purged = cluster.reactq("purge", "--older-than", "0d", "--json")  # retention scans every primary
+    assert json.loads(purged.stdout)["runs"] == len(items), purged.stderr[-2000:]
+    assert not list(state.scan_iter("reactq:run:*"))
 
 
 def test_a_cluster_primary_then_the_broker_primary_killed_mid_batch_lose_nothing(
