@@ -32,6 +32,9 @@ MARKER_TTL_S = 7 * 24 * 3600  # a marker outlives any run that left entries in i
 # A finished run's entries are refused for this long after its last one was applied: longer than any writer
 # holds an entry it read (its commit's reply) before applying it. One small key per run and shard meanwhile.
 END_MARKER_TTL_S = 600
+# Commands whose second application changes nothing the reaper does not mend (an active-set ZADD applied after
+# the run's ZREM leaves a finished run there, which the reaper drops): applied without a marker.
+IDEMPOTENT = frozenset({"ZADD", "ZREM", "SADD", "SREM", "EXPIRE", "DEL"})
 
 
 def slot_of(key: str | bytes) -> int:
@@ -99,12 +102,10 @@ class Outbox:
             got: list[Any] = [None] * len(entry.commands)
             for _, group in _groups(entry.commands):
                 commands = [c for _, c in group]
-                first = str(commands[0][1])
-                key_names = [marker(first), end_marker(first, run_id)]
-                args = [run_id, entry.seq, int(entry.last), MARKER_TTL_S, END_MARKER_TTL_S,
-                        *script_commands(commands, key_names)]
-                result = replicated.run_script(self.r, self._apply, key_names, args,  # type: ignore[arg-type]
-                                               self.wait_replicas)
+                if all(c[0] in IDEMPOTENT for c in commands):  # the active set's: no marker needed
+                    result = replicated.run_commands(self.r, commands, self.wait_replicas)  # type: ignore[arg-type]
+                else:
+                    result = self._apply_once(run_id, entry, commands)
                 if result != 0:
                     for (i, _), reply in zip(group, result, strict=True):
                         got[i] = reply
@@ -116,6 +117,13 @@ class Outbox:
                 pipe.lrem(keys.outbox(run_id), 1, raw)
             pipe.execute()
         return replies
+
+    def _apply_once(self, run_id: str, entry: Entry, commands: list[Command]) -> Any:
+        first = str(commands[0][1])
+        key_names = [marker(first), end_marker(first, run_id)]
+        args = [run_id, entry.seq, int(entry.last), MARKER_TTL_S, END_MARKER_TTL_S,
+                *script_commands(commands, key_names)]
+        return replicated.run_script(self.r, self._apply, key_names, args, self.wait_replicas)  # type: ignore[arg-type]
 
     def drain(self, run_id: str) -> int:
         """Apply whatever the run's outbox holds (a writer died before it did); how many entries."""
