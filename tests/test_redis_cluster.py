@@ -162,3 +162,28 @@ def test_the_api_serves_runs_from_a_redis_cluster(cluster: Cluster, redis_cluste
         assert state.hget(keys.tenant_usage(tenant_id(cluster, "acme")), "prompt_tokens")  # through the outbox
     finally:
         api.stop()
+
+
+def test_on_a_cluster_each_run_tenant_batch_and_model_keeps_its_keys_on_one_slot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert keys.run("r1") == "reactq:run:r1" and keys.tenant("t") == "reactq:tenant:t"  # a single Redis: as ever
+    monkeypatch.setattr(keys, "_hash_tags", True)
+    families = {
+        "run": [keys.run("r1"), keys.steps("r1"), keys.events("r1"), keys.events_compacted("r1"), keys.reply("r1", 0),
+                keys.tool_results("r1", 0), keys.sandbox_dispatch("r1", 0, "c"), keys.sandbox_pending("r1", 0),
+                keys.lease("r1"), keys.outbox("r1"), keys.step_taken("r1"), keys.sandbox_result("r1", 0, "c"),
+                keys.approval_counted("r1", 0, "c"), keys.reaper_suspect("r1")],
+        "tenant": [keys.tenant("t"), keys.tenant_keys("t"), keys.tenant_runs("t"), keys.tenant_inflight("t"),
+                   keys.tenant_spend("t", "d:2026-12-06"), keys.tenant_spend("t", "m:2026-12"), keys.tenant_usage("t"),
+                   keys.tenant_submissions("t", 1), keys.tenant_submitted("t", 1), keys.tenant_streams("t"),
+                   keys.tenant_webhook("t"), keys.tenant_deliveries("t"), keys.tenant_batches("t"),
+                   keys.tenant_eval_reports("t"), keys.eval_report("t", "e"), keys.tool_cache("t", "x", "d")],
+        "batch": [keys.batch("b"), keys.batch_runs("b"), keys.batch_done("b"), keys.batch_ids("b"),
+                  keys.batch_webhook_sent("b")],
+        "model": [keys.llm_limit("m", "rpm"), keys.llm_limit("m", "tpm"), keys.llm_window("m"), keys.llm_cooldown("m"),
+                  keys.llm_circuit("m"), keys.llm_in_flight("m"), keys.llm_failures("m")],
+        "webhook slots": [keys.webhook_tenant_in_flight("t"), keys.webhook_host_in_flight("example.com")],
+    }
+    for family, names in families.items():
+        assert len({slot_of(name) for name in names}) == 1, family
+    assert len({slot_of(names[0]) for names in families.values()}) == len(families)  # and not all on one
