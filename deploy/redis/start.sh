@@ -24,4 +24,9 @@ for name in REDIS_API_PASSWORD REDIS_STEP_WORKER_PASSWORD REDIS_SANDBOX_WORKER_P
 done
 grep -v '^#' "$acl.tmp" | grep -v '^$' > "$acl"
 rm -f "$acl.tmp"
+# A server with a `replica` user replicates as that user whenever it is (or becomes) a replica: a cluster
+# node, a Sentinel-managed broker. The password stays out of the compose file and the pod spec.
+if [ -n "${REDIS_REPLICA_PASSWORD:-}" ]; then
+    exec redis-server "$@" --aclfile "$acl" --masteruser replica --masterauth "$REDIS_REPLICA_PASSWORD"
+fi
 exec redis-server "$@" --aclfile "$acl"
