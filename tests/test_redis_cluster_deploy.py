@@ -213,14 +213,16 @@ def test_the_cluster_profile_points_the_app_at_the_cluster_and_the_sentinels() -
 # ---- Prometheus: the cluster variants of the scrape configs ----
 
 def test_the_cluster_scrape_configs_are_the_shipped_ones_plus_the_cluster_jobs() -> None:
-    for base, variant, exporter in ((PROMETHEUS_DIR / "prometheus.yml", CLUSTER_PROMETHEUS,
-                                     "redis-cluster-exporter:9121"),
-                                    (K8S_BASE_PROMETHEUS, K8S_CLUSTER_PROMETHEUS,
-                                     "redis-cluster-exporter.reactq.svc.cluster.local:9121")):
+    """Compose keeps its single Redis (an override cannot remove it) and its job; the k8s overlay has none."""
+    for base, variant, exporter, gone in ((PROMETHEUS_DIR / "prometheus.yml", CLUSTER_PROMETHEUS,
+                                           "redis-cluster-exporter:9121", set()),
+                                          (K8S_BASE_PROMETHEUS, K8S_CLUSTER_PROMETHEUS,
+                                           "redis-cluster-exporter.reactq.svc.cluster.local:9121", {"reactq-redis"})):
         done = subprocess.run([promtool_binary(), "check", "config", str(variant)], capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
         shipped, cluster = yaml.safe_load(base.read_text()), yaml.safe_load(variant.read_text())
+        shipped["scrape_configs"] = [j for j in shipped["scrape_configs"] if j["job_name"] not in gone]
         extra = [j for j in cluster["scrape_configs"] if j["job_name"] in CLUSTER_JOBS]
         assert {**cluster, "scrape_configs": [j for j in cluster["scrape_configs"] if j not in extra]} == shipped
         assert {j["job_name"] for j in extra} == CLUSTER_JOBS
@@ -253,16 +255,21 @@ def test_the_overlay_replaces_the_single_redis_with_a_cluster_and_a_sentinel_bro
     [node] = cluster["spec"]["template"]["spec"]["containers"]
     args = " ".join(node["command"] + node.get("args", []))
     assert "/etc/reactq-redis/start.sh /etc/reactq-redis/acl.conf" in args and "cluster-enabled yes" in args
-    env = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in node["env"] if "valueFrom" in e}
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in node["env"]
+           if "secretKeyRef" in e.get("valueFrom", {})}
     assert env["REDIS_REPLICA_PASSWORD"] == "replica" and env["REDIS_CLUSTER_ADMIN_PASSWORD"] == "cluster-admin"
     job = objects[("Job", "redis-cluster-create")]
     create = " ".join(job["spec"]["template"]["spec"]["containers"][0]["command"])
     assert "--cluster create" in create and "--cluster-replicas 1" in create
     assert objects[("StatefulSet", "redis-broker")]["spec"]["replicas"] == 2
     assert objects[("StatefulSet", "redis-sentinel")]["spec"]["replicas"] == 3
-    for name, user in (("api", "api"), ("step-worker", "step-worker"), ("sandbox-worker", "sandbox-worker")):
-        spec = objects[("Deployment", name)]["spec"]["template"]["spec"]
-        [app] = [c for c in spec["containers"] if c["name"] == name]
+    for user in APP_USERS:
+        spec = objects[("Deployment", user)]["spec"]["template"]["spec"]
+        [app] = [c for c in spec["containers"] if any(e["name"] == "REACTQ_REDIS_URL" for e in c.get("env", []))]
+        names = [e["name"] for e in app["env"]]
+        # $(REDIS_PASSWORD) expands only when it is defined before the URLs, and it is the role's key
+        assert names.index("REDIS_PASSWORD") < names.index("REACTQ_REDIS_URL") < names.index("REACTQ_BROKER_URL")
+        assert app["env"][names.index("REDIS_PASSWORD")]["valueFrom"]["secretKeyRef"]["key"] == user
         values = {e["name"]: e.get("value") for e in app["env"]}
         assert values["REACTQ_REDIS_URL"] == (f"redis+cluster://{user}:$(REDIS_PASSWORD)@"
                                               "redis-cluster-0.redis-cluster-headless.reactq.svc.cluster.local:6379")
@@ -275,13 +282,20 @@ def test_the_overlay_replaces_the_single_redis_with_a_cluster_and_a_sentinel_bro
 
 def test_the_overlays_redis_pods_are_reached_only_by_the_app_and_each_other() -> None:
     policies = [o for o in overlay() if o["kind"] == "NetworkPolicy"
-                and o["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/component") in
+                and o["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component") in
                 {"redis-cluster", "redis-broker", "redis-sentinel"}]
     assert {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in policies} == {
         "redis-cluster", "redis-broker", "redis-sentinel"}
     for policy in policies:
         sources = {f.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
                    for rule in policy["spec"]["ingress"] for f in rule["from"]}
-        assert sources <= {"api", "step-worker", "sandbox-worker", "redis-cluster", "redis-broker",
-                           "redis-sentinel", "redis-cluster-exporter"}, policy["metadata"]["name"]
-        assert re.search(r"redis", policy["metadata"]["name"])
+        values = {v for rule in policy["spec"]["ingress"] for f in rule["from"]
+                  for e in f["podSelector"].get("matchExpressions", []) if e["key"] == "app.kubernetes.io/component"
+                  for v in e["values"]}
+        assert sources | values <= {None, "api", "step-worker", "sandbox-worker", "redis-cluster", "redis-broker",
+                                    "redis-sentinel", "redis-cluster-exporter", "redis-cluster-create"}, policy
+        assert "sandbox-worker" in values and re.search(r"redis", policy["metadata"]["name"])
+    # the cluster bus (16379) is open to the cluster's own nodes only
+    [cluster_policy] = [p for p in policies if p["metadata"]["name"] == "redis-cluster-from-reactq-roles"]
+    [bus] = [r for r in cluster_policy["spec"]["ingress"] if {"port": 16379, "protocol": "TCP"} in r["ports"]]
+    assert bus["from"][0]["podSelector"]["matchExpressions"][1]["values"] == ["redis-cluster"]
