@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import yaml
 
 from tests.fixtures_cluster import ROOT
 from tests.fixtures_services import free_port
-from tests.test_compose_stack import wait_until
+from tests.test_compose_stack import stack_images_and_secrets, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
@@ -29,17 +28,7 @@ REDIS_SERVICES = [*NODES, "redis-cluster-create", "broker-0", "broker-1", "senti
 
 def test_the_cluster_profile_comes_up_scraped_and_its_broker_fails_over(docker_engine: object,
                                                                           tmp_path: Path) -> None:
-    build = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_stack_images.py"), "--env-file",
-                            str(tmp_path / "images.env")], capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, f"building the stack images failed:\n{build.stderr[-4000:]}"
-    secrets = tmp_path / "secrets.env"
-    made = subprocess.run(["bash", str(ROOT / "scripts" / "compose-secrets.sh"), str(secrets)],
-                          capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REACTQ_", "DOCKER_"))}
-    for path in (tmp_path / "images.env", secrets):
-        env.update(line.partition("=")[::2] for line in path.read_text().splitlines()
-                   if "=" in line and not line.startswith("#"))
+    env = stack_images_and_secrets(tmp_path)
     port = free_port()
     env.update(REACTQ_PROMETHEUS_PORT=str(port), REACTQ_TEST_PROMETHEUS_DIR=str(tmp_path))
     images = {name: {"image": env["REACTQ_REDIS_IMAGE"]} for name in REDIS_SERVICES}
