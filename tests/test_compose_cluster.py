@@ -67,6 +67,8 @@ def test_the_cluster_profile_comes_up_scraped_and_its_broker_fails_over(docker_e
             return {word for word in cli("redis-node-1", "cluster", "slots", user="api").split()
                     if word.startswith("redis-node-")}
         wait_until("CLUSTER SLOTS to name every primary and replica", named, 60, until=lambda n: n == set(NODES))
+        # the app's seed name (compose.cluster.yml) is every node's alias: a node answers it
+        assert "cluster_state:ok" in cli("broker-0", "-h", "redis-cluster", "cluster", "info")
 
         def node_up() -> dict[str, str]:
             return {s["metric"]["instance"]: s["value"][1] for s in query("redis_up")}

@@ -188,7 +188,7 @@ def test_the_cluster_profile_points_the_app_at_the_cluster_and_the_sentinels() -
     services = yaml.safe_load(rendered.stdout)["services"]
     for user in APP_USERS:
         env = services[user]["environment"]
-        assert env["REACTQ_REDIS_URL"] == f"redis+cluster://{user}:pw-{user}@redis-node-0:6379"
+        assert env["REACTQ_REDIS_URL"] == f"redis+cluster://{user}:pw-{user}@redis-cluster:6379"
         assert env["REACTQ_BROKER_URL"] == (f"sentinel://{user}:pw-{user}@sentinel-0:26379;"
                                             "sentinel://sentinel-1:26379;sentinel://sentinel-2:26379")
         assert env["REACTQ_BROKER_SENTINEL_MASTER"] == BROKER_MASTER
@@ -197,6 +197,7 @@ def test_the_cluster_profile_points_the_app_at_the_cluster_and_the_sentinels() -
         node = services[f"redis-node-{i}"]
         assert "--cluster-enabled yes" in node["command"]
         assert f"--cluster-announce-hostname redis-node-{i}" in node["command"]
+        assert node["networks"]["default"]["aliases"] == ["redis-cluster"]  # the app's seed: any node up
         assert node["entrypoint"][1:] == ["/etc/reactq-redis/start.sh", "/etc/reactq-redis/acl.conf"]
         assert node["environment"]["REDIS_REPLICA_PASSWORD"] == "pw-replica"
     create = " ".join(services["redis-cluster-create"]["command"])
@@ -258,6 +259,8 @@ def test_the_overlay_replaces_the_single_redis_with_a_cluster_and_a_sentinel_bro
     env = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in node["env"]
            if "secretKeyRef" in e.get("valueFrom", {})}
     assert env["REDIS_REPLICA_PASSWORD"] == "replica" and env["REDIS_CLUSTER_ADMIN_PASSWORD"] == "cluster-admin"
+    seed = objects[("Service", "redis-cluster")]  # the app's seed: any node that is up
+    assert seed["spec"]["selector"] == cluster["spec"]["selector"]["matchLabels"] and "clusterIP" not in seed["spec"]
     job = objects[("Job", "redis-cluster-create")]
     create = " ".join(job["spec"]["template"]["spec"]["containers"][0]["command"])
     assert "--cluster create" in create and "--cluster-replicas 1" in create
@@ -271,8 +274,7 @@ def test_the_overlay_replaces_the_single_redis_with_a_cluster_and_a_sentinel_bro
         assert names.index("REDIS_PASSWORD") < names.index("REACTQ_REDIS_URL") < names.index("REACTQ_BROKER_URL")
         assert app["env"][names.index("REDIS_PASSWORD")]["valueFrom"]["secretKeyRef"]["key"] == user
         values = {e["name"]: e.get("value") for e in app["env"]}
-        assert values["REACTQ_REDIS_URL"] == (f"redis+cluster://{user}:$(REDIS_PASSWORD)@"
-                                              "redis-cluster-0.redis-cluster-headless.reactq.svc.cluster.local:6379")
+        assert values["REACTQ_REDIS_URL"] == f"redis+cluster://{user}:$(REDIS_PASSWORD)@redis-cluster:6379"
         assert values["REACTQ_BROKER_URL"].startswith(f"sentinel://{user}:$(REDIS_PASSWORD)@redis-sentinel-0.")
         assert values["REACTQ_BROKER_SENTINEL_MASTER"] == BROKER_MASTER
     [config] = [o for (kind, name), o in objects.items()
