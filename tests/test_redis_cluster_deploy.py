@@ -27,10 +27,10 @@ import redis
 import yaml
 from redis.cluster import RedisCluster
 
+from tests.fixtures_acl_cluster import BROKER_MASTER, INFRA_PASSWORDS, acl_cluster, password, roles, sentinel_broker
 from tests.fixtures_alerting import PASSWORDS, prometheus, redis_exporter
 from tests.fixtures_k8s import kustomize
 from tests.fixtures_prometheus import PROMETHEUS_DIR, promtool_binary, scrape, total
-from tests.fixtures_acl_cluster import BROKER_MASTER, INFRA_PASSWORDS, acl_cluster, password, roles, sentinel_broker
 from tests.test_deploy import COMPOSE, ROOT, SECRETS, compose_config
 from tests.test_redis_exporter import redis_names_in_rules, redis_servers
 from tests.waiting import wait_for
