@@ -10,6 +10,8 @@ with the real tools (docker-compose config, kubectl kustomize, promtool) and on 
   fires for the replica that took over and ReactqRedisDown goes pending for the killed node.
 - A Sentinel broker (deploy/redis/sentinel.sh, sentinels logged in as `sentinel`) fails over, and the
   app's broker client follows it logged in as its role's user.
+- A sandboxed run goes through with the API, a step worker and a sandbox worker each on its own user of the
+  cluster and of the Sentinel broker.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from redis.cluster import RedisCluster
 
 from tests.fixtures_acl_cluster import BROKER_MASTER, INFRA_PASSWORDS, acl_cluster, password, roles, sentinel_broker
 from tests.fixtures_alerting import PASSWORDS, prometheus, redis_exporter
+from tests.fixtures_api import make_key, start_api
+from tests.fixtures_cluster import Cluster
 from tests.fixtures_k8s import kustomize
 from tests.fixtures_prometheus import PROMETHEUS_DIR, promtool_binary, scrape, total
 from tests.test_deploy import COMPOSE, ROOT, SECRETS, compose_config
@@ -154,6 +158,41 @@ def test_sentinels_fail_the_broker_over_as_the_sentinel_user_and_the_app_follows
         # the replica had the message; the app's client, logged in as step-worker, writes to the new primary
         assert client.rpush("reactq.steps", "m2") == 2
         assert broker.nodes.client(replica, "step-worker").lrange("reactq.steps", 0, -1) == ["m1", "m2"]
+
+
+@pytest.mark.integration
+def test_a_sandboxed_run_goes_through_with_each_role_on_its_own_user_of_the_cluster_and_the_broker(
+        cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """The API, a step worker and a sandbox worker, each logged in as its own ACL user to every cluster node
+    and to the Sentinel broker's primary, as the deployments set them up: a python run is answered."""
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "broker").mkdir()
+    with acl_cluster(tmp_path / "cluster", deployed_redis_server()) as nodes, \
+            sentinel_broker(tmp_path / "broker", deployed_redis_server()) as broker:
+        def urls(user: str) -> dict[str, str]:
+            return {"REACTQ_REDIS_URL": f"redis+cluster://{user}:{password(user)}@127.0.0.1:{nodes.ports[0]}",
+                    "REACTQ_BROKER_URL": broker.url(user), "REACTQ_BROKER_SENTINEL_MASTER": BROKER_MASTER}
+        c = Cluster({**cluster_env, **urls("api")}, tmp_path)
+        try:
+            key = make_key(c, "acl-tenant", "standard", via_cli=True)  # the CLI, as the api user
+            c.start_worker(queues="steps", concurrency=4, **urls("step-worker"))
+            c.start_worker(queues="sandbox", concurrency=2, **urls("sandbox-worker"))
+            api = start_api(c)
+            try:
+                client = api.client(key)
+                run_id = client.post("/v1/runs", json={"question": "What is the sum of the first 10 primes?"}
+                                     ).json()["run_id"]
+                run = wait_for(f"run {run_id} to finish",
+                               lambda: client.get(f"/v1/runs/{run_id}", params={"trace": True}).json(), 120, 0.3,
+                               until=lambda polled: polled["status"] not in ("queued", "running"))
+            finally:
+                api.stop()
+            assert run["status"] == "succeeded" and run["answer"] == "129", run
+            assert run["trace"][0]["tool_calls"][0]["name"] == "python"
+            logs = "".join(c.log(proc) for proc in c.procs)
+            assert "NOPERM" not in logs and "WRONGPASS" not in logs
+        finally:
+            c.stop()
 
 
 # ---- docker compose: the `cluster` profile and deploy/compose.cluster.yml ----
