@@ -16,7 +16,8 @@ fresh=0
 [ -e "$out" ] || { fresh=1; : > "$out"; }
 added=()
 for name in REDIS_API_PASSWORD REDIS_STEP_WORKER_PASSWORD REDIS_SANDBOX_WORKER_PASSWORD \
-            REDIS_EXPORTER_PASSWORD REDIS_KEDA_PASSWORD GRAFANA_ADMIN_PASSWORD; do
+            REDIS_EXPORTER_PASSWORD REDIS_KEDA_PASSWORD REDIS_REPLICA_PASSWORD REDIS_SENTINEL_PASSWORD \
+            REDIS_CLUSTER_ADMIN_PASSWORD GRAFANA_ADMIN_PASSWORD; do
     grep -q "^$name=" "$out" && continue
     echo "$name=$(python3 -c 'import secrets; print(secrets.token_hex(24))')" >> "$out"
     added+=("$name")

@@ -12,7 +12,7 @@ import yaml
 from tests.fixtures_cluster import ROOT
 
 K8S = ROOT / "deploy" / "k8s"
-BUILDS = ("base", "autoscale-keda", "autoscale-hpa")
+BUILDS = ("base", "autoscale-keda", "autoscale-hpa", "redis-cluster")
 NAMESPACE = "reactq"
 
 

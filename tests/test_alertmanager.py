@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from tests.fixtures_k8s import kustomize
 from tests.fixtures_prometheus import PROMETHEUS_DIR, config_for, promtool_binary
 from tests.fixtures_receiver import Receiver
 from tests.fixtures_services import free_port
-from tests.test_compose_stack import Stack, _prometheus_config, wait_until
+from tests.test_compose_stack import Stack, _prometheus_config, stack_images_and_secrets, wait_until
 from tests.test_deploy import SECRETS, compose_config
 
 K8S_PROMETHEUS = ROOT / "deploy" / "k8s" / "base" / "prometheus" / "prometheus.yml"
@@ -166,13 +165,7 @@ def test_compose_prometheus_scrapes_the_exporter_and_alerts_reach_the_alertmanag
     packages, deploy/compose.test.yml): Prometheus scrapes Redis through the exporter as the `exporter` ACL
     user; Redis stopped, ReactqRedisDown (a test copy of the rules: `for:` 1 s) reaches the Alertmanager,
     as the documented `docker compose exec alertmanager amtool ... alert query` shows."""
-    build = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_stack_images.py"), "--env-file",
-                            str(tmp_path / "images.env")], capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, f"building the stack images failed:\n{build.stderr[-4000:]}"
-    secrets = tmp_path / "secrets.env"
-    made = subprocess.run(["bash", str(ROOT / "scripts" / "compose-secrets.sh"), str(secrets)],
-                          capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
+    env = stack_images_and_secrets(tmp_path)
     prom_dir = tmp_path / "prometheus"
     prom_dir.mkdir()
     _prometheus_config(prom_dir)
@@ -181,10 +174,6 @@ def test_compose_prometheus_scrapes_the_exporter_and_alerts_reach_the_alertmanag
     (prom_dir / "prometheus.yml").write_text(yaml.safe_dump(config))
     _rules_with_short_for(prom_dir)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REACTQ_", "DOCKER_"))}
-    for path in (tmp_path / "images.env", secrets):
-        env.update(line.partition("=")[::2] for line in path.read_text().splitlines()
-                   if "=" in line and not line.startswith("#"))
     env.update(REACTQ_TEST_PROMETHEUS_DIR=str(prom_dir), REACTQ_PROMETHEUS_PORT=str(port))
     stack = Stack(project=f"reactqalerts{os.getpid()}", env=env, api="", prometheus=f"http://127.0.0.1:{port}",
                   headers={})

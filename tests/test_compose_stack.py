@@ -65,6 +65,24 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float, every: float
     return wait_for(what, check, timeout, every, ignoring=(httpx.HTTPError, OSError), **options)
 
 
+def stack_images_and_secrets(work: Path) -> dict[str, str]:
+    """The stack's offline images built (scripts/build_stack_images.py) and the role passwords made as an
+    operator makes them (scripts/compose-secrets.sh): this process's environment without REACTQ_/DOCKER_
+    variables, plus the image tags and the passwords, for docker-compose."""
+    build = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_stack_images.py"), "--env-file",
+                            str(work / "images.env")], capture_output=True, text=True, timeout=1800)
+    assert build.returncode == 0, f"building the stack images failed:\n{build.stderr[-4000:]}"
+    secrets = work / "secrets.env"
+    made = subprocess.run(["bash", str(ROOT / "scripts" / "compose-secrets.sh"), str(secrets)],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REACTQ_", "DOCKER_"))}
+    for path in (work / "images.env", secrets):
+        env.update(line.partition("=")[::2] for line in path.read_text().splitlines()
+                   if "=" in line and not line.startswith("#"))
+    return env
+
+
 def _docker(*args: str) -> str:
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=True, timeout=60).stdout
 
@@ -85,22 +103,11 @@ def stack(docker_engine: object, sandbox_image: str, tmp_path_factory: pytest.Te
     if shutil.which("docker-compose") is None:
         pytest.fail("docker-compose is not installed (apt-get install docker-compose); scripts/test.sh installs it")
     work = tmp_path_factory.mktemp("compose")
-    env_file = work / "images.env"
-    build = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_stack_images.py"), "--env-file",
-                            str(env_file)], capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, f"building the stack images failed:\n{build.stderr[-4000:]}"
+    env = stack_images_and_secrets(work)
     prom_dir = work / "prometheus"
     prom_dir.mkdir()
     _prometheus_config(prom_dir)
     api_port, prom_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REACTQ_", "DOCKER_"))}
-    env.update(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
-    secrets_file = work / "secrets.env"  # the Redis role passwords, as an operator makes them
-    made = subprocess.run(["bash", str(ROOT / "scripts" / "compose-secrets.sh"), str(secrets_file)],
-                          capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
-    env.update(line.split("=", 1) for line in secrets_file.read_text().splitlines()
-               if "=" in line and not line.startswith("#"))
     env.update(REACTQ_TEST_PROMETHEUS_DIR=str(prom_dir), REACTQ_API_PORT=str(api_port),
                REACTQ_PROMETHEUS_PORT=str(prom_port))
     s = Stack(project=f"reactqtest{os.getpid()}", env=env, api=f"http://127.0.0.1:{api_port}",

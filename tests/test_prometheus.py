@@ -62,6 +62,13 @@ MAY_BE_EMPTY = {
     "alert ReactqRedisExporterDown": "no Redis exporter here",
     "alert ReactqRedisClientsNearLimit": "no Redis exporter here",
     "alert ReactqRedisRejectingConnections": "no Redis exporter here",
+    # A Redis Cluster's: evaluated on a real cluster, exporter and Prometheus in tests/test_redis_cluster_deploy.py.
+    "reactq-overview.json / Memory per shard / A": "no Redis Cluster here",
+    "reactq-overview.json / Commands per second per shard / A": "no Redis Cluster here",
+    "reactq-overview.json / CPU per shard (cores) / A": "no Redis Cluster here",
+    "alert ReactqRedisClusterDown": "no Redis Cluster here",
+    "alert ReactqRedisFailover": "no Redis Cluster here",
+    "alert ReactqRedisPrimaryWithoutReplica": "no Redis Cluster here",
     "alert ReactqSandboxBackendDown": "the sandbox backend is up",
     "alert ReactqToolStuckThreadsHigh": "no tool thread outlives its deadline",
 }

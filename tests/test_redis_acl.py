@@ -4,7 +4,11 @@ no user at all may run DEBUG, KEYS, FLUSHALL, CONFIG SET, MONITOR, SHUTDOWN and 
 
 A script runs to its end with every other client waiting: `while true do redis.call('PING') end` answered
 BUSY to everyone until an admin ran SCRIPT KILL. Every command of the server's own table is tried as each
-non-app user, with arguments enough to pass the arity check (Redis checks the ACL right after it)."""
+non-app user, with arguments enough to pass the arity check (Redis checks the ACL right after it).
+
+The users only a Redis Cluster or a Sentinel-managed Redis has (`replica`, `sentinel`, `cluster-admin`:
+docs/decisions/redis-cluster-deploy.md) read no key and run only the commands their job needs: replication,
+Sentinel's monitoring and failover, and building the cluster."""
 
 from __future__ import annotations
 
@@ -23,6 +27,15 @@ from tests.fixtures_services import free_port, wait_for_port
 
 ACL = ROOT / "deploy" / "redis"
 APP_USERS = {"api", "step-worker", "sandbox-worker"}
+READERS = {"exporter", "keda"}
+# What each infrastructure user is granted, exactly: Redis's own documented sets for a replica and a
+# Sentinel, and the CLUSTER command for `redis-cli --cluster create` (tests/test_redis_cluster_deploy.py).
+INFRA_GRANTS = {
+    "replica": {"psync", "replconf", "ping"},
+    "sentinel": {"multi", "exec", "slaveof", "ping", "subscribe", "publish", "config|rewrite", "role", "info",
+                 "client|setname", "client|kill", "script|kill"},
+    "cluster-admin": {"cluster", "info", "ping"},
+}
 # What may run no user at all: it blocks or scans the whole server, or changes it.
 NOBODY = [("DEBUG", ("SLEEP", "0")), ("KEYS", ("*",)), ("FLUSHALL", ()), ("FLUSHDB", ()),
           ("CONFIG", ("SET", "maxmemory", "0")), ("MONITOR", ()), ("SHUTDOWN", ("NOSAVE",)), ("SAVE", ()),
@@ -55,6 +68,22 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
         proc.wait(10)
 
 
+def let_through(server: tuple[int, dict[str, str]], user: str, allowed: set[str]) -> list[str]:
+    """The commands of the server's own table, other than `allowed` and connection commands, that `user`
+    may run: each called with arguments enough to pass the arity check (the ACL is checked right after)."""
+    table = login(server, "api").command()  # the server's own command table: name -> arity, flags ...
+    assert {"eval", "evalsha", "script", "blpop", "debug", "keys"} <= set(table)
+    client = login(server, user)
+    through = []
+    for name, info in table.items():
+        if name in allowed or name in {"auth", "hello", "quit", "reset"}:  # connection commands: always allowed
+            continue
+        args = ["reactq.none"] * (abs(int(info["arity"])) - 1)
+        if not refused(client, name, *args):
+            through.append(name)
+    return through
+
+
 def login(server: tuple[int, dict[str, str]], user: str) -> redis.Redis:
     port, passwords = server
     # a short socket timeout: a blocking command let through fails the test instead of hanging it
@@ -79,11 +108,11 @@ def granted(user: str) -> set[str]:
 
 
 def test_every_shipped_user_is_checked_here() -> None:
-    assert set(shipped_users()) == APP_USERS | {"exporter", "keda"}
+    assert set(shipped_users()) == APP_USERS | READERS | set(INFRA_GRANTS)
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("user", sorted(set(shipped_users()) - APP_USERS))
+@pytest.mark.parametrize("user", sorted(READERS))
 def test_a_non_app_user_runs_no_script_and_no_blocking_command(acl_server: tuple[int, dict[str, str]],
                                                                 user: str) -> None:
     admin = login(acl_server, "api")
@@ -102,7 +131,7 @@ def test_a_non_app_user_runs_no_script_and_no_blocking_command(acl_server: tuple
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("user", sorted(set(shipped_users()) - APP_USERS))
+@pytest.mark.parametrize("user", sorted(READERS))
 def test_a_non_app_user_may_run_nothing_of_the_servers_command_table_but_its_grants(
     acl_server: tuple[int, dict[str, str]], user: str
 ) -> None:
@@ -111,21 +140,12 @@ def test_a_non_app_user_may_run_nothing_of_the_servers_command_table_but_its_gra
     grants = granted(user)
     whole = {g.split("|")[0] for g in grants}
     # bounded reads: a reply, a number, server statistics; subcommands only of what else would change things
-    assert whole <= {"ping", "llen", "info", "select", "dbsize", "client", "config", "slowlog", "latency"}, grants
-    assert {g for g in grants if g in {"client", "config", "slowlog", "latency"}} == set(), grants
+    assert whole <= {"ping", "llen", "info", "select", "dbsize", "client", "config", "slowlog", "latency",
+                     "cluster"}, grants
+    assert {g for g in grants if g in {"client", "config", "slowlog", "latency", "cluster"}} == set(), grants
     assert {g for g in grants if "|" in g} <= {"client|list", "client|setname", "config|get", "slowlog|get",
-                                                "slowlog|len", "latency|latest"}, grants
-    table = login(acl_server, "api").command()  # the server's own command table: name -> arity, flags ...
-    assert {"eval", "evalsha", "script", "blpop", "debug", "keys"} <= set(table)
-    client = login(acl_server, user)
-    let_through = []
-    for name, info in table.items():
-        if name in whole or name in {"auth", "hello", "quit", "reset"}:  # connection commands: always allowed
-            continue
-        args = ["reactq.none"] * (abs(int(info["arity"])) - 1)  # enough to pass the arity check
-        if not refused(client, name, *args):
-            let_through.append(name)
-    assert let_through == [], (user, let_through)
+                                                "slowlog|len", "latency|latest", "cluster|info"}, grants
+    assert let_through(acl_server, user, whole) == [], user
 
 
 @pytest.mark.integration
@@ -140,3 +160,42 @@ def test_the_apps_own_users_run_scripts_but_nothing_that_scans_or_changes_the_se
         if (command, args) == ("SCRIPT", ("KILL",)):
             continue  # the app may stop its own script
         assert refused(client, command, *args), (user, command, args)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("user", sorted(INFRA_GRANTS))
+def test_an_infrastructure_user_reads_no_key_and_runs_only_its_grants(acl_server: tuple[int, dict[str, str]],
+                                                                       user: str) -> None:
+    """`replica`, `sentinel` and `cluster-admin` are granted by name what replication, Sentinel and
+    `redis-cli --cluster create` run, with no key pattern: a leaked password of one reads no run."""
+    [line] = [x for x in (ACL / "acl.conf").read_text().splitlines() if x.startswith(f"user {user} on ")]
+    assert " ~" not in line and "allkeys" not in line and " &*" not in line, line
+    assert granted(user) == INFRA_GRANTS[user]
+    login(acl_server, "api").set("reactq:run:acl-test", "secret")
+    client = login(acl_server, user)
+    for command, args in [("GET", ("reactq:run:acl-test",)), ("SET", ("reactq:run:acl-test", "x")),
+                          ("EVAL", ("return 1", 0)), ("BLPOP", ("reactq.steps", 1))]:
+        assert refused(client, command, *args), (user, command)
+    whole = {g.split("|")[0] for g in INFRA_GRANTS[user]}
+    # a subcommand grant (client|kill, config|rewrite, script|kill) lets only that subcommand through
+    assert let_through(acl_server, user, whole) == [], user
+    for command, args in NOBODY:
+        sub = f"{command}|{args[0] if args else ''}".lower()
+        if command.lower() in INFRA_GRANTS[user] or sub in INFRA_GRANTS[user]:
+            continue  # SLAVEOF, CLIENT KILL, SCRIPT KILL: what Sentinel is there for
+        assert refused(client, command, *args), (user, command, args)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("user", sorted(APP_USERS))
+def test_the_apps_own_users_may_read_the_cluster_slots_redis_py_asks_for(acl_server: tuple[int, dict[str, str]],
+                                                                          user: str) -> None:
+    """RedisCluster (redis-py) reads CLUSTER SLOTS on connect: the app's users may (granted by name: Redis 6.2
+    files CLUSTER under @admin), and no other CLUSTER subcommand (tests/test_redis_cluster_deploy.py runs
+    them against a real cluster)."""
+    client = login(acl_server, user)
+    with pytest.raises(redis.exceptions.ResponseError) as not_a_cluster:
+        client.execute_command("CLUSTER", "SLOTS")
+    assert "NOPERM" not in str(not_a_cluster.value)  # "cluster support disabled": past the ACL
+    for args in (("RESET",), ("FAILOVER",), ("FORGET", "x"), ("MEET", "127.0.0.1", "1"), ("ADDSLOTS", "1")):
+        assert refused(client, "CLUSTER", *args), (user, args)

@@ -112,9 +112,10 @@ def connect_broker(url: str, sentinel_master: str | None, max_connections: int =
     for part in url.split(";"):
         address = urlsplit(part.strip())
         nodes.append((address.hostname or "127.0.0.1", address.port or 26379))
-    password = urlsplit(url.split(";")[0]).password
+    first = urlsplit(url.split(";")[0])  # the Redis user of the master, as kombu reads it (ACL users)
     sentinel = Sentinel(nodes, socket_timeout=5, sentinel_kwargs={"socket_timeout": 5})
-    return sentinel.master_for(sentinel_master or "", password=password, socket_timeout=30,
+    return sentinel.master_for(sentinel_master or "", username=first.username, password=first.password,
+                               socket_timeout=30,
                                retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20),
                                retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
 
