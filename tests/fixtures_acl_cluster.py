@@ -9,7 +9,6 @@ deploy/redis/start.sh with deploy/redis/acl.conf and every role's password, the 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ import redis
 
 from tests.fixtures_alerting import PASSWORDS, REDIS_DIR, binary
 from tests.fixtures_prometheus import stop_group
+from tests.fixtures_redis_cluster import node_port
 from tests.fixtures_services import free_port, wait_for_port
 from tests.waiting import wait_for
 
@@ -31,20 +31,6 @@ BROKER_MASTER = "reactq-broker"
 
 def password(user: str) -> str:
     return ALL_PASSWORDS[f"REDIS_{user.upper().replace('-', '_')}_PASSWORD"]
-
-
-def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is a free port too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as bus:
-            try:
-                bus.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
 
 
 @dataclass
@@ -91,7 +77,7 @@ def acl_cluster(workdir: Path, redis_server: str) -> Iterator[Nodes]:
     nodes = Nodes(workdir, redis_server)
     try:
         for _ in range(6):
-            nodes.start(cluster_port(), "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+            nodes.start(node_port(), "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
                         "--maxmemory", "2gb", "--maxmemory-policy", "noeviction")
         created = subprocess.run(
             [binary("redis-cli", "redis-tools"), "--user", "cluster-admin", "--cluster", "create",

@@ -23,9 +23,10 @@ NODE_TIMEOUT_MS = 2000  # how long a primary may be silent before its replica ta
 
 
 def node_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too, so below 55536."""
+    """A free port whose cluster bus port (+10000) is free too, neither in the range the kernel hands out to
+    outgoing connections (which could take the bus port between this check and the node's start)."""
     while True:
-        port = random.randrange(20000, 45000)
+        port = random.randrange(10000, 22000)  # it and its bus port below the ephemeral range (32768-)
         if all(_free(p) for p in (port, port + 10000)):
             return port
 

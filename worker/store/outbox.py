@@ -32,9 +32,6 @@ MARKER_TTL_S = 7 * 24 * 3600  # a marker outlives any run that left entries in i
 # A finished run's entries are refused for this long after its last one was applied: longer than any writer
 # holds an entry it read (its commit's reply) before applying it. One small key per run and shard meanwhile.
 END_MARKER_TTL_S = 600
-# Commands whose second application changes nothing the reaper does not mend (an active-set ZADD applied after
-# the run's ZREM leaves a finished run there, which the reaper drops): applied without a marker.
-IDEMPOTENT = frozenset({"ZADD", "ZREM", "SADD", "SREM", "EXPIRE", "DEL"})
 
 
 def slot_of(key: str | bytes) -> int:
@@ -76,14 +73,12 @@ def end_marker(key: str, run_id: str) -> str:
     return f"{marker(key)}:end:{run_id}"
 
 
-def _groups(commands: list[Command]) -> list[tuple[int, list[tuple[int, Command]]]]:
-    """The commands (with their index) grouped by slot, the active set's group last: the run leaves the
-    active set only once everything else of its final entry is applied."""
+def _by_slot(indexed: list[tuple[int, Command]]) -> list[list[tuple[int, Command]]]:
+    """Commands (with their index) grouped by slot, in the order their slots first appear."""
     by_slot: dict[int, list[tuple[int, Command]]] = {}
-    for i, command in enumerate(commands):
+    for i, command in indexed:
         by_slot.setdefault(slot_of(command[1]), []).append((i, command))
-    active = slot_of(keys.ACTIVE_RUNS)
-    return sorted(by_slot.items(), key=lambda item: item[0] == active)
+    return list(by_slot.values())
 
 
 class Outbox:
@@ -93,22 +88,19 @@ class Outbox:
         self._apply = client.register_script(APPLY_SCRIPT)
 
     def apply(self, run_id: str, raws: Iterable[bytes]) -> dict[int, list[Any]]:
-        """Apply these entries of the run's outbox in order, each slot's part at most once, then drop them
-        from the outbox. The replies of each entry by sequence number (None for a part applied before)."""
+        """Apply these entries of the run's outbox in order, each slot's part at most once, drop them from the
+        outbox, and only then apply their active-set parts: a run leaves the active set (where the reaper looks
+        for outboxes to apply) last. The replies of each entry by sequence number (None: applied before)."""
         replies: dict[int, list[Any]] = {}
         done: list[bytes] = []
+        active: list[tuple[list[Any], list[tuple[int, Command]]]] = []
         for raw in raws:
             entry = Entry.decode(raw)
             got: list[Any] = [None] * len(entry.commands)
-            for _, group in _groups(entry.commands):
-                commands = [c for _, c in group]
-                if all(c[0] in IDEMPOTENT for c in commands):  # the active set's: no marker needed
-                    result = replicated.run_commands(self.r, commands, self.wait_replicas)  # type: ignore[arg-type]
-                else:
-                    result = self._apply_once(run_id, entry, commands)
-                if result != 0:
-                    for (i, _), reply in zip(group, result, strict=True):
-                        got[i] = reply
+            indexed = list(enumerate(entry.commands))
+            active.append((got, [(i, c) for i, c in indexed if c[1] == keys.ACTIVE_RUNS]))
+            for group in _by_slot([(i, c) for i, c in indexed if c[1] != keys.ACTIVE_RUNS]):
+                self._fill(got, group, self._apply_once(run_id, entry, [c for _, c in group]))
             replies[entry.seq] = got
             done.append(raw)
         if done:
@@ -116,7 +108,17 @@ class Outbox:
             for raw in done:
                 pipe.lrem(keys.outbox(run_id), 1, raw)
             pipe.execute()
+        for got, group in active:  # ZADD and ZREM only: applied again, nothing the reaper does not mend
+            if group:
+                self._fill(got, group, replicated.run_commands(self.r, [c for _, c in group],  # type: ignore[arg-type]
+                                                               self.wait_replicas))
         return replies
+
+    @staticmethod
+    def _fill(got: list[Any], group: list[tuple[int, Command]], result: Any) -> None:
+        if result != 0:
+            for (i, _), reply in zip(group, result, strict=True):
+                got[i] = reply
 
     def _apply_once(self, run_id: str, entry: Entry, commands: list[Command]) -> Any:
         first = str(commands[0][1])

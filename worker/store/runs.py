@@ -95,8 +95,8 @@ class _Decided:
 
     @property
     def own(self) -> int:
-        """How many of `commands` are the change's own (not the outbox's two)."""
-        return len(self.commands) - (2 if self.remote else 0)
+        """How many of `commands` are the change's own (not the outbox's three)."""
+        return len(self.commands) - (3 if self.remote else 0)
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,8 @@ class RunStore:
                 if remote:
                     run.outbox_seq += 1
                     entry = Entry(run.outbox_seq, remote, last=run.status.finished)
-                    commands += [("RPUSH", keys.outbox(run_id), entry.encode()), ("LRANGE", keys.outbox(run_id), 0, -1)]
+                    box = keys.outbox(run_id)
+                    commands += [("RPUSH", box, entry.encode()), ("EXPIRE", box, self.ttl), ("LRANGE", box, 0, -1)]
             return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact, remote)
 
         written = None
