@@ -131,13 +131,15 @@ class Bench:
         self.procs = Procs(logdir)
         self.seq = 0
         self.cpu_per_step: dict[str, float] = {}
+        self.watched: dict[str, int] = {}  # group -> pid of a process started elsewhere, counted like ours
+        self.on_window: Any = None  # called with "start" and "end" of measure()'s window (per-server stats)
 
     # --- infrastructure ------------------------------------------------------------------------
-    def start_redis(self) -> str:
+    def start_redis(self, name: str = "redis") -> str:
         import redis
 
         port = free_port()
-        self.procs.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        self.procs.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                    "--appendonly", "no", "--maxclients", "10000", "--tcp-backlog", "4096",
                                    "--protected-mode", "no"])
         client = redis.Redis(port=port)
@@ -208,11 +210,15 @@ class Bench:
                 time.sleep(min(0.02, max(0.0, end - time.monotonic())))
 
         wait(warmup)
+        if self.on_window is not None:
+            self.on_window("start")
         cpu0 = self.cpu_seconds()
         c0, t0 = self.completions(stub_url), time.monotonic()
         wait(window)
         c1, t1 = self.completions(stub_url), time.monotonic()
         cpu1 = self.cpu_seconds()
+        if self.on_window is not None:
+            self.on_window("end")
         if c1 > c0:  # CPU per step of each group of processes over the window: where the machine went
             self.cpu_per_step = {g: (cpu1[g] - cpu0.get(g, 0.0)) / (c1 - c0) * 1e6 for g in cpu1}
         return c1 - c0, t1 - t0
@@ -233,6 +239,8 @@ class Bench:
         for name, proc in self.procs.procs:
             group = "workers" if name.startswith(("floor", "reactq")) else name
             groups[group] = groups.get(group, 0.0) + of(proc.pid)
+        for group, pid in self.watched.items():
+            groups[group] = groups.get(group, 0.0) + of(pid)
         return groups
 
     def scan_errors(self, names: list[str], stub_url: str) -> list[str]:
@@ -283,11 +291,15 @@ class Bench:
 
     # --- reactq --------------------------------------------------------------------------------
     def reactq(self, label: str, latency_ms: float, in_flight: int, concurrency: int,
-               warmup: float, window: float) -> Result:
+               warmup: float, window: float, state_url: str | None = None, wait_replicas: int = 1) -> Result:
+        """`state_url`: run state there (a Redis Cluster's redis+cluster:// URL, say) and the broker on a
+        redis-server of its own; by default one redis-server is both."""
         res = Result(label, "reactq", "threads", self.args.procs, concurrency, in_flight, latency_ms)
-        redis_url = self.start_redis()
+        broker_url = self.start_redis("broker" if state_url else "redis")
+        redis_url = state_url or broker_url
         stub_url = self.start_stub(latency_ms)
         env = {"REACTQ_REDIS_URL": redis_url, "REACTQ_LLM_BASE_URL": f"{stub_url}/v1",
+               "REACTQ_BROKER_URL": broker_url, "REACTQ_REDIS_WAIT_REPLICAS": str(wait_replicas),
                "REACTQ_REDIS_MAX_CONNECTIONS": str(max(512, 2 * concurrency)),
                "REACTQ_LLM_MAX_CONNECTIONS": str(max(512, 2 * concurrency))}
         names = []
@@ -298,7 +310,7 @@ class Bench:
             self.procs.start(name, [str(BIN / "reactq"), "worker", "--queues", "steps", "--concurrency",
                                     str(concurrency), "--metrics-port", "0", "--loglevel", self.args.loglevel], env)
         try:
-            self.wait_ready(names, redis_url)
+            self.wait_ready(names, broker_url)
             res.rss_idle_kb = self.rss_kb(names)
             from celery import Celery
 
@@ -315,12 +327,13 @@ class Bench:
             from worker.tenancy.budgets import TenantBudgets
             from worker.tenancy.tenants import Tenants
 
-            settings = Settings(redis_url=redis_url, llm_base_url=f"{stub_url}/v1")
-            store = RunStore(connect(redis_url, 16), settings.run_ttl_s)
+            settings = Settings(redis_url=redis_url, broker_url=broker_url, llm_base_url=f"{stub_url}/v1",
+                                redis_wait_replicas=wait_replicas)
+            store = RunStore(connect(redis_url, 16), settings.run_ttl_s, wait_replicas=wait_replicas)
             tenants = Tenants(TenantStore(store.r), settings, policy_memo_s=1.0)  # as `reactq batch` (Runtime.tenants)
-            client = Celery("bench_reactq_client", broker=redis_url)
+            client = Celery("bench_reactq_client", broker=broker_url)
             client.conf.broker_pool_limit = 8
-            client.conf.broker_transport = transport_for(redis_url)  # sends as reactq's own app does
+            client.conf.broker_transport = transport_for(broker_url)  # sends as reactq's own app does
             client.conf.broker_transport_options = {"priority_steps": PRIORITY_STEPS}  # to the same lists
             batch_id = new_batch_id()
             rng = random.Random(1234)
@@ -365,7 +378,7 @@ class Bench:
                 res.errors.append(f"runs with other than 2 steps: {sorted(steps_per_run)}")
         finally:
             self.procs.stop(names, signal.SIGQUIT, grace=10)
-            self.procs.stop(["stub", "redis"])
+            self.procs.stop(["stub", "redis", "broker"])
         return res
 
 

@@ -41,10 +41,11 @@ def _free(port: int) -> bool:
 
 
 class RedisClusterNodes:
-    def __init__(self, workdir: Path, primaries: int = 3, replicas: int = 1) -> None:
+    def __init__(self, workdir: Path, primaries: int = 3, replicas: int = 1, options: list[str] | None = None) -> None:
         self.workdir = workdir
         self.ports = [node_port() for _ in range(primaries * (1 + replicas))]
         self.replicas = replicas
+        self.options = options or []  # more redis-server arguments, after ours (a later one wins)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
@@ -59,7 +60,8 @@ class RedisClusterNodes:
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir),
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "yes", "--appendfsync", "everysec",
-             "--save", "", "--maxmemory-policy", "noeviction", "--logfile", str(node_dir / "redis.log")],
+             "--save", "", "--maxmemory-policy", "noeviction", "--logfile", str(node_dir / "redis.log"),
+             *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(port)
 
