@@ -12,7 +12,9 @@ window). The Celery broker is always a redis-server of its own, so only run stat
   cluster-3: state on 3 primaries, no replicas      cluster-6: 6 primaries, no replicas
   wait:      3 primaries + 1 replica each, REACTQ_REDIS_WAIT_REPLICAS=1 (WAIT after each commit and new run)
   min-repl:  the same nodes started with min-replicas-to-write 1, min-replicas-max-lag 10, WAIT_REPLICAS=0
-(wait and min-repl alternate, --rounds pairs). Every node runs without persistence, as throughput.py's server.
+(wait and min-repl alternate, --rounds pairs; then, unless --no-degraded, one more pair with one replica
+SIGKILLed before the workers start, so its primary has none). Every node runs without persistence, as
+throughput.py's server does.
 Per node, over the window: CPU us per step (/proc/PID/stat), keys (DBSIZE at the end) and commands
 (INFO commandstats calls, reset at the window's start). The ceiling is the steps/s the busiest node would allow
 at one full core: 1e6 / its CPU us per step. Prints tables; writes only logs, under a temporary directory.
@@ -95,15 +97,16 @@ def scale_table(cases: list[Case]) -> str:
 
 def replicas_table(cases: list[Case]) -> str:
     lines = ["| round | case | steps/s | workers CPU us/step | redis CPU us/step: primaries, replicas, total "
-             "| commands/step on primaries |",
-             "|---|---|---|---|---|---|"]
+             "| commands/step on primaries | WAIT/step |",
+             "|---|---|---|---|---|---|---|"]
     for i, c in enumerate(cases):
         steps = c.result.steps or 1
         prim = sum(n.cpu_us for n in c.primaries)
         repl = sum(n.cpu_us for n in c.nodes if n.role != "master")
         calls = sum(n.calls for n in c.primaries) / steps
+        waits = sum(n.by_command.get("wait", 0) for n in c.primaries) / steps
         lines.append(f"| {i // 2 + 1} | {c.name} | {c.result.rate:.1f} | {c.result.cpu_us.get('workers', 0):.0f} | "
-                     f"{prim:.0f}, {repl:.0f}, {prim + repl:.0f} | {calls:.1f} |")
+                     f"{prim:.0f}, {repl:.0f}, {prim + repl:.0f} | {calls:.1f} | {waits:.2f} |")
     return "\n".join(lines)
 
 
@@ -130,8 +133,9 @@ class Shards:
         self.bench = Bench(args, self.logdir)
 
     def run(self, name: str, primaries: int = 0, replicas: int = 0, wait_replicas: int = 0,
-            options: list[str] | None = None) -> Case:
-        """`primaries` 0: state on one redis-server; else a cluster of that many with `replicas` each."""
+            options: list[str] | None = None, kill_replica: bool = False) -> Case:
+        """`primaries` 0: state on one redis-server; else a cluster of that many with `replicas` each
+        (`kill_replica`: one of them SIGKILLed once linked, before the workers start)."""
         import redis
 
         from tests.fixtures_redis_cluster import RedisClusterNodes
@@ -158,6 +162,12 @@ class Shards:
                      lambda: [c.info("replication") for c in clients.values()], 60, 0.1,
                      until=lambda infos: all(i.get("connected_slaves", 0) >= replicas for i in infos
                                              if i["role"] == "master"))
+        if kill_replica and cluster is not None:
+            victim = next(port for port, c in clients.items() if c.info("replication")["role"] == "slave")
+            cluster.kill(victim)
+            clients.pop(victim).close()
+            self.bench.watched.pop(f"node-{victim}")
+            nodes = [n for n in nodes if n.port != victim]
 
         def on_window(mark: str) -> None:
             for n in nodes:
@@ -173,8 +183,14 @@ class Shards:
 
         self.bench.on_window = on_window
         try:
-            result = self.bench.reactq(name, 0, a.in_flight, a.concurrency, a.warmup, a.window,
-                                       state_url=state_url, wait_replicas=wait_replicas)
+            try:
+                result = self.bench.reactq(name, 0, a.in_flight, a.concurrency, a.warmup, a.window,
+                                           state_url=state_url, wait_replicas=wait_replicas)
+            except Exception as exc:  # a degraded case may refuse writes: what it did is the finding
+                if not kill_replica:
+                    raise
+                result = Result(name, "reactq", "threads", a.procs, a.concurrency, a.in_flight, 0,
+                                errors=[f"the driver stopped: {type(exc).__name__}: {str(exc)[:300]}"])
         finally:
             self.bench.on_window = None
             self.bench.watched = {}
@@ -197,12 +213,14 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--rounds", type=int, default=3, help="pairs of (wait, min-repl), alternated")
     ap.add_argument("--only", choices=["scale", "replicas"], default=None)
+    ap.add_argument("--no-degraded", action="store_true", help="skip the pair with a replica killed")
     ap.add_argument("--loglevel", default="WARNING", help="worker log level")
     args = ap.parse_args()
 
     shards = Shards(args)
     scale: list[Case] = []
     paired: list[Case] = []
+    degraded: list[Case] = []
     try:
         if args.only in (None, "scale"):
             for name, primaries in (("single", 0), ("cluster-3", 3), ("cluster-6", 6)):
@@ -213,11 +231,17 @@ def main() -> int:
                 paired.append(shards.run("wait", 3, 1, wait_replicas=1))
                 paired.append(shards.run("min-repl", 3, 1, wait_replicas=0, options=MIN_REPLICAS))
                 print(replicas_table(paired[-2:]), flush=True)
+            if not args.no_degraded:
+                degraded.append(shards.run("wait, replica killed", 3, 1, wait_replicas=1, kill_replica=True))
+                degraded.append(shards.run("min-repl, replica killed", 3, 1, wait_replicas=0, options=MIN_REPLICAS,
+                                           kill_replica=True))
+                print(replicas_table(degraded), flush=True)
     finally:
         shards.bench.procs.stop()
 
     problems = [f"{c.name}: {e}" for c in scale + paired for e in c.result.errors]
-    notes = [f"{c.name}: {c.result.notes}" for c in scale + paired]
+    notes = [f"{c.name}: {c.result.notes}" for c in scale + paired + degraded]
+    notes += [f"{c.name} (expected of a degraded case): {e}" for c in degraded for e in c.result.errors]
     print()
     print(f"command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`")
     print(f"machine: nproc {os.cpu_count()}, Python {platform.python_version()}, {platform.platform()}, "
@@ -231,8 +255,12 @@ def main() -> int:
         for name in ("wait", "min-repl"):
             rates = [c.result.rate for c in paired if c.name == name]
             print(f"{name}: median {statistics.median(rates):.1f} steps/s over {len(rates)} rounds")
+    if degraded:
+        print()
+        print("one replica SIGKILLed before the workers started:")
+        print(replicas_table(degraded))
     print()
-    print(commands_table(scale + paired))
+    print(commands_table(scale + paired + degraded))
     print()
     print("\n".join(notes + problems + [f"logs: {shards.logdir}"]))
     return 2 if problems else 0
