@@ -25,12 +25,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shlex
 import statistics
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,6 +50,7 @@ class Node:
     keys: int = 0
     calls: int = 0
     by_command: dict[str, int] = field(default_factory=dict)  # INFO commandstats calls
+    shared: list[str] = field(default_factory=list)  # its keys that are no run's own (active set, batch, tenant...)
 
 
 @dataclass
@@ -80,7 +83,7 @@ def ceiling(busiest_us_per_step: float) -> float:
 
 def scale_table(cases: list[Case]) -> str:
     lines = ["| case | primaries | steps/s | workers CPU us/step | redis CPU us/step per primary | redis total "
-             "| keys % per primary (max/mean) | calls % per primary (max/mean) | ceiling steps/s (busiest) |",
+             "| keys % per primary (max/mean) | calls/step, % per primary (max/mean) | ceiling steps/s (busiest) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for c in cases:
         p = c.primaries
@@ -90,7 +93,8 @@ def scale_table(cases: list[Case]) -> str:
             f"| {c.name} | {len(p)} | {c.result.rate:.1f} | {c.result.cpu_us.get('workers', 0):.0f} | "
             f"{' / '.join(f'{v:.0f}' for v in cpu)} | {sum(cpu):.0f} | "
             f"{' / '.join(f'{v:.0f}' for v in shares(keys_))} ({imbalance(keys_):.2f}) | "
-            f"{' / '.join(f'{v:.0f}' for v in shares(calls))} ({imbalance(calls):.2f}) | "
+            f"{sum(calls) / (c.result.steps or 1):.1f}: {' / '.join(f'{v:.0f}' for v in shares(calls))} "
+            f"({imbalance(calls):.2f}) | "
             f"{ceiling(max(cpu, default=0.0)):.0f} |")
     return "\n".join(lines)
 
@@ -108,6 +112,27 @@ def replicas_table(cases: list[Case]) -> str:
         lines.append(f"| {i // 2 + 1} | {c.name} | {c.result.rate:.1f} | {c.result.cpu_us.get('workers', 0):.0f} | "
                      f"{prim:.0f}, {repl:.0f}, {prim + repl:.0f} | {calls:.1f} | {waits:.2f} |")
     return "\n".join(lines)
+
+
+def shared_keys(client: Any, limit: int = 8) -> list[str]:
+    """The node's keys that belong to no one run, each id (a hash tag's content) shown as {..}."""
+    found: set[str] = set()
+    for key in client.scan_iter(count=1000):
+        name = key.decode()
+        if not name.startswith("reactq:run:"):
+            found.add(re.sub(r"\{[^}]*\}", "{..}", name))
+    return sorted(found)[:limit]
+
+
+def hot_keys_lines(cases: list[Case]) -> list[str]:
+    """For each cluster case: which shared keys the primary that ran the most commands holds."""
+    lines = []
+    for c in cases:
+        if len(c.primaries) > 1:
+            busiest = max(c.primaries, key=lambda n: n.calls)
+            share = 100.0 * busiest.calls / (sum(n.calls for n in c.primaries) or 1)
+            lines.append(f"{c.name}: the busiest primary ({share:.0f}% of calls) holds {', '.join(busiest.shared)}")
+    return lines
 
 
 def commands_table(cases: list[Case], top: int = 8) -> str:
@@ -180,6 +205,7 @@ class Shards:
                 n.by_command = {name.removeprefix("cmdstat_"): int(stat["calls"])
                                 for name, stat in client.info("commandstats").items()}
                 n.calls = sum(n.by_command.values())
+                n.shared = shared_keys(client)
 
         self.bench.on_window = on_window
         try:
@@ -261,6 +287,8 @@ def main() -> int:
         print(replicas_table(degraded))
     print()
     print(commands_table(scale + paired + degraded))
+    print()
+    print("\n".join(hot_keys_lines(scale + paired)))
     print()
     print("\n".join(notes + problems + [f"logs: {shards.logdir}"]))
     return 2 if problems else 0
