@@ -23,6 +23,7 @@ at one full core: 1e6 / its CPU us per step. Prints tables; writes only logs, un
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import re
@@ -37,7 +38,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import redis  # noqa: E402
+
 from bench.throughput import Bench, Result  # noqa: E402
+from tests.fixtures_redis_cluster import RedisClusterNodes  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
+from worker.store import keys  # noqa: E402
 
 MIN_REPLICAS = ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"]
 
@@ -99,7 +105,7 @@ def scale_table(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
-def replicas_table(cases: list[Case]) -> str:
+def replicas_table(cases: list[Case], first_round: int = 1) -> str:
     lines = ["| round | case | steps/s | workers CPU us/step | redis CPU us/step: primaries, replicas, total "
              "| commands/step on primaries | WAIT/step |",
              "|---|---|---|---|---|---|---|"]
@@ -109,8 +115,9 @@ def replicas_table(cases: list[Case]) -> str:
         repl = sum(n.cpu_us for n in c.nodes if n.role != "master")
         calls = sum(n.calls for n in c.primaries) / steps
         waits = sum(n.by_command.get("wait", 0) for n in c.primaries) / steps
-        lines.append(f"| {i // 2 + 1} | {c.name} | {c.result.rate:.1f} | {c.result.cpu_us.get('workers', 0):.0f} | "
-                     f"{prim:.0f}, {repl:.0f}, {prim + repl:.0f} | {calls:.1f} | {waits:.2f} |")
+        lines.append(f"| {first_round + i // 2} | {c.name} | {c.result.rate:.1f} | "
+                     f"{c.result.cpu_us.get('workers', 0):.0f} | {prim:.0f}, {repl:.0f}, {prim + repl:.0f} | "
+                     f"{calls:.1f} | {waits:.2f} |")
     return "\n".join(lines)
 
 
@@ -161,54 +168,36 @@ class Shards:
             options: list[str] | None = None, kill_replica: bool = False) -> Case:
         """`primaries` 0: state on one redis-server; else a cluster of that many with `replicas` each
         (`kill_replica`: one of them SIGKILLed once linked, before the workers start)."""
-        import redis
-
-        from tests.fixtures_redis_cluster import RedisClusterNodes
-        from tests.waiting import wait_for
-        from worker.store import keys
-
-        a = self.args
-        cluster = None
         keys.use_hash_tags(primaries > 0)
-        if primaries:
-            cluster = RedisClusterNodes(self.logdir / f"{name}-{self.bench.seq}", primaries, replicas,
-                                        ["--appendonly", "no", *(options or [])])
-            cluster.start()
-            state_url = cluster.url
-            ports = list(cluster.procs)
-            self.bench.watched = {f"node-{port}": proc.pid for port, proc in cluster.procs.items()}
-        else:
-            state_url = self.bench.start_redis("state")
-            ports = [int(state_url.rsplit(":", 1)[1].split("/")[0])]
-        nodes = [Node(port) for port in ports]
-        clients = {n.port: redis.Redis(port=n.port, socket_timeout=10) for n in nodes}
-        if replicas:  # min-replicas-to-write refuses writes until each primary's replica is linked
-            wait_for("every primary's replicas to be linked",
-                     lambda: [c.info("replication") for c in clients.values()], 60, 0.1,
-                     until=lambda infos: all(i.get("connected_slaves", 0) >= replicas for i in infos
-                                             if i["role"] == "master"))
-        if kill_replica and cluster is not None:
-            victim = next(port for port, c in clients.items() if c.info("replication")["role"] == "slave")
-            cluster.kill(victim)
-            clients.pop(victim).close()
-            self.bench.watched.pop(f"node-{victim}")
-            nodes = [n for n in nodes if n.port != victim]
-
-        def on_window(mark: str) -> None:
-            for n in nodes:
-                client = clients[n.port]
-                if mark == "start":
-                    client.config_resetstat()
-                    continue
-                n.role = client.info("replication")["role"]
-                n.keys = int(client.dbsize())
-                n.by_command = {name.removeprefix("cmdstat_"): int(stat["calls"])
-                                for name, stat in client.info("commandstats").items()}
-                n.calls = sum(n.by_command.values())
-                n.shared = shared_keys(client)
-
-        self.bench.on_window = on_window
-        try:
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(self.bench.procs.stop, ["state"])
+            if primaries:
+                cluster = RedisClusterNodes(self.logdir / f"{name}-{self.bench.seq}", primaries, replicas,
+                                            ["--appendonly", "no", *(options or [])])
+                cleanup.callback(cluster.stop)
+                cluster.start()
+                state_url = cluster.url
+                ports = list(cluster.procs)
+                self.bench.watched = {f"node-{port}": proc.pid for port, proc in cluster.procs.items()}
+                cleanup.callback(self.bench.watched.clear)
+            else:
+                state_url = self.bench.start_redis("state")
+                ports = [int(state_url.rsplit(":", 1)[1].split("/")[0])]
+            clients = {port: cleanup.enter_context(redis.Redis(port=port, socket_timeout=10)) for port in ports}
+            if replicas:  # min-replicas-to-write refuses writes until each primary's replica is linked
+                wait_for("every primary's replicas to be linked",
+                         lambda: [c.info("replication") for c in clients.values()], 60, 0.1,
+                         until=lambda infos: all(i.get("connected_slaves", 0) >= replicas for i in infos
+                                                 if i["role"] == "master"))
+            if kill_replica:
+                victim = next(port for port, c in clients.items() if c.info("replication")["role"] == "slave")
+                cluster.kill(victim)
+                del clients[victim]
+                self.bench.watched.pop(f"node-{victim}")
+            nodes = [Node(port) for port in clients]
+            self.bench.on_window = lambda mark: window_mark(mark, nodes, clients)
+            cleanup.callback(setattr, self.bench, "on_window", None)
+            a = self.args
             try:
                 result = self.bench.reactq(name, 0, a.in_flight, a.concurrency, a.warmup, a.window,
                                            state_url=state_url, wait_replicas=wait_replicas)
@@ -217,17 +206,24 @@ class Shards:
                     raise
                 result = Result(name, "reactq", "threads", a.procs, a.concurrency, a.in_flight, 0,
                                 errors=[f"the driver stopped: {type(exc).__name__}: {str(exc)[:300]}"])
-        finally:
-            self.bench.on_window = None
-            self.bench.watched = {}
-            for client in clients.values():
-                client.close()
-            if cluster is not None:
-                cluster.stop()
-            self.bench.procs.stop(["state"])
         for n in nodes:
             n.cpu_us = result.cpu_us.get(f"node-{n.port}", result.cpu_us.get("state", 0.0))
         return Case(name, result, nodes)
+
+
+def window_mark(mark: str, nodes: list[Node], clients: dict[int, Any]) -> None:
+    """At the window's start, each node's command counts reset; at its end, each node's figures read."""
+    for n in nodes:
+        client = clients[n.port]
+        if mark == "start":
+            client.config_resetstat()
+            continue
+        n.role = client.info("replication")["role"]
+        n.keys = int(client.dbsize())
+        n.by_command = {name.removeprefix("cmdstat_"): int(stat["calls"])
+                        for name, stat in client.info("commandstats").items()}
+        n.calls = sum(n.by_command.values())
+        n.shared = shared_keys(client)
 
 
 def main() -> int:
@@ -256,7 +252,7 @@ def main() -> int:
             for _ in range(args.rounds):  # alternated, so a burst of other load hits both alike
                 paired.append(shards.run("wait", 3, 1, wait_replicas=1))
                 paired.append(shards.run("min-repl", 3, 1, wait_replicas=0, options=MIN_REPLICAS))
-                print(replicas_table(paired[-2:]), flush=True)
+                print(replicas_table(paired[-2:], len(paired) // 2), flush=True)
             if not args.no_degraded:
                 degraded.append(shards.run("wait, replica killed", 3, 1, wait_replicas=1, kill_replica=True))
                 degraded.append(shards.run("min-repl, replica killed", 3, 1, wait_replicas=0, options=MIN_REPLICAS,
