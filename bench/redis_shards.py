@@ -122,12 +122,12 @@ def replicas_table(cases: list[Case], first_round: int = 1) -> str:
 
 
 def shared_keys(client: Any, limit: int = 8) -> list[str]:
-    """The node's keys that belong to no one run, each id (a hash tag's content) shown as {..}."""
+    """The node's keys outside any run's own, by family: a hash tag's content shown as {..}, a run id as <id>."""
     found: set[str] = set()
     for key in client.scan_iter(count=1000):
         name = key.decode()
         if not name.startswith("reactq:run:"):
-            found.add(re.sub(r"\{[^}]*\}", "{..}", name))
+            found.add(re.sub(r"[0-9a-f]{32}", "<id>", re.sub(r"\{[^}]*\}", "{..}", name)))
     return sorted(found)[:limit]
 
 
