@@ -30,8 +30,10 @@ from .scripts import lua
 APPLY_SCRIPT = COMMANDS_FUNCTION + lua(__file__, "apply_outbox.lua")
 MARKER_TTL_S = 7 * 24 * 3600  # a marker outlives any run that left entries in it unfinished
 # A finished run's entries are refused for this long after its last one was applied: longer than any writer
-# holds an entry it read (its commit's reply) before applying it. One small key per run and shard meanwhile.
-END_MARKER_TTL_S = 600
+# holds an entry it read (its commit's reply) before applying it, retries through a failover included (the
+# client's patience, 30 s). One small key per run and shard meanwhile: about runs/s x 120 keys on the shards
+# of a busy batch and tenant (bench/redis_shards.py saw 600 s of them make half of a shard's keys).
+END_MARKER_TTL_S = 120
 
 
 def slot_of(key: str | bytes) -> int:
