@@ -1,16 +1,19 @@
 """CPU one reactq step spends on our side, measured in process with the test harness (tests/harness.py).
 
-    python bench/step_cpu.py [--runs 300] [--floor]
+    python bench/step_cpu.py [--runs 300] [--floor] [--monitor]
 
 Starts its own redis-server and `reactq stub` (latency 0) on free ports, then drives N runs of
 "What is A * B + C?" (2 steps each: calculator, final answer) through the real StepRunner, RunStore
 and OpenAIChat, one step at a time in this one thread, with no Celery. Reports this process's CPU
-seconds per step and the Redis round trips per step, redis-server's own CPU per step (and, from INFO
-commandstats, the time it spent executing each command, per step), and the
+seconds per step and the Redis round trips per step, redis-server's own CPU per step (from /proc over
+all chunks, and from INFO cpu per chunk; and, from INFO commandstats, the time it spent executing each
+command, per step: wall time, which a busy machine inflates), and the
 submission's CPU and round trips per run (each run is submitted into one batch, as bench/throughput.py
 does). `--floor` also measures what the throughput
 floor's task does per step (one HTTP chat call with httpx, JSON decoded), so the difference is the
-CPU a step spends outside the LLM call. Profile with: py-spy record -o prof.svg -- python bench/step_cpu.py
+CPU a step spends outside the LLM call. `--monitor` prints, after the figures, every command
+redis-server ran for one more run (MONITOR: a script's own commands too, marked "lua").
+Profile with: py-spy record -o prof.svg -- python bench/step_cpu.py
 """
 
 from __future__ import annotations
@@ -58,10 +61,31 @@ def wait(check, what: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"{what} did not come up in {timeout}s")
 
 
+def redis_rusage(client) -> float:  # type: ignore[no-untyped-def]
+    """CPU seconds redis-server has spent (INFO cpu: its getrusage, finer than /proc's ticks)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def print_monitored(client, one_run) -> None:  # type: ignore[no-untyped-def]
+    """Every command redis-server runs while `one_run` runs, as MONITOR sees it (arguments cut short)."""
+    with client.monitor() as monitor:
+        one_run()
+        client.ping()  # the end marker: MONITOR lists it once the run's commands are through
+        print("one run's commands (MONITOR):")
+        while True:
+            seen = monitor.next_command()
+            if seen["command"] == "PING" and seen["client_type"] != "lua":
+                return
+            where = " lua" if seen["client_type"] == "lua" else ""
+            print(f"  {where:4} {seen['command'][:160]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--floor", action="store_true", help="also measure the floor's per-step work")
+    ap.add_argument("--monitor", action="store_true", help="also print the commands of one more run")
     args = ap.parse_args()
 
     import redis
@@ -125,9 +149,12 @@ def main() -> int:
         # The machine is shared: the CPU a step costs is taken as the lowest of several chunks' averages
         # (other processes can only add to a chunk's CPU time, through caches and frequency).
         chunks, submit_chunks, steps, trips, submit_trips, redis_cpu = [], [], 0, 0, 0, 0.0
+        redis_chunks = []
         for _ in range(max(1, args.runs // CHUNK)):
             spent.update(cpu=0.0, wall=0.0, trips=0, redis=0.0, submit=0.0, submit_trips=0)
+            server_cpu = redis_rusage(stats_client)
             n = sum(one_run() for _ in range(CHUNK))
+            redis_chunks.append((redis_rusage(stats_client) - server_cpu) / n)
             chunks.append(spent["cpu"] / n)
             redis_cpu += spent["redis"]
             submit_chunks.append(spent["submit"] / CHUNK)
@@ -138,6 +165,8 @@ def main() -> int:
               f"{1e6 * statistics.median(chunks):.0f}), {trips / steps:.1f} Redis round trips/step")
         print(f"redis-server: {1e6 * redis_cpu / steps:.0f} us CPU/step (all chunks: /proc counts in 10 ms "
               "ticks; submissions included)")
+        print(f"redis-server: {1e6 * min(redis_chunks):.0f} us CPU/step (best chunk; median "
+              f"{1e6 * statistics.median(redis_chunks):.0f}; INFO cpu, its own rusage in us; submissions included)")
         print(f"submit: {1e6 * min(submit_chunks):.0f} us CPU/run (best chunk; median "
               f"{1e6 * statistics.median(submit_chunks):.0f}), {submit_trips / runs:.1f} Redis round trips/run")
         commands = {name.removeprefix("cmdstat_"): stat for name, stat in stats_client.info("commandstats").items()}
@@ -147,6 +176,8 @@ def main() -> int:
         for name, stat in sorted(commands.items(), key=lambda item: -item[1]["usec"])[:12]:
             print(f"  {name}: {stat['usec'] / steps:.1f} us/step, {stat['calls'] / steps:.2f} calls/step, "
                   f"{stat['usec_per_call']:.1f} us/call")
+        if args.monitor:
+            print_monitored(stats_client, one_run)
         if args.floor:
             import httpx
 
