@@ -16,11 +16,12 @@ from tests.test_steps import SIX_BY_SEVEN, complete_sandbox
 from tests.waiting import wait_for
 from tools_sandbox.base.models import SandboxResult
 from worker.config import Settings
-from worker.core.models import LLMReply, Observation, RunSpec, RunStatus
+from worker.core.models import LLMReply, Observation, RunSpec, RunStatus, Step
 from worker.core.outcome import Outcome
 from worker.service.submit import submit
 from worker.store import keys
 from worker.store.cas import STREAM_LINGER_MS
+from worker.store.events import event_command
 
 
 def event_kinds(harness: Harness, run_id: str) -> list[str]:
@@ -208,3 +209,16 @@ def test_a_sandboxed_step_is_charged_when_it_sends_the_code_not_again_when_it_re
     assert harness.drain() == [Outcome.FINAL_ANSWER]
     assert harness.run(run_id).status == RunStatus.SUCCEEDED
     assert day_spend(harness, "acme") == 150 + 60
+
+
+def test_compacted_events_point_at_each_step_by_its_index(harness: Harness) -> None:
+    """The compaction reads a step event's index from the head of its data (two digits and more too)."""
+    run_id = harness.submit("What is 6 * 7?")
+    events = keys.events(run_id)
+    for index in (0, 9, 12, 345):
+        harness.store.r.execute_command(*event_command(run_id, "step", Step(index=index).model_dump_json()))
+    harness.store.drop_and_compact(run_id, [])
+    compacted = json.loads(harness.store.r.get(keys.events_compacted(run_id)))
+    assert [(kind, data) for _, kind, data in compacted] == [
+        ("queued", "{}"), ("step", 0), ("step", 9), ("step", 12), ("step", 345)]
+    assert 0 < harness.store.r.pttl(events) <= STREAM_LINGER_MS
