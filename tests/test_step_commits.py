@@ -222,3 +222,23 @@ def test_compacted_events_point_at_each_step_by_its_index(harness: Harness) -> N
     assert [(kind, data) for _, kind, data in compacted] == [
         ("queued", "{}"), ("step", 0), ("step", 9), ("step", 12), ("step", 345)]
     assert 0 < harness.store.r.pttl(events) <= STREAM_LINGER_MS
+
+
+def test_a_moving_runs_keys_get_their_expiry_again_once_a_period_not_on_every_step(harness: Harness) -> None:
+    """The first step (which makes the step list) sets the expiry of the run's keys, with two refresh periods
+    to spare; a step in the same period leaves it; the first write in a later period sets it again."""
+    harness.llm.script(*[call("search", {"query": q}, call_id=q) for q in "abc"], final("42"))
+    run_id = harness.submit("What is 6 * 7?")
+    store, moving = harness.store, [keys.run(run_id), keys.steps(run_id), keys.events(run_id)]
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert all(store.ttl + store.refresh_every < store.r.ttl(k) <= store.ttl + 2 * store.refresh_every
+               for k in moving)
+    for k in moving:
+        store.r.expire(k, 1000)
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert all(0 < store.r.ttl(k) <= 1000 for k in moving)
+    record = harness.run(run_id)
+    record.updated_at -= store.refresh_every  # its last write a period ago
+    store.r.set(keys.run(run_id), record.model_dump_json(), keepttl=True)
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert all(store.ttl < store.r.ttl(k) for k in moving)

@@ -51,6 +51,9 @@ T = TypeVar("T")
 
 _STEPS = TypeAdapter(list[Step])
 
+# An unfinished run's keys get their expiry again at most once in this long (RunStore._refresh_due).
+REFRESH_EVERY_S = 3600
+
 Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
 
 
@@ -146,7 +149,8 @@ class RunStore:
     def __init__(self, client: redis.Redis, run_ttl_s: int = 7 * 24 * 3600, retention_s: int = 30 * 24 * 3600, *,
                  wait_replicas: int = 1) -> None:
         self.r = client
-        self.ttl = run_ttl_s  # every key of an unfinished run; refreshed on each step
+        self.ttl = run_ttl_s  # every key of an unfinished run; refreshed as it moves (_commands)
+        self.refresh_every = min(REFRESH_EVERY_S, run_ttl_s / 8)
         self.retention = retention_s  # a finished run's record, steps and events
         self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
         self.batches = BatchStore(client, self.batch_ttl)
@@ -200,11 +204,14 @@ class RunStore:
 
         def decide(run: Run, was_finished: bool) -> _Decided | None:
             nonlocal value  # the watched path may call it again: the last call's value is the one written
+            before = (run.updated_at, run.status, run.current_step)
             value = returned = mutate(run)
             if isinstance(returned, Declined):
                 return None
             run.updated_at = time.time()
-            commands, compact = self._commands(run, was_finished, extra(run, returned) if extra else [], trim)
+            refresh = self._refresh_due(run, *before)
+            commands, compact = self._commands(run, was_finished, extra(run, returned) if extra else [], trim,
+                                               refresh=refresh)
             remote: list[Command] = []
             if self.on_cluster:
                 commands, remote = split(run_id, commands)
@@ -271,12 +278,23 @@ class RunStore:
         done = write_watched(self.r, key, on_stored)
         return self._written(run_id, *done) if done is not None else None
 
+    def _refresh_due(self, run: Run, updated_at: float, status: RunStatus, current_step: int) -> bool:
+        """Whether this write of an unfinished run (the stored record was written at `updated_at`, with
+        `status` and `current_step`) refreshes the expiry of the run's keys: its first write after the
+        submission, the one that records its first step (which makes its step list), and the first in each
+        `refresh_every` period. Each refresh gives them `2 * refresh_every` more than the TTL, so they still
+        outlive the TTL after the run's last write (its refresh was at most one period before it; a
+        period more for another worker's clock)."""
+        return (status == RunStatus.QUEUED or current_step == 0 != run.current_step
+                or updated_at // self.refresh_every != run.updated_at // self.refresh_every)
+
     def _commands(self, run: Run, was_finished: bool, extra: list[Command],
-                  trim: Trim | None = None) -> tuple[list[Command], bool]:
+                  trim: Trim | None = None, *, refresh: bool = True) -> tuple[list[Command], bool]:
         """The writes that go with a new run record: `extra`'s, then the active set and the end of a run,
-        and the expiry of every key the run keeps: refreshed while it moves. (Its batch's keys get theirs
-        as its runs are submitted and as they finish: the batch outlives them.) And whether the run's
-        events are to be compacted after them: a write that finishes the run, given its working keys."""
+        and (`refresh`) the expiry of every key the run keeps: refreshed while it moves. (Its batch's
+        keys get theirs as its runs are submitted and as they finish: the batch outlives them.) And whether
+        the run's events are to be compacted after them: a write that finishes the run, given its working
+        keys."""
         commands = list(extra)
         compact = False
         if run.status.finished and not was_finished:
@@ -286,8 +304,10 @@ class RunStore:
                 compact = True
         elif not run.status.finished:
             commands.append(("ZADD", keys.ACTIVE_RUNS, run.updated_at, run.id))
-            commands += [("EXPIRE", key, self.ttl) for key in (keys.run(run.id), keys.steps(run.id),
-                                                                 keys.events(run.id))]
+            if refresh:
+                ttl = self.ttl + int(2 * self.refresh_every)
+                commands += [("EXPIRE", key, ttl)
+                             for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
         return commands, compact
 
     def _on_finished(self, run: Run) -> list[Command]:
