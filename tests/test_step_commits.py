@@ -242,3 +242,19 @@ def test_a_moving_runs_keys_get_their_expiry_again_once_a_period_not_on_every_st
     store.r.set(keys.run(run_id), record.model_dump_json(), keepttl=True)
     assert harness.step().outcome == Outcome.TOOL_CALLS
     assert all(store.ttl < store.r.ttl(k) for k in moving)
+
+
+def test_a_batch_counts_a_runs_usage_once_when_it_ends_its_tenant_with_each_step(harness: Harness) -> None:
+    harness.llm.script(call("search", {"query": "x"}, call_id="s1", tokens=100), final("42", tokens=40))
+    [run] = submit(harness.store, [RunSpec(question="What is 6 * 7?")], harness.rt.settings,
+                   harness.dispatch.next_step, batch_id="b-usage", tenants=harness.rt.tenants,
+                   budgets=harness.rt.budgets)
+
+    def usage(key: str) -> list[Any]:
+        return harness.store.r.hmget(key, "prompt_tokens", "completion_tokens")
+
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert usage(keys.tenant_usage("default")) == [b"100", b"50"] and usage(keys.batch("b-usage")) == [None, None]
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    assert harness.run(run.id).usage.prompt_tokens == 140
+    assert usage(keys.tenant_usage("default")) == usage(keys.batch("b-usage")) == [b"140", b"70"]

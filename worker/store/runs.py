@@ -44,6 +44,7 @@ from .connection import mget
 from .events import event_command
 from .outbox import Entry, Outbox, split
 from .scratch import StepScratch
+from .spend import usage_commands
 from .submissions import SubmissionStore
 from .sweep import Sweep
 
@@ -324,6 +325,8 @@ class RunStore:
             commands += [("RPUSH", keys.batch_done(run.spec.batch_id), run.id),
                          ("LLEN", keys.batch_runs(run.spec.batch_id)),
                          ("HINCRBY", keys.batch(run.spec.batch_id), keys.BATCH_STATUS_FIELD + run.status.value, 1)]
+            if run.usage.total or run.cost_usd:  # the batch counts its runs' usage as they end
+                commands += usage_commands(keys.batch(run.spec.batch_id), run.usage, run.cost_usd)
             commands += [("EXPIRE", key, self.batch_ttl) for key in batch_keys(run.spec.batch_id)]
         return commands
 
