@@ -32,11 +32,8 @@ def event_kinds(harness: Harness, run_id: str) -> list[str]:
     return [kind for _, kind, _ in json.loads(raw)]
 
 
-def test_the_last_step_of_a_batch_run_ends_it_in_one_write(redis_url: str) -> None:
-    """Recording the step, ending the run, dropping its working keys, compacting its events and reading
-    its batch's progress are one script: a run that is not its batch's last finishes in two round trips,
-    the lease read and the commit."""
-    sent: list[bytes] = []
+def counting_harness(redis_url: str, sent: list[bytes]) -> tuple[Harness, redis.Redis]:
+    """A harness whose runner's round trips are appended to `sent` (each one's first command and key)."""
 
     class Counting(redis.connection.Connection):
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
@@ -45,7 +42,15 @@ def test_the_last_step_of_a_batch_run_ends_it_in_one_write(redis_url: str) -> No
             super().send_packed_command(command, check_health)
 
     client = redis.Redis(connection_pool=redis.ConnectionPool.from_url(redis_url, connection_class=Counting))
-    harness = Harness(Settings(redis_url=redis_url, **HARNESS_SETTINGS), redis_client=client)
+    return Harness(Settings(redis_url=redis_url, **HARNESS_SETTINGS), redis_client=client), client
+
+
+def test_the_last_step_of_a_batch_run_ends_it_in_one_write(redis_url: str) -> None:
+    """Recording the step, ending the run, dropping its working keys, compacting its events and reading
+    its batch's progress are one script: a run that is not its batch's last finishes in two round trips,
+    the lease read and the commit."""
+    sent: list[bytes] = []
+    harness, client = counting_harness(redis_url, sent)
     try:
         lookup = call("search", {"query": "x"}, call_id="s1")
         harness.llm.script(lookup, lookup, final("42"))
@@ -258,3 +263,26 @@ def test_a_batch_counts_a_runs_usage_once_when_it_ends_its_tenant_with_each_step
     assert harness.drain() == [Outcome.FINAL_ANSWER]
     assert harness.run(run.id).usage.prompt_tokens == 140
     assert usage(keys.tenant_usage("default")) == usage(keys.batch("b-usage")) == [b"140", b"70"]
+
+
+def test_a_run_that_ends_its_batch_after_the_webhook_was_claimed_reads_the_batch_once(redis_url: str) -> None:
+    """A run that finishes its batch again (one moved into it after the batch's end) finds the webhook
+    claimed in the same round trip as the batch's record, and stops there."""
+    sent: list[bytes] = []
+    harness, _ = counting_harness(redis_url, sent)
+    try:
+        harness.llm.script(final("42"), final("43"))
+        submit(harness.store, [RunSpec(question="What is 6 * 7?")], harness.rt.settings, harness.dispatch.next_step,
+               batch_id="b-claimed", tenants=harness.rt.tenants, budgets=harness.rt.budgets)
+        assert harness.drain() == [Outcome.FINAL_ANSWER]
+        assert harness.store.r.exists(keys.batch_webhook_sent("b-claimed"))
+        [late] = submit(harness.store, [RunSpec(question="And 6 * 8?")], harness.rt.settings,
+                        harness.dispatch.next_step, batch_id="b-claimed", tenants=harness.rt.tenants,
+                        budgets=harness.rt.budgets)
+        sent.clear()
+        assert harness.drain() == [Outcome.FINAL_ANSWER]
+        assert len(sent) == 3, sent  # the lease and the reads; the commit; the batch's record and marker
+        assert sent[-1] == b"HGETALL " + keys.batch("b-claimed").encode()
+        assert harness.store.batches.progress("b-claimed") == (2, 2) and harness.run(late.id).answer == "43"
+    finally:
+        harness.close()
