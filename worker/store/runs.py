@@ -89,13 +89,15 @@ class Updated(Generic[T]):
 @dataclass(frozen=True)
 class _Decided:
     """A mutated run record as it is to be written, the commands to write with it (on a cluster, those on
-    the run's own shard, ending with its outbox's: `remote` went into it), and whether its events are
-    compacted after them."""
+    the run's own shard, ending with its outbox's: `remote` went into it), whether its events are
+    compacted after them (a write that finishes the run and drops its working keys), and whether these
+    drop the run's lease (then the write need not release it)."""
 
     snapshot: Snapshot
     commands: list[Command]
     compact: bool
     remote: list[Command]
+    drops_lease: bool = False
 
     @property
     def own(self) -> int:
@@ -213,6 +215,7 @@ class RunStore:
             refresh = self._refresh_due(run, *before)
             commands, compact = self._commands(run, was_finished, extra(run, returned) if extra else [], trim,
                                                refresh=refresh)
+            drops = compact and any(c[0] == "DEL" and keys.lease(run.id) in c[1:] for c in commands)
             remote: list[Command] = []
             if self.on_cluster:
                 commands, remote = split(run_id, commands)
@@ -221,7 +224,7 @@ class RunStore:
                     entry = Entry(run.outbox_seq, remote, last=run.status.finished)
                     box = keys.outbox(run_id)
                     commands += [("RPUSH", box, entry.encode()), ("EXPIRE", box, self.ttl), ("LRANGE", box, 0, -1)]
-            return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact, remote)
+            return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact, remote, drops)
 
         written = None
         if expect is not None:
@@ -244,7 +247,8 @@ class RunStore:
     def _compare_and_set(self, run_id: str, expected: bytes, d: _Decided, release_lease: str | None) -> Written | None:
         """Write the decided record if the stored one is still `expected` (cas.py); None if it is not."""
         script_keys = [keys.run(run_id), keys.lease(run_id), keys.events(run_id), keys.events_compacted(run_id)]
-        args = cas_args(expected, d.snapshot.raw, release_lease, d.commands, script_keys, d.compact)
+        lease = None if d.drops_lease else release_lease
+        args = cas_args(expected, d.snapshot.raw, lease, d.commands, script_keys, d.compact)
         if self.on_cluster:  # acknowledged by a replica before the next step may read it (replicated.py)
             replies = replicated.run_script(self.r, self._cas, script_keys, args,  # type: ignore[arg-type]
                                             self.wait_replicas)
@@ -262,16 +266,17 @@ class RunStore:
             if d is None:
                 return None
             replies: list[Any] = []
+            lease = None if d.drops_lease else release_lease
 
             def writes(pipe: Any) -> Callable[[list[Any]], None]:
                 pipe.set(key, d.snapshot.raw, keepttl=True)
-                if release_lease:
-                    pipe.execute_command("EVAL", RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
+                if lease:
+                    pipe.execute_command("EVAL", RELEASE_LEASE, 1, keys.lease(run_id), lease)
                 for command in d.commands:
                     pipe.execute_command(*command)
                 if d.compact:
                     pipe.execute_command("EVAL", COMPACT_SCRIPT, 2, keys.events(run_id), keys.events_compacted(run_id))
-                first = 1 + bool(release_lease)
+                first = 1 + bool(lease)
                 return lambda results: replies.extend(results[first:first + len(d.commands)])
 
             return (d, replies), writes
@@ -299,9 +304,9 @@ class RunStore:
         commands = list(extra)
         compact = False
         if run.status.finished and not was_finished:
-            commands += self._on_finished(run)
-            if trim is not None:
-                commands.append(("DEL", *trim()))
+            commands += self._on_finished(run, taken_too=trim is None)
+            if trim is not None:  # the working keys (the lease among them) and the reaper's taken marker
+                commands.append(("DEL", *trim(), keys.step_taken(run.id)))
                 compact = True
         elif not run.status.finished:
             commands.append(("ZADD", keys.ACTIVE_RUNS, run.updated_at, run.id))
@@ -311,14 +316,15 @@ class RunStore:
                              for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
         return commands, compact
 
-    def _on_finished(self, run: Run) -> list[Command]:
+    def _on_finished(self, run: Run, *, taken_too: bool = True) -> list[Command]:
         finished = json.dumps({"status": run.status.value, "answer": run.answer})
         commands: list[Command] = [
             ("ZREM", keys.ACTIVE_RUNS, run.id),
             ("SREM", keys.tenant_inflight(run.spec.tenant), run.id),
             event_command(run.id, "finished", finished),
-            ("DEL", keys.step_taken(run.id)),
         ]
+        if taken_too:  # (else deleted with the working keys)
+            commands.append(("DEL", keys.step_taken(run.id)))
         commands += [("EXPIRE", key, self.retention)
                      for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
         if run.spec.batch_id:  # the RPUSH and LLEN replies are the batch's progress (finished runs, runs)
