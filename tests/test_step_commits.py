@@ -230,14 +230,16 @@ def test_compacted_events_point_at_each_step_by_its_index(harness: Harness) -> N
 
 
 def test_a_moving_runs_keys_get_their_expiry_again_once_a_period_not_on_every_step(harness: Harness) -> None:
-    """The first step (which makes the step list) sets the expiry of the run's keys, with two refresh periods
-    to spare; a step in the same period leaves it; the first write in a later period sets it again."""
+    """The submission gives the run's keys their expiry with two refresh periods to spare, the first step
+    its step list's; a step in the same period leaves them; the first write in a later period sets them
+    again."""
     harness.llm.script(*[call("search", {"query": q}, call_id=q) for q in "abc"], final("42"))
     run_id = harness.submit("What is 6 * 7?")
     store, moving = harness.store, [keys.run(run_id), keys.steps(run_id), keys.events(run_id)]
+    store.r.expire(keys.run(run_id), 1000)
     assert harness.step().outcome == Outcome.TOOL_CALLS
-    assert all(store.ttl + store.refresh_every < store.r.ttl(k) <= store.ttl + 2 * store.refresh_every
-               for k in moving)
+    assert 0 < store.r.ttl(keys.run(run_id)) <= 1000
+    assert all(store.ttl + store.refresh_every < store.r.ttl(k) <= store.moving_ttl for k in moving[1:])
     for k in moving:
         store.r.expire(k, 1000)
     assert harness.step().outcome == Outcome.TOOL_CALLS
@@ -286,3 +288,17 @@ def test_a_run_that_ends_its_batch_after_the_webhook_was_claimed_reads_the_batch
         assert harness.store.batches.progress("b-claimed") == (2, 2) and harness.run(late.id).answer == "43"
     finally:
         harness.close()
+
+
+def test_a_batch_run_ending_soon_after_it_joined_refreshes_only_the_batch_keys_it_may_make(harness: Harness) -> None:
+    """Its submission gave the batch's keys a refresh period more than the batch's TTL: its end gives
+    the finished list (which it makes) its expiry, and leaves the others'."""
+    harness.llm.script(final("42"))
+    submit(harness.store, [RunSpec(question="What is 6 * 7?")], harness.rt.settings, harness.dispatch.next_step,
+           batch_id="b-kept", tenants=harness.rt.tenants, budgets=harness.rt.budgets)
+    store = harness.store
+    assert store.batch_ttl < store.r.ttl(keys.batch_runs("b-kept")) <= store.batch_kept
+    store.r.expire(keys.batch_runs("b-kept"), 1000)
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    assert 0 < store.r.ttl(keys.batch_runs("b-kept")) <= 1000
+    assert store.batch_ttl < store.r.ttl(keys.batch_done("b-kept")) <= store.batch_kept

@@ -153,14 +153,18 @@ class RunStore:
                  wait_replicas: int = 1) -> None:
         self.r = client
         self.ttl = run_ttl_s  # every key of an unfinished run; refreshed as it moves (_commands)
-        self.refresh_every = min(REFRESH_EVERY_S, run_ttl_s / 8)
+        self.refresh_every = min(REFRESH_EVERY_S, run_ttl_s // 8)
+        # What an unfinished run's keys are given when recorded and refreshed: two refresh periods to spare
+        # (_refresh_due). A batch's keys get one (_on_finished).
+        self.moving_ttl = run_ttl_s + 2 * self.refresh_every
         self.retention = retention_s  # a finished run's record, steps and events
         self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
-        self.batches = BatchStore(client, self.batch_ttl)
+        self.batch_kept = self.batch_ttl + self.refresh_every
+        self.batches = BatchStore(client, self.batch_kept)
         self._cas = client.register_script(CAS_SCRIPT)
         self._compact = client.register_script(COMPACT_SCRIPT)
         self.wait_replicas = wait_replicas  # on a cluster (replicated.py)
-        self.submissions = SubmissionStore(client, run_ttl_s, self.batch_ttl, wait_replicas)
+        self.submissions = SubmissionStore(client, self.moving_ttl, self.batch_kept, wait_replicas)
         self.sweep = Sweep(client)
         self.scratch = StepScratch(client, run_ttl_s)
         self.claims = Claims(client)
@@ -181,7 +185,10 @@ class RunStore:
     def copy_steps(self, run_id: str, steps: list[Step]) -> None:
         """Give a new run (a replay, before its first step is sent) the recorded steps it starts from."""
         if steps:
-            self.r.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
+            pipe = self.r.pipeline(transaction=False)
+            pipe.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
+            pipe.expire(keys.steps(run_id), self.moving_ttl)
+            pipe.execute()
 
     def drop_and_compact(self, run_id: str, names: list[str]) -> None:
         """Delete these keys of a finished run, and compact its event stream (cas.COMPACT_FUNCTION),
@@ -207,14 +214,13 @@ class RunStore:
 
         def decide(run: Run, was_finished: bool) -> _Decided | None:
             nonlocal value  # the watched path may call it again: the last call's value is the one written
-            before = (run.updated_at, run.status, run.current_step)
+            before = (run.updated_at, run.current_step)
             value = returned = mutate(run)
             if isinstance(returned, Declined):
                 return None
             run.updated_at = time.time()
-            refresh = self._refresh_due(run, *before)
             commands, compact = self._commands(run, was_finished, extra(run, returned) if extra else [], trim,
-                                               refresh=refresh)
+                                               refresh=self._refresh_due(run, *before))
             drops = compact and any(c[0] == "DEL" and keys.lease(run.id) in c[1:] for c in commands)
             remote: list[Command] = []
             if self.on_cluster:
@@ -284,23 +290,23 @@ class RunStore:
         done = write_watched(self.r, key, on_stored)
         return self._written(run_id, *done) if done is not None else None
 
-    def _refresh_due(self, run: Run, updated_at: float, status: RunStatus, current_step: int) -> bool:
-        """Whether this write of an unfinished run (the stored record was written at `updated_at`, with
-        `status` and `current_step`) refreshes the expiry of the run's keys: its first write after the
-        submission, the one that records its first step (which makes its step list), and the first in each
-        `refresh_every` period. Each refresh gives them `2 * refresh_every` more than the TTL, so they still
-        outlive the TTL after the run's last write (its refresh was at most one period before it; a
-        period more for another worker's clock)."""
-        return (status == RunStatus.QUEUED or current_step == 0 != run.current_step
-                or updated_at // self.refresh_every != run.updated_at // self.refresh_every)
+    def _refresh_due(self, run: Run, updated_at: float, current_step: int) -> list[str]:
+        """The keys of an unfinished run whose expiry this write refreshes (the stored record was written
+        at `updated_at`, at `current_step`): all of them on the run's first write in each
+        `refresh_every` period, else its step list when this write makes it (records its first step).
+        Recorded and refreshed, they get `moving_ttl`, two periods more than the TTL, so they still outlive
+        the TTL after the run's last write: the submission or the refresh before it was at most one period
+        earlier (and a period more for another worker's clock)."""
+        if updated_at // self.refresh_every != run.updated_at // self.refresh_every:
+            return [keys.run(run.id), keys.steps(run.id), keys.events(run.id)]
+        return [keys.steps(run.id)] if current_step == 0 != run.current_step else []
 
     def _commands(self, run: Run, was_finished: bool, extra: list[Command],
-                  trim: Trim | None = None, *, refresh: bool = True) -> tuple[list[Command], bool]:
+                  trim: Trim | None = None, *, refresh: list[str] | None = None) -> tuple[list[Command], bool]:
         """The writes that go with a new run record: `extra`'s, then the active set and the end of a run,
-        and (`refresh`) the expiry of every key the run keeps: refreshed while it moves. (Its batch's
-        keys get theirs as its runs are submitted and as they finish: the batch outlives them.) And whether
-        the run's events are to be compacted after them: a write that finishes the run, given its working
-        keys."""
+        and the expiry of the keys the run keeps (`refresh`: _refresh_due's). (Its batch's keys get theirs
+        as its runs are submitted and as they finish: the batch outlives them.) And whether the run's
+        events are to be compacted after them: a write that finishes the run, given its working keys."""
         commands = list(extra)
         compact = False
         if run.status.finished and not was_finished:
@@ -310,11 +316,20 @@ class RunStore:
                 compact = True
         elif not run.status.finished:
             commands.append(("ZADD", keys.ACTIVE_RUNS, run.updated_at, run.id))
-            if refresh:
-                ttl = self.ttl + int(2 * self.refresh_every)
-                commands += [("EXPIRE", key, ttl)
-                             for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
+            commands += [("EXPIRE", key, self.moving_ttl) for key in refresh or []]
         return commands, compact
+
+    def _batch_keys_due(self, run: Run) -> tuple[str, ...]:
+        """The keys of a finishing run's batch whose expiry its end refreshes, so that the batch outlives
+        the run's record: all of them, unless the run joined the batch less than a refresh period ago.
+        Then only its finished list (which this end may make) and its webhook marker: the others were
+        given `batch_kept` (a period more than `batch_ttl`) when the run was submitted into it or moved to
+        it, and every later expiry of them gives as much."""
+        batch_id = run.spec.batch_id
+        assert batch_id is not None
+        if run.updated_at - run.created_at < self.refresh_every:
+            return keys.batch_done(batch_id), keys.batch_webhook_sent(batch_id)
+        return batch_keys(batch_id)
 
     def _on_finished(self, run: Run, *, taken_too: bool = True) -> list[Command]:
         finished = json.dumps({"status": run.status.value, "answer": run.answer})
@@ -333,7 +348,7 @@ class RunStore:
                          ("HINCRBY", keys.batch(run.spec.batch_id), keys.BATCH_STATUS_FIELD + run.status.value, 1)]
             if run.usage.total or run.cost_usd:  # the batch counts its runs' usage as they end
                 commands += usage_commands(keys.batch(run.spec.batch_id), run.usage, run.cost_usd)
-            commands += [("EXPIRE", key, self.batch_ttl) for key in batch_keys(run.spec.batch_id)]
+            commands += [("EXPIRE", key, self.batch_kept) for key in self._batch_keys_due(run)]
         return commands
 
     def commit_step(
@@ -428,6 +443,8 @@ class RunStore:
         ended = self.load_run(run_id) if moved is None else None
         pipe = self.r.pipeline(transaction=False)
         pipe.rpush(keys.batch_runs(batch_id), run_id)
+        for key in batch_keys(batch_id):  # (a run that joined a batch just now leaves these to it: _batch_keys_due)
+            pipe.expire(key, self.batch_kept)
         if moved is None:
             pipe.rpush(keys.batch_done(batch_id), run_id)
             if ended is not None:
