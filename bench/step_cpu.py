@@ -1,16 +1,23 @@
 """CPU one reactq step spends on our side, measured in process with the test harness (tests/harness.py).
 
-    python bench/step_cpu.py [--runs 300] [--floor]
+    python bench/step_cpu.py [--runs 300] [--floor] [--monitor] [--submit-first]
 
 Starts its own redis-server and `reactq stub` (latency 0) on free ports, then drives N runs of
 "What is A * B + C?" (2 steps each: calculator, final answer) through the real StepRunner, RunStore
 and OpenAIChat, one step at a time in this one thread, with no Celery. Reports this process's CPU
-seconds per step and the Redis round trips per step, redis-server's own CPU per step (and, from INFO
-commandstats, the time it spent executing each command, per step), and the
+seconds per step and the Redis round trips per step, redis-server's own CPU per step (from /proc over
+all chunks, and from INFO cpu per chunk; and, from INFO commandstats, the time it spent executing each
+command, per step: wall time, which a busy machine inflates), and the
 submission's CPU and round trips per run (each run is submitted into one batch, as bench/throughput.py
 does). `--floor` also measures what the throughput
 floor's task does per step (one HTTP chat call with httpx, JSON decoded), so the difference is the
-CPU a step spends outside the LLM call. Profile with: py-spy record -o prof.svg -- python bench/step_cpu.py
+CPU a step spends outside the LLM call. By default each run is submitted and then its two steps
+delivered, so that each run ends its batch as it stands (and reads the batch); `--submit-first`
+submits each chunk's runs and then delivers their steps (as a batch is worked through), and reports
+redis-server's CPU for the steps alone and for the submissions apart. `--monitor` prints, after the
+figures, every command redis-server ran for one more run (MONITOR: a script's own commands too, marked
+"lua").
+Profile with: py-spy record -o prof.svg -- python bench/step_cpu.py
 """
 
 from __future__ import annotations
@@ -58,10 +65,33 @@ def wait(check, what: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"{what} did not come up in {timeout}s")
 
 
+def redis_rusage(client) -> float:  # type: ignore[no-untyped-def]
+    """CPU seconds redis-server has spent (INFO cpu: its getrusage, finer than /proc's ticks)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def print_monitored(client, one_run) -> None:  # type: ignore[no-untyped-def]
+    """Every command redis-server runs while `one_run` runs, as MONITOR sees it (arguments cut short)."""
+    with client.monitor() as monitor:
+        one_run()
+        client.ping()  # the end marker: MONITOR lists it once the run's commands are through
+        print("one run's commands (MONITOR):")
+        while True:
+            seen = monitor.next_command()
+            if seen["command"] == "PING" and seen["client_type"] != "lua":
+                return
+            where = " lua" if seen["client_type"] == "lua" else ""
+            print(f"  {where:4} {seen['command'][:160]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--floor", action="store_true", help="also measure the floor's per-step work")
+    ap.add_argument("--monitor", action="store_true", help="also print the commands of one more run")
+    ap.add_argument("--submit-first", action="store_true",
+                    help="each chunk: submit its runs, then deliver their steps (redis-server's CPU for each apart)")
     args = ap.parse_args()
 
     import redis
@@ -101,22 +131,32 @@ def main() -> int:
         batch_id = new_batch_id()
         redis_pid = procs[0].pid
 
-        def one_run() -> int:
-            """Submit (measured apart), then deliver the run's steps (measured)."""
+        def submit_one() -> None:
+            """Submit one run into the batch (measured apart from its steps)."""
             a, b, c = rng.randint(100, 99999), rng.randint(100, 99999), rng.randint(1, 9999)
-            trips, cpu, redis_cpu = round_trips["n"], time.process_time(), process_cpu(redis_pid)
+            trips, cpu = round_trips["n"], time.process_time()
             submit(h.store, [RunSpec(question=f"What is {a} * {b} + {c}?")], settings, h.dispatch.next_step,
                    batch_id=batch_id, tenants=h.rt.tenants, budgets=h.rt.budgets)
             spent["submit"] += time.process_time() - cpu
             spent["submit_trips"] += round_trips["n"] - trips
+
+        def deliver(runs: int) -> int:
+            """Deliver the queued steps of `runs` submitted runs (measured)."""
             trips, cpu, wall = round_trips["n"], time.process_time(), time.perf_counter()
-            outcomes = h.drain()
+            outcomes = h.drain(limit=4 * runs)
             spent["cpu"] += time.process_time() - cpu
             spent["wall"] += time.perf_counter() - wall
             spent["trips"] += round_trips["n"] - trips
-            spent["redis"] += process_cpu(redis_pid) - redis_cpu
-            assert outcomes == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER], outcomes
+            assert sorted(outcomes) == sorted([Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER] * runs), outcomes
             return len(outcomes)
+
+        def one_run() -> int:
+            """Submit a run, then deliver its steps: it ends the batch as it stands (one batch check a run)."""
+            redis_cpu = process_cpu(redis_pid)
+            submit_one()
+            n = deliver(1)
+            spent["redis"] += process_cpu(redis_pid) - redis_cpu
+            return n
 
         for _ in range(20):  # warm-up: imports, pools, caches
             one_run()
@@ -125,9 +165,20 @@ def main() -> int:
         # The machine is shared: the CPU a step costs is taken as the lowest of several chunks' averages
         # (other processes can only add to a chunk's CPU time, through caches and frequency).
         chunks, submit_chunks, steps, trips, submit_trips, redis_cpu = [], [], 0, 0, 0, 0.0
+        redis_chunks, redis_steps, redis_submits = [], [], []
         for _ in range(max(1, args.runs // CHUNK)):
             spent.update(cpu=0.0, wall=0.0, trips=0, redis=0.0, submit=0.0, submit_trips=0)
-            n = sum(one_run() for _ in range(CHUNK))
+            server_cpu = redis_rusage(stats_client)
+            if args.submit_first:  # the chunk's runs submitted, then their steps delivered: redis-server's
+                for _ in range(CHUNK):  # CPU for each part apart
+                    submit_one()
+                submitted = redis_rusage(stats_client)
+                n = deliver(CHUNK)
+                redis_submits.append((submitted - server_cpu) / CHUNK)
+                redis_steps.append((redis_rusage(stats_client) - submitted) / n)
+            else:
+                n = sum(one_run() for _ in range(CHUNK))
+            redis_chunks.append((redis_rusage(stats_client) - server_cpu) / n)
             chunks.append(spent["cpu"] / n)
             redis_cpu += spent["redis"]
             submit_chunks.append(spent["submit"] / CHUNK)
@@ -136,8 +187,15 @@ def main() -> int:
         runs = steps // 2
         print(f"reactq: {steps} steps, {1e6 * cpu:.0f} us CPU/step (best chunk; median "
               f"{1e6 * statistics.median(chunks):.0f}), {trips / steps:.1f} Redis round trips/step")
-        print(f"redis-server: {1e6 * redis_cpu / steps:.0f} us CPU/step (all chunks: /proc counts in 10 ms "
-              "ticks; submissions included)")
+        if not args.submit_first:
+            print(f"redis-server: {1e6 * redis_cpu / steps:.0f} us CPU/step (all chunks: /proc counts in 10 ms "
+                  "ticks; submissions included)")
+        print(f"redis-server: {1e6 * min(redis_chunks):.0f} us CPU/step (best chunk; median "
+              f"{1e6 * statistics.median(redis_chunks):.0f}; INFO cpu, its own rusage in us; submissions included)")
+        if args.submit_first:
+            print(f"redis-server: {1e6 * min(redis_steps):.0f} us CPU/step for the steps alone (best chunk; median "
+                  f"{1e6 * statistics.median(redis_steps):.0f}), {1e6 * min(redis_submits):.0f} us CPU/run for the "
+                  f"submissions (best chunk; median {1e6 * statistics.median(redis_submits):.0f})")
         print(f"submit: {1e6 * min(submit_chunks):.0f} us CPU/run (best chunk; median "
               f"{1e6 * statistics.median(submit_chunks):.0f}), {submit_trips / runs:.1f} Redis round trips/run")
         commands = {name.removeprefix("cmdstat_"): stat for name, stat in stats_client.info("commandstats").items()}
@@ -147,6 +205,8 @@ def main() -> int:
         for name, stat in sorted(commands.items(), key=lambda item: -item[1]["usec"])[:12]:
             print(f"  {name}: {stat['usec'] / steps:.1f} us/step, {stat['calls'] / steps:.2f} calls/step, "
                   f"{stat['usec_per_call']:.1f} us/call")
+        if args.monitor:
+            print_monitored(stats_client, one_run)
         if args.floor:
             import httpx
 

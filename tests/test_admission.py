@@ -73,3 +73,14 @@ def test_the_fifth_submission_in_a_minute_is_refused(small: Harness) -> None:
 
 def small_run(harness: Harness) -> Run:
     return new_run(RunSpec(question="q", tenant=small_id(harness)), harness.rt.settings)
+
+
+def test_a_minutes_submission_counter_gets_its_expiry_when_it_is_made(small: Harness) -> None:
+    quota = Quota("small", 1, in_flight=100, per_minute=4)
+    minute = (time.time() // 60) * 60
+    counter = keys.tenant_submissions(quota.tenant, int(minute // 60))
+    small.store.submissions.create_runs([small_run(small)], quotas=[quota], now=minute)
+    assert 60 < small.store.r.ttl(counter) <= 120
+    small.store.r.expire(counter, 50)
+    small.store.submissions.create_runs([small_run(small)], quotas=[quota], now=minute + 1)
+    assert small.store.r.get(counter) == b"2" and 0 < small.store.r.ttl(counter) <= 50

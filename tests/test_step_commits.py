@@ -16,11 +16,12 @@ from tests.test_steps import SIX_BY_SEVEN, complete_sandbox
 from tests.waiting import wait_for
 from tools_sandbox.base.models import SandboxResult
 from worker.config import Settings
-from worker.core.models import LLMReply, Observation, RunSpec, RunStatus
+from worker.core.models import LLMReply, Observation, RunSpec, RunStatus, Step
 from worker.core.outcome import Outcome
 from worker.service.submit import submit
 from worker.store import keys
 from worker.store.cas import STREAM_LINGER_MS
+from worker.store.events import event_command
 
 
 def event_kinds(harness: Harness, run_id: str) -> list[str]:
@@ -31,11 +32,8 @@ def event_kinds(harness: Harness, run_id: str) -> list[str]:
     return [kind for _, kind, _ in json.loads(raw)]
 
 
-def test_the_last_step_of_a_batch_run_ends_it_in_one_write(redis_url: str) -> None:
-    """Recording the step, ending the run, dropping its working keys, compacting its events and reading
-    its batch's progress are one script: a run that is not its batch's last finishes in two round trips,
-    the lease read and the commit."""
-    sent: list[bytes] = []
+def counting_harness(redis_url: str, sent: list[bytes]) -> tuple[Harness, redis.Redis]:
+    """A harness whose runner's round trips are appended to `sent` (each one's first command and key)."""
 
     class Counting(redis.connection.Connection):
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
@@ -44,7 +42,15 @@ def test_the_last_step_of_a_batch_run_ends_it_in_one_write(redis_url: str) -> No
             super().send_packed_command(command, check_health)
 
     client = redis.Redis(connection_pool=redis.ConnectionPool.from_url(redis_url, connection_class=Counting))
-    harness = Harness(Settings(redis_url=redis_url, **HARNESS_SETTINGS), redis_client=client)
+    return Harness(Settings(redis_url=redis_url, **HARNESS_SETTINGS), redis_client=client), client
+
+
+def test_the_last_step_of_a_batch_run_ends_it_in_one_write(redis_url: str) -> None:
+    """Recording the step, ending the run, dropping its working keys, compacting its events and reading
+    its batch's progress are one script: a run that is not its batch's last finishes in two round trips,
+    the lease read and the commit."""
+    sent: list[bytes] = []
+    harness, client = counting_harness(redis_url, sent)
     try:
         lookup = call("search", {"query": "x"}, call_id="s1")
         harness.llm.script(lookup, lookup, final("42"))
@@ -208,3 +214,91 @@ def test_a_sandboxed_step_is_charged_when_it_sends_the_code_not_again_when_it_re
     assert harness.drain() == [Outcome.FINAL_ANSWER]
     assert harness.run(run_id).status == RunStatus.SUCCEEDED
     assert day_spend(harness, "acme") == 150 + 60
+
+
+def test_compacted_events_point_at_each_step_by_its_index(harness: Harness) -> None:
+    """The compaction reads a step event's index from the head of its data (two digits and more too)."""
+    run_id = harness.submit("What is 6 * 7?")
+    events = keys.events(run_id)
+    for index in (0, 9, 12, 345):
+        harness.store.r.execute_command(*event_command(run_id, "step", Step(index=index).model_dump_json()))
+    harness.store.drop_and_compact(run_id, [])
+    compacted = json.loads(harness.store.r.get(keys.events_compacted(run_id)))
+    assert [(kind, data) for _, kind, data in compacted] == [
+        ("queued", "{}"), ("step", 0), ("step", 9), ("step", 12), ("step", 345)]
+    assert 0 < harness.store.r.pttl(events) <= STREAM_LINGER_MS
+
+
+def test_a_moving_runs_keys_get_their_expiry_again_once_a_period_not_on_every_step(harness: Harness) -> None:
+    """The submission gives the run's keys their expiry with two refresh periods to spare, the first step
+    its step list's; a step in the same period leaves them; the first write in a later period sets them
+    again."""
+    harness.llm.script(*[call("search", {"query": q}, call_id=q) for q in "abc"], final("42"))
+    run_id = harness.submit("What is 6 * 7?")
+    store, moving = harness.store, [keys.run(run_id), keys.steps(run_id), keys.events(run_id)]
+    store.r.expire(keys.run(run_id), 1000)
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert 0 < store.r.ttl(keys.run(run_id)) <= 1000
+    assert all(store.ttl + store.refresh_every < store.r.ttl(k) <= store.moving_ttl for k in moving[1:])
+    for k in moving:
+        store.r.expire(k, 1000)
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert all(0 < store.r.ttl(k) <= 1000 for k in moving)
+    record = harness.run(run_id)
+    record.updated_at -= store.refresh_every  # its last write a period ago
+    store.r.set(keys.run(run_id), record.model_dump_json(), keepttl=True)
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert all(store.ttl < store.r.ttl(k) for k in moving)
+
+
+def test_a_batch_counts_a_runs_usage_once_when_it_ends_its_tenant_with_each_step(harness: Harness) -> None:
+    harness.llm.script(call("search", {"query": "x"}, call_id="s1", tokens=100), final("42", tokens=40))
+    [run] = submit(harness.store, [RunSpec(question="What is 6 * 7?")], harness.rt.settings,
+                   harness.dispatch.next_step, batch_id="b-usage", tenants=harness.rt.tenants,
+                   budgets=harness.rt.budgets)
+
+    def usage(key: str) -> list[Any]:
+        return harness.store.r.hmget(key, "prompt_tokens", "completion_tokens")
+
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert usage(keys.tenant_usage("default")) == [b"100", b"50"] and usage(keys.batch("b-usage")) == [None, None]
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    assert harness.run(run.id).usage.prompt_tokens == 140
+    assert usage(keys.tenant_usage("default")) == usage(keys.batch("b-usage")) == [b"140", b"70"]
+
+
+def test_a_run_that_ends_its_batch_after_the_webhook_was_claimed_reads_the_batch_once(redis_url: str) -> None:
+    """A run that finishes its batch again (one moved into it after the batch's end) finds the webhook
+    claimed in the same round trip as the batch's record, and stops there."""
+    sent: list[bytes] = []
+    harness, _ = counting_harness(redis_url, sent)
+    try:
+        harness.llm.script(final("42"), final("43"))
+        submit(harness.store, [RunSpec(question="What is 6 * 7?")], harness.rt.settings, harness.dispatch.next_step,
+               batch_id="b-claimed", tenants=harness.rt.tenants, budgets=harness.rt.budgets)
+        assert harness.drain() == [Outcome.FINAL_ANSWER]
+        assert harness.store.r.exists(keys.batch_webhook_sent("b-claimed"))
+        [late] = submit(harness.store, [RunSpec(question="And 6 * 8?")], harness.rt.settings,
+                        harness.dispatch.next_step, batch_id="b-claimed", tenants=harness.rt.tenants,
+                        budgets=harness.rt.budgets)
+        sent.clear()
+        assert harness.drain() == [Outcome.FINAL_ANSWER]
+        assert len(sent) == 3, sent  # the lease and the reads; the commit; the batch's record and marker
+        assert sent[-1] == b"HGETALL " + keys.batch("b-claimed").encode()
+        assert harness.store.batches.progress("b-claimed") == (2, 2) and harness.run(late.id).answer == "43"
+    finally:
+        harness.close()
+
+
+def test_a_batch_run_ending_soon_after_it_joined_refreshes_only_the_batch_keys_it_may_make(harness: Harness) -> None:
+    """Its submission gave the batch's keys a refresh period more than the batch's TTL: its end gives
+    the finished list (which it makes) its expiry, and leaves the others'."""
+    harness.llm.script(final("42"))
+    submit(harness.store, [RunSpec(question="What is 6 * 7?")], harness.rt.settings, harness.dispatch.next_step,
+           batch_id="b-kept", tenants=harness.rt.tenants, budgets=harness.rt.budgets)
+    store = harness.store
+    assert store.batch_ttl < store.r.ttl(keys.batch_runs("b-kept")) <= store.batch_kept
+    store.r.expire(keys.batch_runs("b-kept"), 1000)
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    assert 0 < store.r.ttl(keys.batch_runs("b-kept")) <= 1000
+    assert store.batch_ttl < store.r.ttl(keys.batch_done("b-kept")) <= store.batch_kept

@@ -32,12 +32,13 @@ def queue_batch_webhook(rt: Runtime, batch_id: str, tenant: str | None, send: Se
                         progress: tuple[int, int] | None = None) -> bool:
     """The batch's webhook, once: when its submission is complete and every run has finished. Each of
     the last runs of a big batch may ask at nearly the same moment: each reads the batch's progress
-    (unless its last write returned it: `progress`) and its hash, one of them wins the one-time marker,
-    and only that one builds the (constant-size) view. Returns whether this call queued it."""
+    (unless its last write returned it: `progress`) and its hash with whether the one-time marker is
+    taken (then it stops there), one of them wins the marker, and only that one builds the
+    (constant-size) view. Returns whether this call queued it."""
     finished, size = progress or rt.store.batches.progress(batch_id)
     if finished < size:
         return False
-    info = rt.store.batches.info(batch_id)
+    info = rt.store.batches.info_unless_claimed(batch_id)
     if not info or info.get("submitting"):
         return False  # more runs are coming; the submitter checks again when it is done
     if not rt.store.batches.claim_webhook(batch_id, rt.settings.retention_s):

@@ -300,7 +300,8 @@ class StepRunner:
                 if exc.lost_usage is not None and exc.lost_usage.total:
                     lost, cost = exc.lost_usage, cost_usd(run.model, exc.lost_usage, s.prices_per_mtok)
                     self._count_lost(run.model, tenant, lost)
-                    self.rt.budgets.store.run(budget.settle(lost, cost) + ledger.usage_commands(run, lost, cost))
+                    self.rt.budgets.store.run(budget.settle(lost, cost) + ledger.usage_commands(run, lost, cost,
+                                                                                                batch=True))
                 raise
             model = reply.routed_model or run.model  # a fallback's tokens are priced at its own price
             charged = reply.usage + reply.lost_usage

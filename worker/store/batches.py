@@ -139,6 +139,14 @@ class BatchStore:
         pipe.hdel(keys.batch(batch_id), "submitting")
         pipe.execute()
 
+    def info_unless_claimed(self, batch_id: str) -> dict[str, str] | None:
+        """The batch's record (`info`), or None if its webhook is claimed already: in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.batch(batch_id))
+        pipe.exists(keys.batch_webhook_sent(batch_id))
+        raw, claimed = pipe.execute()
+        return None if claimed else {k.decode(): v.decode() for k, v in raw.items()}
+
     def claim_webhook(self, batch_id: str, ttl_s: int) -> bool:
         """True for the first caller only: the one that sends the batch's webhook."""
         return bool(self.r.set(keys.batch_webhook_sent(batch_id), "1", nx=True, ex=ttl_s))

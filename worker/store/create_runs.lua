@@ -8,8 +8,9 @@ for q = 1, n do
   if redis.call('SCARD', KEYS[2 * q - 1]) + adding > tonumber(ARGV[3 * q]) then return {-2, q} end
   if tonumber(redis.call('GET', KEYS[2 * q]) or '0') + adding > tonumber(ARGV[3 * q + 1]) then return {-1, q} end
 end
-for q = 1, n do
-  redis.call('INCRBY', KEYS[2 * q], ARGV[3 * q - 1])
-  redis.call('EXPIRE', KEYS[2 * q], 120)
+for q = 1, n do  -- a minute's counter is read in its minute only: an expiry from when it was made will do
+  if redis.call('INCRBY', KEYS[2 * q], ARGV[3 * q - 1]) == tonumber(ARGV[3 * q - 1]) then
+    redis.call('EXPIRE', KEYS[2 * q], 120)
+  end
 end
 return {0, run_commands(3 * n + 2)}

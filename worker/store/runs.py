@@ -44,12 +44,16 @@ from .connection import mget
 from .events import event_command
 from .outbox import Entry, Outbox, split
 from .scratch import StepScratch
+from .spend import usage_commands
 from .submissions import SubmissionStore
 from .sweep import Sweep
 
 T = TypeVar("T")
 
 _STEPS = TypeAdapter(list[Step])
+
+# An unfinished run's keys get their expiry again at most once in this long (RunStore._refresh_due).
+REFRESH_EVERY_S = 3600
 
 Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
 
@@ -85,13 +89,15 @@ class Updated(Generic[T]):
 @dataclass(frozen=True)
 class _Decided:
     """A mutated run record as it is to be written, the commands to write with it (on a cluster, those on
-    the run's own shard, ending with its outbox's: `remote` went into it), and whether its events are
-    compacted after them."""
+    the run's own shard, ending with its outbox's: `remote` went into it), whether its events are
+    compacted after them (a write that finishes the run and drops its working keys), and whether these
+    drop the run's lease (then the write need not release it)."""
 
     snapshot: Snapshot
     commands: list[Command]
     compact: bool
     remote: list[Command]
+    drops_lease: bool = False
 
     @property
     def own(self) -> int:
@@ -146,14 +152,19 @@ class RunStore:
     def __init__(self, client: redis.Redis, run_ttl_s: int = 7 * 24 * 3600, retention_s: int = 30 * 24 * 3600, *,
                  wait_replicas: int = 1) -> None:
         self.r = client
-        self.ttl = run_ttl_s  # every key of an unfinished run; refreshed on each step
+        self.ttl = run_ttl_s  # every key of an unfinished run; refreshed as it moves (_commands)
+        self.refresh_every = min(REFRESH_EVERY_S, run_ttl_s // 8)
+        # What an unfinished run's keys are given when recorded and refreshed: two refresh periods to spare
+        # (_refresh_due). A batch's keys get one (_on_finished).
+        self.moving_ttl = run_ttl_s + 2 * self.refresh_every
         self.retention = retention_s  # a finished run's record, steps and events
         self.batch_ttl = max(run_ttl_s, retention_s)  # a batch outlives its runs, moving or finished
-        self.batches = BatchStore(client, self.batch_ttl)
+        self.batch_kept = self.batch_ttl + self.refresh_every
+        self.batches = BatchStore(client, self.batch_kept)
         self._cas = client.register_script(CAS_SCRIPT)
         self._compact = client.register_script(COMPACT_SCRIPT)
         self.wait_replicas = wait_replicas  # on a cluster (replicated.py)
-        self.submissions = SubmissionStore(client, run_ttl_s, self.batch_ttl, wait_replicas)
+        self.submissions = SubmissionStore(client, self.moving_ttl, self.batch_kept, wait_replicas)
         self.sweep = Sweep(client)
         self.scratch = StepScratch(client, run_ttl_s)
         self.claims = Claims(client)
@@ -174,7 +185,10 @@ class RunStore:
     def copy_steps(self, run_id: str, steps: list[Step]) -> None:
         """Give a new run (a replay, before its first step is sent) the recorded steps it starts from."""
         if steps:
-            self.r.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
+            pipe = self.r.pipeline(transaction=False)
+            pipe.rpush(keys.steps(run_id), *[s.model_dump_json() for s in steps])
+            pipe.expire(keys.steps(run_id), self.moving_ttl)
+            pipe.execute()
 
     def drop_and_compact(self, run_id: str, names: list[str]) -> None:
         """Delete these keys of a finished run, and compact its event stream (cas.COMPACT_FUNCTION),
@@ -200,11 +214,14 @@ class RunStore:
 
         def decide(run: Run, was_finished: bool) -> _Decided | None:
             nonlocal value  # the watched path may call it again: the last call's value is the one written
+            before = (run.updated_at, run.current_step)
             value = returned = mutate(run)
             if isinstance(returned, Declined):
                 return None
             run.updated_at = time.time()
-            commands, compact = self._commands(run, was_finished, extra(run, returned) if extra else [], trim)
+            commands, compact = self._commands(run, was_finished, extra(run, returned) if extra else [], trim,
+                                               refresh=self._refresh_due(run, *before))
+            drops = compact and any(c[0] == "DEL" and keys.lease(run.id) in c[1:] for c in commands)
             remote: list[Command] = []
             if self.on_cluster:
                 commands, remote = split(run_id, commands)
@@ -213,7 +230,7 @@ class RunStore:
                     entry = Entry(run.outbox_seq, remote, last=run.status.finished)
                     box = keys.outbox(run_id)
                     commands += [("RPUSH", box, entry.encode()), ("EXPIRE", box, self.ttl), ("LRANGE", box, 0, -1)]
-            return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact, remote)
+            return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact, remote, drops)
 
         written = None
         if expect is not None:
@@ -236,7 +253,8 @@ class RunStore:
     def _compare_and_set(self, run_id: str, expected: bytes, d: _Decided, release_lease: str | None) -> Written | None:
         """Write the decided record if the stored one is still `expected` (cas.py); None if it is not."""
         script_keys = [keys.run(run_id), keys.lease(run_id), keys.events(run_id), keys.events_compacted(run_id)]
-        args = cas_args(expected, d.snapshot.raw, release_lease, d.commands, script_keys, d.compact)
+        lease = None if d.drops_lease else release_lease
+        args = cas_args(expected, d.snapshot.raw, lease, d.commands, script_keys, d.compact)
         if self.on_cluster:  # acknowledged by a replica before the next step may read it (replicated.py)
             replies = replicated.run_script(self.r, self._cas, script_keys, args,  # type: ignore[arg-type]
                                             self.wait_replicas)
@@ -254,16 +272,17 @@ class RunStore:
             if d is None:
                 return None
             replies: list[Any] = []
+            lease = None if d.drops_lease else release_lease
 
             def writes(pipe: Any) -> Callable[[list[Any]], None]:
                 pipe.set(key, d.snapshot.raw, keepttl=True)
-                if release_lease:
-                    pipe.execute_command("EVAL", RELEASE_LEASE, 1, keys.lease(run_id), release_lease)
+                if lease:
+                    pipe.execute_command("EVAL", RELEASE_LEASE, 1, keys.lease(run_id), lease)
                 for command in d.commands:
                     pipe.execute_command(*command)
                 if d.compact:
                     pipe.execute_command("EVAL", COMPACT_SCRIPT, 2, keys.events(run_id), keys.events_compacted(run_id))
-                first = 1 + bool(release_lease)
+                first = 1 + bool(lease)
                 return lambda results: replies.extend(results[first:first + len(d.commands)])
 
             return (d, replies), writes
@@ -271,40 +290,65 @@ class RunStore:
         done = write_watched(self.r, key, on_stored)
         return self._written(run_id, *done) if done is not None else None
 
+    def _refresh_due(self, run: Run, updated_at: float, current_step: int) -> list[str]:
+        """The keys of an unfinished run whose expiry this write refreshes (the stored record was written
+        at `updated_at`, at `current_step`): all of them on the run's first write in each
+        `refresh_every` period, else its step list when this write makes it (records its first step).
+        Recorded and refreshed, they get `moving_ttl`, two periods more than the TTL, so they still outlive
+        the TTL after the run's last write: the submission or the refresh before it was at most one period
+        earlier (and a period more for another worker's clock)."""
+        if updated_at // self.refresh_every != run.updated_at // self.refresh_every:
+            return [keys.run(run.id), keys.steps(run.id), keys.events(run.id)]
+        return [keys.steps(run.id)] if current_step == 0 != run.current_step else []
+
     def _commands(self, run: Run, was_finished: bool, extra: list[Command],
-                  trim: Trim | None = None) -> tuple[list[Command], bool]:
+                  trim: Trim | None = None, *, refresh: list[str] | None = None) -> tuple[list[Command], bool]:
         """The writes that go with a new run record: `extra`'s, then the active set and the end of a run,
-        and the expiry of every key the run keeps: refreshed while it moves. (Its batch's keys get theirs
+        and the expiry of the keys the run keeps (`refresh`: _refresh_due's). (Its batch's keys get theirs
         as its runs are submitted and as they finish: the batch outlives them.) And whether the run's
         events are to be compacted after them: a write that finishes the run, given its working keys."""
         commands = list(extra)
         compact = False
         if run.status.finished and not was_finished:
-            commands += self._on_finished(run)
-            if trim is not None:
-                commands.append(("DEL", *trim()))
+            commands += self._on_finished(run, taken_too=trim is None)
+            if trim is not None:  # the working keys (the lease among them) and the reaper's taken marker
+                commands.append(("DEL", *trim(), keys.step_taken(run.id)))
                 compact = True
         elif not run.status.finished:
             commands.append(("ZADD", keys.ACTIVE_RUNS, run.updated_at, run.id))
-            commands += [("EXPIRE", key, self.ttl) for key in (keys.run(run.id), keys.steps(run.id),
-                                                                 keys.events(run.id))]
+            commands += [("EXPIRE", key, self.moving_ttl) for key in refresh or []]
         return commands, compact
 
-    def _on_finished(self, run: Run) -> list[Command]:
+    def _batch_keys_due(self, run: Run) -> tuple[str, ...]:
+        """The keys of a finishing run's batch whose expiry its end refreshes, so that the batch outlives
+        the run's record: all of them, unless the run joined the batch less than a refresh period ago.
+        Then only its finished list (which this end may make) and its webhook marker: the others were
+        given `batch_kept` (a period more than `batch_ttl`) when the run was submitted into it or moved to
+        it, and every later expiry of them gives as much."""
+        batch_id = run.spec.batch_id
+        assert batch_id is not None
+        if run.updated_at - run.created_at < self.refresh_every:
+            return keys.batch_done(batch_id), keys.batch_webhook_sent(batch_id)
+        return batch_keys(batch_id)
+
+    def _on_finished(self, run: Run, *, taken_too: bool = True) -> list[Command]:
         finished = json.dumps({"status": run.status.value, "answer": run.answer})
         commands: list[Command] = [
             ("ZREM", keys.ACTIVE_RUNS, run.id),
             ("SREM", keys.tenant_inflight(run.spec.tenant), run.id),
             event_command(run.id, "finished", finished),
-            ("DEL", keys.step_taken(run.id)),
         ]
+        if taken_too:  # (else deleted with the working keys)
+            commands.append(("DEL", keys.step_taken(run.id)))
         commands += [("EXPIRE", key, self.retention)
                      for key in (keys.run(run.id), keys.steps(run.id), keys.events(run.id))]
         if run.spec.batch_id:  # the RPUSH and LLEN replies are the batch's progress (finished runs, runs)
             commands += [("RPUSH", keys.batch_done(run.spec.batch_id), run.id),
                          ("LLEN", keys.batch_runs(run.spec.batch_id)),
                          ("HINCRBY", keys.batch(run.spec.batch_id), keys.BATCH_STATUS_FIELD + run.status.value, 1)]
-            commands += [("EXPIRE", key, self.batch_ttl) for key in batch_keys(run.spec.batch_id)]
+            if run.usage.total or run.cost_usd:  # the batch counts its runs' usage as they end
+                commands += usage_commands(keys.batch(run.spec.batch_id), run.usage, run.cost_usd)
+            commands += [("EXPIRE", key, self.batch_kept) for key in self._batch_keys_due(run)]
         return commands
 
     def commit_step(
@@ -399,6 +443,8 @@ class RunStore:
         ended = self.load_run(run_id) if moved is None else None
         pipe = self.r.pipeline(transaction=False)
         pipe.rpush(keys.batch_runs(batch_id), run_id)
+        for key in batch_keys(batch_id):  # (a run that joined a batch just now leaves these to it: _batch_keys_due)
+            pipe.expire(key, self.batch_kept)
         if moved is None:
             pipe.rpush(keys.batch_done(batch_id), run_id)
             if ended is not None:

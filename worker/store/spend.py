@@ -8,6 +8,7 @@ from typing import Any
 
 import redis
 
+from ..core.models import Usage
 from . import keys
 from .cas import Command, run_commands
 from .scripts import lua
@@ -15,6 +16,13 @@ from .scripts import lua
 _RESERVE = lua(__file__, "reserve_budget.lua")
 
 Periods = tuple[str, str]  # (day, month) as in the spend keys: `d:YYYY-MM-DD`, `m:YYYY-MM`
+
+
+def usage_commands(key: str, usage: Usage, cost: float) -> list[Command]:
+    """The writes that add `usage` and `cost` to a usage hash (a tenant's, a batch's)."""
+    return [("HINCRBY", key, "prompt_tokens", usage.prompt_tokens),
+            ("HINCRBY", key, "completion_tokens", usage.completion_tokens),
+            ("HINCRBYFLOAT", key, "cost_usd", repr(cost))]
 
 
 class SpendStore:

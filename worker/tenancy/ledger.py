@@ -4,8 +4,9 @@ store runs with the write they belong to (a step's commit, a stored reply, a set
 Two accounts are kept per tenant:
 - spend per day and per month (`keys.tenant_spend`), what budgets are checked against: a call's worst
   case is reserved there before it is made (budgets.TenantBudgets.reserve) and settled to what it cost;
-- usage since the tenant began (`keys.tenant_usage`), and the same figures on the run's batch, counted
-  with each recorded step.
+- usage since the tenant began (`keys.tenant_usage`), counted with each recorded step. A run's batch
+  counts the same figures once, when the run ends (RunStore: the run record carries its usage); only a
+  failed call's, which no step records, is counted on the batch at once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from ..core.models import Run, Usage
 from ..store import keys
 from ..store.cas import Command
+from ..store.spend import usage_commands as count_usage
 
 DAY_TTL_S = 3 * 86400
 MONTH_TTL_S = 63 * 86400
@@ -55,14 +57,10 @@ def spend_commands(tenant: str, spend: Spend, at: float) -> list[Command]:
     return commands
 
 
-def usage_commands(run: Run, usage: Usage, cost: float) -> list[Command]:
-    """The writes that count a recorded step's usage on its tenant and on its batch."""
-    targets = [keys.tenant_usage(run.spec.tenant)]
-    if run.spec.batch_id:
-        targets.append(keys.batch(run.spec.batch_id))
-    commands: list[Command] = []
-    for key in targets:
-        commands += [("HINCRBY", key, "prompt_tokens", usage.prompt_tokens),
-                     ("HINCRBY", key, "completion_tokens", usage.completion_tokens),
-                     ("HINCRBYFLOAT", key, "cost_usd", repr(cost))]
+def usage_commands(run: Run, usage: Usage, cost: float, *, batch: bool = False) -> list[Command]:
+    """The writes that count usage on the run's tenant (a recorded step's) and, with `batch`, on its batch
+    too (a failed call's: the run's usage, counted on its batch when it ends, does not hold it)."""
+    commands = count_usage(keys.tenant_usage(run.spec.tenant), usage, cost)
+    if batch and run.spec.batch_id:
+        commands += count_usage(keys.batch(run.spec.batch_id), usage, cost)
     return commands
