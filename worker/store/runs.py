@@ -229,7 +229,8 @@ class RunStore:
                     run.outbox_seq += 1
                     entry = Entry(run.outbox_seq, remote, last=run.status.finished)
                     box = keys.outbox(run_id)
-                    commands += [("RPUSH", box, entry.encode()), ("EXPIRE", box, self.moving_ttl), ("LRANGE", box, 0, -1)]
+                    commands += [("RPUSH", box, entry.encode()), ("EXPIRE", box, self.moving_ttl),
+                                 ("LRANGE", box, 0, -1)]
             return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact, remote, drops)
 
         written = None
