@@ -159,6 +159,8 @@ async def run_events(run_id: RunId, request: Request, stream: Annotated[EventStr
             return
         for entry_id, kind, data in await reads.events_after(run_id, last, count=100, block_ms=READ_BLOCK_MS):
             last = entry_id
+            if kind == "step" and data.isdigit():  # the step's index: the step is in the run's step list
+                data = ((await reads.step(run_id, int(data))) or b"{}").decode()
             yield ServerSentEvent(id=entry_id, event=kind, raw_data=data)
             if kind == "finished":
                 return

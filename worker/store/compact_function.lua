@@ -14,8 +14,8 @@ local function compact(stream, compacted)
       if fields[i] == 'type' then kind = fields[i + 1] elseif fields[i] == 'data' then data = fields[i + 1] end
     end
     if kind == 'step' and data then
-      -- a step is written with its index first (Step.model_dump_json): read it, not the whole step
-      local index = tonumber(string.match(data, '^{"index":(%d+)[,}]'))
+      -- a step event holds its index (older ones the whole step, its index first: read that, not the rest)
+      local index = tonumber(data) or tonumber(string.match(data, '^{"index":(%d+)[,}]'))
       table.insert(out, {entry[1], kind, index or cjson.decode(data)['index']})
     else
       table.insert(out, {entry[1], kind, data or '{}'})

@@ -373,7 +373,8 @@ class RunStore:
         def extra(run: Run, _: None) -> list[Command]:
             data = step.model_dump_json()
             going_on = send_next() if send_next is not None and not run.status.finished else []
-            return [("RPUSH", keys.steps(run_id), data), event_command(run_id, "step", data),
+            # the event names the step by its index: the step itself is in the list (the stream's reader reads it)
+            return [("RPUSH", keys.steps(run_id), data), event_command(run_id, "step", str(step.index)),
                     *(also or []), *going_on]
 
         written = self.update_run(run_id, mutate, extra, expect=snapshot, release_lease=release_lease,
