@@ -129,9 +129,9 @@ class RedisClusterNodes:
 @pytest.fixture
 def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterNodes]:
     nodes = RedisClusterNodes(tmp_path / "redis-cluster")
-    nodes.start()
-    keys.use_hash_tags(True)  # this process reads the cluster's keys as its workers name them
     try:
+        nodes.start()
+        keys.use_hash_tags(True)  # this process reads the cluster's keys as its workers name them
         yield nodes
     finally:
         keys.use_hash_tags(False)
@@ -192,6 +192,8 @@ class SentinelBroker:
 @pytest.fixture
 def sentinel_broker(tmp_path: Path) -> Iterator[SentinelBroker]:
     broker = SentinelBroker(tmp_path / "sentinel")
-    broker.start()
-    yield broker
-    broker.stop()
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
