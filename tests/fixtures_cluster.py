@@ -19,7 +19,7 @@ import redis
 
 from tests.fixtures_services import free_port
 from tests.waiting import WaitTimeout, wait_for
-from worker.config import Settings
+from worker.config import Settings, cluster_seed_url, is_cluster_url
 from worker.core.models import Run
 from worker.core.views import run_json
 from worker.store import keys
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def state_client(url: str) -> redis.Redis:
     """A client of the runs' state: a Redis Cluster's for a redis+cluster:// URL."""
-    if url.startswith("redis+cluster://"):
-        return redis.RedisCluster.from_url(url.replace("+cluster://", "://", 1))  # type: ignore[return-value]
+    if is_cluster_url(url):
+        return redis.RedisCluster.from_url(cluster_seed_url(url))  # type: ignore[return-value]
     return redis.Redis.from_url(url)
 
 

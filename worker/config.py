@@ -70,6 +70,11 @@ def is_cluster_url(url: str) -> bool:
     return url.startswith(("redis+cluster://", "rediss+cluster://"))
 
 
+def cluster_seed_url(url: str) -> str:
+    """A redis+cluster:// URL as the redis:// URL of its seed node, which redis-py's cluster client takes."""
+    return url.replace("+cluster://", "://", 1)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="REACTQ_",

@@ -7,18 +7,17 @@ from typing import Any
 
 from redis import asyncio as aioredis
 
-from ..config import is_cluster_url
+from ..config import cluster_seed_url, is_cluster_url
 from . import keys
 from .connection import text_fields
 
 
 def connect_async(url: str, max_connections: int) -> aioredis.Redis:
     """An asyncio client whose pool waits for a free connection instead of raising when all are busy; a Redis
-    Cluster's for a redis+cluster:// URL (the keys' hash tags are switched on by the process's sync client)."""
+    Cluster's for a redis+cluster:// URL, with the keys' hash tags on (as connection.connect_cluster does)."""
     if is_cluster_url(url):
         keys.use_hash_tags(True)
-        cluster = aioredis.RedisCluster.from_url(url.replace("+cluster://", "://", 1),
-                                                 max_connections=max_connections)
+        cluster = aioredis.RedisCluster.from_url(cluster_seed_url(url), max_connections=max_connections)
         return cluster  # type: ignore[return-value]  # the reads below use commands both clients have
     pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=30)
     return aioredis.Redis(connection_pool=pool)

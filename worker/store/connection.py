@@ -13,7 +13,7 @@ from redis.cluster import ClusterPipeline, PipelineStrategy, RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from ..config import is_cluster_url
+from ..config import cluster_seed_url, is_cluster_url
 from ..errors import StoreUnavailable
 from . import keys
 
@@ -80,9 +80,8 @@ def connect_cluster(url: str, max_connections: int = 64) -> redis.Redis:
     """A Redis Cluster client from one seed node (redis+cluster://...), and this process's keys tagged by
     run, batch, tenant and model (keys.use_hash_tags) so that each lives on one shard."""
     keys.use_hash_tags(True)
-    plain = url.replace("+cluster://", "://", 1)
     client = PatientCluster.from_url(
-        plain, max_connections=max_connections, socket_connect_timeout=5, socket_timeout=30,
+        cluster_seed_url(url), max_connections=max_connections, socket_connect_timeout=5, socket_timeout=30,
         socket_keepalive=True, retry=_retry(), cluster_error_retry_attempts=10,
     )
     return client  # type: ignore[return-value]  # the store uses the commands both clients have
@@ -139,7 +138,7 @@ def ping_quickly(url: str, timeout_s: float = QUICK_TIMEOUT_S) -> None:
     client: redis.Redis | RedisCluster | None = None
     options = {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s, "retry": Retry(NoBackoff(), 0)}
     try:
-        client = (RedisCluster.from_url(url.replace("+cluster://", "://", 1), **options) if is_cluster_url(url)
+        client = (RedisCluster.from_url(cluster_seed_url(url), **options) if is_cluster_url(url)
                   else redis.Redis.from_url(url, retry_on_error=[], **options))
         client.ping()
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
