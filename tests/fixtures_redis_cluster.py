@@ -182,6 +182,16 @@ class SentinelBroker:
         finally:
             sentinel.close()
 
+    def fail_over(self) -> None:
+        """SIGKILL the primary (what its replica had not received yet is gone) and wait until Sentinel has
+        promoted the replica."""
+        assert self.master_port() == self.primary.port and self.primary.proc is not None
+        self.primary.proc.kill()
+        self.primary.proc.wait(10)
+        self.primary.proc = None
+        wait_for("Sentinel to promote the replica", self.master_port, 60, 0.2,
+                 until=lambda port: port == self.replica_port)
+
     def stop(self) -> None:
         for proc in self.procs:
             proc.kill()

@@ -19,7 +19,6 @@ from tests.fixtures_services import RedisServer
 from tests.fixtures_stub import StubControl
 from tests.test_integration import assert_all_answered
 from tests.test_recovery import batch_under_way
-from tests.waiting import wait_for
 from worker.config import Settings
 from worker.names import STEPS_QUEUE, queue_lists
 
@@ -62,13 +61,7 @@ def test_a_sentinel_broker_fails_over_mid_batch_and_every_run_is_answered(
     cluster.env["REACTQ_BROKER_URL"] = sentinel_broker.url
     cluster.env["REACTQ_BROKER_SENTINEL_MASTER"] = MASTER
     _, batch, _, out, expected = batch_under_way(cluster, stub_control, tmp_path, 300, 8)
-    assert sentinel_broker.master_port() == sentinel_broker.primary.port
-    assert sentinel_broker.primary.proc is not None
-    sentinel_broker.primary.proc.kill()  # SIGKILL: what the replica had not received yet is gone
-    sentinel_broker.primary.proc.wait(10)
-    sentinel_broker.primary.proc = None
-    wait_for("Sentinel to promote the replica", sentinel_broker.master_port, 60, 0.2,
-             until=lambda port: port == sentinel_broker.replica_port)
+    sentinel_broker.fail_over()
     stderr = cluster.finish_batch(batch, timeout=300)
     assert batch.returncode == 0, stderr[-3000:]
     assert_all_answered(out, expected)

@@ -76,12 +76,7 @@ def test_a_cluster_primary_then_the_broker_primary_killed_mid_batch_lose_nothing
     except WaitTimeout:
         batch.kill()
         raise AssertionError(f"the batch stalled; it said: {batch.communicate()[1][-12000:]}") from None
-    assert sentinel_broker.primary.proc is not None
-    sentinel_broker.primary.proc.kill()  # SIGKILL: what the broker's replica had not received is gone
-    sentinel_broker.primary.proc.wait(10)
-    sentinel_broker.primary.proc = None
-    wait_for("Sentinel to promote the broker's replica", sentinel_broker.master_port, 60, 0.2,
-             until=lambda port: port == sentinel_broker.replica_port)
+    sentinel_broker.fail_over()
     stderr = cluster.finish_batch(batch, timeout=300)
     assert batch.returncode == 0, stderr[-3000:]
     lines = assert_all_answered(out, expected)
