@@ -62,6 +62,16 @@ class Entry:
         return Entry(int(seq), [tuple(c) for c in commands], bool(last))
 
 
+OUTBOX_COMMANDS = 3  # how many commands `append_commands` adds to a commit
+
+
+def append_commands(run_id: str, entry: Entry, ttl_s: int) -> list[Command]:
+    """The commit's own commands that put `entry` in the run's outbox (it lives as long as the run's keys)
+    and read back everything there (what the writer then applies: the last reply)."""
+    box = keys.outbox(run_id)
+    return [("RPUSH", box, entry.encode()), ("EXPIRE", box, ttl_s), ("LRANGE", box, 0, -1)]
+
+
 def marker(key: str) -> str:
     """The applied-marker hash in `key`'s slot: named by the key's hash tag, or by the whole key."""
     start = key.find("{")

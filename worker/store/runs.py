@@ -42,7 +42,7 @@ from .cas import (
 from .claims import Claims
 from .connection import mget
 from .events import event_command
-from .outbox import Entry, Outbox, split
+from .outbox import OUTBOX_COMMANDS, Entry, Outbox, append_commands, split
 from .scratch import StepScratch
 from .spend import usage_commands
 from .submissions import SubmissionStore
@@ -101,8 +101,8 @@ class _Decided:
 
     @property
     def own(self) -> int:
-        """How many of `commands` are the change's own (not the outbox's three)."""
-        return len(self.commands) - (3 if self.remote else 0)
+        """How many of `commands` are the change's own (not the outbox's)."""
+        return len(self.commands) - (OUTBOX_COMMANDS if self.remote else 0)
 
 
 @dataclass(frozen=True)
@@ -227,10 +227,8 @@ class RunStore:
                 commands, remote = split(run_id, commands)
                 if remote:
                     run.outbox_seq += 1
-                    entry = Entry(run.outbox_seq, remote, last=run.status.finished)
-                    box = keys.outbox(run_id)
-                    commands += [("RPUSH", box, entry.encode()), ("EXPIRE", box, self.moving_ttl),
-                                 ("LRANGE", box, 0, -1)]
+                    commands += append_commands(run_id, Entry(run.outbox_seq, remote, last=run.status.finished),
+                                                self.moving_ttl)
             return _Decided(Snapshot(run, run.model_dump_json().encode()), commands, compact, remote, drops)
 
         written = None
