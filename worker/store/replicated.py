@@ -20,6 +20,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
+from . import cas
 from .cas import Command
 
 log = logging.getLogger("reactq.store")
@@ -74,10 +75,7 @@ def run_commands(cluster: RedisCluster, commands: list[Command], replicas: int) 
             got = _waited(_node_client(cluster, str(group[0][1])), group, replicas)
         except _REROUTE:
             log.info("a cluster node moved or failed during a write; going through the cluster client")
-            pipe = cluster.pipeline(transaction=False)
-            for command in group:
-                pipe.execute_command(*command)
-            got = pipe.execute()
+            got = cas.run_commands(cluster, group)  # type: ignore[arg-type]
         for i, reply in zip(indexes, got, strict=True):
             replies[i] = reply
     return replies
