@@ -1,6 +1,6 @@
 """The step path in process (tests/harness.py), at its commit: the last step's one write (trimmed keys,
 compacted events), the lease let go, stored tool results and the tool cache reused, and what a tenant
-without budgets is charged. Real RunStore on the real redis-server; the model is scripted at its seam."""
+without budgets is charged, and when. Real RunStore on the real redis-server; the model is scripted at its seam."""
 
 from __future__ import annotations
 
@@ -172,15 +172,18 @@ def test_in_text_mode_a_reflection_is_a_thought_but_an_explicit_final_answer_sti
     assert harness.steps(run_id)[1].thought == "I have 42 so far; the approach works."
 
 
-# --- what a tenant without budgets is charged: each call once, written with the step's reply ---------
+# --- what a tenant without budgets is charged: each call once, when its run ends (a stored reply's and a
+# fenced step's at once) ---------------------------------------------------------------------------------
 def day_spend(harness: Harness, tenant: str = "default") -> int:
     return harness.rt.budgets.spend(tenant)[0].tokens
 
 
-def test_every_call_is_charged_once_to_the_tenants_day_and_month(harness: Harness) -> None:
+def test_every_call_is_charged_once_to_the_tenants_day_and_month_when_the_run_ends(harness: Harness) -> None:
     harness.llm.script(call("calculator", {"expression": "6*7"}, tokens=100), final("42", tokens=40))
     run_id = harness.submit("What is 6 * 7?")
-    assert harness.drain() == [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER]
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert day_spend(harness) == 0 and harness.run(run_id).uncounted.spend_tokens == 150  # type: ignore[union-attr]
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
     run = harness.run(run_id)
     assert run.usage.prompt_tokens + run.usage.completion_tokens == 150 + 60
     day, month = harness.rt.budgets.spend("default")
@@ -200,6 +203,29 @@ def test_a_duplicate_call_is_charged_too_and_a_stored_reply_is_not_charged_again
     assert harness.step().outcome == Outcome.FENCED  # the duplicate stored its reply and recorded the step
     assert harness.drain() == [Outcome.FINAL_ANSWER]
     assert day_spend(harness) == 150 + 150 + 60  # both calls of step 0 were made and paid for
+
+
+def test_a_tenant_with_a_budget_is_charged_each_call_at_once_and_not_again_when_the_run_ends(
+        harness: Harness) -> None:
+    tenant = harness.rt.tenants.add("metered", "standard")
+    harness.rt.tenants.set("metered", overrides={"tokens_per_day": 1_000_000})
+    harness.llm.script(call("calculator", {"expression": "6*7"}, tokens=100), final("42", tokens=40))
+    run_id = harness.submit("What is 6 * 7?", tenant=tenant)
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert day_spend(harness, tenant) == 150  # the reservation, settled to what the call cost
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+    assert day_spend(harness, tenant) == 150 + 60 and harness.run(run_id).uncounted.spend_tokens == 0  # type: ignore[union-attr]
+    assert harness.store.r.hget(keys.tenant_usage(tenant), "prompt_tokens") == b"140"  # counted at the end
+
+
+def test_a_run_ended_without_a_step_counts_what_its_recorded_steps_used(harness: Harness) -> None:
+    """A cancel (any end that records no step) counts the run's recorded steps on its tenant, in its write."""
+    harness.llm.script(call("calculator", {"expression": "6*7"}, tokens=100))
+    run_id = harness.submit("What is 6 * 7?")
+    assert harness.step().outcome == Outcome.TOOL_CALLS
+    assert harness.store.finish(run_id, RunStatus.CANCELLED, "cancelled by the test") is not None
+    assert day_spend(harness) == 150
+    assert harness.store.r.hmget(keys.tenant_usage("default"), "prompt_tokens", "completion_tokens") == [b"100", b"50"]
 
 
 def test_a_sandboxed_step_is_charged_when_it_sends_the_code_not_again_when_it_resumes(harness: Harness) -> None:
@@ -251,7 +277,7 @@ def test_a_moving_runs_keys_get_their_expiry_again_once_a_period_not_on_every_st
     assert all(store.ttl < store.r.ttl(k) for k in moving)
 
 
-def test_a_batch_counts_a_runs_usage_once_when_it_ends_its_tenant_with_each_step(harness: Harness) -> None:
+def test_a_batch_and_its_tenant_count_a_runs_usage_once_when_it_ends(harness: Harness) -> None:
     harness.llm.script(call("search", {"query": "x"}, call_id="s1", tokens=100), final("42", tokens=40))
     [run] = submit(harness.store, [RunSpec(question="What is 6 * 7?")], harness.rt.settings,
                    harness.dispatch.next_step, batch_id="b-usage", tenants=harness.rt.tenants,
@@ -261,7 +287,7 @@ def test_a_batch_counts_a_runs_usage_once_when_it_ends_its_tenant_with_each_step
         return harness.store.r.hmget(key, "prompt_tokens", "completion_tokens")
 
     assert harness.step().outcome == Outcome.TOOL_CALLS
-    assert usage(keys.tenant_usage("default")) == [b"100", b"50"] and usage(keys.batch("b-usage")) == [None, None]
+    assert usage(keys.tenant_usage("default")) == usage(keys.batch("b-usage")) == [None, None]
     assert harness.drain() == [Outcome.FINAL_ANSWER]
     assert harness.run(run.id).usage.prompt_tokens == 140
     assert usage(keys.tenant_usage("default")) == usage(keys.batch("b-usage")) == [b"140", b"70"]

@@ -195,6 +195,23 @@ class RunSpec(BaseModel):
     python_session: bool | None = None  # python keeps its globals across the run's calls (None: the plan's)
 
 
+class Uncounted(BaseModel):
+    """What a run's recorded steps used that its tenant's counters do not hold yet: counted when the run
+    ends, in the write that ends it, so that a step writes nothing to the tenant's keys (on a Redis
+    Cluster those are one shard for all of a tenant's runs). `spend_*` is the part of it no budget's
+    reservation has charged already (a tenant without budgets)."""
+
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+    spend_tokens: int = 0
+    spend_usd: float = 0.0
+
+    def __add__(self, other: Uncounted) -> Uncounted:
+        return Uncounted(usage=self.usage + other.usage, cost_usd=self.cost_usd + other.cost_usd,
+                         spend_tokens=self.spend_tokens + other.spend_tokens,
+                         spend_usd=self.spend_usd + other.spend_usd)
+
+
 class Run(BaseModel):
     """The run record: one per run in Redis."""
 
@@ -221,6 +238,7 @@ class Run(BaseModel):
     cancel_recorded: bool = False  # a worker has counted this cancellation in its metrics
     approvals: list[Approval] = Field(default_factory=list)  # every call that needed approval, decided or not
     forked_from: str | None = None  # `reactq replay`: the run whose steps before `current_step` were reused
+    uncounted: Uncounted | None = None  # counted on the tenant when the run ends (None: nothing yet)
     outbox_seq: int = 0  # on a Redis Cluster: the last entry this record's writes put in its outbox (store/outbox.py)
 
     def result_line(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 from .. import metrics
 from ..core import best_effort, engine, prompts, provider_trouble, sessions
 from ..core.engine import Act, End, Final, PlannedCall, Reflect, Retry
-from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall, Usage
+from ..core.models import LLMReply, Mode, Observation, Run, RunStatus, Step, ToolCall, Uncounted, Usage
 from ..core.outcome import AWAITING_APPROVAL, BUSY, FENCED, WAITING, Outcome, StepOutcome
 from ..core.parser import TEXT_STOP_SEQUENCES
 from ..core.pricing import cost_usd
@@ -31,7 +31,8 @@ from ..store.cas import Command, Snapshot
 from ..store.run_keys import working_keys
 from ..store.tool_cache import cache_commands
 from ..tenancy import ledger
-from ..tenancy.budgets import reserve_call
+from ..tenancy.budgets import NOTHING_DUE, reserve_call
+from ..tenancy.ledger import Spend
 from . import approvals
 from .approvals import Waiting
 from .context import Runtime
@@ -113,7 +114,7 @@ class StepRunner:
         # deadline counted from when the step began): no write of its own before the model call.
 
         reflecting = prompts.reflection_due(d.steps, self.rt.settings.reflect_every)
-        spend: list[Command] = []  # the call's cost, for a tenant without budgets: written with the reply
+        spend = NOTHING_DUE  # the call's cost, for a tenant without budgets: charged when the run ends
         try:
             if d.stored_reply is not None:
                 reply = d.stored_reply
@@ -161,7 +162,7 @@ class StepRunner:
         return self._act(snap, d, step, decision, reply, spend)
 
     def _act(self, snap: Snapshot, d: Delivery, step: Step, act: Act, reply: LLMReply,
-             spend: list[Command]) -> StepOutcome:
+             spend: Spend) -> StepOutcome:
         """Run the step's tool calls (or send its sandboxed ones) and record the step once all answered.
 
         When acting has effects outside the run record (a tool with effects, a sandbox run, a person
@@ -175,11 +176,12 @@ class StepRunner:
         from_cache: dict[str, str | None] = {}
         if store_reply or cacheable:
             ours, cached = self.store.scratch.prepare_act(run.id, d.index, reply if store_reply else None,
-                                                          [(p.tool, p.arguments) for p in cacheable], also=spend,
+                                                          [(p.tool, p.arguments) for p in cacheable],
+                                                          also=ledger.charge_now(run.spec.tenant, spend),
                                                           tenant=run.spec.tenant)
             if not ours:
                 return FENCED  # another delivery, whose lease outlived ours, stored its reply first
-            from_cache, spend = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}, []
+            from_cache, spend = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}, NOTHING_DUE
         executed = self._execute(run, d, act, step.tool_calls, from_cache)
         if executed is Waiting.APPROVAL:
             return AWAITING_APPROVAL  # a person's decision re-enqueues this step
@@ -221,7 +223,7 @@ class StepRunner:
         run = snap.run
         if not best_effort.has_room(run, started, self.rt.limits):
             return self._end(run, end, d.index, Outcome.ENDED)
-        spend: list[Command] = []
+        spend = NOTHING_DUE
         try:
             if d.stored_reply is not None:
                 reply = d.stored_reply
@@ -274,10 +276,10 @@ class StepRunner:
 
     # --- the LLM reply ----------------------------------------------------------------------
     def _ask(self, run: Run, steps: list[Step], index: int, final: End | None = None,
-             started: float | None = None) -> tuple[LLMReply, list[Command]]:
+             started: float | None = None) -> tuple[LLMReply, Spend]:
         """Ask the model for step `index`'s turn (`final`: the best-effort answer at that limit, tools
-        disabled); the reply and the writes that count its spend (if the reservation was not settled
-        already)."""
+        disabled); the reply and the spend still to be charged for it (a tenant without budgets: its
+        reservation charged nothing)."""
         s = self.rt.settings
         tools = self.rt.tools_for(run.spec.tenant).all()
         messages, compacted = turn_messages(self.rt, run, steps, tools)
@@ -300,8 +302,9 @@ class StepRunner:
                 if exc.lost_usage is not None and exc.lost_usage.total:
                     lost, cost = exc.lost_usage, cost_usd(run.model, exc.lost_usage, s.prices_per_mtok)
                     self._count_lost(run.model, tenant, lost)
-                    self.rt.budgets.store.run(budget.settle(lost, cost) + ledger.usage_commands(run, lost, cost,
-                                                                                                batch=True))
+                    due = budget.settle(lost, cost)
+                    self.rt.budgets.store.run(ledger.charge_now(run.spec.tenant, due)
+                                              + ledger.usage_commands(run, lost, cost))
                 raise
             model = reply.routed_model or run.model  # a fallback's tokens are priced at its own price
             charged = reply.usage + reply.lost_usage
@@ -425,9 +428,10 @@ class StepRunner:
     # --- recording ----------------------------------------------------------------------------
     def _commit(self, snap: Snapshot, d: Delivery, step: Step, outcome: Outcome, *, invalid: bool = False,
                 end: End | None = None, also: list[Command] | None = None,
-                spend: list[Command] | None = None) -> StepOutcome:
+                spend: Spend = NOTHING_DUE) -> StepOutcome:
         """Record the step (fenced on its index) and let go of the lease in the same transaction, with
-        the spend of the step's LLM call when it has not been counted yet."""
+        what the step used, counted on the tenant when the run ends (its call's spend too, when no
+        reservation charged it)."""
         run = snap.run
         step.finished_at = time.time()
         limits = self.rt.limits
@@ -446,13 +450,13 @@ class StepRunner:
         to_send = self.dispatch.step_commands
         committed = self.store.commit_step(
             snap, step, conclude, invalid=invalid, release_lease=d.token,
-            also=(also or []) + (spend or []) + ledger.usage_commands(run, step.usage + step.lost_usage,
-                                                                            step.cost_usd),
+            also=also, uncounted=Uncounted(usage=step.usage + step.lost_usage, cost_usd=step.cost_usd,
+                                           spend_tokens=spend.tokens, spend_usd=spend.usd),
             trim=lambda: working_keys(self.store, run, steps),
             send_next=(lambda: to_send(run.id, step.index + 1)) if to_send is not None else None,
         )
         if committed is None:
-            self.rt.budgets.store.run(spend or [])  # the call was made and paid for, recorded or not
+            self.rt.budgets.store.run(ledger.charge_now(run.spec.tenant, spend))  # paid for, recorded or not
             return FENCED
         self.rt.leases.forget(run.id, d.token)
         metrics.STEPS_TOTAL.labels(outcome.value).inc()

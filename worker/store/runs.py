@@ -25,7 +25,7 @@ import redis
 from pydantic import TypeAdapter
 
 from ..core.engine import End
-from ..core.models import Run, RunStatus, Step
+from ..core.models import Run, RunStatus, Step, Uncounted
 from . import keys, replicated
 from .batches import BatchStore, batch_keys
 from .cas import (
@@ -44,7 +44,7 @@ from .connection import mget
 from .events import event_command
 from .outbox import OUTBOX_COMMANDS, Entry, Outbox, append_commands, split
 from .scratch import StepScratch
-from .spend import usage_commands
+from .spend import uncounted_commands, usage_commands
 from .submissions import SubmissionStore
 from .sweep import Sweep
 
@@ -129,12 +129,16 @@ def start_deadline(run: Run, at: float) -> None:
         run.deadline_at = at + run.deadline_s
 
 
-def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool) -> None:
-    """Apply a recorded step to the run record (the record must be at `step.index`)."""
+def advance(run: Run, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool,
+            uncounted: Uncounted | None = None) -> None:
+    """Apply a recorded step to the run record (the record must be at `step.index`); `uncounted` is what
+    of it the tenant's counters are to count when the run ends."""
     start_deadline(run, step.started_at)
     run.current_step = step.index + 1
     run.usage = run.usage + step.usage + step.lost_usage  # estimated, if lost_usage has any
     run.cost_usd += step.cost_usd
+    if uncounted is not None:  # a new object: the record may be a shallow copy of a snapshot's
+        run.uncounted = uncounted if run.uncounted is None else run.uncounted + uncounted
     run.waiting_on = None
     run.status = RunStatus.RUNNING
     run.invalid_streak = run.invalid_streak + 1 if invalid else 0
@@ -337,6 +341,8 @@ class RunStore:
             ("SREM", keys.tenant_inflight(run.spec.tenant), run.id),
             event_command(run.id, "finished", finished),
         ]
+        if run.uncounted is not None:
+            commands += uncounted_commands(run.spec.tenant, run.uncounted, run.finished_at or run.updated_at)
         if taken_too:  # (else deleted with the working keys)
             commands.append(("DEL", keys.step_taken(run.id)))
         commands += [("EXPIRE", key, self.retention)
@@ -353,9 +359,10 @@ class RunStore:
     def commit_step(
         self, snapshot: Snapshot, step: Step, conclude: Callable[[Run], End | None], *, invalid: bool = False,
         release_lease: str | None = None, also: list[Command] | None = None, trim: Trim | None = None,
-        send_next: Callable[[], list[Command]] | None = None,
+        send_next: Callable[[], list[Command]] | None = None, uncounted: Uncounted | None = None,
     ) -> Committed | None:
-        """Record step `step.index` and advance the run, only if the run is still at that step.
+        """Record step `step.index` and advance the run, only if the run is still at that step, adding
+        `uncounted` to what the run's end counts on its tenant.
         `conclude` (pure) says whether the advanced record ends the run, and how. The lease held with
         `release_lease` is let go, and the `also` writes are made, in the same transaction; if the run
         goes on, so are the `send_next` commands (the next step's message); if the step ends the run,
@@ -365,7 +372,7 @@ class RunStore:
         def mutate(run: Run) -> Declined | None:
             if run.status.finished or run.current_step != step.index:
                 return DECLINED
-            advance(run, step, conclude, invalid=invalid)
+            advance(run, step, conclude, invalid=invalid, uncounted=uncounted)
             return None
 
         def extra(run: Run, _: None) -> list[Command]:

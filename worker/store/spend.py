@@ -1,14 +1,16 @@
 """A tenant's spend and usage: the spend hashes per period (`keys.tenant_spend`) with the script that
-reserves a call's worst case in them, usage since the tenant began, and its runs in flight. The budget
-decisions and the ledger's commands are worker/tenancy's (budgets, ledger); this runs them."""
+reserves a call's worst case in them, usage since the tenant began, and its runs in flight; and the
+commands that count on them. The budget decisions are worker/tenancy's (budgets, ledger)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 
-from ..core.models import Usage
+from ..core.models import Uncounted, Usage
 from . import keys
 from .cas import Command, run_commands
 from .scripts import lua
@@ -16,6 +18,30 @@ from .scripts import lua
 _RESERVE = lua(__file__, "reserve_budget.lua")
 
 Periods = tuple[str, str]  # (day, month) as in the spend keys: `d:YYYY-MM-DD`, `m:YYYY-MM`
+DAY_TTL_S = 3 * 86400
+MONTH_TTL_S = 63 * 86400
+
+
+@dataclass(frozen=True)
+class Spend:
+    tokens: int
+    usd: float
+
+
+def periods(now: float) -> Periods:
+    """The day and month `now` is charged to (UTC), as they appear in the spend keys."""
+    t = datetime.fromtimestamp(now, UTC)
+    return f"d:{t:%Y-%m-%d}", f"m:{t:%Y-%m}"
+
+
+def spend_commands(tenant: str, spend: Spend, at: float) -> list[Command]:
+    """The writes that add `spend` to the tenant's day and month of `at`."""
+    commands: list[Command] = []
+    for period, ttl in zip(periods(at), (DAY_TTL_S, MONTH_TTL_S), strict=True):
+        key = keys.tenant_spend(tenant, period)
+        commands += [("HINCRBY", key, "tokens", spend.tokens), ("HINCRBYFLOAT", key, "usd", repr(spend.usd)),
+                     ("EXPIRE", key, ttl)]
+    return commands
 
 
 def usage_commands(key: str, usage: Usage, cost: float) -> list[Command]:
@@ -23,6 +49,15 @@ def usage_commands(key: str, usage: Usage, cost: float) -> list[Command]:
     return [("HINCRBY", key, "prompt_tokens", usage.prompt_tokens),
             ("HINCRBY", key, "completion_tokens", usage.completion_tokens),
             ("HINCRBYFLOAT", key, "cost_usd", repr(cost))]
+
+
+def uncounted_commands(tenant: str, uncounted: Uncounted, at: float) -> list[Command]:
+    """The writes that count what a run's recorded steps used on its tenant, when the run ends at `at`
+    (Uncounted says why then): its usage, and the spend no budget's reservation charged already."""
+    commands = usage_commands(keys.tenant_usage(tenant), uncounted.usage, uncounted.cost_usd)
+    if uncounted.spend_tokens or uncounted.spend_usd:
+        commands += spend_commands(tenant, Spend(uncounted.spend_tokens, uncounted.spend_usd), at)
+    return commands
 
 
 class SpendStore:

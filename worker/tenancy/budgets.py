@@ -26,12 +26,12 @@ from ..core.models import Run, Usage
 from ..core.pricing import cost_usd
 from ..errors import BudgetExceeded
 from ..llm.fallback import model_chain
-from ..store.cas import Command
 from ..store.spend import SpendStore
 from .ledger import DAY_TTL_S, MONTH_TTL_S, Spend, next_day, next_month, periods, spend_commands
 from .plans import Budgets
 from .tenants import Policy, Tenants
 
+NOTHING_DUE = Spend(0, 0.0)
 MIN_COMPLETION_TOKENS = 16  # a call that could not even write this much is not worth making
 MIN_CALL_TOKENS = 256  # no prompt is smaller: a tenant with fewer tokens left cannot make a call
 _CHARS_PER_TOKEN = 2.5  # ASCII: JSON and code tokenise densely, so over- rather than under-reserve
@@ -170,16 +170,16 @@ class Reservation:
         self.budgets, self.tenant, self.max_tokens, self.reserved, self.at = budgets, tenant, max_tokens, reserved, at
         self.settled = False
 
-    def settle(self, usage: Usage, cost: float) -> list[Command]:
-        """Charge what the call cost. A reservation is replaced by it now; a tenant without budgets
-        reserved nothing, and gets back the writes that count the spend, for the step to record with
-        its reply instead of a round trip of its own."""
+    def settle(self, usage: Usage, cost: float) -> Spend:
+        """Charge what the call cost; what is still to be charged comes back. A reservation is replaced by
+        the cost now (nothing comes back); a tenant without budgets reserved nothing, and gets the whole
+        cost back, for the run's end to charge (ledger.py) instead of a write of its own."""
         self.settled = True
         actual = Spend(usage.total, cost)
         if self.reserved.tokens or self.reserved.usd:
             self.budgets.settle(self.tenant, self.reserved, actual, self.at)
-            return []
-        return spend_commands(self.tenant, actual, self.at) if actual.tokens or actual.usd else []
+            return NOTHING_DUE
+        return actual
 
 
 def worst_prices(model: str, models: dict[str, ModelSpec], prices: dict[str, tuple[float, float]]

@@ -1,39 +1,31 @@
-"""The tenant ledger: every write that counts what a tenant spent is built here, as Redis commands the
-store runs with the write they belong to (a step's commit, a stored reply, a settled reservation).
+"""The tenant ledger: what counts a tenant's spend, as Redis commands the store runs with the write they
+belong to (a run's end, a stored reply, a settled reservation); the commands themselves are
+worker/store/spend.py's.
 
 Two accounts are kept per tenant:
-- spend per day and per month (`keys.tenant_spend`), what budgets are checked against: a call's worst
-  case is reserved there before it is made (budgets.TenantBudgets.reserve) and settled to what it cost;
-- usage since the tenant began (`keys.tenant_usage`), counted with each recorded step. A run's batch
-  counts the same figures once, when the run ends (RunStore: the run record carries its usage); only a
-  failed call's, which no step records, is counted on the batch at once.
+- spend per day and per month (`keys.tenant_spend`), what budgets are checked against. A tenant with a
+  budget has each call's worst case reserved there before the call is made (budgets.TenantBudgets.reserve)
+  and settled to what it cost. A tenant without one is charged a run's calls when the run ends (the
+  run record's `uncounted`), in the day and month it ends in; a call whose step was not recorded (fenced
+  by another delivery) or whose reply was stored before acting is charged at once;
+- usage since the tenant began (`keys.tenant_usage`), counted when each run ends, as its batch's is.
+  Only a failed call's, which no step records, is counted at once, on the tenant and on the batch.
 """
 
 from __future__ import annotations
 
 import calendar
-from dataclasses import dataclass
+import time
 from datetime import UTC, datetime
 
 from ..core.models import Run, Usage
 from ..store import keys
 from ..store.cas import Command
+from ..store.spend import DAY_TTL_S, MONTH_TTL_S, Spend, periods, spend_commands
 from ..store.spend import usage_commands as count_usage
 
-DAY_TTL_S = 3 * 86400
-MONTH_TTL_S = 63 * 86400
-
-
-@dataclass(frozen=True)
-class Spend:
-    tokens: int
-    usd: float
-
-
-def periods(now: float) -> tuple[str, str]:
-    """The day and month `now` is charged to (UTC), as they appear in the spend keys."""
-    t = datetime.fromtimestamp(now, UTC)
-    return f"d:{t:%Y-%m-%d}", f"m:{t:%Y-%m}"
+__all__ = ["DAY_TTL_S", "MONTH_TTL_S", "Spend", "charge_now", "next_day", "next_month", "periods",
+           "spend_commands", "usage_commands"]
 
 
 def next_day(now: float) -> float:
@@ -47,20 +39,16 @@ def next_month(now: float) -> float:
     return datetime(t.year, t.month, 1, tzinfo=UTC).timestamp() + days * 86400
 
 
-def spend_commands(tenant: str, spend: Spend, at: float) -> list[Command]:
-    """The writes that add `spend` to the tenant's day and month of `at`."""
-    commands: list[Command] = []
-    for period, ttl in zip(periods(at), (DAY_TTL_S, MONTH_TTL_S), strict=True):
-        key = keys.tenant_spend(tenant, period)
-        commands += [("HINCRBY", key, "tokens", spend.tokens), ("HINCRBYFLOAT", key, "usd", repr(spend.usd)),
-                     ("EXPIRE", key, ttl)]
-    return commands
+def charge_now(tenant: str, due: Spend) -> list[Command]:
+    """The writes that charge a call's spend `due` (Reservation.settle's) now, not at its run's end: its
+    step was not recorded, or its reply is stored before acting."""
+    return spend_commands(tenant, due, time.time()) if due.tokens or due.usd else []
 
 
-def usage_commands(run: Run, usage: Usage, cost: float, *, batch: bool = False) -> list[Command]:
-    """The writes that count usage on the run's tenant (a recorded step's) and, with `batch`, on its batch
-    too (a failed call's: the run's usage, counted on its batch when it ends, does not hold it)."""
+def usage_commands(run: Run, usage: Usage, cost: float) -> list[Command]:
+    """The writes that count a failed call's usage on the run's tenant and batch at once: no step records
+    it, so neither the run's end (its Uncounted) nor its batch's count of its usage holds it."""
     commands = count_usage(keys.tenant_usage(run.spec.tenant), usage, cost)
-    if batch and run.spec.batch_id:
+    if run.spec.batch_id:
         commands += count_usage(keys.batch(run.spec.batch_id), usage, cost)
     return commands
