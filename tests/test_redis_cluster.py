@@ -9,6 +9,7 @@ bounded. Every key of a run is on its run's shard; nothing of a run is left in i
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from tests.test_tenancy import tenant_id
 from tests.waiting import WaitTimeout, wait_for
 from worker.core.models import Run, RunSpec, RunStatus
 from worker.store import keys
+from worker.store.cluster import active_count
 from worker.store.outbox import Entry, marker, slot_of, split
 from worker.store.runs import RunStore
 
@@ -45,10 +47,10 @@ def test_the_sample_batch_runs_on_a_redis_cluster_python_included(
     state = state_client(redis_cluster.url)
     for line in lines.values():
         run_id = line["run_id"]
-        run_keys = list(state.scan_iter(f"reactq:run:{{{run_id}}}*"))
+        run_keys = list(state.scan_iter(keys.run(run_id) + "*"))
         assert run_keys and {slot_of(k) for k in run_keys} == {slot_of(keys.run(run_id))}
         assert not state.exists(keys.outbox(run_id))
-    assert state.zcard(keys.ACTIVE_RUNS) == 0
+    assert active_count(state) == 0
     assert list(state.scan_iter("reactq:sandbox:{quota}:*"))  # the python runs' quota keys, tagged
     purged = cluster.reactq("purge", "--older-than", "0d", "--json")  # retention scans every primary
     assert json.loads(purged.stdout)["runs"] == len(items), purged.stderr[-2000:]
@@ -61,12 +63,10 @@ def test_a_cluster_primary_then_the_broker_primary_killed_mid_batch_lose_nothing
     cluster.env.update({"REACTQ_REDIS_URL": redis_cluster.url, "REACTQ_BROKER_URL": sentinel_broker.url,
                         "REACTQ_BROKER_SENTINEL_MASTER": MASTER})
     _, batch, _, out, expected = batch_under_way(cluster, stub_control, tmp_path, 300, 8)
-    # a primary holding a third of the runs (and the active set, unless that one is the URL's seed node, which
-    # new processes need: a deployment names a seed that outlives any one node, such as a Service)
+    # a primary holding a third of the runs, with their active sets (not the URL's seed node, which new
+    # processes need: a deployment names a seed that outlives any one node, such as a Service)
     primaries = [port for port, role in redis_cluster.roles().items() if role == "master"]
-    victim = redis_cluster.primary_of(keys.ACTIVE_RUNS)
-    if victim == redis_cluster.ports[0]:
-        victim = next(port for port in primaries if port != redis_cluster.ports[0])
+    victim = next(port for port in primaries if port != redis_cluster.ports[0])
     slot_key = next(k for k in (f"probe-{i}" for i in range(10_000)) if redis_cluster.primary_of(k) == victim)
     redis_cluster.kill(victim)
     wait_for("a replica to take over the killed primary's slots", lambda: redis_cluster.primary_of(slot_key),
@@ -84,7 +84,7 @@ def test_a_cluster_primary_then_the_broker_primary_killed_mid_batch_lose_nothing
     store = RunStore(state)
     # a writer that failed mid-failover left its outbox to the reaper, which applies it before the run leaves
     # the active set
-    wait_for("the reaper to apply what the failover interrupted", lambda: state.zcard(keys.ACTIVE_RUNS), 60,
+    wait_for("the reaper to apply what the failover interrupted", lambda: active_count(state), 60,
              until=lambda n: n == 0)
     total_steps = 0
     for line in lines.values():
@@ -103,7 +103,7 @@ def test_a_writer_that_dies_before_applying_its_outbox_leaves_it_to_the_next_and
     store = RunStore(state)
     run = Run(spec=RunSpec(question="What is 6 * 7?", batch_id="b1"))
     store.submissions.create_runs([run], batch_id="b1")
-    assert state.zscore(keys.ACTIVE_RUNS, run.id) is not None
+    assert state.zscore(keys.active_runs(run.id), run.id) is not None
     assert state.sismember(keys.tenant_inflight("default"), run.id)
 
     def dies(run_id: str, raws: list[bytes]) -> dict[int, list[object]]:
@@ -117,12 +117,12 @@ def test_a_writer_that_dies_before_applying_its_outbox_leaves_it_to_the_next_and
     assert store.load_run(run.id).status is RunStatus.FAILED  # type: ignore[union-attr]
     [entry] = state.lrange(keys.outbox(run.id), 0, -1)
     assert state.hget(keys.batch("b1"), "status:failed") is None and state.llen(keys.batch_done("b1")) == 0
-    assert state.zscore(keys.ACTIVE_RUNS, run.id) is not None  # still found by the reaper
+    assert state.zscore(keys.active_runs(run.id), run.id) is not None  # still found by the reaper
 
     assert store.outbox.drain(run.id) == 1  # what the reaper does with a stale run
     assert state.hget(keys.batch("b1"), "status:failed") == b"1" and state.llen(keys.batch_done("b1")) == 1
     assert not state.sismember(keys.tenant_inflight("default"), run.id)
-    assert state.zscore(keys.ACTIVE_RUNS, run.id) is None and not state.exists(keys.outbox(run.id))
+    assert state.zscore(keys.active_runs(run.id), run.id) is None and not state.exists(keys.outbox(run.id))
     store.outbox.apply(run.id, [entry])  # a second writer that read the same entry before it went
     assert state.hget(keys.batch("b1"), "status:failed") == b"1" and state.llen(keys.batch_done("b1")) == 1
 
@@ -133,8 +133,13 @@ def test_outbox_entries_and_markers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Entry.decode(entry.encode()) == entry
     assert marker("reactq:batch:{b1}:done") == "reactq:applied:{b1}"
     assert slot_of(marker("reactq:active")) == slot_of("reactq:active")  # an untagged key's marker is on its slot
-    local, remote = split("r1", [("RPUSH", "reactq:run:{r1}:steps", "x"), ("ZADD", "reactq:active", 1, "r1")])
-    assert local == [("RPUSH", "reactq:run:{r1}:steps", "x")] and remote == [("ZADD", "reactq:active", 1, "r1")]
+    run_id = "abc0123456789abcdef0123456789abc"
+    going_on = [("RPUSH", keys.steps(run_id), "x"), ("ZADD", keys.active_runs(run_id), 1, run_id)]
+    assert split(run_id, going_on) == (going_on, [])  # a step that does not end the run: one script, no outbox
+    ending = [("ZREM", keys.active_runs(run_id), run_id), ("SREM", keys.tenant_inflight("t"), run_id),
+              ("DEL", keys.lease(run_id))]
+    local, remote = split(run_id, ending)  # the run leaves the reaper's view once the rest is applied
+    assert local == [ending[2]] and remote == [ending[1], ending[0]]
 
 
 def test_the_api_serves_runs_from_a_redis_cluster(cluster: Cluster, redis_cluster: RedisClusterNodes,
@@ -170,7 +175,7 @@ def test_on_a_cluster_each_run_tenant_batch_and_model_keeps_its_keys_on_one_slot
         "run": [keys.run("r1"), keys.steps("r1"), keys.events("r1"), keys.events_compacted("r1"), keys.reply("r1", 0),
                 keys.tool_results("r1", 0), keys.sandbox_dispatch("r1", 0, "c"), keys.sandbox_pending("r1", 0),
                 keys.lease("r1"), keys.outbox("r1"), keys.step_taken("r1"), keys.sandbox_result("r1", 0, "c"),
-                keys.approval_counted("r1", 0, "c"), keys.reaper_suspect("r1")],
+                keys.approval_counted("r1", 0, "c"), keys.reaper_suspect("r1"), keys.active_runs("r1")],
         "tenant": [keys.tenant("t"), keys.tenant_keys("t"), keys.tenant_runs("t"), keys.tenant_inflight("t"),
                    keys.tenant_spend("t", "d:2026-12-06"), keys.tenant_spend("t", "m:2026-12"), keys.tenant_usage("t"),
                    keys.tenant_submissions("t", 1), keys.tenant_submitted("t", 1), keys.tenant_streams("t"),
@@ -185,3 +190,7 @@ def test_on_a_cluster_each_run_tenant_batch_and_model_keeps_its_keys_on_one_slot
     for family, names in families.items():
         assert len({slot_of(name) for name in names}) == 1, family
     assert len({slot_of(names[0]) for names in families.values()}) == len(families)  # and not all on one
+    run_ids = [uuid.uuid4().hex for _ in range(200)]  # runs share 4096 tags, spread over the slots ...
+    assert len({slot_of(keys.run(run_id)) for run_id in run_ids}) > 150
+    assert all(slot_of(keys.active_runs(r)) == slot_of(keys.run(r)) for r in run_ids)  # ... each with an active set
+    assert len(set(keys.active_sets())) == 4096 and keys.active_runs(run_ids[0]) in keys.active_sets()

@@ -21,7 +21,7 @@ from .connection import mget
 _STEP_ARGS = re.compile(rb'"argsrepr": "\[\'([0-9a-f]{32})\', \d+\]"')
 _ETA = re.compile(rb'"eta": "([^"]+)"')
 # A sandbox message's run id, from the result key in its body (its argsrepr may be cut short by long code).
-_SANDBOX_RUN = re.compile(rb"reactq:run:\{?([0-9a-f]{32})\}?:sandbox:")
+_SANDBOX_RUN = re.compile(rb"reactq:run:\{?([0-9a-f]{3})\}?([0-9a-f]{29}):sandbox:")  # keys.run_tag
 
 
 class ClusterStore:
@@ -59,9 +59,14 @@ class ClusterStore:
 
     # --- the reaper's scans of active runs ---------------------------------------------------
     def stale_runs_scored(self, older_than: float, limit: int = 500) -> list[tuple[str, float]]:
-        """Active runs with no progress since `older_than`, with their last progress time."""
-        found = self.r.zrangebyscore(keys.ACTIVE_RUNS, "-inf", older_than, start=0, num=limit, withscores=True)
-        return [(i.decode(), float(score)) for i, score in found]
+        """Active runs with no progress since `older_than`, with their last progress time (the `limit`
+        oldest; on a cluster, read from every active set in one pipeline per node)."""
+        pipe = self.r.pipeline(transaction=False)
+        for active in keys.active_sets():
+            pipe.zrangebyscore(active, "-inf", older_than, start=0, num=limit, withscores=True)
+        found = sorted(((i.decode(), float(score)) for got in pipe.execute() for i, score in got),
+                       key=lambda pair: pair[1])
+        return found[:limit]
 
     def taken_marks(self, run_ids: list[str]) -> list[tuple[int, float] | None]:
         """For each run, the last step index a worker received and when (None: never)."""
@@ -121,17 +126,25 @@ class ClusterStore:
         return self.r.set(keys.reaper_suspect(run_id), step, ex=ttl_s, get=True) == str(step).encode()
 
     def touch_active(self, run_id: str) -> None:
-        self.r.zadd(keys.ACTIVE_RUNS, {run_id: time.time()}, xx=True)
+        self.r.zadd(keys.active_runs(run_id), {run_id: time.time()}, xx=True)
 
     def forget_active(self, run_id: str) -> None:
-        self.r.zrem(keys.ACTIVE_RUNS, run_id)
+        self.r.zrem(keys.active_runs(run_id), run_id)
 
     def look_again_at(self, run_id: str, when: float) -> None:
         """Have the reaper look at an active run again at `when` (a run that waits for a person)."""
-        self.r.zadd(keys.ACTIVE_RUNS, {run_id: when}, xx=True)
+        self.r.zadd(keys.active_runs(run_id), {run_id: when}, xx=True)
 
     def active_count(self) -> int:
-        return int(self.r.zcard(keys.ACTIVE_RUNS))
+        return active_count(self.r)
+
+
+def active_count(client: redis.Redis) -> int:
+    """Runs in the active sets (on a cluster, their 4096 ZCARDs in one pipeline per node)."""
+    pipe = client.pipeline(transaction=False)
+    for active in keys.active_sets():
+        pipe.zcard(active)
+    return sum(int(n) for n in pipe.execute())
 
 
 def _still_held(raw: bytes, taken_at: float | None, lost_before: float) -> bool:
@@ -168,4 +181,4 @@ def _sandbox_run(raw: bytes) -> str:
         found = _SANDBOX_RUN.search(body if isinstance(body, bytes) else str(body).encode())
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return ""
-    return found.group(1).decode() if found else ""
+    return (found[1] + found[2]).decode() if found else ""

@@ -2,11 +2,12 @@
 
 PREFIX = "reactq"
 
-# On a Redis Cluster (REACTQ_REDIS_URL=redis+cluster://...) every key of one run, one batch, one tenant or
-# one model carries that id as its hash tag ("{id}"), so each lives on one shard and a script may touch
-# several of them (docs/decisions/redis-cluster.md). A single Redis keeps the names it always had: nothing
-# to migrate. Every process of a deployment connects the same way, so they agree; connection.connect()
-# switches this on for a cluster URL.
+# On a Redis Cluster (REACTQ_REDIS_URL=redis+cluster://...) every key of one batch, one tenant or one model
+# carries that id as its hash tag ("{id}"), and every key of one run the first RUN_TAG_CHARS characters of
+# its id ("{abc}def..."), so each lives on one shard and a script may touch several of them; the active set
+# is one key per run tag, beside its runs (docs/decisions/redis-cluster.md). A single Redis keeps the names it
+# always had: nothing to migrate. Every process of a deployment connects the same way, so they agree;
+# connection.connect() switches this on for a cluster URL.
 _hash_tags = False
 
 
@@ -24,53 +25,64 @@ def tag(id_: str) -> str:
     return "{" + id_ + "}" if _hash_tags else id_
 
 
+RUN_TAG_CHARS = 3  # run ids are hex: 4096 run tags, spread over the cluster's slots
+
+
+def run_tag(run_id: str) -> str:
+    """A run's key segment: on a cluster its first RUN_TAG_CHARS characters are its hash tag (so the
+    active set of its tag shares its slot), on a single Redis the id itself."""
+    if not _hash_tags:
+        return run_id
+    return "{" + run_id[:RUN_TAG_CHARS] + "}" + run_id[RUN_TAG_CHARS:]
+
+
 def run(run_id: str) -> str:
-    return f"{PREFIX}:run:{tag(run_id)}"
+    return f"{PREFIX}:run:{run_tag(run_id)}"
 
 
 def steps(run_id: str) -> str:
-    return f"{PREFIX}:run:{tag(run_id)}:steps"
+    return f"{PREFIX}:run:{run_tag(run_id)}:steps"
 
 
 def events(run_id: str) -> str:
-    return f"{PREFIX}:run:{tag(run_id)}:events"
+    return f"{PREFIX}:run:{run_tag(run_id)}:events"
 
 
 def events_compacted(run_id: str) -> str:
     """A finished run's events, compacted into one JSON string: [[entry id, type, data or step index]]."""
-    return f"{PREFIX}:run:{tag(run_id)}:history"
+    return f"{PREFIX}:run:{run_tag(run_id)}:history"
 
 
 def reply(run_id: str, step: int) -> str:
     """The stored LLM reply of one step: a redelivered step reuses it."""
-    return f"{PREFIX}:run:{tag(run_id)}:reply:{step}"
+    return f"{PREFIX}:run:{run_tag(run_id)}:reply:{step}"
 
 
 def tool_results(run_id: str, step: int) -> str:
     """hash: call id -> the stored result (an Observation) of each tool call of one step."""
-    return f"{PREFIX}:run:{tag(run_id)}:obs:{step}"
+    return f"{PREFIX}:run:{run_tag(run_id)}:obs:{step}"
 
 
 def sandbox_dispatch(run_id: str, step: int, call_id: str) -> str:
     """Set when a sandboxed call has been sent, so a re-run of the step does not send it again."""
-    return f"{PREFIX}:run:{tag(run_id)}:sent:{step}:{call_id}"
+    return f"{PREFIX}:run:{run_tag(run_id)}:sent:{step}:{call_id}"
 
 
 def sandbox_pending(run_id: str, step: int) -> str:
     """Kept alive (a TTL) by the sandbox task of any of the step's calls while it waits in line or runs:
     the reaper re-sends a lost call only once it has expired. In the sandbox worker's ACL namespace
     (`reactq:run:*:sandbox:*`, deploy/redis/acl.conf); never a result key (those have a step number there)."""
-    return f"{PREFIX}:run:{tag(run_id)}:sandbox:pending:{step}"
+    return f"{PREFIX}:run:{run_tag(run_id)}:sandbox:pending:{step}"
 
 
 def outbox(run_id: str) -> str:
     """list, on a Redis Cluster: the run's writes to other shards not yet applied there (store/outbox.py)."""
-    return f"{PREFIX}:run:{tag(run_id)}:outbox"
+    return f"{PREFIX}:run:{run_tag(run_id)}:outbox"
 
 
 def lease(run_id: str) -> str:
     """Held by the worker executing a run's step, so duplicates of that step back off."""
-    return f"{PREFIX}:run:{tag(run_id)}:lease"
+    return f"{PREFIX}:run:{run_tag(run_id)}:lease"
 
 
 def tool_cache(tenant: str, tool: str, digest: str) -> str:
@@ -80,6 +92,23 @@ def tool_cache(tenant: str, tool: str, digest: str) -> str:
 
 
 ACTIVE_RUNS = f"{PREFIX}:active"  # zset: run id -> last progress time (the reaper scans it)
+_RUN_TAGS = [f"{i:0{RUN_TAG_CHARS}x}" for i in range(16 ** RUN_TAG_CHARS)]
+
+
+def active_runs(run_id: str) -> str:
+    """The active set that holds `run_id`: ACTIVE_RUNS on a single Redis; on a cluster one per run tag, in
+    the slot of the run's own keys, so that a step's commit updates it in its own script."""
+    return f"{ACTIVE_RUNS}:{{{run_id[:RUN_TAG_CHARS]}}}" if _hash_tags else ACTIVE_RUNS
+
+
+def active_sets() -> list[str]:
+    """Every active set (what the reaper scans and counts)."""
+    return [f"{ACTIVE_RUNS}:{{{t}}}" for t in _RUN_TAGS] if _hash_tags else [ACTIVE_RUNS]
+
+
+def is_active_set(key: str | bytes) -> bool:
+    name = key.decode() if isinstance(key, bytes) else key
+    return name == ACTIVE_RUNS or name.startswith(ACTIVE_RUNS + ":{")
 REAPER_LOCK = f"{PREFIX}:reaper:lock"
 
 
@@ -110,7 +139,7 @@ def tenant_usage(tenant: str) -> str:
 
 def sandbox_result(run_id: str, step: int, call_id: str) -> str:
     """Where a sandbox worker stores its result object for one call."""
-    return f"{PREFIX}:run:{tag(run_id)}:sandbox:{step}:{call_id}"
+    return f"{PREFIX}:run:{run_tag(run_id)}:sandbox:{step}:{call_id}"
 
 
 def workers(queue: str) -> str:
@@ -177,7 +206,7 @@ def tenant_streams(name: str) -> str:
 
 def approval_counted(run_id: str, step: int, call_id: str) -> str:
     """Set once a worker has counted this call's approval decision in its metrics."""
-    return f"{PREFIX}:run:{tag(run_id)}:approval:{step}:{call_id}"
+    return f"{PREFIX}:run:{run_tag(run_id)}:approval:{step}:{call_id}"
 
 
 def tenant_webhook(tenant: str) -> str:
@@ -254,12 +283,12 @@ def tenant_submitted(tenant: str, minute: int) -> str:
 
 def step_taken(run_id: str) -> str:
     """string "INDEX:UNIX_TIME": the last step of the run a worker received (the reaper reads it)."""
-    return f"{PREFIX}:run:{tag(run_id)}:taken"
+    return f"{PREFIX}:run:{run_tag(run_id)}:taken"
 
 
 def reaper_suspect(run_id: str) -> str:
     """string with a TTL: the step index the reaper found no message for on its last pass."""
-    return f"{PREFIX}:reaper:suspect:{tag(run_id)}"
+    return f"{PREFIX}:reaper:suspect:{run_tag(run_id)}"
 
 
 CELERY_UNACKED = "unacked"  # kombu's Redis transport: hash of messages taken and not yet acked

@@ -58,7 +58,9 @@ class OpsStore:
         pipe.time()
         for queue in WATCHED:
             pipe.zcount(keys.workers(queue), now - live_within_s, "+inf")
-        pipe.zcard(keys.ACTIVE_RUNS)
+        active_sets = keys.active_sets()
+        for active_set in active_sets:
+            pipe.zcard(active_set)
         for model in models:
             pipe.get(keys.llm_limit(model, "rpm"))
             pipe.get(keys.llm_limit(model, "tpm"))
@@ -71,7 +73,7 @@ class OpsStore:
         queues = {queue: [int(next(queued)) for _ in queue_lists(queue)] for queue in WATCHED}
         unacked = int(next(queued))
         workers = {queue: int(next(replies)) for queue in WATCHED}
-        active = int(next(replies))
+        active = sum(int(next(replies)) for _ in active_sets)
         limiters = []
         for model in models:
             rpm, tpm, cooldown, circuit = next(replies), next(replies), int(next(replies)), int(next(replies))

@@ -41,10 +41,20 @@ def slot_of(key: str | bytes) -> int:
 
 
 def split(run_id: str, commands: list[Command]) -> tuple[list[Command], list[Command]]:
-    """The commands on the run's own slot, and the others, each keeping its order."""
+    """The commands the commit makes on the run's own slot, and those its outbox holds, each keeping its
+    order: the others, and with them the run's removal from its active set (in its own slot), so that the
+    run leaves the reaper's view only once the rest is applied."""
     home = slot_of(keys.run(run_id))
     local = [c for c in commands if slot_of(c[1]) == home]
-    return local, [c for c in commands if slot_of(c[1]) != home]
+    remote = [c for c in commands if slot_of(c[1]) != home]
+    if remote:
+        remote += [c for c in local if _leaves_active(c)]
+        local = [c for c in local if not _leaves_active(c)]
+    return local, remote
+
+
+def _leaves_active(command: Command) -> bool:
+    return command[0] == "ZREM" and keys.is_active_set(command[1])
 
 
 @dataclass(frozen=True)
@@ -100,30 +110,27 @@ class Outbox:
         self._apply = client.register_script(APPLY_SCRIPT)
 
     def apply(self, run_id: str, raws: Iterable[bytes]) -> dict[int, list[Any]]:
-        """Apply these entries of the run's outbox in order, each slot's part at most once, drop them from the
-        outbox, and only then apply their active-set parts: a run leaves the active set (where the reaper looks
-        for outboxes to apply) last. The replies of each entry by sequence number (None: applied before)."""
+        """Apply these entries of the run's outbox in order, each slot's part at most once, then drop them from
+        the outbox and apply their active-set parts (the run's own slot: one pipeline after the LREMs), so a
+        run leaves the active set (where the reaper looks for outboxes to apply) last. The replies of each
+        entry by sequence number (None: applied before)."""
         replies: dict[int, list[Any]] = {}
-        done: list[bytes] = []
+        drops: list[Command] = []
         active: list[tuple[list[Any], list[tuple[int, Command]]]] = []
         for raw in raws:
             entry = Entry.decode(raw)
             got: list[Any] = [None] * len(entry.commands)
             indexed = list(enumerate(entry.commands))
-            active.append((got, [(i, c) for i, c in indexed if c[1] == keys.ACTIVE_RUNS]))
-            for group in _by_slot([(i, c) for i, c in indexed if c[1] != keys.ACTIVE_RUNS]):
+            active.append((got, [(i, c) for i, c in indexed if keys.is_active_set(c[1])]))
+            for group in _by_slot([(i, c) for i, c in indexed if not keys.is_active_set(c[1])]):
                 self._fill(got, group, self._apply_once(run_id, entry, [c for _, c in group]))
             replies[entry.seq] = got
-            done.append(raw)
-        if done:
-            pipe = self.r.pipeline(transaction=False)
-            for raw in done:
-                pipe.lrem(keys.outbox(run_id), 1, raw)
-            pipe.execute()
-        for got, group in active:  # ZADD and ZREM only: applied again, nothing the reaper does not mend
-            if group:
-                self._fill(got, group, replicated.run_commands(self.r, [c for _, c in group],  # type: ignore[arg-type]
-                                                               self.wait_replicas))
+            drops.append(("LREM", keys.outbox(run_id), 1, raw))
+        if drops:  # then the ZREMs: applied again, nothing the reaper does not mend
+            moves = [c for _, group in active for _, c in group]
+            done = iter(replicated.run_commands(self.r, drops + moves, self.wait_replicas)[len(drops):])  # type: ignore[arg-type]
+            for got, group in active:
+                self._fill(got, group, [next(done) for _ in group])
         return replies
 
     @staticmethod

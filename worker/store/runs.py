@@ -318,7 +318,7 @@ class RunStore:
                 commands.append(("DEL", *trim(), keys.step_taken(run.id)))
                 compact = True
         elif not run.status.finished:
-            commands.append(("ZADD", keys.ACTIVE_RUNS, run.updated_at, run.id))
+            commands.append(("ZADD", keys.active_runs(run.id), run.updated_at, run.id))
             commands += [("EXPIRE", key, self.moving_ttl) for key in refresh or []]
         return commands, compact
 
@@ -337,7 +337,7 @@ class RunStore:
     def _on_finished(self, run: Run, *, taken_too: bool = True) -> list[Command]:
         finished = json.dumps({"status": run.status.value, "answer": run.answer})
         commands: list[Command] = [
-            ("ZREM", keys.ACTIVE_RUNS, run.id),
+            ("ZREM", keys.active_runs(run.id), run.id),
             ("SREM", keys.tenant_inflight(run.spec.tenant), run.id),
             event_command(run.id, "finished", finished),
         ]

@@ -58,7 +58,11 @@ class SubmissionStore:
         for run in runs:
             records += [("SET", keys.run(run.id), run.model_dump_json(), "EX", self.ttl),
                         event_command(run.id, "queued", "{}"), ("EXPIRE", keys.events(run.id), self.ttl)]
-        active = _variadic("ZADD", keys.ACTIVE_RUNS, _scored(runs, lambda r: now), 2)
+        by_active_set: dict[str, list[Run]] = {}
+        for run in runs:
+            by_active_set.setdefault(keys.active_runs(run.id), []).append(run)
+        active = [c for key, group in by_active_set.items()
+                  for c in _variadic("ZADD", key, _scored(group, lambda r: now), 2)]
         tenants: dict[str, list[Command]] = {}
         for tenant, group in by_tenant.items():
             tenants[tenant] = [*_variadic("ZADD", keys.tenant_runs(tenant), _scored(group, lambda r: r.created_at), 2),
@@ -99,11 +103,10 @@ class SubmissionStore:
                            tenants: dict[str, list[Command]], batch: list[Command], quotas: list[Quota],
                            now: float) -> dict[str, list[Any]]:
         """The same writes on a Redis Cluster, where they span shards: in an order that leaves every crash
-        recoverable (docs/decisions/redis-cluster.md). The runs enter the active set first (an entry without
-        a record is dropped by the reaper); each tenant's admission and indexes are one script on its shard
-        (refused: what was written is taken back); then the records (a run the reaper finds without a step
-        message is sent one) and the batch's lists."""
-        run_commands(self.r, active)
+        recoverable (docs/decisions/redis-cluster.md). Each tenant's admission and indexes are one script on
+        its shard (refused: what was written is taken back); then the runs' active-set entries and records,
+        in their own slots (a run the reaper finds without a step message is sent one; an in-flight entry
+        without a record is dropped by `forget_expired_in_flight`), and the batch's lists."""
         admitted: list[str] = []
         replies: dict[str, list[Any]] = {}
         try:
@@ -111,13 +114,14 @@ class SubmissionStore:
                 replies[tenant] = self._admit([q for q in quotas if q.tenant == tenant], writes, now)
                 admitted.append(tenant)
         except QuotaExceeded:
-            undo: list[Command] = [("ZREM", keys.ACTIVE_RUNS, *[r.id for rs in by_tenant.values() for r in rs])]
+            undo: list[Command] = []
             for tenant in admitted:
                 ids = [r.id for r in by_tenant[tenant]]
                 undo += [("SREM", keys.tenant_inflight(tenant), *ids), ("ZREM", keys.tenant_runs(tenant), *ids)]
             run_commands(self.r, undo)
             raise
-        replicated.run_commands(self.r, records, self.wait_replicas)  # type: ignore[arg-type]  # on a replica before a step reads them
+        # on a replica before a step reads them
+        replicated.run_commands(self.r, active + records, self.wait_replicas)  # type: ignore[arg-type]
         run_commands(self.r, batch)
         return replies
 

@@ -10,9 +10,9 @@ import redis
 
 from . import keys
 
-# an id, or (on a Redis Cluster) an id as a hash tag: {id}
-_RUN_RECORD = re.compile(rf"^{keys.PREFIX}:run:{{?([^:{{}}]+)}}?$")
-_RUN_ANY = re.compile(rf"^{keys.PREFIX}:run:{{?([^:{{}}]+)}}?(?::.*)?$")
+# an id, or (on a Redis Cluster) an id whose first characters are a hash tag: {abc}def... (keys.run_tag)
+_RUN_RECORD = re.compile(rf"^{keys.PREFIX}:run:{{?([^:{{}}]+)}}?([^:{{}}]*)$")
+_RUN_ANY = re.compile(rf"^{keys.PREFIX}:run:{{?([^:{{}}]+)}}?([^:{{}}]*)(?::.*)?$")
 _BATCH_RECORD = re.compile(rf"^{keys.PREFIX}:batch:{{?([^:{{}}]+)}}?$")
 CHUNK = 500
 
@@ -26,7 +26,7 @@ class Sweep:
         """Every run with a record (SCAN: each id about once; one a SCAN repeats is harmless)."""
         for key in self.r.scan_iter(match=f"{keys.PREFIX}:run:*", count=self.scan_count):
             if (m := _RUN_RECORD.match(key.decode())) is not None:
-                yield m[1]
+                yield m[1] + m[2]
 
     def batch_ids(self) -> Iterator[str]:
         for key in self.r.scan_iter(match=f"{keys.PREFIX}:batch:*", count=self.scan_count):
@@ -39,21 +39,24 @@ class Sweep:
         removed = 0
         doomed: list[bytes] = []
         for key in self.r.scan_iter(match=f"{keys.PREFIX}:run:*", count=self.scan_count):
-            if (m := _RUN_ANY.match(key.decode())) is not None and m[1] in run_ids:
+            if (m := _RUN_ANY.match(key.decode())) is not None and m[1] + m[2] in run_ids:
                 doomed.append(key)
                 if len(doomed) >= CHUNK:
                     removed += int(self.r.delete(*doomed))
                     doomed.clear()
         if doomed:
             removed += int(self.r.delete(*doomed))
-        ordered = sorted(run_ids)
-        for i in range(0, len(ordered), CHUNK):
-            self.r.zrem(keys.ACTIVE_RUNS, *ordered[i:i + CHUNK])
+        by_set: dict[str, list[str]] = {}
+        for run_id in sorted(run_ids):
+            by_set.setdefault(keys.active_runs(run_id), []).append(run_id)
+        for active, ids in by_set.items():
+            for i in range(0, len(ids), CHUNK):
+                self.r.zrem(active, *ids[i:i + CHUNK])
         return removed
 
     def delete_keys(self, run_id: str, names: list[str]) -> None:
         """These keys of one run, and its entry in the active set, in one round trip."""
         pipe = self.r.pipeline(transaction=False)
         pipe.delete(*names)
-        pipe.zrem(keys.ACTIVE_RUNS, run_id)
+        pipe.zrem(keys.active_runs(run_id), run_id)
         pipe.execute()
