@@ -26,7 +26,7 @@ from tests.test_tenancy import tenant_id
 from tests.waiting import WaitTimeout, wait_for
 from worker.core.models import Run, RunSpec, RunStatus
 from worker.store import keys
-from worker.store.cluster import active_count
+from worker.store.cluster import ClusterStore, active_count
 from worker.store.outbox import Entry, marker, slot_of, split
 from worker.store.runs import RunStore
 
@@ -104,6 +104,8 @@ def test_a_writer_that_dies_before_applying_its_outbox_leaves_it_to_the_next_and
     run = Run(spec=RunSpec(question="What is 6 * 7?", batch_id="b1"))
     store.submissions.create_runs([run], batch_id="b1")
     assert state.zscore(keys.active_runs(run.id), run.id) is not None
+    others = ClusterStore(state)  # counted by the reaper's pass over the 4,096 sets, read by every process
+    assert others.active_count() == 0 and others.count_active(30) == 1 and others.active_count() == 1
     assert state.sismember(keys.tenant_inflight("default"), run.id)
 
     def dies(run_id: str, raws: list[bytes]) -> dict[int, list[object]]:

@@ -123,9 +123,10 @@ def reap_once(rt: Runtime, dispatch: Dispatcher, now: float | None = None) -> li
     depths = rt.cluster.queue_depths()
     for queue, depth in depths.items():
         metrics.QUEUE_DEPTH.labels(queue).set(depth)
-    metrics.RUNS_IN_PROGRESS.set(rt.cluster.active_count())
     if not rt.cluster.take_reaper_turn(s.reaper_interval_s):
+        metrics.RUNS_IN_PROGRESS.set(rt.cluster.active_count())
         return []
+    metrics.RUNS_IN_PROGRESS.set(rt.cluster.count_active(3 * s.reaper_interval_s))
     candidates = rt.cluster.stale_runs_scored(now - min(2 * s.lease_ttl_s, s.stale_after_s))
     if not candidates:
         return []

@@ -136,11 +136,23 @@ class ClusterStore:
         self.r.zadd(keys.active_runs(run_id), {run_id: when}, xx=True)
 
     def active_count(self) -> int:
-        return active_count(self.r)
+        """Runs in the active set; on a cluster, as the last reaper pass counted them (count_active)."""
+        if not keys.hash_tags():
+            return int(self.r.zcard(keys.ACTIVE_RUNS))
+        return int(self.r.get(keys.ACTIVE_COUNT) or 0)
+
+    def count_active(self, keep_s: float) -> int:
+        """Count the runs in the active sets now (the reaper's pass) and, on a cluster, keep the count for
+        `active_count` for `keep_s`."""
+        if not keys.hash_tags():
+            return self.active_count()
+        count = active_count(self.r)
+        self.r.set(keys.ACTIVE_COUNT, count, ex=max(1, int(keep_s)))
+        return count
 
 
 def active_count(client: redis.Redis) -> int:
-    """Runs in the active sets (on a cluster, their 4096 ZCARDs in one pipeline per node)."""
+    """Runs in the active sets (on a cluster, their 4,096 ZCARDs in one pipeline per node)."""
     pipe = client.pipeline(transaction=False)
     for active in keys.active_sets():
         pipe.zcard(active)

@@ -106,6 +106,11 @@ def active_sets() -> list[str]:
     return [f"{ACTIVE_RUNS}:{{{t}}}" for t in _RUN_TAGS] if _hash_tags else [ACTIVE_RUNS]
 
 
+# On a cluster: how many runs the active sets held at the last reaper pass (counting 4,096 sets is the
+# reaper's once per pass, not every process's and every scrape's).
+ACTIVE_COUNT = f"{PREFIX}:active-count"
+
+
 def is_active_set(key: str | bytes) -> bool:
     name = key.decode() if isinstance(key, bytes) else key
     return name == ACTIVE_RUNS or name.startswith(ACTIVE_RUNS + ":{")

@@ -58,9 +58,10 @@ class OpsStore:
         pipe.time()
         for queue in WATCHED:
             pipe.zcount(keys.workers(queue), now - live_within_s, "+inf")
-        active_sets = keys.active_sets()
-        for active_set in active_sets:
-            pipe.zcard(active_set)
+        if keys.hash_tags():  # the count of the last reaper pass (ClusterStore.active_count)
+            pipe.get(keys.ACTIVE_COUNT)
+        else:
+            pipe.zcard(keys.ACTIVE_RUNS)
         for model in models:
             pipe.get(keys.llm_limit(model, "rpm"))
             pipe.get(keys.llm_limit(model, "tpm"))
@@ -73,7 +74,7 @@ class OpsStore:
         queues = {queue: [int(next(queued)) for _ in queue_lists(queue)] for queue in WATCHED}
         unacked = int(next(queued))
         workers = {queue: int(next(replies)) for queue in WATCHED}
-        active = sum(int(next(replies)) for _ in active_sets)
+        active = int(next(replies) or 0)
         limiters = []
         for model in models:
             rpm, tpm, cooldown, circuit = next(replies), next(replies), int(next(replies)), int(next(replies))
