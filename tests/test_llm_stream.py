@@ -229,3 +229,65 @@ def test_a_deadline_reached_between_tries_keeps_the_failure_that_was_the_reason(
                                                                       deadline_at=time.time() + 1.0)
     assert failed.value.attempts == 1 and "HTTP 503" in str(failed.value), str(failed.value)
     assert stub_control.stats()["requests"] == 1  # the backoff reached the deadline: nothing more was sent
+
+
+class _KeptAlive(BaseHTTPRequestHandler):
+    """An HTTP/1.1 provider that streams a short answer in a chunked body and keeps the connection for the
+    next request, as OpenAI, vLLM and llama.cpp do; `HOLD_S` > 0: it sends [DONE] and then holds the body
+    open that long before ending it. Counts the connections it accepted."""
+
+    protocol_version = "HTTP/1.1"
+    HOLD_S = 0.0
+    connections: list[int] = []
+
+    def setup(self) -> None:
+        super().setup()
+        self.connections.append(1)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in ('data: {"choices": [{"delta": {"content": "42"}, "finish_reason": "stop"}]}',
+                      'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1}}', "data: [DONE]"):
+            data = f"{event}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+        time.sleep(self.HOLD_S)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _kept_alive_server(hold_s: float = 0.0) -> tuple[ThreadingHTTPServer, list[int]]:
+    connections: list[int] = []
+    handler = type("Handler", (_KeptAlive,), {"HOLD_S": hold_s, "connections": connections})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, connections
+
+
+def test_streamed_calls_reuse_one_connection() -> None:
+    """The stream is read to the body's end, past [DONE]: a connection closed mid-body is not reused, and a
+    new one per call is a TCP (and TLS) handshake per step."""
+    server, connections = _kept_alive_server()
+    try:
+        chat = client(f"http://127.0.0.1:{server.server_port}/v1", max_retries=0)
+        replies = [chat.chat(MESSAGES, model="m") for _ in range(3)]
+    finally:
+        server.shutdown()
+    assert [r.content for r in replies] == ["42"] * 3 and len(connections) == 1
+
+
+def test_an_answer_whose_body_does_not_end_after_done_is_still_the_answer() -> None:
+    server, _ = _kept_alive_server(hold_s=2.0)
+    try:
+        reply = client(f"http://127.0.0.1:{server.server_port}/v1", timeout_s=0.3, max_retries=0).chat(
+            MESSAGES, model="m")
+    finally:
+        server.shutdown()
+    assert (reply.content, reply.usage.completion_tokens, reply.lost_usage.total) == ("42", 1, 0)

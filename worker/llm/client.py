@@ -286,16 +286,18 @@ def _streamed(client: openai.OpenAI, body: dict[str, Any], timeout_s: float, dea
                          body={**body, "stream": True, "stream_options": {"include_usage": True}},
                          stream_cls=openai.Stream[object])
     response = stream.response
+    done = False
     with stream:
         try:
             if "text/event-stream" not in response.headers.get("content-type", ""):
                 return response.read()
             for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators, comments, event names
+                if done or not line.startswith("data:"):
+                    continue  # blank separators, comments, event names; anything after [DONE]
                 data = line[5:].strip()
-                if data == "[DONE]":
-                    break
+                if data == "[DONE]":  # read on to the body's end: a connection closed mid-body is not reused
+                    done = True
+                    continue
                 try:
                     chunk = json.loads(data)
                 except ValueError:
@@ -307,6 +309,8 @@ def _streamed(client: openai.OpenAI, body: dict[str, Any], timeout_s: float, dea
                 if deadline_at is not None and time.time() > deadline_at:
                     raise openai.APITimeoutError(request=response.request)
         except httpx2.TimeoutException as exc:  # as openai maps them when it reads a body itself
+            if done:  # the answer is whole; only the body's end did not come
+                return folded.body()
             raise openai.APITimeoutError(request=response.request) from exc
         except httpx2.TransportError as exc:
             raise openai.APIConnectionError(request=response.request) from exc
