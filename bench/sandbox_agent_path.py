@@ -6,8 +6,9 @@ Per runtime (runc, runsc = gVisor), three figures:
   agent path:  a fresh redis-server and stub (`reactq stub`) on free 127.0.0.1 ports, one step worker
                (`reactq worker --queues steps -c S`) and one sandbox worker (`reactq worker --queues sandbox
                -c K`, REACTQ_SANDBOX_BACKEND=docker, warm pool of tier standard only, tiers file with
-               `runtime = "<runtime>"` under every tier, REACTQ_SANDBOX_TIERS_FILE), then `reactq batch` of
-               N lines "Run this python code: ```python print(6*7)```" over T tenants (REACTQ_TENANTS, plan
+               `runtime = "<runtime>"` under every tier, REACTQ_SANDBOX_TIERS_FILE), then one `reactq batch` per
+               tenant at once (a batch is one tenant's), N lines "Run this python code: ```python
+               print(6*7)```" in all over T tenants (REACTQ_TENANTS, plan
                `standard`: 4 concurrent executions and 60 per minute per tenant), tier standard. Each run:
                the stub calls `python` with the code verbatim (a sandbox execution: never tool-cached),
                then answers. runs/s = N / (last run's finished_at - first run's created_at); the
@@ -67,7 +68,7 @@ class AgentResult:
     sandbox_conc: int
     runs: int = 0
     seconds: float = 0.0  # first created_at .. last finished_at
-    cli_seconds: float = 0.0  # the `reactq batch` process, start to exit
+    cli_seconds: float = 0.0  # the `reactq batch` processes, start to the last one's exit
     statuses: dict[str, int] = field(default_factory=dict)
     with_42: int = 0
     containers_started: int | None = None
@@ -141,9 +142,12 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
                       env)
     sandbox = bench.procs.start(names[1], [str(BIN / "reactq"), "worker", "--queues", "sandbox",
                                            "-c", str(sandbox_conc), *common], env)
-    infile, outfile = workdir / f"in-{runtime}.jsonl", workdir / f"out-{runtime}-{step_conc}-{sandbox_conc}.jsonl"
-    infile.write_text("".join(json.dumps({"id": f"r{i}", "question": QUESTION, "tenant": tenants[i % len(tenants)],
-                                          "tier": "standard"}) + "\n" for i in range(args.runs)))
+    files = {}  # tenant -> (its batch file, its output): a batch is one tenant's, so each submits its own
+    for t, tenant in enumerate(tenants):
+        infile = workdir / f"in-{runtime}-{tenant}.jsonl"
+        infile.write_text("".join(json.dumps({"id": f"r{i}", "question": QUESTION, "tier": "standard"}) + "\n"
+                                  for i in range(t, args.runs, len(tenants))))
+        files[tenant] = (infile, workdir / f"out-{runtime}-{step_conc}-{sandbox_conc}-{tenant}.jsonl")
     try:
         bench.wait_ready(names, redis_url)
         if (runtimes := wait_pool(sandbox.pid, 2)) != {runtime}:
@@ -151,8 +155,11 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
         cli0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu0, busy0, engine0 = bench.cpu_seconds(), machine_busy_s(), engine_cpu_s()
         t0, wall0 = time.monotonic(), time.time()
-        cli = subprocess.run([str(BIN / "reactq"), "batch", str(infile), "--out", str(outfile)], cwd=ROOT,
-                             env={**os.environ, **env}, capture_output=True, text=True, timeout=args.timeout)
+        clis = {tenant: subprocess.Popen([str(BIN / "reactq"), "batch", str(infile), "--out", str(outfile),
+                                          "--tenant", tenant], cwd=ROOT, env={**os.environ, **env},
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for tenant, (infile, outfile) in files.items()}
+        failed = {tenant: cli.communicate(timeout=args.timeout)[1] for tenant, cli in clis.items()}
         res.cli_seconds, wall1 = time.monotonic() - t0, time.time()
         cpu1, busy1, engine1 = bench.cpu_seconds(), machine_busy_s(), engine_cpu_s()
         res.cpu = {("steps" if g.startswith("steps") else "sandbox" if g.startswith("sandbox") else g):
@@ -161,11 +168,12 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
         res.cpu["dockerd+containerd"] = engine1 - engine0
         res.cpu["batch CLI"] = cli1.ru_utime + cli1.ru_stime - cli0.ru_utime - cli0.ru_stime
         res.cpu["machine"] = busy1 - busy0
-        if cli.returncode != 0:
-            res.errors.append(f"reactq batch exited {cli.returncode}: {cli.stderr[-1500:]}")
+        for tenant, cli in clis.items():
+            if cli.returncode != 0:
+                res.errors.append(f"reactq batch of {tenant} exited {cli.returncode}: {failed[tenant][-1500:]}")
         res.errors += bench.scan_errors(names, stub_url)
         res.containers_started = docker_starts(wall0, wall1, sandbox.pid)
-        res.statuses, res.with_42 = check_runs(redis_url, outfile, res)
+        res.statuses, res.with_42 = check_runs(redis_url, [out for _, out in files.values()], res)
     finally:
         bench.procs.stop(names, grace=30)  # warm shutdown: the sandbox worker destroys its pool
         bench.procs.stop(["stub", "redis"])
@@ -176,13 +184,14 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
     return res
 
 
-def check_runs(redis_url: str, outfile: Path, res: AgentResult) -> tuple[dict[str, int], int]:
+def check_runs(redis_url: str, outfiles: list[Path], res: AgentResult) -> tuple[dict[str, int], int]:
     """Statuses of the batch's runs and how many have 42 in the answer and in the python observation;
     sets res.runs and res.seconds (first run created .. last run finished)."""
     from worker.store.connection import connect
     from worker.store.runs import RunStore
 
-    ids = [json.loads(line)["run_id"] for line in outfile.read_text().splitlines() if line.strip()]
+    ids = [json.loads(line)["run_id"] for outfile in outfiles if outfile.exists()
+           for line in outfile.read_text().splitlines() if line.strip()]
     store = RunStore(connect(redis_url, 4), 3600)
     runs = [r for r in store.load_runs(ids) if r is not None]
     statuses: dict[str, int] = {}

@@ -1,6 +1,6 @@
 """CPU one reactq step spends on our side, measured in process with the test harness (tests/harness.py).
 
-    python bench/step_cpu.py [--runs 300] [--floor] [--monitor] [--submit-first]
+    python bench/step_cpu.py [--runs 300] [--floor] [--monitor] [--submit-first] [--broker-apart]
 
 Starts its own redis-server and `reactq stub` (latency 0) on free ports, then drives N runs of
 "What is A * B + C?" (2 steps each: calculator, final answer) through the real StepRunner, RunStore
@@ -16,13 +16,16 @@ delivered, so that each run ends its batch as it stands (and reads the batch); `
 submits each chunk's runs and then delivers their steps (as a batch is worked through), and reports
 redis-server's CPU for the steps alone and for the submissions apart. `--monitor` prints, after the
 figures, every command redis-server ran for one more run (MONITOR: a script's own commands too, marked
-"lua").
+"lua"). `--broker-apart`: the commit does not write the next step's message (the broker is another
+server, REACTQ_BROKER_URL), it is sent after the commit: here queued in memory, so redis-server does only
+the state store's work.
 Profile with: py-spy record -o prof.svg -- python bench/step_cpu.py
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import signal
@@ -92,6 +95,9 @@ def main() -> int:
     ap.add_argument("--monitor", action="store_true", help="also print the commands of one more run")
     ap.add_argument("--submit-first", action="store_true",
                     help="each chunk: submit its runs, then deliver their steps (redis-server's CPU for each apart)")
+    ap.add_argument("--broker-apart", action="store_true",
+                    help="the next step's message is not written by the commit but sent after it, as with "
+                         "REACTQ_BROKER_URL on another server (the harness queues it in memory: no broker work here)")
     args = ap.parse_args()
 
     import redis
@@ -125,6 +131,8 @@ def main() -> int:
         settings = Settings(redis_url=f"redis://127.0.0.1:{rport}/0", llm_base_url=f"http://127.0.0.1:{sport}/v1")
         h = Harness(settings, real_llm=True, redis_client=redis.Redis(connection_pool=redis.BlockingConnectionPool(
             host="127.0.0.1", port=rport, max_connections=8, connection_class=Counting)))
+        if args.broker_apart:
+            h.runner.dispatch = dataclasses.replace(h.runner.dispatch, step_commands=None)
         rng = random.Random(7)
 
         spent = {"cpu": 0.0, "wall": 0.0, "trips": 0, "redis": 0.0, "submit": 0.0, "submit_trips": 0}
