@@ -60,10 +60,13 @@ class ClusterStore:
     # --- the reaper's scans of active runs ---------------------------------------------------
     def stale_runs_scored(self, older_than: float, limit: int = 500) -> list[tuple[str, float]]:
         """Active runs with no progress since `older_than`, with their last progress time (the `limit`
-        oldest; on a cluster, read from every active set in one pipeline per node)."""
+        oldest; on a cluster, the few oldest of every active set, in one pipeline per node: runs hash evenly
+        over the sets, and the next pass takes the next few)."""
+        sets = keys.active_sets()
+        per_set = min(limit, max(4, 4 * limit // len(sets)))
         pipe = self.r.pipeline(transaction=False)
-        for active in keys.active_sets():
-            pipe.zrangebyscore(active, "-inf", older_than, start=0, num=limit, withscores=True)
+        for active in sets:
+            pipe.zrangebyscore(active, "-inf", older_than, start=0, num=per_set, withscores=True)
         found = sorted(((i.decode(), float(score)) for got in pipe.execute() for i, score in got),
                        key=lambda pair: pair[1])
         return found[:limit]
