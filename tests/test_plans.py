@@ -8,8 +8,9 @@ import pytest
 
 from worker.core.models import Run, RunSpec, Usage
 from worker.errors import BudgetExceeded, PlanConfigError
+from worker.store.spend import periods
 from worker.tenancy.budgets import call_max_tokens
-from worker.tenancy.ledger import next_day, next_month, periods
+from worker.tenancy.ledger import next_day, next_month
 from worker.tenancy.plans import AllowedTools, load_plans, parse_plans
 from worker.tenancy.tenants import KeyStatus, Tenants, _digest
 from worker.tools import REGISTRY

@@ -29,10 +29,10 @@ from ..errors import BudgetExceeded, LLMError
 from ..output_schema import output_check
 from ..store.cas import Command, Snapshot
 from ..store.run_keys import working_keys
+from ..store.spend import Spend
 from ..store.tool_cache import cache_commands
 from ..tenancy import ledger
 from ..tenancy.budgets import NOTHING_DUE, reserve_call
-from ..tenancy.ledger import Spend
 from . import approvals
 from .approvals import Waiting
 from .context import Runtime

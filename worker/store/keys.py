@@ -92,7 +92,6 @@ def tool_cache(tenant: str, tool: str, digest: str) -> str:
 
 
 ACTIVE_RUNS = f"{PREFIX}:active"  # zset: run id -> last progress time (the reaper scans it)
-_RUN_TAGS = [f"{i:0{RUN_TAG_CHARS}x}" for i in range(16 ** RUN_TAG_CHARS)]
 
 
 def active_runs(run_id: str) -> str:
@@ -103,7 +102,9 @@ def active_runs(run_id: str) -> str:
 
 def active_sets() -> list[str]:
     """Every active set (what the reaper scans and counts)."""
-    return [f"{ACTIVE_RUNS}:{{{t}}}" for t in _RUN_TAGS] if _hash_tags else [ACTIVE_RUNS]
+    if not _hash_tags:
+        return [ACTIVE_RUNS]
+    return [f"{ACTIVE_RUNS}:{{{i:0{RUN_TAG_CHARS}x}}}" for i in range(16 ** RUN_TAG_CHARS)]
 
 
 # On a cluster: how many runs the active sets held at the last reaper pass (counting 4,096 sets is the

@@ -26,8 +26,8 @@ from ..core.models import Run, Usage
 from ..core.pricing import cost_usd
 from ..errors import BudgetExceeded
 from ..llm.fallback import model_chain
-from ..store.spend import SpendStore
-from .ledger import DAY_TTL_S, MONTH_TTL_S, Spend, next_day, next_month, periods, spend_commands
+from ..store.spend import DAY_TTL_S, MONTH_TTL_S, Spend, SpendStore, periods, spend_commands
+from .ledger import next_day, next_month
 from .plans import Budgets
 from .tenants import Policy, Tenants
 

@@ -21,11 +21,8 @@ from datetime import UTC, datetime
 from ..core.models import Run, Usage
 from ..store import keys
 from ..store.cas import Command
-from ..store.spend import DAY_TTL_S, MONTH_TTL_S, Spend, periods, spend_commands
+from ..store.spend import Spend, spend_commands
 from ..store.spend import usage_commands as count_usage
-
-__all__ = ["DAY_TTL_S", "MONTH_TTL_S", "Spend", "charge_now", "next_day", "next_month", "periods",
-           "spend_commands", "usage_commands"]
 
 
 def next_day(now: float) -> float:
