@@ -66,13 +66,17 @@ def look(service: SandboxService, tenant: str) -> tuple[str, list[int], list[str
 def test_a_planted_process_and_files_are_gone_in_the_same_tenants_next_execution(service) -> None:
     plant = HOSTNAME + """import os, signal, subprocess, time
 # A process that ignores SIGTERM and leaves its group and session, a double-forked one, and a stopped one.
-if os.fork() == 0:
+pid = os.fork()
+if pid == 0:
     os.setsid()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.fork() == 0:
         os.setpgid(0, 0)
         time.sleep(300)
     os._exit(0)
+# Its setsid must come before the stop: gVisor (unlike Linux) sends SIGHUP to this session's own group,
+# stopped member and this program included, when a process leaves it while a member is stopped.
+os.waitpid(pid, 0)
 stopped = subprocess.Popen(['sleep', '300'])
 os.kill(stopped.pid, signal.SIGSTOP)
 os.makedirs('/tmp/deep/locked')
