@@ -89,7 +89,11 @@ def yes_no(row: dict[str, str], column: str, heading: str) -> bool:
 
 def commands(group: click.Group, path: str) -> Iterator[tuple[str, click.Command]]:
     """Every command below `group` by its full name (`reactq tenant add`); groups are not commands."""
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # `reactq` loads its verbs when asked for them (worker/cli/main.py)
+        command = group.get_command(ctx, name)
+        if command is None:  # the sandbox group without tools_sandbox
+            continue
         if isinstance(command, click.Group):
             yield from commands(command, f"{path} {name}")
         else:

@@ -49,7 +49,3 @@ def reject(run_id: str, call_id: str | None, reason: str, as_json: bool) -> None
     """Refuse a tool call awaiting approval; the model hears it was refused, and why."""
     _decide(run_id, call_id, False, reason, as_json)
 
-
-def register(group: click.Group) -> None:
-    for command in (approve, reject):
-        group.add_command(command)

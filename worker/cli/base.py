@@ -1,7 +1,7 @@
 """What every `reactq` verb module shares: the consoles and the runtime getter.
 
 Its own module so that every verb module imports it, never `main.py`, which owns the command group and
-calls each verb module's `register(group)`.
+imports each verb module when its verb is asked for.
 """
 
 from __future__ import annotations

@@ -152,6 +152,3 @@ def _session_run(out: Console, rt: Runtime, send_step: Callable[..., None]) -> i
     print_trace(out, finished, rt.store.load_steps(run.id))
     return 0 if finished.answer and "22.75 in all" in finished.answer else 1
 
-
-def register(group: click.Group) -> None:
-    group.add_command(demo)

@@ -199,6 +199,3 @@ def print_comparison(target: Console, c: Comparison) -> None:
         target.print(rows)
     target.print(f"[bold]{c.regression_count} regression(s)[/bold], {c.improvement_count} improvement(s)")
 
-
-def register(group: click.Group) -> None:
-    group.add_command(eval_command)

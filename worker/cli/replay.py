@@ -65,6 +65,3 @@ def print_diff(run_a: str, run_b: str, *, as_json: bool) -> None:
     out.print("the traces are the same" if diff.diverges_at is None
               else Text(f"diverge at step {diff.diverges_at}", "bold"))
 
-
-def register(group: click.Group) -> None:
-    group.add_command(replay)

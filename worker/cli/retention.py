@@ -47,6 +47,3 @@ def purge(older_than: str, as_json: bool) -> None:
         out.print(f"purged {report.runs} run(s) ({report.keys} keys) and {report.batches} batch(es) "
                   f"finished more than {older_than} ago")
 
-
-def register(group: click.Group) -> None:
-    group.add_command(purge)

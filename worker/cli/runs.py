@@ -200,7 +200,3 @@ def cancel(run_id: str | None, batch_id: str | None, as_json: bool) -> None:
     else:
         out.print(literal(f"{run_id}: {run.status.value}"))
 
-
-def register(group: click.Group) -> None:
-    for command in (ask, batch, status, trace, cancel):
-        group.add_command(command)

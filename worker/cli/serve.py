@@ -148,7 +148,3 @@ def api(host: str, port: int, insecure_no_auth: bool) -> None:
         start_api_metrics_server(metrics_port, rt)
     uvicorn.run(app, host=host, port=port, log_level="warning", backlog=4096)
 
-
-def register(group: click.Group) -> None:
-    for command in (worker, stub, api):
-        group.add_command(command)

@@ -208,7 +208,3 @@ def key_revoke(key_id: str) -> None:
         return
     click.echo(f"key {key_id} of tenant {tenant_name(owner)} revoked" if owner else f"operator key {key_id} revoked")
 
-
-def register(group: click.Group) -> None:
-    for command in (tenant, key):
-        group.add_command(command)

@@ -77,6 +77,3 @@ def deliveries(tenant: str, limit: int, as_json: bool) -> None:
                                      "" if last is None else (last.error or last.status_code))))
     out.print(table)
 
-
-def register(group: click.Group) -> None:
-    group.add_command(webhook)
