@@ -10,13 +10,16 @@ and prices its tokens at that model's price; `reactq_llm_fallbacks_total{model,f
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import metrics
 from ..config import ModelSpec
 from ..core.models import LLMReply
 from ..errors import LLMError
-from .client import LLMClient
+
+# Neither the client (httpx2) nor metrics (prometheus_client) are imported with the module: tenant budgets
+# import model_chain in every process, a `reactq batch` too.
+if TYPE_CHECKING:
+    from .client import LLMClient
 
 __all__ = ["FALLBACK_OUTCOMES", "RoutedLLM", "model_chain"]
 
@@ -49,6 +52,8 @@ class RoutedLLM:
             except LLMError as exc:
                 if exc.outcome not in FALLBACK_OUTCOMES or position == len(chain) - 1:
                     raise
+                from .. import metrics
+
                 metrics.LLM_FALLBACKS.labels(model, chain[position + 1]).inc()
                 log.warning("model failing; falling back", extra={"model": model, "fallback": chain[position + 1],
                                                                   "outcome": exc.outcome})

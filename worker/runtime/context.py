@@ -1,4 +1,7 @@
-"""The process-wide collaborators of a worker or API process, created on first use (no I/O at import)."""
+"""The process-wide collaborators of a worker or API process, created on first use (no I/O at import).
+
+What only some processes use (the LLM stack, the tools, metrics, leases) is imported by the property that
+builds it: `reactq batch` needs the stores, not the model client (its import costs most of a CLI's start)."""
 
 from __future__ import annotations
 
@@ -8,21 +11,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from .. import metrics
 from ..config import Settings
 from ..core.engine import Limits
-from ..llm.circuit import CircuitLLM
-from ..llm.client import LLMClient, OpenAIChat
-from ..llm.context_guard import ContextGuard
-from ..llm.fallback import RoutedLLM
-from ..llm.in_flight import InFlightCap
-from ..llm.ratelimit import LimitedLLM, RateLimiter
-from ..store.cluster import ClusterStore
 from ..store.connection import Client, connect, connect_broker
-from ..store.leases import Leases
-from ..store.llm_slots import LLMSlots
-from ..store.provider_circuit import ProviderCircuits
-from ..store.provider_limits import ProviderLimits
 from ..store.runs import RunStore
 from ..store.spend import SpendStore
 from ..store.tenant_records import TenantStore
@@ -30,12 +21,14 @@ from ..store.webhooks import WebhookStore
 from ..tenancy.budgets import TenantBudgets
 from ..tenancy.plans import AllowedTools
 from ..tenancy.tenants import Tenants
-from ..tools import REGISTRY, ToolRegistry
-from ..tools.search import SearchSource
-from ..tools.search import use_source as use_search_source
-from .leases import LeaseKeeper
 
 if TYPE_CHECKING:
+    from ..llm.client import LLMClient
+    from ..llm.in_flight import InFlightCap
+    from ..llm.ratelimit import RateLimiter
+    from ..store.cluster import ClusterStore
+    from ..tools import ToolRegistry
+    from .leases import LeaseKeeper
     from .mcp import McpTools
 
 
@@ -80,14 +73,22 @@ class Runtime:
 
     @cached_property
     def cluster(self) -> ClusterStore:
+        from ..store.cluster import ClusterStore
+
         return ClusterStore(self.redis, self.broker_redis)
 
     @cached_property
     def leases(self) -> LeaseKeeper:
+        from ..store.leases import Leases
+        from .leases import LeaseKeeper
+
         return LeaseKeeper(Leases(self.redis, self.settings.run_ttl_s), self.settings.lease_ttl_s)
 
     @cached_property
     def limiter(self) -> RateLimiter:
+        from ..llm.ratelimit import RateLimiter
+        from ..store.provider_limits import ProviderLimits
+
         s = self.settings
         return RateLimiter(ProviderLimits(self.redis), s.models, burst_s=s.llm_limit_burst_s,
                            max_wait_s=s.llm_limit_max_wait_s)
@@ -96,6 +97,13 @@ class Runtime:
     def llm(self) -> LLMClient:
         if self.llm_client is not None:
             return self.llm_client
+        from ..llm.circuit import CircuitLLM
+        from ..llm.client import OpenAIChat
+        from ..llm.context_guard import ContextGuard
+        from ..llm.fallback import RoutedLLM
+        from ..llm.ratelimit import LimitedLLM
+        from ..store.provider_circuit import ProviderCircuits
+
         s = self.settings
         chat = OpenAIChat(
             s.llm_base_url, s.llm_api_key, timeout_s=s.llm_timeout_s, max_retries=s.llm_max_retries,
@@ -112,11 +120,18 @@ class Runtime:
         caps = {name: spec.max_in_flight for name, spec in self.settings.models.items() if spec.max_in_flight}
         if not caps:
             return None
+        from ..llm.in_flight import InFlightCap
+        from ..store.llm_slots import LLMSlots
+
         return InFlightCap(LLMSlots(self.redis), caps, hold_s=self.settings.llm_timeout_s + 5)
 
     @cached_property
     def tools(self) -> ToolRegistry:
         """The registry's tools, and the MCP servers' when REACTQ_MCP_SERVERS names any."""
+        from ..tools import REGISTRY
+        from ..tools.search import SearchSource
+        from ..tools.search import use_source as use_search_source
+
         s = self.settings
         use_search_source(SearchSource(s.serpapi_api_key, s.search_corpus, s.search_corpus_max_bytes))
         REGISTRY.load_modules(s.tool_modules)
@@ -154,6 +169,8 @@ class Runtime:
 
 
 def _record_llm_attempt(model: str, outcome: str, seconds: float) -> None:
+    from .. import metrics
+
     metrics.LLM_REQUESTS.labels(model, outcome).inc()
     metrics.LLM_DURATION.labels(model).observe(seconds)
 

@@ -37,14 +37,16 @@ import socket
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..core.deliveries import Attempt, AttemptError, Delivery, DeliveryState, Event
 from ..errors import InvalidRequest, SignatureInvalid, WebhookUnreachable
 from ..store.webhooks import WebhookStore
 from .webhook_dns import Lookups
-from .webhook_http import WebhookHTTP, pinned_url, post
+
+if TYPE_CHECKING:
+    from .webhook_http import WebhookHTTP, pinned_url
 
 __all__ = ["Attempt", "AttemptError", "Delivery", "DeliveryState", "Event", "Lookups", "WebhookHTTP",
            "attempt_delivery", "attempt_loaded", "backoff_s", "pinned_url", "queue_delivery", "resolve_target",
@@ -57,6 +59,16 @@ DELIVERY_HEADER = "X-Reactq-Delivery"
 EVENT_HEADER = "X-Reactq-Event"
 SIGNATURE_VERSION = "v1"
 DEFAULT_TOLERANCE_S = 300
+
+
+def __getattr__(name: str) -> Any:
+    """WebhookHTTP and pinned_url, imported on first use: whoever only queues deliveries (a finishing run,
+    `reactq batch`) does not need httpx and httpcore."""
+    if name in ("WebhookHTTP", "pinned_url"):
+        from . import webhook_http
+
+        return getattr(webhook_http, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SignatureProblem(StrEnum):
@@ -206,6 +218,8 @@ def attempt_loaded(store: WebhookStore, delivery: Delivery, number: int, http: W
             TIMESTAMP_HEADER: str(timestamp),
             SIGNATURE_HEADER: sign(store.secret(delivery.tenant), body, timestamp),
         }
+        from .webhook_http import post  # loaded by now: `http` is a WebhookHTTP
+
         answer = post(http, delivery.url, addresses, body, headers, start=begun)
         attempt.status_code, attempt.address, attempt.response_bytes = (answer.status_code, answer.address,
                                                                        answer.body_bytes)

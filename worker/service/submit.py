@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from ..config import Settings
 from ..core.models import Run, RunSpec, RunStatus
 from ..errors import InvalidRequest, QuotaExceeded, TierNotAllowed
-from ..output_schema import schema_problem
 from ..runtime.webhooks import validate_url
 from ..store.runs import DECLINED, Declined, RunStore
 from ..store.submissions import Quota
@@ -54,8 +53,11 @@ def validate_spec(spec: RunSpec, settings: Settings, tiers: Sequence[str], where
     for name, value in (("max_tokens", spec.max_tokens), ("max_cost_usd", spec.max_cost_usd)):
         if value is not None and value <= 0:
             raise InvalidRequest(f"{prefix}{name} must be more than 0, got {value}")
-    if spec.output_schema is not None and (bad_schema := schema_problem(spec.output_schema)) is not None:
-        raise InvalidRequest(prefix + bad_schema)
+    if spec.output_schema is not None:
+        from ..output_schema import schema_problem  # jsonschema: imported for the runs that bring a schema
+
+        if (bad_schema := schema_problem(spec.output_schema)) is not None:
+            raise InvalidRequest(prefix + bad_schema)
     if spec.webhook_url is not None:
         try:
             validate_url(spec.webhook_url)

@@ -6,7 +6,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 
@@ -16,11 +16,15 @@ from ..errors import LLMThrottled
 from ..names import SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, step_reprs
 from ..runtime.context import get_runtime
 from ..runtime.drain import IN_FLIGHT, start_drain
-from ..runtime.runner import Dispatcher, StepRunner
 from ..store.cas import Command
 from .app import app
 from .broker import TRANSPORT, capturing
 from .webhooks import send_delivery
+
+# The step runner (the LLM stack, tools, templates, schemas) is imported where a step runs: a worker loads it
+# as it starts (worker/tasks/worker_setup.py); whoever only sends steps (`reactq batch`, the API) never does.
+if TYPE_CHECKING:
+    from ..runtime.runner import Dispatcher
 
 log = logging.getLogger("reactq.tasks")
 
@@ -64,12 +68,16 @@ def send_sandbox(request: dict[str, Any]) -> None:
     app.send_task(SANDBOX_TASK, args=[request], queue=SANDBOX_QUEUE)
 
 
-# With kombu's own transport (a broker URL that is not redis:// or rediss://), or a broker on another server
-# than the runs (REACTQ_BROKER_URL), the next step is sent after the commit instead, the reaper behind it
-# (docs/decisions/broker-apart.md).
-CELERY_DISPATCH = Dispatcher(next_step=send_step, sandbox=send_sandbox, webhook=send_delivery,
-                             step_commands=step_commands if app.conf.broker_transport == TRANSPORT
-                             and not get_settings().broker_apart else None)
+@functools.cache
+def celery_dispatch() -> Dispatcher:
+    """How the step runner enqueues work in this process. With kombu's own transport (a broker URL that is
+    not redis:// or rediss://), or a broker on another server than the runs (REACTQ_BROKER_URL), the next
+    step is sent after the commit instead, the reaper behind it (docs/decisions/broker-apart.md)."""
+    from ..runtime.runner import Dispatcher
+
+    return Dispatcher(next_step=send_step, sandbox=send_sandbox, webhook=send_delivery,
+                      step_commands=step_commands if app.conf.broker_transport == TRANSPORT
+                      and not get_settings().broker_apart else None)
 
 
 BUSY_RETRIES = 20
@@ -85,9 +93,11 @@ def step(self: Any, run_id: str, index: int) -> str:
     When the shared provider limit has no capacity soon enough, the step goes back to the queue with
     a countdown and this worker thread serves other runs meanwhile (worker/llm/ratelimit.py); so does a step
     whose model call failed for now (worker/core/provider_trouble.py)."""
+    from ..runtime.runner import StepRunner
+
     try:
         with IN_FLIGHT.track(run_id, index):
-            result = StepRunner(get_runtime(get_settings), CELERY_DISPATCH).run_step(run_id, index)
+            result = StepRunner(get_runtime(get_settings), celery_dispatch()).run_step(run_id, index)
     except LLMThrottled as exc:
         send_step(run_id, index, countdown=exc.wait_s)
         return "throttled"

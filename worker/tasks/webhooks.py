@@ -11,7 +11,7 @@ from ..config import get_settings
 from ..names import WEBHOOK_TASK, WEBHOOKS_QUEUE
 from ..runtime.context import get_runtime
 from ..runtime.webhook_fair import DeliveryGates, FairShares, deliver_fairly
-from ..runtime.webhooks import Delivery, WebhookHTTP, attempt_loaded
+from ..runtime.webhooks import Delivery, attempt_loaded
 from ..store.webhook_slots import WebhookSlots
 from .app import app
 
@@ -31,6 +31,8 @@ def gates(shares: FairShares) -> DeliveryGates:
 def deliver(self: Any, delivery_id: str, attempt: int, deferred: int = 0) -> None:
     """Attempt `attempt` of one delivery, or put it off when its tenant, host or the retry lane is full;
     schedules the next message when it failed and time is left."""
+    from ..runtime.webhook_http import WebhookHTTP  # httpx: a worker loads it as it starts (worker_setup.py)
+
     rt = get_runtime(get_settings)
     s = rt.settings
     http = WebhookHTTP(deadline_s=s.webhook_deadline_s, max_response_bytes=s.webhook_max_response_bytes)

@@ -6,7 +6,7 @@ Celery's settings (worker/tasks/app.py) give it the threads pool, the queues it 
 signals here give it the rest, once per worker process:
 - worker_init (after -Q, before the pool is made): reactq.webhooks leaves the pool's queues for a
   webhook worker beside it (worker/runtime/webhook_pool.py); the concurrency when -c is not given
-  (200 threads for steps);
+  (200 threads for steps); the code the tasks run is loaded (the step runner, the LLM stack, webhook HTTP);
 - setup_logging: the JSON logs of worker/logs.py instead of Celery's;
 - celeryd_after_setup (logging is set up, the consumer not started yet): stdout and stderr to the log
   (worker_redirect_stdouts), /metrics on REACTQ_METRICS_PORT, and the webhook worker;
@@ -86,6 +86,16 @@ def _configure_worker(sender: Any = None, **_: Any) -> None:
         sender.concurrency = default_concurrency(queues, settings.webhook_concurrency)
 
 
+@signals.worker_init.connect(weak=False, dispatch_uid="reactq-worker-load")
+def _load_task_code(**_: Any) -> None:
+    """What the tasks run, loaded as the worker starts (before its pool) rather than by its first tasks: the
+    task modules and the runtime's builders import it where it is used, so that processes that only send
+    tasks (`reactq batch`, the API) do without."""
+    from ..llm import circuit, client, context_guard, in_flight, ratelimit  # noqa: F401
+    from ..runtime import runner, webhook_http  # noqa: F401
+    from ..store import cluster, llm_slots, provider_circuit, provider_limits  # noqa: F401
+
+
 @signals.celeryd_after_setup.connect(weak=False, dispatch_uid="reactq-worker-services")
 def _start_services(instance: Any = None, **_: Any) -> None:
     """/metrics and the webhook worker, once, in the worker worker_init set up (its logs are JSON by now)."""
@@ -116,12 +126,12 @@ def _start_background(sender: Any = None, **_: Any) -> None:
     from ..runtime.context import get_runtime
     from ..runtime.metrics_server import HEALTH
     from ..runtime.reaper import start_reaper
-    from .steps import CELERY_DISPATCH
+    from .steps import celery_dispatch
 
     if sender is not None:
         queues = sender.app.amqp.queues
         HEALTH.consuming(queues.consume_from or queues)
-    start_reaper(get_runtime(get_settings), CELERY_DISPATCH, _started.get("queues", [STEPS_QUEUE]))
+    start_reaper(get_runtime(get_settings), celery_dispatch(), _started.get("queues", [STEPS_QUEUE]))
 
 
 @signals.worker_shutdown.connect(weak=False, dispatch_uid="reactq-worker-shutdown")
