@@ -37,10 +37,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import deque
 from pathlib import Path
 
 import hiredis
+import redis
+from redis.connection import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -67,17 +70,12 @@ def start_redis(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], in
     port = free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(workdir)], stdout=subprocess.DEVNULL, start_new_session=True)
-    import redis
-
     wait(lambda: redis.Redis(port=port).ping(), "redis-server")
     return proc, port
 
 
 def capture(args: argparse.Namespace, workdir: Path) -> tuple[list[Request], list[list[Request]], list[list[Request]]]:
     """Scripts loaded, then per run: its submission's requests and its steps' requests."""
-    import redis
-    from redis.connection import Connection
-
     from tests.harness import Harness
     from worker.config import Settings
     from worker.core.models import RunSpec
@@ -107,8 +105,6 @@ def capture(args: argparse.Namespace, workdir: Path) -> tuple[list[Request], lis
             return super().send_packed_command(command, check_health)
 
     try:
-        import urllib.request
-
         wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{sport}/healthz", timeout=1).status == 200, "stub")
         settings = Settings(redis_url=f"redis://127.0.0.1:{rport}/0", llm_base_url=f"http://127.0.0.1:{sport}/v1")
         h = Harness(settings, real_llm=True, redis_client=redis.Redis(connection_pool=redis.BlockingConnectionPool(
@@ -178,8 +174,6 @@ def replay(port: int, runs: list[list[Request]], connections: int) -> list[str]:
 
 
 def check_finished(port: int, runs: int) -> None:
-    import redis
-
     r = redis.Redis(port=port)
     records = [r.get(key) for key in r.scan_iter("reactq:run:*", count=1000) if key.count(b":") == 2]
     statuses = [json.loads(raw)["status"] for raw in records if raw]
@@ -212,8 +206,6 @@ def main() -> int:
         for c in conns:
             server, port = start_redis(args.redis_server, workdir)
             try:
-                import redis
-
                 stats = redis.Redis(port=port)
                 replay(port, [loads], 1)
                 replay(port, submissions, 8)

@@ -1,5 +1,7 @@
 """Every Redis key reactq uses, in one place."""
 
+from collections.abc import Iterable
+
 PREFIX = "reactq"
 
 # On a Redis Cluster (REACTQ_REDIS_URL=redis+cluster://...) every key of one batch, one tenant or one model
@@ -105,6 +107,14 @@ def active_sets() -> list[str]:
     if not _hash_tags:
         return [ACTIVE_RUNS]
     return [f"{ACTIVE_RUNS}:{{{i:0{RUN_TAG_CHARS}x}}}" for i in range(16 ** RUN_TAG_CHARS)]
+
+
+def by_active_set(run_ids: Iterable[str]) -> dict[str, list[str]]:
+    """These runs grouped by the active set that holds each, in their order."""
+    groups: dict[str, list[str]] = {}
+    for run_id in run_ids:
+        groups.setdefault(active_runs(run_id), []).append(run_id)
+    return groups
 
 
 # On a cluster: how many runs the active sets held at the last reaper pass (counting 4,096 sets is the

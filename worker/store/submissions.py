@@ -58,11 +58,8 @@ class SubmissionStore:
         for run in runs:
             records += [("SET", keys.run(run.id), run.model_dump_json(), "EX", self.ttl),
                         event_command(run.id, "queued", "{}"), ("EXPIRE", keys.events(run.id), self.ttl)]
-        by_active_set: dict[str, list[Run]] = {}
-        for run in runs:
-            by_active_set.setdefault(keys.active_runs(run.id), []).append(run)
-        active = [c for key, group in by_active_set.items()
-                  for c in _variadic("ZADD", key, _scored(group, lambda r: now), 2)]
+        active = [c for key, ids in keys.by_active_set(run.id for run in runs).items()
+                  for c in _variadic("ZADD", key, [a for run_id in ids for a in (now, run_id)], 2)]
         tenants: dict[str, list[Command]] = {}
         for tenant, group in by_tenant.items():
             tenants[tenant] = [*_variadic("ZADD", keys.tenant_runs(tenant), _scored(group, lambda r: r.created_at), 2),

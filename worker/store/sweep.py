@@ -46,10 +46,7 @@ class Sweep:
                     doomed.clear()
         if doomed:
             removed += int(self.r.delete(*doomed))
-        by_set: dict[str, list[str]] = {}
-        for run_id in sorted(run_ids):
-            by_set.setdefault(keys.active_runs(run_id), []).append(run_id)
-        for active, ids in by_set.items():
+        for active, ids in keys.by_active_set(sorted(run_ids)).items():
             for i in range(0, len(ids), CHUNK):
                 self.r.zrem(active, *ids[i:i + CHUNK])
         return removed
