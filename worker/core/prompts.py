@@ -14,6 +14,7 @@ provider refused as too large anyway can be sent again without older observation
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -169,7 +170,15 @@ def format_example(tools: Sequence[ToolDescription]) -> FormatExample | None:
     built from its schema, the same as the system prompt's example for it; None without tools."""
     if not tools:
         return None
-    first = tool_variables(tools[0])
+    try:
+        return _format_example(tools[0])
+    except TypeError:  # a tool that is not hashable
+        return _format_example.__wrapped__(tools[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _format_example(tool: ToolDescription) -> FormatExample:
+    first = tool_variables(tool)
     return FormatExample(tool=first["name"], arguments=first["example"])
 
 
@@ -237,10 +246,28 @@ def drop_observation_bodies(messages: Sequence[Message], keep_last: int = 1) -> 
 
 def system_message(mode: Mode, tools: Sequence[ToolDescription], template: SystemTemplate,
                    context: PromptContext) -> Message:
+    """The system prompt. Every turn of every run with the same tools, template and context has the same
+    one, so it is rendered once and remembered (rendering was ~3% of a step's CPU); a context with an
+    output schema (a mapping, not hashable) is rendered each time."""
+    try:
+        content = _system_content(mode, tuple(tools), template, context)
+    except TypeError:  # unhashable: an output schema, or a tool that is not hashable
+        content = _render_system(mode, tools, template, context)
+    return {"role": "system", "content": content}
+
+
+@functools.lru_cache(maxsize=256)
+def _system_content(mode: Mode, tools: tuple[ToolDescription, ...], template: SystemTemplate,
+                    context: PromptContext) -> str:
+    return _render_system(mode, tools, template, context)
+
+
+def _render_system(mode: Mode, tools: Sequence[ToolDescription], template: SystemTemplate,
+                   context: PromptContext) -> str:
     content = template.render(prompt_variables(mode, tools, context)).strip()
     if context.output_schema is not None:
         content = f"{content}\n\n{prompt_section(mode, context.output_schema)}"
-    return {"role": "system", "content": content}
+    return content
 
 
 def question_message(mode: Mode, question: str) -> Message:
