@@ -454,7 +454,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--procs", type=int, default=4, help="worker processes, for the floor and reactq alike")
     ap.add_argument("--a-in-flight", type=int, default=100)
-    ap.add_argument("--a-concurrency", type=int, default=50, help="per worker process")
+    ap.add_argument("--a-concurrency", type=int, default=8,
+                    help="per worker process (8: the floor's best and reactq's at latency 0, BENCHMARKS.md)")
     ap.add_argument("--a-floor-pool", choices=["threads", "prefork", "gevent"], default="threads",
                     help="the floor's pool in case (a), to find its best (reactq's pool is threads)")
     ap.add_argument("--a-floor-procs", type=int, default=None, help="the floor's processes in case (a) (--procs)")
