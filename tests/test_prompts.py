@@ -16,8 +16,10 @@ from worker.core.prompts import (
     PromptContext,
     build_messages,
     estimate_tokens,
+    format_example,
     step_messages,
     summarize_step,
+    system_message,
 )
 from worker.prompt_templates import system_template
 from worker.tools.registry import Tool
@@ -739,3 +741,53 @@ def test_format_example_is_the_first_offered_tool_as_the_prompt_shows_it():
     assert (example.tool, example.arguments) == ("calc", '{"expression": "2 + 3 * 4"}')
     content = system_of(Mode.TEXT, context=PromptContext())
     assert f"Action: {example.tool}\nAction Input: {example.arguments}" in content
+
+
+class CountingTemplate:
+    """A template that counts its renders (hashable by identity, as a compiled jinja2 template is)."""
+
+    def __init__(self) -> None:
+        self.renders = 0
+
+    def render(self, variables: dict) -> str:
+        self.renders += 1
+        return f"agent {variables['agent_name']} on {variables['date']} with {variables['tool_names']}"
+
+
+class UnhashableTool:
+    """A tool description with a mutable field: not hashable, as an MCP server's tool may be."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, tool: Tool) -> None:
+        self.tool, self.name, self.description = tool, tool.name, tool.description
+        self.returns, self.when, self.annotations = tool.returns, tool.when, {}
+
+    def openai_schema(self) -> dict:
+        return self.tool.openai_schema()
+
+
+def test_the_system_prompt_is_rendered_once_per_tools_template_and_context():
+    template = CountingTemplate()
+    today, tomorrow = PromptContext(date="2026-12-06"), PromptContext(date="2026-12-07")
+    first = system_message(Mode.TOOLS, TOOLS, template, today)
+    again = system_message(Mode.TOOLS, list(TOOLS), template, today)
+    assert again == first and again is not first  # each caller gets its own message
+    assert template.renders == 1
+    assert "2026-12-07" in system_message(Mode.TOOLS, TOOLS, template, tomorrow)["content"]
+    assert "['calc']" in system_message(Mode.TOOLS, TOOLS[:1], template, today)["content"]
+    assert template.renders == 3  # another context, other tools: rendered anew
+
+
+def test_a_system_prompt_with_an_output_schema_or_an_unhashable_tool_is_rendered_each_time():
+    template = CountingTemplate()
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    with_schema = PromptContext(date="2026-12-06", output_schema=schema)
+    for _ in range(2):
+        assert '"answer"' in system_message(Mode.TOOLS, TOOLS, template, with_schema)["content"]
+    tools = [UnhashableTool(t) for t in TOOLS]
+    for _ in range(2):
+        content = system_message(Mode.TOOLS, tools, template, PromptContext(date="2026-12-06"))["content"]
+        assert "['calc', 'lookup']" in content
+    assert template.renders == 4
+    assert format_example(tools) == format_example(TOOLS)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .models import Mode, Step, ToolCall
 from .parser import FormatExample
@@ -171,7 +171,7 @@ def format_example(tools: Sequence[ToolDescription]) -> FormatExample | None:
     if not tools:
         return None
     try:
-        return _format_example(tools[0])
+        return _format_example(cast(Hashable, tools[0]))
     except TypeError:  # a tool that is not hashable
         return _format_example.__wrapped__(tools[0])
 
@@ -250,7 +250,7 @@ def system_message(mode: Mode, tools: Sequence[ToolDescription], template: Syste
     one, so it is rendered once and remembered (rendering was ~3% of a step's CPU); a context with an
     output schema (a mapping, not hashable) is rendered each time."""
     try:
-        content = _system_content(mode, tuple(tools), template, context)
+        content = _system_content(mode, tuple(tools), cast(Hashable, template), context)
     except TypeError:  # unhashable: an output schema, or a tool that is not hashable
         content = _render_system(mode, tools, template, context)
     return {"role": "system", "content": content}
