@@ -9,13 +9,15 @@ import pytest
 import redis
 from celery import Celery
 
+from tests.fixtures_redis_cluster import MASTER, SentinelBroker
 from worker.tasks import broker
 
 
 def test_the_transport_is_ours_for_redis_urls_only() -> None:
     assert broker.transport_for("redis://127.0.0.1:6379/0") == broker.TRANSPORT
     assert broker.transport_for("rediss://h:6380/0") == broker.TRANSPORT
-    assert broker.transport_for("sentinel://h:26379") is None
+    assert broker.transport_for("sentinel://h:26379;sentinel://h:26380") == broker.SENTINEL_TRANSPORT
+    assert broker.transport_for("redis+socket:///tmp/redis.sock") is None
 
 
 def test_a_channel_keeps_one_client_per_pool_and_messages_still_flow(redis_url: str) -> None:
@@ -61,6 +63,29 @@ def test_closing_after_the_connection_was_dropped_is_a_connection_error(redis_ur
     with pytest.raises(redis.exceptions.ConnectionError):
         channel._create_client()
     conn.maybe_close_channel(channel)  # raised before: AttributeError ('NoneType' ... 'hostname')
+    assert channel.closed
+
+
+def test_a_sentinel_channel_closing_after_its_connection_was_dropped_is_a_connection_error(
+        sentinel_broker: SentinelBroker) -> None:
+    """The same close as above on a Sentinel-managed broker, as a failover leaves it: the acks of tasks that
+    ended meanwhile failed with kombu's AttributeError and the worker exited (test_broker_apart's failover
+    test, once in a fresh CI run)."""
+    app = Celery("t", broker=sentinel_broker.url)
+    app.conf.broker_transport = broker.transport_for(sentinel_broker.url)
+    app.conf.broker_transport_options = {"master_name": MASTER}
+    conn = app.connection_for_write()
+    channel = conn.default_channel
+    assert isinstance(channel, broker.SentinelChannel)
+    queue = conn.SimpleQueue("reactq.test.sentinel-dropped")
+    queue.put({"n": 1})
+    message = queue.get(timeout=5)
+    assert message.payload == {"n": 1}  # taken through the Sentinel's primary, not acked
+    channel._disconnect_pools()
+    conn.transport.client = None
+    with pytest.raises(redis.exceptions.ConnectionError):
+        message.ack()  # raised AttributeError ('NoneType' ... 'hostname')
+    conn.maybe_close_channel(channel)
     assert channel.closed
 
 

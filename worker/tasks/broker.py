@@ -8,7 +8,11 @@ client is kept; the event loop's client (BRPOP) is kombu's own.
 
 It can also hand back a message instead of sending it (`capturing`): the Redis commands kombu would
 run to publish it, for a caller that writes them itself in a transaction of its own (a step's commit
-enqueues the next step: worker/tasks/steps.py, `step_commands`)."""
+enqueues the next step: worker/tasks/steps.py, `step_commands`).
+
+A Sentinel-managed broker (sentinel:// URLs) keeps kombu's Sentinel transport with one change, shared with
+the transport above: a channel closing after its connection was dropped raises a connection error
+(`refuse_when_closed`)."""
 
 from __future__ import annotations
 
@@ -21,7 +25,19 @@ import redis
 from kombu.transport import redis as kombu_redis
 
 TRANSPORT = "worker.tasks.broker:Transport"
-SCHEMES = ("redis://", "rediss://")  # other URLs (sentinel, unix sockets) keep kombu's transport
+SENTINEL_TRANSPORT = "worker.tasks.broker:SentinelTransport"
+SCHEMES = ("redis://", "rediss://")  # other URLs (unix sockets, say) keep kombu's transport
+
+
+def refuse_when_closed(channel: kombu_redis.Channel) -> None:
+    """Closing after kombu dropped the connection's details (Redis went away, or a Sentinel failed it over)
+    while acks from the pool's threads still come in: a new pool cannot be made. kombu would fail with an
+    AttributeError, which Celery takes as fatal and the worker exits; a connection error is what the ack
+    and close paths log and go past. The messages this channel held unacked stay in Redis's `unacked` hash:
+    the broker restores them after its visibility timeout, and the reaper re-kicks their runs long before
+    (worker/runtime/reaper.py, `lost_message`)."""
+    if channel._pool is None and getattr(channel.connection, "client", None) is None:
+        raise redis.exceptions.ConnectionError("the broker connection is closed")
 
 
 _captured = threading.local()
@@ -75,13 +91,7 @@ class Channel(kombu_redis.Channel):
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:
             return super()._create_client(asynchronous=True)
-        if self._pool is None and getattr(self.connection, "client", None) is None:
-            # Closing after kombu dropped the connection's details (Redis went away): a new pool cannot be
-            # made. kombu would fail with an AttributeError, which Celery takes as fatal and the worker
-            # exits; a connection error is what the close path ignores. The messages this channel held
-            # unacked stay in Redis's `unacked` hash: the broker restores them after its visibility
-            # timeout, and the reaper re-kicks their runs long before (worker/runtime/reaper.py, `lost_message`).
-            raise redis.exceptions.ConnectionError("the broker connection is closed")
+        refuse_when_closed(self)
         kept = self._kept_client
         if kept is None or kept.connection_pool is not self.pool:  # a reconnect makes a new pool
             kept = self._kept_client = super()._create_client()
@@ -92,6 +102,19 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(kombu_redis.SentinelChannel):
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        if not asynchronous:
+            refuse_when_closed(self)
+        return super()._create_client(asynchronous=asynchronous)
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
 def transport_for(url: str) -> str | None:
     """The transport to name in Celery's `broker_transport` for this broker URL (None: kombu's choice)."""
+    if url.startswith("sentinel://"):
+        return SENTINEL_TRANSPORT
     return TRANSPORT if url.startswith(SCHEMES) else None
