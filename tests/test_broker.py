@@ -13,7 +13,7 @@ from tests.fixtures_redis_cluster import MASTER, SentinelBroker
 from worker.tasks import broker
 
 
-def test_the_transport_is_ours_for_redis_urls_only() -> None:
+def test_the_transport_is_ours_for_redis_and_sentinel_urls() -> None:
     assert broker.transport_for("redis://127.0.0.1:6379/0") == broker.TRANSPORT
     assert broker.transport_for("rediss://h:6380/0") == broker.TRANSPORT
     assert broker.transport_for("sentinel://h:26379;sentinel://h:26380") == broker.SENTINEL_TRANSPORT
