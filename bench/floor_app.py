@@ -83,29 +83,30 @@ def request_body(question: str) -> dict:
 
 _BODY = request_body("What is 17 * 23 + 4?")
 _BODY_BYTES = json.dumps(_BODY).encode()
-_clients: dict[str, Any] = {}
+_client: Any = None
 _lock = threading.Lock()
 
 
 def client() -> Any:
     """One client per process, shared by its threads (as reactq's workers share theirs)."""
+    global _client
     with _lock:
-        if CLIENT not in _clients:
+        if _client is None:
             if CLIENT == "httpx":
                 limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
-                _clients[CLIENT] = httpx.Client(limits=limits, timeout=60.0)
+                _client = httpx.Client(limits=limits, timeout=60.0)
             else:
                 import openai
 
                 http_client = openai.DefaultHttpxClient(
                     limits=httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS))
-                _clients[CLIENT] = openai.OpenAI(base_url=LLM_BASE_URL, api_key="floor", max_retries=0,
-                                                 timeout=60.0, http_client=http_client)
-        return _clients[CLIENT]
+                _client = openai.OpenAI(base_url=LLM_BASE_URL, api_key="floor", max_retries=0, timeout=60.0,
+                                        http_client=http_client)
+        return _client
 
 
 def chat() -> None:
-    """One chat call, its answer read whole."""
+    """One chat call, its answer read to the end."""
     if CLIENT == "httpx":
         response = client().post(f"{LLM_BASE_URL}/chat/completions", content=_BODY_BYTES,
                                  headers={"content-type": "application/json", "authorization": "Bearer floor"})

@@ -261,13 +261,14 @@ class Bench:
     def floor(self, label: str, pool: str, latency_ms: float, in_flight: int, concurrency: int,
               warmup: float, window: float, procs: int | None = None) -> Result:
         procs = procs or self.args.procs
-        call = "httpx" if self.args.floor_client == "httpx" else f"openai{', streamed' if reactq_streams() else ''}"
+        streamed = reactq_streams()
+        call = "httpx" if self.args.floor_client == "httpx" else f"openai{', streamed' if streamed else ''}"
         res = Result(label, "floor", f"{pool} ({call})", procs, concurrency, in_flight, latency_ms)
         redis_url = self.start_redis()
         stub_url = self.start_stub(latency_ms)
         env = {"FLOOR_REDIS_URL": redis_url, "FLOOR_LLM_BASE_URL": f"{stub_url}/v1",
                "FLOOR_MAX_CONNECTIONS": str(max(1024, 2 * concurrency)),
-               "FLOOR_CLIENT": self.args.floor_client, "FLOOR_STREAM": "1" if reactq_streams() else "0"}
+               "FLOOR_CLIENT": self.args.floor_client, "FLOOR_STREAM": "1" if streamed else "0"}
         names = []
         for _ in range(procs):
             self.seq += 1

@@ -252,18 +252,13 @@ def system_message(mode: Mode, tools: Sequence[ToolDescription], template: Syste
     try:
         content = _system_content(mode, tuple(tools), cast(Hashable, template), context)
     except TypeError:  # unhashable: an output schema, or a tool that is not hashable
-        content = _render_system(mode, tools, template, context)
+        content = _system_content.__wrapped__(mode, tuple(tools), template, context)
     return {"role": "system", "content": content}
 
 
 @functools.lru_cache(maxsize=256)
 def _system_content(mode: Mode, tools: tuple[ToolDescription, ...], template: SystemTemplate,
                     context: PromptContext) -> str:
-    return _render_system(mode, tools, template, context)
-
-
-def _render_system(mode: Mode, tools: Sequence[ToolDescription], template: SystemTemplate,
-                   context: PromptContext) -> str:
     content = template.render(prompt_variables(mode, tools, context)).strip()
     if context.output_schema is not None:
         content = f"{content}\n\n{prompt_section(mode, context.output_schema)}"
