@@ -41,7 +41,9 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.proc_cpu import machine_busy_s, snapshot  # noqa: E402
+from bench.proc_cpu import TICK, machine_busy_s, snapshot  # noqa: E402
 from bench.throughput import BIN, Bench  # noqa: E402
 
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # this tree
@@ -74,6 +76,9 @@ class AgentResult:
     containers_started: int | None = None
     obs_ms: list[int] = field(default_factory=list)  # duration_ms of each python observation
     cpu: dict[str, float] = field(default_factory=dict)
+    window: tuple[float, float] = (0.0, 0.0)  # first run created, last run finished (wall clock)
+    window_cpu: dict[str, float] = field(default_factory=dict)  # CPU s of each group inside `window`
+    lead_s: float = 0.0  # from starting the CLIs to the first run's creation (their imports, mostly)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -112,6 +117,39 @@ def docker_starts(since: float, until: float, owner_pid: int) -> int | None:
     return count
 
 
+class CpuTimeline:
+    """Samples each group's CPU seconds (and the machine's) every `every` s in a thread, so that the CPU spent
+    inside the runs' window (first created .. last finished, known only afterwards) can be read back: the
+    CLIs' imports come before it, and what they spend there does not slow the runs down."""
+
+    def __init__(self, read: Callable[[], dict[str, float]], every: float = 0.1) -> None:
+        self.read, self.every = read, every
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuTimeline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.time(), self.read()))
+            if self._stop.wait(self.every):
+                self.samples.append((time.time(), self.read()))
+                return
+
+    def between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds of each group from the last sample at or before `start` to the first at or after `end`."""
+        before = [cpu for t, cpu in self.samples if t <= start] or [self.samples[0][1]]
+        after = [cpu for t, cpu in self.samples if t >= end] or [self.samples[-1][1]]
+        return {g: after[0][g] - before[-1].get(g, 0.0) for g in after[0]}
+
+
 def wait_pool(owner_pid: int, want: int, timeout: float = 60.0) -> set[str]:
     """Until the sandbox worker has `want` warm containers running (not timed): their OCI runtimes."""
     deadline = time.monotonic() + timeout
@@ -147,7 +185,9 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
         infile = workdir / f"in-{runtime}-{tenant}.jsonl"
         infile.write_text("".join(json.dumps({"id": f"r{i}", "question": QUESTION, "tier": "standard"}) + "\n"
                                   for i in range(t, args.runs, len(tenants))))
-        files[tenant] = (infile, workdir / f"out-{runtime}-{step_conc}-{sandbox_conc}-{tenant}.jsonl")
+        outfile = workdir / f"out-{runtime}-{step_conc}-{sandbox_conc}-{tenant}.jsonl"
+        outfile.unlink(missing_ok=True)  # an earlier round's: the CLI would take its lines as done
+        files[tenant] = (infile, outfile)
     try:
         bench.wait_ready(names, redis_url)
         if (runtimes := wait_pool(sandbox.pid, 2)) != {runtime}:
@@ -155,11 +195,13 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
         cli0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu0, busy0, engine0 = bench.cpu_seconds(), machine_busy_s(), engine_cpu_s()
         t0, wall0 = time.monotonic(), time.time()
-        clis = {tenant: subprocess.Popen([str(BIN / "reactq"), "batch", str(infile), "--out", str(outfile),
-                                          "--tenant", tenant], cwd=ROOT, env={**os.environ, **env},
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                for tenant, (infile, outfile) in files.items()}
-        failed = {tenant: cli.communicate(timeout=args.timeout)[1] for tenant, cli in clis.items()}
+        clis: dict[str, subprocess.Popen[str]] = {}
+        with CpuTimeline(timeline_reader(bench, clis)) as timeline:
+            clis.update({tenant: subprocess.Popen([str(BIN / "reactq"), "batch", str(infile), "--out", str(outfile),
+                                                   "--tenant", tenant], cwd=ROOT, env={**os.environ, **env},
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         for tenant, (infile, outfile) in files.items()})
+            failed = {tenant: cli.communicate(timeout=args.timeout)[1] for tenant, cli in clis.items()}
         res.cli_seconds, wall1 = time.monotonic() - t0, time.time()
         cpu1, busy1, engine1 = bench.cpu_seconds(), machine_busy_s(), engine_cpu_s()
         res.cpu = {("steps" if g.startswith("steps") else "sandbox" if g.startswith("sandbox") else g):
@@ -174,6 +216,8 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
         res.errors += bench.scan_errors(names, stub_url)
         res.containers_started = docker_starts(wall0, wall1, sandbox.pid)
         res.statuses, res.with_42 = check_runs(redis_url, [out for _, out in files.values()], res)
+        res.window_cpu = timeline.between(*res.window)
+        res.lead_s = res.window[0] - wall0
     finally:
         bench.procs.stop(names, grace=30)  # warm shutdown: the sandbox worker destroys its pool
         bench.procs.stop(["stub", "redis"])
@@ -204,8 +248,36 @@ def check_runs(redis_url: str, outfiles: list[Path], res: AgentResult) -> tuple[
     finished = [r.finished_at for r in runs if r.finished_at]
     res.runs = len(runs)
     if runs and finished:
-        res.seconds = max(finished) - min(r.created_at for r in runs)
+        res.window = (min(r.created_at for r in runs), max(finished))
+        res.seconds = res.window[1] - res.window[0]
     return statuses, good
+
+
+def timeline_reader(bench: Bench, clis: dict[str, subprocess.Popen[str]]) -> Callable[[], dict[str, float]]:
+    """Reads, for CpuTimeline, the CPU s so far of each group of CPU_GROUPS. A CLI counts with the last figure
+    seen of it once it has exited."""
+    engine = [p.pid for p in snapshot().values() if p.name in ENGINE]
+    last_seen: dict[int, float] = {}
+
+    def read() -> dict[str, float]:
+        cpu = {("steps" if g.startswith("steps") else "sandbox" if g.startswith("sandbox") else g): v
+               for g, v in bench.cpu_seconds().items()}
+        for cli in list(clis.values()):
+            last_seen[cli.pid] = own_cpu_s(cli.pid) or last_seen.get(cli.pid, 0.0)
+        cpu["batch CLI"] = sum(last_seen.values())
+        cpu["dockerd+containerd"] = sum(own_cpu_s(pid) for pid in engine)
+        cpu["machine"] = machine_busy_s()
+        return cpu
+    return read
+
+
+def own_cpu_s(pid: int) -> float:
+    """User + system CPU s of a live process (0.0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def docker_runs(args: argparse.Namespace, runtime: str) -> tuple[float, list[str], int]:
@@ -249,6 +321,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="reactq-agent-path-"))
     bench = Bench(args, workdir)
     rows: list[str] = []
+    windows: list[str] = []  # CPU inside each agent path's window
     problems: list[str] = []
     verdicts: list[tuple[str, float, bool]] = []
     header = ("| runtime | what (agent: step x sandbox threads) | agent runs/s | batch CLI wall s | python obs ms "
@@ -276,6 +349,11 @@ def main() -> int:
                              f"{ms[len(ms) // 2]}/{ms[len(ms) * 9 // 10]} | "
                              f"{r.statuses.get('succeeded', 0)}/{args.runs} | {r.with_42}/{args.runs} | {started} | "
                              f"{cpu} | | |")
+                        inside = ", ".join(f"{r.window_cpu.get(g, 0):.1f}" for g in CPU_GROUPS)
+                        per_run = 1000 * r.window_cpu.get("machine", 0) / max(r.runs, 1)
+                        windows.append(f"- {runtime} {sc} x {kc}: the runs' window {r.seconds:.2f} s, from "
+                                       f"{r.lead_s:.2f} s after the CLIs started; CPU s in it "
+                                       f"({', '.join(CPU_GROUPS)}): {inside}; {per_run:.0f} ms of the machine a run")
                 rate, errors, ok = docker_runs(args, runtime)
                 docker_rates.append(rate)
                 problems += [f"{runtime} docker run: {e}" for e in errors]
@@ -296,7 +374,7 @@ def main() -> int:
                f"Docker {docker_version}")
     report = [f"command: `{command}`", f"machine: {machine}",
               f"{args.runs} runs over {args.tenants} tenants (plan standard, tier standard); docker run "
-              f"{args.parallel} at a time", "", header, "|" + "---|" * 11, *rows, ""]
+              f"{args.parallel} at a time", "", header, "|" + "---|" * 11, *rows, "", *windows, ""]
     for runtime, ratio, ok in verdicts:
         report.append(f"{runtime}: agent path / docker run = {ratio:.1f}x (target >= 10x): {'met' if ok else 'MISSED'}")
     report += problems + [f"logs: {workdir}"]

@@ -7,11 +7,11 @@ first uses, up to `max_size`, and shrinks back when traffic stops.
 
 A tenant's execution takes, in this order: an idle container already bound to it on that
 tier (the most recently used: its pages are warm); while the tenant's other callers hold or
-are getting containers, for executions much shorter than a container start, the next of
-those to come free (up to two starts' time); else an unbound one, which it binds for the
-container's whole life; else the next one a builder finishes; else one started now. It
-never takes a container bound to another tenant. After a clean execution the
-container goes back to the tenant's idle set, unless it reached its tier's
+are getting containers and the first of those is expected to come free within a container's
+build time (`waits_for_own`), the next of those to come free (up to two builds' time); else
+an unbound one, which it binds for the container's whole life; else the next one a builder
+finishes; else one started now. It never takes a container bound to another tenant. After a
+clean execution the container goes back to the tenant's idle set, unless it reached its tier's
 `max_executions` or `max_age_s`; after any anomaly the backend has already retired it.
 
 Bounds: a tenant keeps as many idle containers as it recently had executions at once (its
@@ -49,6 +49,16 @@ RATE_WINDOW_S = 10.0
 # Containers one call may use when they are lost under it (see PooledDocker.execute).
 RUNS_PER_CALL = 3
 Key = tuple[str, str]  # (tenant, tier)
+
+
+def waits_for_own(hold_s: float, held: int, build_s: float) -> bool:
+    """Whether a caller of a tenant with `held` containers out (or others of its callers getting one) waits
+    for the first of them to come free rather than take another. With their remaining times spread over a
+    hold (`hold_s`, the moving average), the first comes free in about hold_s / (held + 1). Another
+    container costs a build (`build_s`) even when a warm one is ready: the pool starts its replacement, and
+    a start is the dearest thing the engine does (~0.2 s of the machine's CPU on runc under load, against
+    a few ms for an execution: BENCHMARKS.md). So it waits when the first is expected within a build."""
+    return hold_s / (held + 1) < build_s
 
 
 @dataclass(frozen=True)
@@ -166,10 +176,8 @@ class WarmPool:
         counted = False
         with self._lock:
             self._note_busy(key, +1)
-            # While the tenant's own containers are busy with executions much shorter than a container
-            # start, the next of them to come free is the quicker way (and spares the engine a start).
             own_until = time.monotonic() + 2 * self._build_s if self._others(key) and \
-                3 * self._hold_s < self._build_s else 0.0
+                waits_for_own(self._hold_s, self._held.get(key, 0), self._build_s) else 0.0
             while True:
                 if self._closing:
                     self._note_busy(key, -1)
