@@ -56,7 +56,7 @@ def waits_for_own(hold_s: float, held: int, build_s: float) -> bool:
     for the first of them to come free rather than take another. With their remaining times spread over a
     hold (`hold_s`, the moving average), the first comes free in about hold_s / (held + 1). Another
     container costs a build (`build_s`) even when a warm one is ready: the pool starts its replacement, and
-    a start is the dearest thing the engine does (~0.2 s of the machine's CPU on runc under load, against
+    a start is the dearest thing the engine does (0.1-0.3 s of the machine's CPU on runc under load, against
     a few ms for an execution: BENCHMARKS.md). So it waits when the first is expected within a build."""
     return hold_s / (held + 1) < build_s
 
