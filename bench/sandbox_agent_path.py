@@ -22,7 +22,9 @@ Per runtime (runc, runsc = gVisor), three figures:
 Where the time went: each python observation's duration_ms (p50/p90: the sandbox call as the step saw
 it, line waiting included); CPU seconds (user + system, /proc) over the batch of each of our processes,
 of dockerd + containerd, and of the whole machine (/proc/stat): the rest is per-container shims, the
-containers (gVisor's sentry and gofer) and whatever else shares the machine.
+containers (gVisor's sentry and gofer) and whatever else shares the machine. The same groups are sampled
+every 0.1 s, and their CPU inside the runs' window (first created .. last finished: what runs/s is taken
+over) is reported apart: the CLIs import before the first run exists, and that does not slow the runs.
 Each (step concurrency, sandbox concurrency) pair of --step-concurrency x --sandbox-concurrency is
 measured with its own fresh Redis and workers; the best pair's rate makes the ratio.
 
