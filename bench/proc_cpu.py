@@ -41,6 +41,15 @@ def snapshot() -> dict[int, Proc]:
     return procs
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one live process, threads included (0.0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 def machine_busy_s() -> float:
     """Busy CPU seconds of the whole machine so far (all but idle and iowait)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]

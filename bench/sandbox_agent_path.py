@@ -53,7 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.proc_cpu import TICK, machine_busy_s, snapshot  # noqa: E402
+from bench.proc_cpu import machine_busy_s, process_cpu_s, snapshot  # noqa: E402
 from bench.throughput import BIN, Bench  # noqa: E402
 
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # this tree
@@ -206,8 +206,7 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
             failed = {tenant: cli.communicate(timeout=args.timeout)[1] for tenant, cli in clis.items()}
         res.cli_seconds, wall1 = time.monotonic() - t0, time.time()
         cpu1, busy1, engine1 = bench.cpu_seconds(), machine_busy_s(), engine_cpu_s()
-        res.cpu = {("steps" if g.startswith("steps") else "sandbox" if g.startswith("sandbox") else g):
-                   cpu1[g] - cpu0.get(g, 0.0) for g in cpu1}
+        res.cpu = {cpu_group(g): cpu1[g] - cpu0.get(g, 0.0) for g in cpu1}
         cli1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         res.cpu["dockerd+containerd"] = engine1 - engine0
         res.cpu["batch CLI"] = cli1.ru_utime + cli1.ru_stime - cli0.ru_utime - cli0.ru_stime
@@ -262,24 +261,19 @@ def timeline_reader(bench: Bench, clis: dict[str, subprocess.Popen[str]]) -> Cal
     last_seen: dict[int, float] = {}
 
     def read() -> dict[str, float]:
-        cpu = {("steps" if g.startswith("steps") else "sandbox" if g.startswith("sandbox") else g): v
-               for g, v in bench.cpu_seconds().items()}
+        cpu = {cpu_group(g): v for g, v in bench.cpu_seconds().items()}
         for cli in list(clis.values()):
-            last_seen[cli.pid] = own_cpu_s(cli.pid) or last_seen.get(cli.pid, 0.0)
+            last_seen[cli.pid] = process_cpu_s(cli.pid) or last_seen.get(cli.pid, 0.0)
         cpu["batch CLI"] = sum(last_seen.values())
-        cpu["dockerd+containerd"] = sum(own_cpu_s(pid) for pid in engine)
+        cpu["dockerd+containerd"] = sum(process_cpu_s(pid) for pid in engine)
         cpu["machine"] = machine_busy_s()
         return cpu
     return read
 
 
-def own_cpu_s(pid: int) -> float:
-    """User + system CPU s of a live process (0.0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
+def cpu_group(name: str) -> str:
+    """The CPU_GROUPS name of one of Bench.cpu_seconds' groups (the workers' names carry their sizes)."""
+    return "steps" if name.startswith("steps") else "sandbox" if name.startswith("sandbox") else name
 
 
 def docker_runs(args: argparse.Namespace, runtime: str) -> tuple[float, list[str], int]:

@@ -46,6 +46,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.proc_cpu import process_cpu_s  # noqa: E402
+
 BIN = Path(sys.executable).parent
 
 
@@ -227,21 +229,12 @@ class Bench:
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system, threads included) so far of each group of running processes
         (redis, stub, the workers, this script), from /proc."""
-        tick = os.sysconf("SC_CLK_TCK")
-
-        def of(pid: int) -> float:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except FileNotFoundError:
-                return 0.0
-            return (int(fields[11]) + int(fields[12])) / tick
-
-        groups: dict[str, float] = {"bench": of(os.getpid())}
+        groups: dict[str, float] = {"bench": process_cpu_s(os.getpid())}
         for name, proc in self.procs.procs:
             group = "workers" if name.startswith(("floor", "reactq")) else name
-            groups[group] = groups.get(group, 0.0) + of(proc.pid)
+            groups[group] = groups.get(group, 0.0) + process_cpu_s(proc.pid)
         for group, pid in self.watched.items():
-            groups[group] = groups.get(group, 0.0) + of(pid)
+            groups[group] = groups.get(group, 0.0) + process_cpu_s(pid)
         return groups
 
     def scan_errors(self, names: list[str], stub_url: str) -> list[str]:
