@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.proc_cpu import machine_busy_s  # noqa: E402
+from bench.proc_cpu import machine_busy_s, process_cpu_s  # noqa: E402
 from tools_sandbox.backends.docker_backend import DockerBackend, DockerSandbox  # noqa: E402
 from tools_sandbox.base.tiers import get_tier, load_tiers  # noqa: E402
 
@@ -34,11 +34,6 @@ def run_42(backend: DockerBackend, sandbox: DockerSandbox) -> None:
     executed = backend.run(sandbox, CODE, tenant="bench")
     if executed.result.stdout.strip() != "42":
         raise SystemExit(f"an execution did not print 42: {executed.result}")
-
-
-def own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def main() -> int:
@@ -71,10 +66,11 @@ def main() -> int:
                 backend.destroy(sandbox)
             time.sleep(6)
             remove_cpu = machine_busy_s() - busy
-            busy, own, wall = machine_busy_s(), own_cpu_s(), time.monotonic()
+            me = os.getpid()
+            busy, own, wall = machine_busy_s(), process_cpu_s(me), time.monotonic()
             for _ in range(args.executions):
                 run_42(backend, warm_box)
-            warm_cpu, warm_own, warm_wall = machine_busy_s() - busy, own_cpu_s() - own, time.monotonic() - wall
+            warm_cpu, warm_own, warm_wall = machine_busy_s() - busy, process_cpu_s(me) - own, time.monotonic() - wall
             backend.destroy(warm_box)
             per = 1000 / args.containers
             ex = 1000 / args.executions
