@@ -54,6 +54,19 @@ def test_importing_the_app_sets_up_no_worker() -> None:
     assert done.stdout.split() == ["False", "1"], done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(("queue", "loaded"), [(STEPS_QUEUE, "True 1"), (SANDBOX_QUEUE, "False 0")])
+def test_a_step_worker_loads_the_model_client_as_it_starts(queue: str, loaded: str) -> None:
+    """A worker that calls models imports openai and builds its TLS context before its pool runs a task (its
+    first steps would otherwise all wait for that import); a sandbox worker does without."""
+    done = subprocess.run([sys.executable, "-c", "import sys; from worker.tasks import worker_setup as w; "
+                           "from worker.llm.http_pool import shared_ssl_context as tls; "
+                           "assert 'openai' not in sys.modules; "
+                           f"w._started['queues'] = [{queue!r}]; w._load_task_code(); "
+                           "print('openai' in sys.modules, tls.cache_info().currsize)"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == loaded, done.stdout + done.stderr
+
+
 # --- real workers ------------------------------------------------------------------------------
 
 def inspect(env: dict[str, str], what: str) -> dict[str, Any]:

@@ -6,9 +6,15 @@ the first of its tenant's containers to come free is expected within a build, an
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
+
 import pytest
 
-from tools_sandbox.backends.pool import waits_for_own
+from tools_sandbox.backends.docker_backend import DockerSandbox
+from tools_sandbox.backends.pool import WarmPool, waits_for_own
+from tools_sandbox.base.models import TenantQuota, Tier
 
 
 @pytest.mark.parametrize(("hold_s", "held", "build_s"), [
@@ -31,3 +37,70 @@ def test_a_tenant_waits_for_its_own_when_one_comes_free_within_a_build(hold_s: f
 def test_a_tenant_takes_another_container_when_its_own_are_out_for_longer_than_a_build(
         hold_s: float, held: int, build_s: float) -> None:
     assert not waits_for_own(hold_s, held, build_s)
+
+
+# --- the pool's choice, on a stand-in engine whose builds take a set time ------------------------------------
+# The real engine's containers are in test_sandbox_reuse.py and test_sandbox_pool_task.py; here only how long a
+# build takes matters, and a real one cannot be made to take 1.5 s on purpose.
+
+TIER = Tier(name="standard", cpus=1, memory_mb=256, wall_time_s=10, cpu_time_s=5, pids=32, output_bytes=4096,
+            tmpfs_mb=16, quota=TenantQuota(concurrent_executions=4, executions_per_minute=60, cpu_seconds_per_day=100))
+
+
+class TimedBuilds:
+    """The engine calls the pool makes, with each container's build taking `build_s` (set as the test goes)."""
+
+    def __init__(self, build_s: float) -> None:
+        self.build_s = build_s
+        self.built = itertools.count()
+
+    def create_sandbox(self, tier: Tier) -> DockerSandbox:
+        time.sleep(self.build_s)
+        return DockerSandbox(container_id=f"c{next(self.built)}", tier=tier, sock=None, raw=None)  # type: ignore[arg-type]
+
+    def alive(self, sandbox: DockerSandbox) -> bool:
+        return True
+
+    def destroy(self, sandbox: DockerSandbox) -> None:
+        pass
+
+    def check_runtime(self, tier: Tier) -> None:
+        pass
+
+    def reap_orphans(self) -> list[str]:
+        return []
+
+
+def test_a_tenants_callers_wait_for_the_container_one_of_them_is_getting() -> None:
+    """Three calls of a tenant new to an emptied pool: the first waits for a builder, the others for that
+    container to come free, however long the build takes; they bind one container between them, not one
+    each as builds come out. (Before, the others waited at most two builds' *estimated* time: builds slower
+    than estimated, as on a saturated machine, gave each caller a container of its own.)"""
+    engine = TimedBuilds(build_s=0.02)
+    pool = WarmPool(engine, {"standard": TIER}, {"standard": 4}, builders=2)  # type: ignore[arg-type]
+    pool.start()
+    try:
+        assert pool.wait_ready(10)
+        engine.build_s = 1.5  # from now on the builders replace what is taken slowly, two at a time
+        others = [pool.acquire(TIER, f"other-{i}") for i in range(4)]  # every unbound one is taken
+        used: list[str] = []
+
+        def call() -> None:
+            sandbox = pool.acquire(TIER, "acme")
+            used.append(sandbox.container_id)
+            time.sleep(0.1)  # the execution
+            pool.release(sandbox)
+
+        callers = [threading.Thread(target=call) for _ in range(3)]
+        for caller in callers:
+            caller.start()
+            time.sleep(0.01)  # in this order
+        for caller in callers:
+            caller.join(timeout=30)
+        assert len(used) == 3
+        assert len(set(used)) == 1, used
+        assert pool.ready_count("standard") >= 1  # the second build went back to the unbound ones
+        for sandbox in others:
+            pool.release(sandbox)
+    finally:
+        pool.close()

@@ -8,8 +8,9 @@ first uses, up to `max_size`, and shrinks back when traffic stops.
 A tenant's execution takes, in this order: an idle container already bound to it on that
 tier (the most recently used: its pages are warm); while the tenant's other callers hold or
 are getting containers and the first of those is expected to come free within a container's
-build time (`waits_for_own`), the next of those to come free (up to two builds' time); else
-an unbound one, which it binds for the container's whole life; else the next one a builder
+build time (`waits_for_own`), the next of those to come free (up to two builds' time, counted
+from when the tenant's first container is handed out: its callers arriving together wait for the
+one the first of them is getting, however long that build takes); else an unbound one, which it binds for the container's whole life; else the next one a builder
 finishes; else one started now. It never takes a container bound to another tenant. After a
 clean execution the container goes back to the tenant's idle set, unless it reached its tier's
 `max_executions` or `max_age_s`; after any anomaly the backend has already retired it.
@@ -61,6 +62,16 @@ def waits_for_own(hold_s: float, held: int, build_s: float) -> bool:
     return hold_s / (held + 1) < build_s
 
 
+def _count_in(counts: dict[Key, int], key: Key, delta: int) -> int:
+    """Add `delta` to `key`'s count, which leaves the dict at zero; the new count."""
+    count = counts.get(key, 0) + delta
+    if count > 0:
+        counts[key] = count
+    else:
+        counts.pop(key, None)
+    return count
+
+
 @dataclass(frozen=True)
 class Limits:
     """When a bound container retires, and how many the pool keeps."""
@@ -91,6 +102,7 @@ class WarmPool:
         self._waiting: dict[str, int] = dict.fromkeys(tiers, 0)
         self._build_s = 0.3  # moving average of one container's build time
         self._held: dict[Key, int] = {}  # containers out with a caller, per (tenant, tier)
+        self._seeking: dict[Key, int] = {}  # callers waiting for a builder's next container, per (tenant, tier)
         self._hold_s = 0.05  # moving average of how long a caller keeps a container
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # builders: a deficit may have appeared
@@ -173,7 +185,7 @@ class WarmPool:
     def _acquire(self, tier: Tier, tenant: str, wait_s: float, dead: list[DockerSandbox]) -> DockerSandbox:
         key = (tenant, tier.name)
         deadline = time.monotonic() + wait_s
-        counted = False
+        counted = was_coming = False
         with self._lock:
             self._note_busy(key, +1)
             own_until = time.monotonic() + 2 * self._build_s if self._others(key) and \
@@ -186,6 +198,13 @@ class WarmPool:
                 if own is not None:
                     self.reuses += 1
                     return self._hand_out(own, key)
+                if own_until:
+                    coming = not self._held.get(key) and key in self._seeking
+                    if coming or was_coming:
+                        # the tenant's first container is on its way to another of its callers (or was, until
+                        # now): the wait for it to come free counts from its hand-out
+                        own_until = max(own_until, time.monotonic() + 2 * self._build_s)
+                    was_coming = coming
                 if time.monotonic() < min(own_until, deadline) and self._others(key):
                     self._arrived.wait(timeout=min(own_until, deadline) - time.monotonic())
                     continue
@@ -196,20 +215,25 @@ class WarmPool:
                 if unbound is not None:
                     return self._hand_out(self._bind(unbound, tenant), key)
                 if tier.name not in self.sizes or self._building[tier.name] == 0 or time.monotonic() >= deadline:
+                    _count_in(self._seeking, key, +1)
                     break
                 self._waiting[tier.name] += 1
+                _count_in(self._seeking, key, +1)
                 self._wake.notify()
                 try:
                     self._arrived.wait(timeout=deadline - time.monotonic())
                 finally:
                     self._waiting[tier.name] -= 1
+                    _count_in(self._seeking, key, -1)
         self.cold_starts += 1
         try:
             sandbox = self._bind(self.backend.create_sandbox(tier), tenant)
             with self._lock:
+                _count_in(self._seeking, key, -1)
                 return self._hand_out(sandbox, key)
         except BaseException:
             with self._lock:
+                _count_in(self._seeking, key, -1)
                 self._note_busy(key, -1)
             raise
 
@@ -345,11 +369,7 @@ class WarmPool:
         self._wake.notify()
 
     def _note_busy(self, key: Key, delta: int) -> None:
-        busy = self._busy.get(key, 0) + delta
-        if busy > 0:
-            self._busy[key] = busy
-        else:
-            self._busy.pop(key, None)
+        busy = _count_in(self._busy, key, delta)
         samples = self._concurrency.setdefault(key, deque())
         now = time.monotonic()
         samples.append((now, max(busy, 0) + (1 if delta < 0 else 0)))

@@ -68,6 +68,16 @@ def _retry_after(exc: BaseException | None) -> float | None:
     return None
 
 
+def preload() -> None:
+    """Pay now what a process's first model call would pay inside it: importing openai (~0.3 s of CPU) and
+    httpcore2, the shared TLS context, and httpx2's first client (its URL parser's first use). In a step
+    worker every thread waits for that import together, so its first steps stalled for it (BENCHMARKS.md);
+    a step worker calls this as it starts."""
+    import openai  # noqa: F401
+
+    LLMHTTPClient(httpx2.Limits(max_connections=1), 1.0).close()
+
+
 class OpenAIChat:
     """Chat completions against any OpenAI-compatible endpoint.
 

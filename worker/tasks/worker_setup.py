@@ -95,6 +95,9 @@ def _load_task_code(**_: Any) -> None:
     from ..runtime import runner, webhook_http  # noqa: F401
     from ..store import cluster, llm_slots, provider_circuit, provider_limits  # noqa: F401
 
+    if STEPS_QUEUE in _started.get("queues", [STEPS_QUEUE]):  # a worker that calls models
+        client.preload()
+
 
 @signals.celeryd_after_setup.connect(weak=False, dispatch_uid="reactq-worker-services")
 def _start_services(instance: Any = None, **_: Any) -> None:
