@@ -10,10 +10,11 @@ tier (the most recently used: its pages are warm); while the tenant's other call
 are getting containers and the first of those is expected to come free within a container's
 build time (`waits_for_own`), the next of those to come free (up to two builds' time, counted
 from when the tenant's first container is handed out: its callers arriving together wait for the
-one the first of them is getting, however long that build takes); else an unbound one, which it binds for the container's whole life; else the next one a builder
-finishes; else one started now. It never takes a container bound to another tenant. After a
-clean execution the container goes back to the tenant's idle set, unless it reached its tier's
-`max_executions` or `max_age_s`; after any anomaly the backend has already retired it.
+one the first of them is getting, however long that build takes); else an unbound one, which it
+binds for the container's whole life; else the next one a builder finishes; else one started now.
+It never takes a container bound to another tenant. After a clean execution the container goes
+back to the tenant's idle set, unless it reached its tier's `max_executions` or `max_age_s`;
+after any anomaly the backend has already retired it.
 
 Bounds: a tenant keeps as many idle containers as it recently had executions at once (its
 observed concurrency over the last `RATE_WINDOW_S` x 3), and a worker keeps at most

@@ -66,8 +66,8 @@ def run_batch_file(
     failures: Counter[str] = Counter()  # failed runs by their error
     # --fresh starts over: the output file is emptied before its ids are read (nothing is skipped). Away from
     # a terminal rich draws the bar once, at the end: no refresh thread (~5 ms of CPU a second, BENCHMARKS.md).
-    bar_on = Progress(*columns, console=console, auto_refresh=console.is_terminal)
-    with outfile.open("w" if fresh else "a", encoding="utf-8") as sink, bar_on as bar:
+    progress_bar = Progress(*columns, console=console, auto_refresh=console.is_terminal)
+    with outfile.open("w" if fresh else "a", encoding="utf-8") as sink, progress_bar as bar:
         task = bar.add_task("runs", total=None, detail="submitting")
 
         def finished(run: Run) -> None:
