@@ -286,8 +286,15 @@ def docker_runs(args: argparse.Namespace, runtime: str) -> tuple[float, list[str
         return proc.stdout.strip() if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[:200]}"
 
     t0 = time.monotonic()
-    with ThreadPoolExecutor(args.parallel) as pool:
+    pool = ThreadPoolExecutor(args.parallel)
+    try:
         outputs = list(pool.map(one, range(args.runs)))
+    except subprocess.TimeoutExpired:
+        # Every other run would wait its own 120 s: the engine has most likely deadlocked (BENCHMARKS.md,
+        # "The engine's deadlock"); restart it with scripts/start-dockerd.sh after killing dockerd and containerd.
+        return 0.0, ["a `docker run` did not finish in 120 s: the Docker engine stopped answering"], 0
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     seconds = time.monotonic() - t0
     bad = [o for o in outputs if o != "42"]
     errors = [f"{len(bad)} docker runs did not print 42, e.g. {bad[0]!r}"] if bad else []
