@@ -97,9 +97,14 @@ def tiers_file(runtime: str, workdir: Path) -> Path:
     return path
 
 
-def engine_cpu_s() -> float:
-    """CPU seconds so far of the engine's long-lived daemons (per-container shims are not counted)."""
-    return sum(p.own_s for p in snapshot().values() if p.name in ENGINE)
+def engine_pids() -> list[int]:
+    """The engine's long-lived daemons (per-container shims are not counted)."""
+    return [p.pid for p in snapshot().values() if p.name in ENGINE]
+
+
+def engine_cpu_s(pids: list[int] | None = None) -> float:
+    """CPU seconds so far of the engine's daemons (`pids`, found once by a caller that reads them often)."""
+    return sum(process_cpu_s(pid) for pid in (engine_pids() if pids is None else pids))
 
 
 def docker_starts(since: float, until: float, owner_pid: int) -> int | None:
@@ -257,7 +262,7 @@ def check_runs(redis_url: str, outfiles: list[Path], res: AgentResult) -> tuple[
 def timeline_reader(bench: Bench, clis: dict[str, subprocess.Popen[str]]) -> Callable[[], dict[str, float]]:
     """Reads, for CpuTimeline, the CPU s so far of each group of CPU_GROUPS. A CLI counts with the last figure
     seen of it once it has exited."""
-    engine = [p.pid for p in snapshot().values() if p.name in ENGINE]
+    engine = engine_pids()
     last_seen: dict[int, float] = {}
 
     def read() -> dict[str, float]:
@@ -265,7 +270,7 @@ def timeline_reader(bench: Bench, clis: dict[str, subprocess.Popen[str]]) -> Cal
         for cli in list(clis.values()):
             last_seen[cli.pid] = process_cpu_s(cli.pid) or last_seen.get(cli.pid, 0.0)
         cpu["batch CLI"] = sum(last_seen.values())
-        cpu["dockerd+containerd"] = sum(process_cpu_s(pid) for pid in engine)
+        cpu["dockerd+containerd"] = engine_cpu_s(engine)
         cpu["machine"] = machine_busy_s()
         return cpu
     return read

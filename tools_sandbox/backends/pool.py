@@ -103,7 +103,7 @@ class WarmPool:
         self._waiting: dict[str, int] = dict.fromkeys(tiers, 0)
         self._build_s = 0.3  # moving average of one container's build time
         self._held: dict[Key, int] = {}  # containers out with a caller, per (tenant, tier)
-        self._seeking: dict[Key, int] = {}  # callers waiting for a builder's next container, per (tenant, tier)
+        self._seeking: dict[Key, int] = {}  # callers waiting for a builder or starting a container, per (tenant, tier)
         self._hold_s = 0.05  # moving average of how long a caller keeps a container
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # builders: a deficit may have appeared
@@ -251,7 +251,7 @@ class WarmPool:
         evicted: list[DockerSandbox] = []
         with self._lock:
             self._note_busy(key, -1)
-            self._held[key] = self._held.get(key, 1) - 1
+            _count_in(self._held, key, -1)
             self._hold_s = 0.8 * self._hold_s + 0.2 * (time.monotonic() - sandbox.taken_at)
             if why is None and self._closing:
                 why = "closing"
@@ -325,7 +325,7 @@ class WarmPool:
         return self._held.get(key, 0) > 0 or self._busy.get(key, 0) > 1
 
     def _hand_out(self, sandbox: DockerSandbox, key: Key) -> DockerSandbox:
-        self._held[key] = self._held.get(key, 0) + 1
+        _count_in(self._held, key, +1)
         sandbox.taken_at = time.monotonic()
         return sandbox
 
