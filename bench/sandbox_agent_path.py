@@ -361,7 +361,8 @@ def main() -> int:
                         per_run = 1000 * r.window_cpu.get("machine", 0) / max(r.runs, 1)
                         windows.append(f"- {runtime} {sc} x {kc}: the runs' window {r.seconds:.2f} s, from "
                                        f"{r.lead_s:.2f} s after the CLIs started; CPU s in it "
-                                       f"({', '.join(CPU_GROUPS)}): {inside}; {per_run:.0f} ms of the machine a run")
+                                       f"({', '.join(CPU_GROUPS)}): {inside}; {per_run:.0f} ms of the machine a run "
+                                       f"(window in unix time: {r.window[0]:.2f} .. {r.window[1]:.2f})")
                 rate, errors, ok = docker_runs(args, runtime)
                 docker_rates.append(rate)
                 problems += [f"{runtime} docker run: {e}" for e in errors]

@@ -84,10 +84,12 @@ class Delivery(StrEnum):
 
 @dataclass(frozen=True)
 class Attempt:
-    """A delivery's end: what it came to, and the result to store when ANSWERED."""
+    """A delivery's end: what it came to, and the result to store when ANSWERED (`stored`: stored already,
+    before the call's slot was freed)."""
 
     delivery: Delivery
     result: SandboxResult | None = None
+    stored: bool = False
 
     @property
     def outcome(self) -> str:
@@ -154,7 +156,7 @@ class SandboxWorker:
             attempt = self._no_backend(task, req)
         if attempt.delivery in (Delivery.WAITING, Delivery.RETRYING):
             return attempt
-        if attempt.result is not None:
+        if attempt.result is not None and not attempt.stored:
             self.calls.store(req, attempt.result)
         self._continue(task, req)
         if attempt.delivery is not Delivery.REDELIVERED:
@@ -211,7 +213,7 @@ class SandboxWorker:
         result = service.run_admitted(program, verdict, req.tenant, keep=keep)
         if result.error_kind is ErrorKind.UNAVAILABLE:
             return self._no_backend(task, req)
-        return Attempt(Delivery.ANSWERED, result)
+        return Attempt(Delivery.ANSWERED, result, stored=True)  # by `keep`
 
     def _no_backend(self, task: Any, req: ExecuteRequest) -> Attempt:
         """A call no backend could run: back to the queue with a growing countdown (RETRYING), or, once it has
@@ -235,7 +237,9 @@ class SandboxWorker:
 
     def _continue(self, task: Any, req: ExecuteRequest) -> None:
         if req.continue_task in ALLOWED_CONTINUATIONS:
-            task.app.send_task(req.continue_task, args=req.continue_args, queue=req.continue_queue)
+            # declare=[]: the step workers declare their queue; declaring it again on every publish costs
+            # CPU and sends nothing (as worker/tasks/steps.py's send_step)
+            task.app.send_task(req.continue_task, args=req.continue_args, queue=req.continue_queue, declare=[])
         elif req.continue_task:
             log.warning("refused to continue sandbox call %s to task %r: only %s may follow a sandbox call",
                         req.result_key, req.continue_task, ", ".join(sorted(ALLOWED_CONTINUATIONS)))
