@@ -104,3 +104,28 @@ def test_a_tenants_callers_wait_for_the_container_one_of_them_is_getting() -> No
             pool.release(sandbox)
     finally:
         pool.close()
+
+
+def test_a_tenants_caller_waits_for_its_container_that_is_cleaning_up_however_long_its_holds() -> None:
+    """A call returns before its container's cleanup is read (PooledDocker). The tenant's next caller waits
+    for that container, even when the tenant's holds are long (where it would otherwise take another: an
+    unbound one is ready), and gets it once released."""
+    engine = TimedBuilds(build_s=0.02)
+    pool = WarmPool(engine, {"standard": TIER}, {"standard": 2}, builders=1)  # type: ignore[arg-type]
+    pool.start()
+    try:
+        assert pool.wait_ready(10)
+        first = pool.acquire(TIER, "acme")
+        pool._hold_s = 30.0  # long programs: not waiting for a container in use
+        pool.cleaning(first)
+        threading.Timer(0.3, pool.release, args=[first]).start()  # its cleanup read 0.3 s later
+        assert pool.ready_count("standard") >= 1  # another one is there to take
+        second = pool.acquire(TIER, "acme")
+        assert second.container_id == first.container_id
+        pool.release(second)
+        pool._hold_s = 30.0
+        third = pool.acquire(TIER, "acme")  # in use, not cleaning up: another container at once
+        fourth = pool.acquire(TIER, "acme")
+        assert fourth.container_id != third.container_id
+    finally:
+        pool.close()

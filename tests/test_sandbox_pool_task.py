@@ -13,6 +13,7 @@ import redis
 from celery import Celery
 
 from tests.fixtures_sandbox import labelled_containers
+from tests.waiting import wait_for
 from tools_sandbox import SandboxResult, SandboxService, load_tiers
 from tools_sandbox.backends.pool import WarmPool
 from tools_sandbox.base.render import UNAVAILABLE_TEXT
@@ -67,7 +68,9 @@ def test_the_pool_reuses_a_container_for_its_tenant_only(sandbox_image, sandbox_
         other = service.execute(hostname, tier="tiny", tenant="t2").stdout
         assert len(set(first)) == 1 and first[0].startswith("sandbox-"), first  # one container, three runs
         assert other != first[0]
-        assert sorted(service.pool.bindings().values()) == [("t1", "tiny"), ("t2", "tiny")]
+        # each back in the pool once its supervisor's cleanup is read (after the call returned)
+        wait_for("both tenants' containers idle in the pool", lambda: sorted(service.pool.bindings().values()),
+                 10, until=lambda bound: bound == [("t1", "tiny"), ("t2", "tiny")])
     assert labelled_containers(docker_engine, mine=True) == []
 
 

@@ -32,6 +32,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import ModuleType
@@ -43,7 +44,7 @@ from ..base.models import ReapReason, SandboxResult, Tier
 from ..base.protocol import FrameParser, agent_source, encode_request
 from ..base.sweeper import SweepPolicy
 from .cgroup import CgroupMeter, Usage
-from .frames import Demux, anomaly, lost
+from .frames import Demux, anomaly, lost, unsettled
 from .outcome import HostFacts, finish
 from .owners import owner_alive, owner_id
 
@@ -97,6 +98,9 @@ class DockerSandbox:
     executions: int = 0
     last_used: float = field(default_factory=time.monotonic)
     taken_at: float = 0.0  # when the pool last handed it to a caller
+    # The cgroup's CPU seconds at the last exit record: the next execution is charged from there, the
+    # cleanup after the last one (read after its call returned) included.
+    cpu_at_exit: float | None = None
 
 
 @dataclass(frozen=True)
@@ -267,9 +271,19 @@ class DockerBackend:
 
     def run(self, sandbox: DockerSandbox, code: str, *, tenant: str = "",
             started: float | None = None) -> Executed:
-        """Send `code` to the sandbox's supervisor and collect the result. The container stays up only
-        when it may serve again (measured, clean, nothing went wrong); otherwise it is dead and queued
-        for removal when this returns, whatever happened."""
+        """Send `code` to the sandbox's supervisor and collect the result, its cleanup included. The
+        container stays up only when it may serve again (measured, clean, nothing went wrong); otherwise it
+        is dead and queued for removal when this returns, whatever happened."""
+        executed, cleaning = self.run_to_exit(sandbox, code, tenant=tenant, started=started)
+        if cleaning is None:
+            return executed
+        return Executed(executed.result, self.settle(sandbox, cleaning))
+
+    def run_to_exit(self, sandbox: DockerSandbox, code: str, *, tenant: str = "",
+                    started: float | None = None) -> tuple[Executed, Demux | None]:
+        """As `run`, but back as soon as the program's exit record is read: the result, and, while the
+        supervisor is still cleaning up after it, the stream to `settle` before the container may serve
+        again (None: its ready record came with the exit record, or the container is retired already)."""
         started = started if started is not None else time.monotonic()
         tier = sandbox.tier
         if sandbox.tenant is None:
@@ -287,6 +301,8 @@ class DockerBackend:
         timed_out, infra_error = self._exchange(sandbox, self._request(sandbox, code, tenant), demux)
         usage = sandbox.meter.usage() if sandbox.meter is not None else None
         retired_because = anomaly(parser, timed_out, infra_error, usage, base)
+        if retired_because is None and parser.ready is not None:
+            retired_because = unsettled(parser)
         if retired_because is not None:
             usage = self.stop(sandbox) or usage
         with self._lock:
@@ -294,7 +310,10 @@ class DockerBackend:
         sandbox.last_used = time.monotonic()
         cpu = oom = None
         if usage is not None:
-            cpu = max(0.0, usage.cpu_seconds - (base.cpu_seconds if base is not None else 0.0))
+            since = sandbox.cpu_at_exit
+            if since is None:
+                since = base.cpu_seconds if base is not None else 0.0
+            cpu, sandbox.cpu_at_exit = max(0.0, usage.cpu_seconds - since), usage.cpu_seconds
             oom = usage.oom_kills > (base.oom_kills if base is not None else 0)
         if (sandbox.meter is None and (parser.exit is None or parser.exit.signal == 9)) or (
                 parser.exit is None and not timed_out and not oom):
@@ -309,7 +328,23 @@ class DockerBackend:
                           oom_killed=bool(oom), infra_error=infra_error, agent_said=bytes(demux.agent_err))
         if retired_because is not None:
             self.destroy_id(sandbox.container_id)
-        return Executed(finish(tier, self.name, parser, facts), retired_because)
+        cleaning = demux if retired_because is None and parser.ready is None else None
+        return Executed(finish(tier, self.name, parser, facts), retired_because), cleaning
+
+    def settle(self, sandbox: DockerSandbox, cleaning: Demux) -> str | None:
+        """Read the rest of an execution's stream, up to its supervisor's ready record (the cleanup done,
+        CLEANUP_TIMEOUT_S at most): why the container must not serve again (it is then retired), or None."""
+        try:
+            self._read_until(sandbox, cleaning, time.monotonic() + CLEANUP_TIMEOUT_S,
+                             lambda parser: parser.ready is not None)
+        except OSError:
+            pass  # no ready record: retired below
+        parser = cleaning.parser
+        why = "protocol" if parser.protocol_error is not None else unsettled(parser)
+        if why is not None:
+            self.stop(sandbox)
+            self.destroy_id(sandbox.container_id)
+        return why
 
     @staticmethod
     def alive(sandbox: DockerSandbox) -> bool:
@@ -340,31 +375,35 @@ class DockerBackend:
 
     @staticmethod
     def _exchange(sandbox: DockerSandbox, request: bytes, demux: Demux) -> tuple[bool, str | None]:
-        """Send the request; read frames until the ready record, the program's wall-clock deadline (it
-        starts when the code is sent, not while a container started), the cleanup's, or the output cap.
-        Whether the program timed out, and our own side's failure if any."""
-        parser = demux.parser
-        deadline = time.monotonic() + sandbox.tier.wall_time_s
-        cleanup_by: float | None = None
+        """Send the request; read frames until the exit record, the program's wall-clock deadline (it
+        starts when the code is sent, not while a container started) or the output cap. Whether the
+        program timed out, and our own side's failure if any."""
         try:
             sandbox.raw.sendall(request)
-            while parser.ready is None and parser.protocol_error is None and not parser.truncated:
-                if parser.exit is not None:  # the program is done; the supervisor is cleaning up
-                    cleanup_by = cleanup_by or time.monotonic() + CLEANUP_TIMEOUT_S
-                remaining = (deadline if cleanup_by is None else cleanup_by) - time.monotonic()
-                if remaining <= 0:
-                    return cleanup_by is None, None
-                sandbox.raw.settimeout(remaining)
-                try:
-                    data = sandbox.raw.recv(65536)
-                except TimeoutError:
-                    return cleanup_by is None, None
-                if not data:
-                    break
-                demux.feed(data)
+            in_time = DockerBackend._read_until(sandbox, demux, time.monotonic() + sandbox.tier.wall_time_s,
+                                                lambda parser: parser.exit is not None or parser.ready is not None)
         except OSError as exc:
             return False, f"lost the sandbox connection: {exc}"
-        return False, None
+        return not in_time, None
+
+    @staticmethod
+    def _read_until(sandbox: DockerSandbox, demux: Demux, until: float, done: Callable[[FrameParser], bool]) -> bool:
+        """Feed the stream to `demux` until `done`, a protocol error, the output cap or the stream's end;
+        False when `until` (monotonic) passed first."""
+        parser = demux.parser
+        while not done(parser) and parser.protocol_error is None and not parser.truncated:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return False
+            sandbox.raw.settimeout(remaining)
+            try:
+                data = sandbox.raw.recv(65536)
+            except TimeoutError:
+                return False
+            if not data:
+                break
+            demux.feed(data)
+        return True
 
     def execute(self, code: str, tier: Tier, tenant: str = "") -> SandboxResult:
         """One-shot: a fresh container for this execution only (no pool)."""

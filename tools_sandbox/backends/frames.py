@@ -21,7 +21,8 @@ _AGENT_STDERR_CAP = 4096
 
 def anomaly(parser: FrameParser, timed_out: bool, infra_error: str | None, usage: Usage | None,
              base: Usage | None) -> str | None:
-    """Why a container must not serve again after this execution; None when it may."""
+    """Why a container must not serve again after this execution, up to its exit record; None when it may
+    (once its cleanup says so: `unsettled`)."""
     if timed_out:
         return "timeout"
     if infra_error is not None:
@@ -32,6 +33,11 @@ def anomaly(parser: FrameParser, timed_out: bool, infra_error: str | None, usage
         return "unmeasured"  # no cgroup view (a remote engine): one execution per container, as before
     if usage.oom_kills > base.oom_kills:
         return "oom"
+    return None
+
+
+def unsettled(parser: FrameParser) -> str | None:
+    """Why a container must not serve again after its cleanup (the ready record); None when it may."""
     if parser.ready is None:
         return "no_ready"
     if not parser.ready.clean:

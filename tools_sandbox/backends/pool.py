@@ -6,9 +6,10 @@ engine overlaps their create/start work); the target grows with the observed rat
 first uses, up to `max_size`, and shrinks back when traffic stops.
 
 A tenant's execution takes, in this order: an idle container already bound to it on that
-tier (the most recently used: its pages are warm); while the tenant's other callers hold or
-are getting containers and the first of those is expected to come free within a container's
-build time (`waits_for_own`), the next of those to come free (up to two builds' time, counted
+tier (the most recently used: its pages are warm); the next of its containers to come back from
+the cleanup after a call that returned (milliseconds: see PooledDocker); while the tenant's other
+callers hold or are getting containers and the first of those is expected to come free within a
+container's build time (`waits_for_own`), the next of those to come free (up to two builds' time, counted
 from when the tenant's first container is handed out: its callers arriving together wait for the
 one the first of them is getting, however long that build takes); else an unbound one, which it
 binds for the container's whole life; else the next one a builder finishes; else one started now.
@@ -36,6 +37,7 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -44,12 +46,15 @@ from ..base.metrics import RETIRED, WARM
 from ..base.models import ErrorKind, ReapReason, SandboxResult, Tier
 from ..base.sweeper import SweepPolicy
 from .docker_backend import DockerBackend, DockerSandbox
+from .frames import Demux
 
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 10.0
 # Containers one call may use when they are lost under it (see PooledDocker.execute).
 RUNS_PER_CALL = 3
+# Threads reading the ready records of containers whose programs have exited (see PooledDocker).
+SETTLERS = 4
 Key = tuple[str, str]  # (tenant, tier)
 
 
@@ -104,6 +109,7 @@ class WarmPool:
         self._build_s = 0.3  # moving average of one container's build time
         self._held: dict[Key, int] = {}  # containers out with a caller, per (tenant, tier)
         self._seeking: dict[Key, int] = {}  # callers waiting for a builder or starting a container, per (tenant, tier)
+        self._cleaning: dict[str, Key] = {}  # containers whose call returned, until their cleanup is read
         self._hold_s = 0.05  # moving average of how long a caller keeps a container
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # builders: a deficit may have appeared
@@ -199,6 +205,10 @@ class WarmPool:
                 if own is not None:
                     self.reuses += 1
                     return self._hand_out(own, key)
+                if key in self._cleaning.values() and time.monotonic() < deadline:
+                    # the tenant's container is only cleaning up (milliseconds): cheaper than another
+                    self._arrived.wait(timeout=deadline - time.monotonic())
+                    continue
                 if own_until:
                     coming = not self._held.get(key) and key in self._seeking
                     if coming or was_coming:
@@ -238,6 +248,12 @@ class WarmPool:
                 self._note_busy(key, -1)
             raise
 
+    def cleaning(self, sandbox: DockerSandbox) -> None:
+        """The sandbox's call has returned; its cleanup is still to be read, then it is released. Its tenant's
+        callers wait for it meanwhile rather than take another."""
+        with self._lock:
+            self._cleaning[sandbox.container_id] = (sandbox.tenant or "", sandbox.tier.name)
+
     def release(self, sandbox: DockerSandbox, retired_because: str | None = None) -> None:
         """Give a sandbox back after its execution: kept for its tenant, or retired. `retired_because`:
         the backend already retired it (an anomaly); else the pool decides, and destroys it if it goes."""
@@ -250,6 +266,7 @@ class WarmPool:
             why = "age"
         evicted: list[DockerSandbox] = []
         with self._lock:
+            self._cleaning.pop(sandbox.container_id, None)
             self._note_busy(key, -1)
             _count_in(self._held, key, -1)
             self._hold_s = 0.8 * self._hold_s + 0.2 * (time.monotonic() - sandbox.taken_at)
@@ -261,7 +278,7 @@ class WarmPool:
                 self._idle[sandbox.container_id] = sandbox
                 while len(self._idle) > self.limits.max_bound:
                     evicted.append(self._idle.popitem(last=False)[1])
-                self._arrived.notify_all()
+            self._arrived.notify_all()  # kept, or one fewer held: the tenant's waiting callers look again
             self._count(why)
             self._count("evicted", len(evicted))
         if why is not None and retired_because is None:
@@ -434,11 +451,17 @@ class WarmPool:
 
 class PooledDocker:
     """The Docker backend behind a warm pool: an execution takes its tenant's warm container, or binds a
-    started one, and gives it back when it may serve the tenant again."""
+    started one, and gives it back when it may serve the tenant again.
 
-    def __init__(self, docker: DockerBackend, pool: WarmPool) -> None:
+    A call returns with its program's exit record. The supervisor's cleanup after the program (killing
+    what the program left, removing its files, checking that nothing of its uid is left: ~1-2 ms) ends
+    with the ready record, which a settler thread reads; only then does the container go back to the pool,
+    or retire when it is not clean. Until then it counts as held by its tenant."""
+
+    def __init__(self, docker: DockerBackend, pool: WarmPool, settlers: int = SETTLERS) -> None:
         self.docker = docker
         self.pool = pool
+        self._settler = ThreadPoolExecutor(settlers, thread_name_prefix="sandbox-settle")
 
     @property
     def name(self) -> str:
@@ -459,16 +482,29 @@ class PooledDocker:
     def _run_once(self, code: str, tier: Tier, tenant: str, started: float) -> SandboxResult:
         sandbox = self.pool.acquire(tier, tenant)
         try:
-            executed = self.docker.run(sandbox, code, tenant=tenant, started=started)
+            executed, cleaning = self.docker.run_to_exit(sandbox, code, tenant=tenant, started=started)
         except BaseException:
             self.docker.destroy(sandbox)
             self.pool.release(sandbox, retired_because="error")
             raise
-        self.pool.release(sandbox, executed.retired_because)
+        if cleaning is None:
+            self.pool.release(sandbox, executed.retired_because)
+        else:
+            self.pool.cleaning(sandbox)
+            self._settler.submit(self._settle, sandbox, cleaning)
         if executed.result.error_kind is ErrorKind.UNAVAILABLE:
             log.warning("sandbox container %s was lost during a call on tier %s (%s)", sandbox.container_id[:12],
                         tier.name, executed.retired_because)
         return executed.result
+
+    def _settle(self, sandbox: DockerSandbox, cleaning: Demux) -> None:
+        try:
+            why = self.docker.settle(sandbox, cleaning)
+        except BaseException:
+            log.exception("sandbox container %s: reading its cleanup failed; retired", sandbox.container_id[:12])
+            self.docker.destroy(sandbox)
+            why = "error"
+        self.pool.release(sandbox, why)
 
     def ping(self) -> None:
         self.docker.ping()
@@ -478,5 +514,6 @@ class PooledDocker:
         return self.docker.sweep(policy)
 
     def close(self) -> None:
+        self._settler.shutdown(wait=True)  # the containers still cleaning up go back (and then) with the rest
         self.pool.close()
         self.docker.close()
