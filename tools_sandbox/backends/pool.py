@@ -53,8 +53,10 @@ log = logging.getLogger(__name__)
 RATE_WINDOW_S = 10.0
 # Containers one call may use when they are lost under it (see PooledDocker.execute).
 RUNS_PER_CALL = 3
-# Threads reading the ready records of containers whose programs have exited (see PooledDocker).
-SETTLERS = 4
+# Threads reading the ready records of containers whose programs have exited (see PooledDocker), started as
+# needed. Many: a cleanup may take up to CLEANUP_TIMEOUT_S (a program that left many files), and one tenant's
+# slow cleanups (at most its concurrent executions) must not hold back the return of another's containers.
+SETTLERS = 64
 Key = tuple[str, str]  # (tenant, tier)
 
 
@@ -458,10 +460,10 @@ class PooledDocker:
     with the ready record, which a settler thread reads; only then does the container go back to the pool,
     or retire when it is not clean. Until then it counts as held by its tenant."""
 
-    def __init__(self, docker: DockerBackend, pool: WarmPool, settlers: int = SETTLERS) -> None:
+    def __init__(self, docker: DockerBackend, pool: WarmPool) -> None:
         self.docker = docker
         self.pool = pool
-        self._settler = ThreadPoolExecutor(settlers, thread_name_prefix="sandbox-settle")
+        self._settler = ThreadPoolExecutor(SETTLERS, thread_name_prefix="sandbox-settle")
 
     @property
     def name(self) -> str:
@@ -491,7 +493,10 @@ class PooledDocker:
             self.pool.release(sandbox, executed.retired_because)
         else:
             self.pool.cleaning(sandbox)
-            self._settler.submit(self._settle, sandbox, cleaning)
+            try:
+                self._settler.submit(self._settle, sandbox, cleaning)
+            except RuntimeError:  # closing: the settlers are gone
+                self._settle(sandbox, cleaning)
         if executed.result.error_kind is ErrorKind.UNAVAILABLE:
             log.warning("sandbox container %s was lost during a call on tier %s (%s)", sandbox.container_id[:12],
                         tier.name, executed.retired_because)
