@@ -45,7 +45,7 @@ from ..base.errors import SandboxUnavailable
 from ..base.metrics import RETIRED, WARM
 from ..base.models import ErrorKind, ReapReason, SandboxResult, Tier
 from ..base.sweeper import SweepPolicy
-from .docker_backend import DockerBackend, DockerSandbox
+from .docker_backend import CLEANUP_TIMEOUT_S, DockerBackend, DockerSandbox
 from .frames import Demux
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,8 @@ class WarmPool:
 
     def _acquire(self, tier: Tier, tenant: str, wait_s: float, dead: list[DockerSandbox]) -> DockerSandbox:
         key = (tenant, tier.name)
-        deadline = time.monotonic() + wait_s
+        started = time.monotonic()
+        deadline = started + wait_s
         counted = was_coming = False
         with self._lock:
             self._note_busy(key, +1)
@@ -207,9 +208,11 @@ class WarmPool:
                 if own is not None:
                     self.reuses += 1
                     return self._hand_out(own, key)
-                if key in self._cleaning.values() and time.monotonic() < deadline:
-                    # the tenant's container is only cleaning up (milliseconds): cheaper than another
-                    self._arrived.wait(timeout=deadline - time.monotonic())
+                cleaning_until = min(deadline, started + CLEANUP_TIMEOUT_S + 1)
+                if key in self._cleaning.values() and time.monotonic() < cleaning_until:
+                    # the tenant's container is only cleaning up (milliseconds, CLEANUP_TIMEOUT_S at most):
+                    # cheaper than another
+                    self._arrived.wait(timeout=cleaning_until - time.monotonic())
                     continue
                 if own_until:
                     coming = not self._held.get(key) and key in self._seeking
@@ -503,13 +506,14 @@ class PooledDocker:
         return executed.result
 
     def _settle(self, sandbox: DockerSandbox, cleaning: Demux) -> None:
+        why: str | None = "error"
         try:
             why = self.docker.settle(sandbox, cleaning)
         except BaseException:
             log.exception("sandbox container %s: reading its cleanup failed; retired", sandbox.container_id[:12])
             self.docker.destroy(sandbox)
-            why = "error"
-        self.pool.release(sandbox, why)
+        finally:
+            self.pool.release(sandbox, why)  # whatever happened: its tenant's callers wait for it
 
     def ping(self) -> None:
         self.docker.ping()
