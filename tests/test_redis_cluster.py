@@ -49,8 +49,10 @@ def test_the_sample_batch_runs_on_a_redis_cluster_python_included(
         run_id = line["run_id"]
         run_keys = list(state.scan_iter(keys.run(run_id) + "*"))
         assert run_keys and {slot_of(k) for k in run_keys} == {slot_of(keys.run(run_id))}
-        assert not state.exists(keys.outbox(run_id))
-    assert active_count(state) == 0
+    # each run's outbox is applied right after the commit that finished it (which the CLI may see first)
+    wait_for("every outbox applied and no run active",
+             lambda: [r["run_id"] for r in lines.values() if state.exists(keys.outbox(r["run_id"]))]
+             + ["active"] * active_count(state), 10, until=lambda left: not left)
     assert list(state.scan_iter("reactq:sandbox:{quota}:*"))  # the python runs' quota keys, tagged
     purged = cluster.reactq("purge", "--older-than", "0d", "--json")  # retention scans every primary
     assert json.loads(purged.stdout)["runs"] == len(items), purged.stderr[-2000:]
@@ -164,7 +166,9 @@ def test_the_api_serves_runs_from_a_redis_cluster(cluster: Cluster, redis_cluste
         listed = client.get("/v1/runs").json()
         assert [r["run_id"] for r in listed["runs"]] == [run_id], listed
         state = state_client(redis_cluster.url)
-        assert state.hget(keys.tenant_usage(tenant_id(cluster, "acme")), "prompt_tokens")  # through the outbox
+        usage = keys.tenant_usage(tenant_id(cluster, "acme"))
+        # through the outbox, which the worker applies right after the commit the API already shows
+        wait_for("the tenant's usage on its own shard", lambda: state.hget(usage, "prompt_tokens"), 10)
     finally:
         api.stop()
 
