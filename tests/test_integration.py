@@ -53,6 +53,27 @@ def test_sample_batch_end_to_end(cluster: Cluster, tmp_path: Path, mode: str) ->
         assert parallel, "expected at least one run answered with parallel calls in one step"
 
 
+# What a step worker, the API or a sandbox worker loads, and `reactq batch` must not: every CLI of a batch
+# spends its imports on the machine its runs use (BENCHMARKS.md, "`reactq batch` loads what it runs").
+NOT_FOR_THE_CLI = ("worker.core.engine", "worker.core.parser", "worker.runtime.runner", "openai", "fastapi", "docker")
+
+
+def test_a_batch_cli_loads_none_of_the_workers_code(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_worker(queues="steps", concurrency=4)
+    infile, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    infile.write_text(json.dumps({"id": "q", "question": "What is 6 * 7?"}) + "\n")
+    probe = ("import atexit, sys\n"
+             f"atexit.register(lambda: print('LOADED', [m for m in {NOT_FOR_THE_CLI!r} if m in sys.modules]))\n"
+             f"sys.argv = ['reactq', 'batch', {str(infile)!r}, '--out', {str(out)!r}]\n"
+             "from worker.cli import main\n"
+             "main()\n")
+    done = subprocess.run([sys.executable, "-c", probe], env=cluster.env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert read_results(out)["q"]["status"] == "succeeded"
+    assert done.stdout.split("LOADED", 1)[1].strip() == "[]", done.stdout
+
+
 @pytest.mark.docker
 def test_python_questions_run_in_docker_sandboxes(cluster: Cluster, sandbox_image: str, tmp_path: Path) -> None:
     """The whole data path with the production backend: step worker → reactq.sandbox → Docker → next step."""

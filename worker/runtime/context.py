@@ -12,7 +12,6 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from ..config import Settings
-from ..core.engine import Limits
 from ..store.connection import Client, connect, connect_broker
 from ..store.runs import RunStore
 from ..store.spend import SpendStore
@@ -23,6 +22,7 @@ from ..tenancy.plans import AllowedTools
 from ..tenancy.tenants import Tenants
 
 if TYPE_CHECKING:
+    from ..core.engine import Limits
     from ..llm.client import LLMClient
     from ..llm.in_flight import InFlightCap
     from ..llm.ratelimit import RateLimiter
@@ -158,6 +158,8 @@ class Runtime:
 
     @property
     def limits(self) -> Limits:
+        from ..core.engine import Limits  # the step worker's: the CLI's runtime never loads the engine
+
         s = self.settings
         return Limits(
             max_invalid_outputs=s.max_invalid_outputs, repeat_hint_at=s.repeat_hint_at,

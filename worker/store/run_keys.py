@@ -3,7 +3,6 @@ working keys a finished run no longer needs."""
 
 from __future__ import annotations
 
-from ..core.engine import parse_reply  # the same call-id rules as the step that stored the results
 from ..core.models import Run, Step
 from . import keys
 from .runs import RunStore
@@ -29,6 +28,8 @@ def working_keys(store: RunStore, run: Run, steps: list[Step] | None = None) -> 
         current = store.scratch.get_reply(run_id, run.current_step)
     calls_by_step = {s.index: [c.id for c in s.tool_calls] for s in steps}
     if current is not None:
+        from ..core.engine import parse_reply  # the step's call-id rules; loaded here: `reactq batch` never asks
+
         calls_by_step[run.current_step] = [c.id for c in parse_reply(run.mode, current).calls]
     for index in range(run.current_step + 1):
         found += [keys.reply(run_id, index), keys.tool_results(run_id, index), keys.sandbox_pending(run_id, index)]

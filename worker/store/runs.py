@@ -19,12 +19,11 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import redis
 from pydantic import TypeAdapter
 
-from ..core.engine import End
 from ..core.models import Run, RunStatus, Step, Uncounted
 from . import keys, replicated
 from .batches import BatchStore, batch_keys
@@ -56,6 +55,9 @@ _STEPS = TypeAdapter(list[Step])
 REFRESH_EVERY_S = 3600
 
 Trim = Callable[[], list[str]]  # a finished run's working keys, asked for only when a write finishes it
+
+if TYPE_CHECKING:  # the engine (and its parser) is the step worker's: `reactq batch` does not load it
+    from ..core.engine import End
 
 
 @dataclass(frozen=True)
