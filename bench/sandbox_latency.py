@@ -10,7 +10,7 @@ one tenant at low load (one caller): the warm path, from call to result (pool ta
 supervisor's prepared child runs the code, output, exit record). The supervisor's cleanup after a call
 (ending with its ready record) is read after the call returned, so a call right behind another waits for it
 in its pool take; then the same calls `--gap-ms` apart (a run's model call comes between its python calls),
-where the cleanup is off the path.
+where the cleanup is off the path. Beside them: the container's CPU a warm call, as the result reports it.
 Targets: warm p50 <= 5 ms on runc, back to back (docs/decisions/warm-containers.md).
 
 --sustained S, per runtime: C concurrent callers each run `print(6*7)` back to back for S seconds,
@@ -148,16 +148,25 @@ def run_latency(args: argparse.Namespace, image: str, runtime: str, tiers_file: 
         assert service.pool is not None, service.start_error
         service.pool.wait_ready(120)
 
+        container_cpu: list[float] = []
+
         def warm_call() -> None:
-            check(service.execute(SNIPPET, tier=args.tier, tenant="bench"))
+            result = service.execute(SNIPPET, tier=args.tier, tenant="bench")
+            check(result)
+            if result.cpu_seconds is not None:
+                container_cpu.append(result.cpu_seconds * 1000)
 
         warm_call()  # binds the tenant's container
+        container_cpu.clear()
         rows.append((f"{runtime}: warm `print(6*7)`, one tenant, one caller, tier {args.tier}, n={args.runs}",
                      timed(warm_call, args.runs)))
         if args.gap_ms:
             rows.append((f"{runtime}: the same, {args.gap_ms:g} ms between calls, n={args.runs}",
                          timed(warm_call, args.runs, args.gap_ms / 1000)))
         stats = f"cold starts {service.pool.cold_starts}, reuses {service.pool.reuses}"
+        if container_cpu:
+            stats += (f"; the container's CPU a warm call (its cgroup, exit record to exit record: the program, "
+                      f"the supervisor, the cleanup after it): median {statistics.median(container_cpu):.2f} ms")
     lines = [f"| {name} | {statistics.median(samples):.1f} | {pct(samples, 99):.1f} | "
              f"{statistics.fmean(samples):.1f} | {min(samples):.1f} | {max(samples):.1f} |" for name, samples in rows]
     print("\n".join(lines), f"\n({runtime} pool: {stats})", flush=True)
