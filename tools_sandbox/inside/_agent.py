@@ -84,14 +84,22 @@ def _send(kind, payload):
         view = view[os.write(1, view):]
 
 
+def _read_small(path):
+    """A small kernel file's bytes, in one read: a text file object costs more than the read itself."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 16384)
+    finally:
+        os.close(fd)
+
+
 def _oom_kills():
     for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
         try:
-            with open(path) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
+            for line in _read_small(path).split(b"\n"):
+                key, _, value = line.partition(b" ")
+                if key == b"oom_kill":
+                    return int(value)
         except (OSError, ValueError):
             continue
     return -1
@@ -142,9 +150,12 @@ def _child(r_req, w_out, w_err, w_stat, privileged, serial, uid):
         os.mkdir(workdir, 0o700)
         os.chdir(workdir)
         os.environ["HOME"] = workdir
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
+    try:  # as bytes: a text file object costs the call ~0.15 ms more than the write
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, b"1000")
+        finally:
+            os.close(fd)
     except OSError:
         pass
     import builtins
@@ -455,18 +466,13 @@ def _remove(path):
 
 
 def _exec_uid_processes(alive_only):
-    """The pids whose real uid is the execution uid, by /proc/PID/status (read as bytes: a text file
-    object per process costs more than the read)."""
+    """The pids whose real uid is the execution uid, by /proc/PID/status."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            fd = os.open(f"/proc/{entry}/status", os.O_RDONLY)
-            try:
-                status = os.read(fd, 16384)
-            finally:
-                os.close(fd)
+            status = _read_small(f"/proc/{entry}/status")
         except OSError:
             continue
         uid = state = None
