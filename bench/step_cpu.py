@@ -1,6 +1,6 @@
 """CPU one reactq step spends on our side, measured in process with the test harness (tests/harness.py).
 
-    python bench/step_cpu.py [--runs 300] [--floor] [--monitor] [--submit-first] [--broker-apart]
+    python bench/step_cpu.py [--runs 300] [--floor] [--monitor] [--submit-first] [--broker-apart] [--python]
 
 Starts its own redis-server and `reactq stub` (latency 0) on free ports, then drives N runs of
 "What is A * B + C?" (2 steps each: calculator, final answer) through the real StepRunner, RunStore
@@ -18,7 +18,10 @@ redis-server's CPU for the steps alone and for the submissions apart. `--monitor
 figures, every command redis-server ran for one more run (MONITOR: a script's own commands too, marked
 "lua"). `--broker-apart`: the commit does not write the next step's message (the broker is another
 server, REACTQ_BROKER_URL), it is sent after the commit: here queued in memory, so redis-server does only
-the state store's work.
+the state store's work. `--python`: each run asks for "print(6*7)" run in python instead (three deliveries:
+the step that sends the code to the sandbox, its continuation once the result is stored, the answer); the
+bench stores each sandbox result itself, with a client of its own (the sandbox worker's side is not measured),
+and also reports CPU and round trips per run.
 Profile with: py-spy record -o prof.svg -- python bench/step_cpu.py
 """
 
@@ -95,6 +98,8 @@ def main() -> int:
     ap.add_argument("--monitor", action="store_true", help="also print the commands of one more run")
     ap.add_argument("--submit-first", action="store_true",
                     help="each chunk: submit its runs, then deliver their steps (redis-server's CPU for each apart)")
+    ap.add_argument("--python", action="store_true", help="runs that call python (a stored sandbox result) "
+                    "instead of the calculator")
     ap.add_argument("--broker-apart", action="store_true",
                     help="the next step's message is not written by the commit but sent after it, as with "
                          "REACTQ_BROKER_URL on another server (the harness queues it in memory: no broker work here)")
@@ -104,6 +109,7 @@ def main() -> int:
     from redis.connection import Connection
 
     from tests.harness import Harness
+    from tools_sandbox import ExecuteRequest, SandboxResult
     from worker.config import Settings
     from worker.core.models import RunSpec
     from worker.core.outcome import Outcome
@@ -134,6 +140,9 @@ def main() -> int:
         if args.broker_apart:
             h.runner.dispatch = dataclasses.replace(h.runner.dispatch, step_commands=None)
         rng = random.Random(7)
+        results = redis.Redis(port=rport)  # the sandbox's side (--python), not counted
+        RESULT = SandboxResult(exit_code=0, stdout="42\n", stderr="", tier="standard", backend="docker",
+                               duration_ms=4).model_dump_json()
 
         spent = {"cpu": 0.0, "wall": 0.0, "trips": 0, "redis": 0.0, "submit": 0.0, "submit_trips": 0}
         batch_id = new_batch_id()
@@ -143,7 +152,9 @@ def main() -> int:
             """Submit one run into the batch (measured apart from its steps)."""
             a, b, c = rng.randint(100, 99999), rng.randint(100, 99999), rng.randint(1, 9999)
             trips, cpu = round_trips["n"], time.process_time()
-            submit(h.store, [RunSpec(question=f"What is {a} * {b} + {c}?")], settings, h.dispatch.next_step,
+            question = ("Run this python code:\n```python\nprint(6*7)\n```" if args.python
+                        else f"What is {a} * {b} + {c}?")
+            submit(h.store, [RunSpec(question=question)], settings, h.dispatch.next_step,
                    batch_id=batch_id, tenants=h.rt.tenants, budgets=h.rt.budgets)
             spent["submit"] += time.process_time() - cpu
             spent["submit_trips"] += round_trips["n"] - trips
@@ -152,10 +163,22 @@ def main() -> int:
             """Deliver the queued steps of `runs` submitted runs (measured)."""
             trips, cpu, wall = round_trips["n"], time.process_time(), time.perf_counter()
             outcomes = h.drain(limit=4 * runs)
+            expected = [Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER] * runs
+            if args.python:  # the sandbox's part, not measured: each result stored, its continuation queued
+                spent["cpu"] += time.process_time() - cpu
+                spent["trips"] += round_trips["n"] - trips
+                for request in h.dispatch.sandbox:
+                    req = ExecuteRequest.model_validate(request)
+                    results.set(req.result_key, RESULT)
+                    h.dispatch.next_step(*req.continue_args)
+                h.dispatch.sandbox.clear()
+                trips, cpu = round_trips["n"], time.process_time()
+                outcomes += h.drain(limit=4 * runs)
+                expected += [Outcome.WAITING] * runs
             spent["cpu"] += time.process_time() - cpu
             spent["wall"] += time.perf_counter() - wall
             spent["trips"] += round_trips["n"] - trips
-            assert sorted(outcomes) == sorted([Outcome.TOOL_CALLS, Outcome.FINAL_ANSWER] * runs), outcomes
+            assert sorted(outcomes) == sorted(expected), outcomes
             return len(outcomes)
 
         def one_run() -> int:
@@ -190,11 +213,16 @@ def main() -> int:
             chunks.append(spent["cpu"] / n)
             redis_cpu += spent["redis"]
             submit_chunks.append(spent["submit"] / CHUNK)
-            steps, trips, submit_trips = steps + n, trips + spent["trips"], submit_trips + spent["submit_trips"]
+            steps, trips = steps + n, trips + int(spent["trips"])
+            submit_trips += int(spent["submit_trips"])
         cpu = min(chunks)
-        runs = steps // 2
+        per_run = 3 if args.python else 2  # deliveries
+        runs = steps // per_run
         print(f"reactq: {steps} steps, {1e6 * cpu:.0f} us CPU/step (best chunk; median "
               f"{1e6 * statistics.median(chunks):.0f}), {trips / steps:.1f} Redis round trips/step")
+        if args.python:
+            print(f"per python run ({per_run} deliveries): {1e6 * per_run * cpu:.0f} us CPU (best chunk; median "
+                  f"{1e6 * per_run * statistics.median(chunks):.0f}), {trips / runs:.1f} Redis round trips")
         if not args.submit_first:
             print(f"redis-server: {1e6 * redis_cpu / steps:.0f} us CPU/step (all chunks: /proc counts in 10 ms "
                   "ticks; submissions included)")

@@ -242,6 +242,41 @@ def test_a_sandboxed_step_is_charged_when_it_sends_the_code_not_again_when_it_re
     assert day_spend(harness, "acme") == 150 + 60
 
 
+def test_a_step_that_sends_its_code_to_the_sandbox_takes_four_round_trips_and_its_continuation_three(
+        redis_url: str) -> None:
+    """The lease and the reads; the reply stored (with the call's charge); the dispatch claimed; the wait
+    written with the lease let go. With the reply stored by this delivery, no result can be waiting for its
+    call: it is not looked for. A later delivery acting on the stored reply looks for it, and once it is
+    there records it with the step, in the commit."""
+    sent: list[bytes] = []
+    harness, _ = counting_harness(redis_url, sent)
+    try:
+        harness.llm.script(*[call("python", {"code": "print(6*7)"}, call_id="p1")] * 2, final("42"))
+        harness.submit("Use python to load the scripts", tier="pro", tenant="acme")
+        run_id = harness.submit("Use python to compute 6 * 7", tier="pro", tenant="acme")
+        assert harness.step().outcome == Outcome.WAITING  # the first run's: Redis loads the scripts
+        sent.clear()
+        assert harness.step().outcome == Outcome.WAITING
+        result_key = keys.sandbox_result(run_id, 0, "p1").encode()
+        assert len(sent) == 4, sent
+        assert not any(result_key in command for command in sent)
+        assert not lease_held(harness.store, run_id)
+        assert harness.run(run_id).waiting_on == "sandbox"
+        sent.clear()
+        assert harness.deliver(run_id, 0).outcome == Outcome.WAITING  # its result not stored yet
+        assert any(command == b"GET " + result_key for command in sent)
+        [_, request] = harness.dispatch.sandbox  # the claim holds: sent once
+        complete_sandbox(harness, request, SandboxResult(exit_code=0, stdout="42\n", stderr="", tier="pro",
+                                                         backend="process"))
+        sent.clear()
+        assert harness.deliver(run_id, 0).outcome == Outcome.TOOL_CALLS
+        assert len(sent) == 3, sent  # the lease and the reads; the result; the commit, which records it
+        assert harness.step().outcome == Outcome.FINAL_ANSWER
+        assert harness.run(run_id).answer == "42"
+    finally:
+        harness.close()
+
+
 def test_compacted_events_point_at_each_step_by_its_index(harness: Harness) -> None:
     """The compaction reads a step event's index from the head of its data (two digits and more too)."""
     run_id = harness.submit("What is 6 * 7?")

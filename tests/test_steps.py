@@ -9,6 +9,7 @@ from typing import Any
 from tests.harness import Harness, call, calls, final
 from tests.store_helpers import lease_held, save_reply
 from tools_sandbox import ExecuteRequest, SandboxResult
+from worker import metrics
 from worker.core.models import LLMReply, RunStatus, Usage
 from worker.core.outcome import Outcome
 from worker.core.prompts import REFLECTION
@@ -212,6 +213,29 @@ def test_parallel_calls_mix_inline_and_sandboxed_results_in_the_order_asked(harn
     assert [o.call_id for o in observations] == ["p", "c"]
     assert observations[0].outcome == "error" and "Boom" in observations[0].content
     assert observations[1].content == "4"
+
+
+def test_two_sandboxed_calls_whose_results_come_one_at_a_time_are_each_read_and_counted_once(
+        harness: Harness) -> None:
+    """The first continuation finds one result and waits on: that result is stored as the step's, so the
+    second continuation takes it up as it is instead of reading the sandbox's object (and counting it) again."""
+    harness.llm.script(calls(("python", {"code": "print(1)"}, "p1"), ("python", {"code": "print(2)"}, "p2")),
+                       final("done"))
+    run_id = harness.submit("both", tier="pro", tenant="acme")
+    assert harness.drain() == [Outcome.WAITING]
+    first, second = harness.dispatch.sandbox
+    ok = metrics.TOOL_CALLS.labels("python", "ok")._value.get()
+    complete_sandbox(harness, first, SandboxResult(exit_code=0, stdout="1\n", stderr="", tier="pro",
+                                                   backend="process"))
+    assert harness.deliver(run_id, 0).outcome == Outcome.WAITING
+    assert metrics.TOOL_CALLS.labels("python", "ok")._value.get() == ok + 1
+    harness.rt.redis.delete(ExecuteRequest.model_validate(first).result_key)  # only the step's copy is left
+    complete_sandbox(harness, second, SandboxResult(exit_code=0, stdout="2\n", stderr="", tier="pro",
+                                                    backend="process"))
+    assert harness.deliver(run_id, 0).outcome == Outcome.TOOL_CALLS
+    assert metrics.TOOL_CALLS.labels("python", "ok")._value.get() == ok + 2
+    assert [o.content for o in harness.steps(run_id)[0].observations] == ["1", "2"]
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
 
 
 def test_older_steps_are_compacted_to_fit_the_context_budget(make_harness: Any) -> None:

@@ -182,11 +182,12 @@ class StepRunner:
             if not ours:
                 return FENCED  # another delivery, whose lease outlived ours, stored its reply first
             from_cache, spend = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}, NOTHING_DUE
-        executed = self._execute(run, d, act, step.tool_calls, from_cache)
+        executed = self._execute(run, d, act, step.tool_calls, from_cache, fresh_reply=store_reply)
         if executed is Waiting.APPROVAL:
             return AWAITING_APPROVAL  # a person's decision re-enqueues this step
         if executed is Waiting.SANDBOX:
-            self.store.mark_running(snap, d.index, waiting_on="sandbox")
+            if self.store.mark_running(snap, d.index, waiting_on="sandbox", release_lease=d.token) is not None:
+                self.rt.leases.forget(run.id, d.token)  # let go in the same write
             return WAITING
         step.observations, fresh = executed
         step.tools_ms = sum(o.duration_ms for o in step.observations)
@@ -326,16 +327,21 @@ class StepRunner:
 
     # --- tools --------------------------------------------------------------------------------
     def _execute(
-        self, run: Run, d: Delivery, act: Act, calls: list[ToolCall], cached: dict[str, str | None]
+        self, run: Run, d: Delivery, act: Act, calls: list[ToolCall], cached: dict[str, str | None], *,
+        fresh_reply: bool = False,
     ) -> tuple[list[Observation], list[tuple[str, dict[str, Any], str]]] | Waiting:
         """Observations in the order the model asked, and the fresh results of idempotent tools (for
         the cache); or what the step waits for (sandboxed calls, a person's approval). Results of tools
         with effects are stored before anything else happens; an idempotent tool's result is recorded
-        with the step."""
+        with the step. A sandboxed call's result (the sandbox worker's stored object, as the model sees it)
+        is stored as the step's only when the step goes on waiting: recorded with the step otherwise.
+        `fresh_reply`: this delivery stored the reply it acts on, so no delivery before it sent these calls
+        to the sandbox, and there is no result of theirs to look for."""
         by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
         for rejected in act.rejected:
             metrics.TOOL_CALLS.labels(_tool_label(rejected.tool, self.rt), rejected.outcome).inc()
         pending = False
+        rendered: list[Observation] = []  # sandboxed calls' results read now, not stored as the step's yet
         fresh: list[tuple[str, dict[str, Any], str]] = []
         awaiting: list[PlannedCall] = []
         ahead: list[str] = []  # code of this step's sandboxed calls so far: a session's cells before the next
@@ -347,8 +353,9 @@ class StepRunner:
                     continue
                 obs = self.store.scratch.save_tool_result(run.id, d.index, gated)
             if obs is None and planned.sandboxed:
-                obs = self._sandbox_result(run, d, planned, ahead)
+                obs = self._sandbox_result(run, d, planned, ahead, look=not fresh_reply)
                 pending = pending or obs is None
+                rendered += [obs] if obs is not None else []
             elif obs is None:
                 obs = self._run_inline(planned, cached.get(planned.call.id), run.spec.tenant)
                 if not planned.idempotent:
@@ -359,6 +366,9 @@ class StepRunner:
                 by_id[planned.call.id] = obs
             if planned.sandboxed:
                 ahead.append(planned.arguments.get(CODE_ARGUMENT, ""))
+        if awaiting or pending:  # a later delivery takes these up as they are (their metrics counted once)
+            for obs in rendered:
+                self.store.scratch.save_tool_result(run.id, d.index, obs)
         if awaiting:
             approvals.request(self.rt, run, d.index, awaiting)
             return Waiting.APPROVAL
@@ -399,12 +409,14 @@ class StepRunner:
         return Observation(call_id=planned.call.id, tool=tool.name, content=called.content,
                            outcome=called.outcome, duration_ms=int(seconds * 1000))
 
-    def _sandbox_result(self, run: Run, d: Delivery, planned: PlannedCall, ahead: list[str]) -> Observation | None:
-        """The stored result of a sandboxed call, or None after sending the call (at most once per
-        REACTQ_SANDBOX_REDISPATCH_AFTER_S). In a python session the call carries the run's earlier cells."""
+    def _sandbox_result(self, run: Run, d: Delivery, planned: PlannedCall, ahead: list[str],
+                        look: bool = True) -> Observation | None:
+        """The stored result of a sandboxed call (`look`: whether one may be stored), or None after sending
+        the call (at most once per REACTQ_SANDBOX_REDISPATCH_AFTER_S). In a python session the call carries
+        the run's earlier cells."""
         index = d.index
         cells = sessions.earlier_cells(d.steps, ahead) if run.spec.python_session else None
-        raw = self.store.scratch.get_sandbox_result(run.id, index, planned.call.id)
+        raw = self.store.scratch.get_sandbox_result(run.id, index, planned.call.id) if look else None
         if raw is not None:
             obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw,
                                                        session_cells=None if cells is None else len(cells))
@@ -412,7 +424,7 @@ class StepRunner:
             if error_type is not None:
                 metrics.TOOL_FAILURES.labels(planned.tool, metrics.error_type_label(error_type)).inc()
             metrics.TOOL_DURATION.labels(planned.tool).observe(obs.duration_ms / 1000)
-            return self.store.scratch.save_tool_result(run.id, index, obs)
+            return obs
         ttl = self.rt.settings.sandbox_redispatch_after_s
         if self.store.claims.claim_dispatch(run.id, index, planned.call.id, ttl):
             now = time.time()
