@@ -182,11 +182,19 @@ class StepRunner:
             if not ours:
                 return FENCED  # another delivery, whose lease outlived ours, stored its reply first
             from_cache, spend = {p.call.id: c for p, c in zip(cacheable, cached, strict=True)}, NOTHING_DUE
-        executed = self._execute(run, d, act, step.tool_calls, from_cache, fresh_reply=store_reply)
+        # A reply this delivery stored, with no call waiting on a person: its sandboxed calls are claimed with the
+        # wait (below), not one by one.
+        own_reply = store_reply and not any(approvals.needs_approval(self.rt, run.spec.tenant, p.tool)
+                                            for p in act.planned)
+        sent: list[str] | None = [] if own_reply else None
+        executed = self._execute(run, d, act, step.tool_calls, from_cache, sent=sent)
         if executed is Waiting.APPROVAL:
             return AWAITING_APPROVAL  # a person's decision re-enqueues this step
         if executed is Waiting.SANDBOX:
-            if self.store.mark_running(snap, d.index, waiting_on="sandbox", release_lease=d.token) is not None:
+            claims = self.store.claims.dispatch_commands(run.id, d.index, sent or [],
+                                                         self.rt.settings.sandbox_redispatch_after_s)
+            if self.store.mark_running(snap, d.index, waiting_on="sandbox", release_lease=d.token,
+                                       also=claims) is not None:
                 self.rt.leases.forget(run.id, d.token)  # let go in the same write
             return WAITING
         step.observations, fresh = executed
@@ -328,15 +336,17 @@ class StepRunner:
     # --- tools --------------------------------------------------------------------------------
     def _execute(
         self, run: Run, d: Delivery, act: Act, calls: list[ToolCall], cached: dict[str, str | None], *,
-        fresh_reply: bool = False,
+        sent: list[str] | None = None,
     ) -> tuple[list[Observation], list[tuple[str, dict[str, Any], str]]] | Waiting:
         """Observations in the order the model asked, and the fresh results of idempotent tools (for
         the cache); or what the step waits for (sandboxed calls, a person's approval). Results of tools
         with effects are stored before anything else happens; an idempotent tool's result is recorded
         with the step. A sandboxed call's result (the sandbox worker's stored object, as the model sees it)
         is stored as the step's only when the step goes on waiting: recorded with the step otherwise.
-        `fresh_reply`: this delivery stored the reply it acts on, so no delivery before it sent these calls
-        to the sandbox, and there is no result of theirs to look for."""
+        `sent` (not None when this delivery stored the reply it acts on and no call needs a person's
+        approval): no delivery before it can have sent these calls, so there is no result to look for and
+        no claim to take before sending one; the ids of the calls sent are added to it, for the write that
+        marks the run waiting to claim them (the lease keeps any other delivery of the step out until then)."""
         by_id: dict[str, Observation] = {o.call_id: o for o in act.rejected}
         for rejected in act.rejected:
             metrics.TOOL_CALLS.labels(_tool_label(rejected.tool, self.rt), rejected.outcome).inc()
@@ -353,7 +363,7 @@ class StepRunner:
                     continue
                 obs = self.store.scratch.save_tool_result(run.id, d.index, gated)
             if obs is None and planned.sandboxed:
-                obs = self._sandbox_result(run, d, planned, ahead, look=not fresh_reply)
+                obs = self._sandbox_result(run, d, planned, ahead, sent)
                 pending = pending or obs is None
                 rendered += [obs] if obs is not None else []
             elif obs is None:
@@ -410,13 +420,13 @@ class StepRunner:
                            outcome=called.outcome, duration_ms=int(seconds * 1000))
 
     def _sandbox_result(self, run: Run, d: Delivery, planned: PlannedCall, ahead: list[str],
-                        look: bool = True) -> Observation | None:
-        """The stored result of a sandboxed call (`look`: whether one may be stored), or None after sending
-        the call (at most once per REACTQ_SANDBOX_REDISPATCH_AFTER_S). In a python session the call carries
-        the run's earlier cells."""
+                        sent: list[str] | None) -> Observation | None:
+        """The stored result of a sandboxed call, or None after sending the call (at most once per
+        REACTQ_SANDBOX_REDISPATCH_AFTER_S; `sent`: see _execute). In a python session the call carries the
+        run's earlier cells."""
         index = d.index
         cells = sessions.earlier_cells(d.steps, ahead) if run.spec.python_session else None
-        raw = self.store.scratch.get_sandbox_result(run.id, index, planned.call.id) if look else None
+        raw = self.store.scratch.get_sandbox_result(run.id, index, planned.call.id) if sent is None else None
         if raw is not None:
             obs, error_type = observation_from_sandbox(planned.call.id, planned.tool, raw,
                                                        session_cells=None if cells is None else len(cells))
@@ -426,7 +436,7 @@ class StepRunner:
             metrics.TOOL_DURATION.labels(planned.tool).observe(obs.duration_ms / 1000)
             return obs
         ttl = self.rt.settings.sandbox_redispatch_after_s
-        if self.store.claims.claim_dispatch(run.id, index, planned.call.id, ttl):
+        if sent is not None or self.store.claims.claim_dispatch(run.id, index, planned.call.id, ttl):
             now = time.time()
             deadline_at = run.deadline_at
             if deadline_at is None and run.deadline_s is not None:  # a first step: its clock starts now
@@ -435,6 +445,8 @@ class StepRunner:
                 planned.arguments.get(CODE_ARGUMENT, ""), run_id=run.id, index=index, call_id=planned.call.id,
                 tier=run.spec.tier, tenant=run.spec.tenant, deadline_at=deadline_at, queued_at=now,
                 session=cells))
+            if sent is not None:
+                sent.append(planned.call.id)
         return None
 
     # --- recording ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import redis
 
 from . import keys
+from .cas import Command
 
 
 class Claims:
@@ -16,6 +17,11 @@ class Claims:
     def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
         """True for the first delivery to send this sandboxed call (until `ttl_s` passes or it is released)."""
         return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
+
+    @staticmethod
+    def dispatch_commands(run_id: str, step: int, call_ids: list[str], ttl_s: int) -> list[Command]:
+        """claim_dispatch's claims as commands, for a write that records them with others."""
+        return [("SET", keys.sandbox_dispatch(run_id, step, call_id), "1", "NX", "EX", ttl_s) for call_id in call_ids]
 
     def release_dispatch(self, run_id: str, step: int, call_ids: list[str]) -> None:
         """Forget that the step's sandboxed calls were sent, so that its re-run sends them again."""

@@ -423,9 +423,11 @@ class RunStore:
         return self.update_run(run_id, mutate).run
 
     def mark_running(self, snapshot: Snapshot, step_index: int, waiting_on: str | None = None,
-                     started_at: float | None = None, release_lease: str | None = None) -> Snapshot | None:
+                     started_at: float | None = None, release_lease: str | None = None,
+                     also: list[Command] | None = None) -> Snapshot | None:
         """Running (and, on its first step, its deadline clock started, at `started_at` or now), or waiting on
-        something; the lease held with `release_lease` is let go in the same write (not when declined)."""
+        something; the lease held with `release_lease` is let go, and the `also` writes made, in the same
+        write (neither when declined)."""
 
         def mutate(run: Run) -> Declined | None:
             if run.status.finished or run.current_step != step_index:
@@ -435,7 +437,8 @@ class RunStore:
             run.waiting_on = waiting_on
             return None
 
-        return self.update_run(snapshot.run.id, mutate, expect=snapshot, release_lease=release_lease).snapshot
+        return self.update_run(snapshot.run.id, mutate, (lambda run, _: also) if also else None, expect=snapshot,
+                               release_lease=release_lease).snapshot
 
     # --- a run's batch ----------------------------------------------------------------------------
     def move_to_batch(self, run_id: str, batch_id: str) -> None:
