@@ -365,7 +365,8 @@ class StepRunner:
             if obs is None and planned.sandboxed:
                 obs = self._sandbox_result(run, d, planned, ahead, sent)
                 pending = pending or obs is None
-                rendered += [obs] if obs is not None else []
+                if obs is not None:
+                    rendered.append(obs)
             elif obs is None:
                 obs = self._run_inline(planned, cached.get(planned.call.id), run.spec.tenant)
                 if not planned.idempotent:

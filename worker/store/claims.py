@@ -16,7 +16,8 @@ class Claims:
 
     def claim_dispatch(self, run_id: str, step: int, call_id: str, ttl_s: int) -> bool:
         """True for the first delivery to send this sandboxed call (until `ttl_s` passes or it is released)."""
-        return bool(self.r.set(keys.sandbox_dispatch(run_id, step, call_id), "1", nx=True, ex=ttl_s))
+        [claim] = self.dispatch_commands(run_id, step, [call_id], ttl_s)
+        return bool(self.r.execute_command(*claim))
 
     @staticmethod
     def dispatch_commands(run_id: str, step: int, call_ids: list[str], ttl_s: int) -> list[Command]:
