@@ -128,8 +128,19 @@ class Result:
         return self.steps / self.seconds if self.seconds else 0.0
 
 
+def compile_tree() -> None:
+    """Write the bytecode of this tree's packages, as installing reactq does. Run from a checkout with
+    PYTHONDONTWRITEBYTECODE=1 (this machine sets it), every process started here would otherwise compile
+    ~80 modules from source as it starts: ~60 ms of CPU more for each `reactq batch` (BENCHMARKS.md)."""
+    import compileall
+
+    for package in ("worker", "tools_sandbox", "api_stub"):
+        compileall.compile_dir(str(ROOT / package), quiet=1)
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, logdir: Path) -> None:
+        compile_tree()
         self.args = args
         self.procs = Procs(logdir)
         self.seq = 0

@@ -129,3 +129,36 @@ def test_a_tenants_caller_waits_for_its_container_that_is_cleaning_up_however_lo
         assert fourth.container_id != third.container_id
     finally:
         pool.close()
+
+
+def test_a_tenants_callers_queued_behind_its_one_container_wait_past_two_builds() -> None:
+    """Three more calls of a tenant line up behind its one container, each holding it a little longer than a
+    build. The last of them waits about three holds: past two builds (where it used to take another container,
+    a start the saturated machine paid for), within four. One container serves them all."""
+    build_s, hold_s = 0.3, 0.345  # a wait of ~1.04 s for the third: 2 builds are 0.6 s, 4 are 1.2 s
+    engine = TimedBuilds(build_s=0.02)
+    pool = WarmPool(engine, {"standard": TIER}, {"standard": 2}, builders=1)  # type: ignore[arg-type]
+    pool.start()
+    try:
+        assert pool.wait_ready(10)
+        engine.build_s = build_s
+        first = pool.acquire(TIER, "acme")
+        pool._build_s, pool._hold_s = build_s, hold_s
+        used: list[str] = []
+
+        def call() -> None:
+            sandbox = pool.acquire(TIER, "acme")
+            used.append(sandbox.container_id)
+            time.sleep(hold_s)  # the execution
+            pool.release(sandbox)
+
+        callers = [threading.Thread(target=call) for _ in range(3)]
+        for caller in callers:
+            caller.start()
+        time.sleep(hold_s)
+        pool.release(first)
+        for caller in callers:
+            caller.join(timeout=30)
+        assert used == [first.container_id] * 3
+    finally:
+        pool.close()

@@ -9,7 +9,7 @@ A tenant's execution takes, in this order: an idle container already bound to it
 tier (the most recently used: its pages are warm); the next of its containers to come back from
 the cleanup after a call that returned (milliseconds: see PooledDocker); while the tenant's other
 callers hold or are getting containers and the first of those is expected to come free within a
-container's build time (`waits_for_own`), the next of those to come free (up to two builds' time, counted
+container's build time (`waits_for_own`), the next of those to come free (up to four builds' time, counted
 from when the tenant's first container is handed out: its callers arriving together wait for the
 one the first of them is getting, however long that build takes); else an unbound one, which it
 binds for the container's whole life; else the next one a builder finishes; else one started now.
@@ -58,6 +58,13 @@ RUNS_PER_CALL = 3
 # slow cleanups (at most its concurrent executions) must not hold back the return of another's containers.
 SETTLERS = 64
 Key = tuple[str, str]  # (tenant, tier)
+
+
+# How long, in container builds, a caller may wait for its tenant's containers to come free before it takes
+# another. A tenant's callers queue behind its containers: on a saturated 2-core machine four callers behind
+# one container (holds of ~0.3 s) wait ~0.9 s, past two builds, and each such start cost the machine 0.1-0.3 s
+# of CPU while the wait would have cost none (BENCHMARKS.md, 2026-12-07, fourth session).
+OWN_WAIT_BUILDS = 4
 
 
 def waits_for_own(hold_s: float, held: int, build_s: float) -> bool:
@@ -198,7 +205,7 @@ class WarmPool:
         counted = was_coming = False
         with self._lock:
             self._note_busy(key, +1)
-            own_until = time.monotonic() + 2 * self._build_s if self._others(key) and \
+            own_until = time.monotonic() + OWN_WAIT_BUILDS * self._build_s if self._others(key) and \
                 waits_for_own(self._hold_s, self._held.get(key, 0), self._build_s) else 0.0
             while True:
                 if self._closing:
@@ -219,7 +226,7 @@ class WarmPool:
                     if coming or was_coming:
                         # the tenant's first container is on its way to another of its callers (or was, until
                         # now): the wait for it to come free counts from its hand-out
-                        own_until = max(own_until, time.monotonic() + 2 * self._build_s)
+                        own_until = max(own_until, time.monotonic() + OWN_WAIT_BUILDS * self._build_s)
                     was_coming = coming
                 if time.monotonic() < min(own_until, deadline) and self._others(key):
                     self._arrived.wait(timeout=min(own_until, deadline) - time.monotonic())
