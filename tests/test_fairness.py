@@ -3,6 +3,7 @@ first runs waiting behind it (worker/tenancy/fairness.py). Ordering is checked, 
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -16,7 +17,7 @@ from tests.test_recovery import load_run
 from tests.waiting import wait_for
 from worker.config import Settings
 from worker.core.models import RunSpec
-from worker.names import PRIORITY_SEP
+from worker.names import PRIORITY_SEP, SANDBOX_QUEUE, STEP_TASK
 from worker.service.submit import new_run
 from worker.store import keys
 from worker.store.runs import RunStore
@@ -85,7 +86,7 @@ def test_interactive_and_small_tenants_runs_overtake_a_backlog(
 
     def later_steps_by_list() -> dict[bytes, int]:
         """Queued messages for steps after the first, per priority list (not the base list, where only
-        continuations without a priority go: reaper re-kicks, drain re-sends, sandbox results)."""
+        continuations without a priority go: reaper re-kicks, drain re-sends)."""
         found: dict[bytes, int] = {}
         for name in client.keys(f"{STEPS_QUEUE}{PRIORITY_SEP}*"):
             later = [m for m in client.lrange(name, 0, -1) if not re.search(rb"argsrepr\": \"\['[0-9a-f]+', 0\]", m)]
@@ -106,3 +107,34 @@ def test_interactive_and_small_tenants_runs_overtake_a_backlog(
     assert interactive_at < min(finished.values())  # ahead of the whole backlog
     behind = sum(at > small_at for at in finished.values())
     assert behind >= 45, f"only {behind} of the 60 backlog runs finished after tenant acme's one run"
+
+
+@pytest.mark.integration
+def test_a_sandbox_result_continues_its_run_at_the_runs_priority_in_one_step_delivery(
+    cluster: Cluster, tmp_path: Path, redis_url: str
+) -> None:
+    """The continuation runs the run's next model call (worker/tasks/steps.py), so it waits its turn at the
+    run's priority like that step would, and a python run takes two step deliveries, not three."""
+    batch_in = tmp_path / "python.jsonl"
+    batch_in.write_text("".join(json.dumps({"id": f"p{i}", "question": f"Run this python code:\n```python\n"
+                                            f"print({i}*7)\n```"}) + "\n" for i in range(3)))
+    out = tmp_path / "python-out.jsonl"
+    steps = cluster.start_worker(queues="steps", concurrency=4)
+    batch = cluster.start_batch(batch_in, out)
+    client = redis.Redis.from_url(redis_url)
+
+    def sandbox_requests() -> list[dict]:
+        return [json.loads(base64.b64decode(json.loads(m)["body"]))[0][0] for m in client.lrange(SANDBOX_QUEUE, 0, -1)]
+
+    requests = wait_for("three sandbox calls queued", sandbox_requests, 120, until=lambda r: len(r) == 3)
+    assert [r["continue_priority"] for r in requests] == [BATCH_FIRST] * 3  # the batch runs' priority, not 0
+    cluster.start_worker(queues="sandbox", concurrency=2)
+    assert cluster.finish_batch(batch) is not None
+    lines = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda line: line["id"])
+    assert [line["status"] for line in lines] == ["succeeded"] * 3
+    assert all(str(i * 7) in line["answer"] for i, line in enumerate(lines)), lines
+    log = cluster.log(steps)
+    received = len(re.findall(rf"Task {re.escape(STEP_TASK)}\[[^\]]+\] received", log))
+    assert received == 6, log[-3000:]
+    finished = [json.loads(line) for line in log.splitlines() if '"msg": "run finished"' in line]
+    assert sorted(line["step"] for line in finished) == [1, 1, 1]  # the step the continuation went on to

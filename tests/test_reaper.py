@@ -124,6 +124,20 @@ def test_a_call_still_waiting_in_line_is_not_re_sent(rt: Runtime) -> None:
     assert count(ReaperAction.SANDBOX_LOST) == before + 1
 
 
+def test_a_sandbox_results_continuation_waiting_its_turn_behind_a_backlog_is_left_alone(
+        rt: Runtime, broker: Celery) -> None:
+    """The result is stored and the marker gone; the continuation waits in the steps queue at the run's
+    priority (worker/tasks/steps.py): it will run, so nothing is re-sent, however long the backlog."""
+    run = wait_on_sandbox(rt)
+    for other in submit(rt, 20):
+        enqueue(broker, other, priority=2)
+    enqueue(broker, run, priority=9)
+    before = count(ReaperAction.SANDBOX_LOST)
+    for later in (SANDBOX_S - 5, SANDBOX_S + 1, SANDBOX_S + 2, 10 * SANDBOX_S):
+        assert reap(rt, time.time() + later) == {}
+    assert count(ReaperAction.SANDBOX_LOST) == before
+
+
 def test_a_lost_sandbox_call_past_the_runs_deadline_ends_the_run(rt: Runtime) -> None:
     run = wait_on_sandbox(rt)
     assert run.deadline_at is not None

@@ -199,6 +199,44 @@ def test_a_sandboxed_call_waits_for_its_result_and_the_continuation_finishes_the
     assert (run.status, run.answer, run.waiting_on) == (RunStatus.SUCCEEDED, "42", None)
 
 
+def test_a_continuation_that_goes_on_runs_the_next_step_itself_and_a_delivery_asks_the_model_once(
+        harness: Harness) -> None:
+    """With go_on (what the Celery task asks), a delivery that records a stored reply's step enqueues nothing
+    and says go_on; a delivery that asked the model enqueues the next step as always, so no delivery makes
+    two model calls (docs/decisions/fair-queues.md)."""
+    harness.llm.script(call("python", {"code": "print(6*7)"}), call("python", {"code": "print(7*6)"}), final("42"))
+    run_id = harness.submit("Use python twice")
+    assert harness.runner.run_step(run_id, 0, go_on=True).outcome == Outcome.WAITING
+    harness.dispatch.steps.clear()
+    [request] = harness.dispatch.sandbox
+    complete_sandbox(harness, request, SandboxResult(exit_code=0, stdout="42\n", stderr="", tier="standard",
+                                                     backend="process"))
+    sent = len(harness.dispatch.sent_steps)
+    continued = harness.runner.run_step(run_id, 0, go_on=True)
+    assert (continued.outcome, continued.next_step, continued.go_on) == (Outcome.TOOL_CALLS, 1, True)
+    assert len(harness.dispatch.sent_steps) == sent and not harness.dispatch.steps  # step 1 is not enqueued
+    assert len(harness.llm.requests) == 1 and harness.run(run_id).current_step == 1
+
+    # step 1 asks the model: even with go_on it waits on its own sandboxed call, nothing more
+    assert harness.runner.run_step(run_id, 1, go_on=True).outcome == Outcome.WAITING
+    assert len(harness.llm.requests) == 2
+    complete_sandbox(harness, harness.dispatch.sandbox[-1],
+                     SandboxResult(exit_code=0, stdout="42\n", stderr="", tier="standard", backend="process"))
+    # without go_on (an older worker, the test harness) the continuation enqueues the next step
+    assert harness.runner.run_step(run_id, 1).go_on is False
+    assert list(harness.dispatch.steps) == [(run_id, 2)]
+    assert harness.drain() == [Outcome.FINAL_ANSWER]
+
+
+def test_a_delivery_that_asked_the_model_never_goes_on(harness: Harness) -> None:
+    harness.llm.script(call("calculator", {"expression": "6*7"}), final("42"))
+    run_id = harness.submit("What is 6 * 7?")
+    harness.dispatch.steps.clear()
+    first = harness.runner.run_step(run_id, 0, go_on=True)
+    assert (first.outcome, first.go_on) == (Outcome.TOOL_CALLS, False)
+    assert list(harness.dispatch.steps) == [(run_id, 1)]
+
+
 def test_parallel_calls_mix_inline_and_sandboxed_results_in_the_order_asked(harness: Harness) -> None:
     harness.llm.script(calls(("python", {"code": "print(1)"}, "p"), ("calculator", {"expression": "2+2"}, "c")),
                        final("done"))

@@ -25,6 +25,9 @@ class ExecuteRequest(BaseModel):
     continue_task: str | None = None
     continue_args: list[Any] = Field(default_factory=list)
     continue_queue: str | None = None
+    # The continuation's priority on its queue (the run's: the continuation runs the run's next step); None:
+    # the queue's base list (older senders).
+    continue_priority: int | None = Field(None, ge=0, le=9)
     # The run's deadline (epoch seconds): a call still waiting in line then gets a quota_exceeded result.
     # None (older senders): queued_at + REACTQ_SANDBOX_WAIT_MAX_S.
     deadline_at: float | None = None

@@ -239,7 +239,8 @@ class SandboxWorker:
         if req.continue_task in ALLOWED_CONTINUATIONS:
             # declare=[]: the step workers declare their queue; declaring it again on every publish costs
             # CPU and sends nothing (as worker/tasks/steps.py's send_step)
-            task.app.send_task(req.continue_task, args=req.continue_args, queue=req.continue_queue, declare=[])
+            task.app.send_task(req.continue_task, args=req.continue_args, queue=req.continue_queue,
+                               priority=req.continue_priority, declare=[])
         elif req.continue_task:
             log.warning("refused to continue sandbox call %s to task %r: only %s may follow a sandbox call",
                         req.result_key, req.continue_task, ", ".join(sorted(ALLOWED_CONTINUATIONS)))

@@ -29,6 +29,7 @@ class StepOutcome:
     outcome: Outcome
     next_step: int | None = None  # the step that follows, enqueued once the run's lease is released
     next_sent: bool = False  # ... by the commit that released it (else the runner sends it after)
+    go_on: bool = False  # ... by nobody: this delivery made no model call, so it runs the next step itself
     safeguard: str | None = None  # the safeguard that ended the run, if one did
     retry_in_s: float | None = None  # PROVIDER_WAIT: deliver the step again after this many seconds
 

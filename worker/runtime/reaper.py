@@ -25,7 +25,8 @@ backlog of thousands waits:
   its last second of writes can lose the message, the result and the next step's message): no task will
   write the result, so the step's dispatch marks are dropped and its re-run sends the sandboxed call
   again, or uses the result stored meanwhile. A call legitimately waiting in line, however long, is left
-  alone: its task ends it with a result.
+  alone: its task ends it with a result; so is a run whose step message waits in the steps queue (the
+  sandbox result's continuation, queued with the run's priority behind a backlog).
 - `sandbox_deadline`: the same, but the run's deadline has passed: the run ends (`timeout`, with the
   reason that its deadline passed while it waited for a sandbox result) instead of sending the call again.
 - `sandbox_unavailable`: a run `waiting_on=sandbox` whose pending marker has expired, idle for
@@ -88,6 +89,8 @@ def _decide(run: Run, progress_at: float, taken: tuple[int, float] | None, now: 
     idle = now - progress_at
     if run.waiting_on == "sandbox":
         if idle <= s.stale_after_s or rt.store.scratch.sandbox_pending(run.id, run.current_step):
+            return None
+        if (stepping := queued()) is not None and run.id in stepping:  # its continuation waits its turn
             return None
         past_deadline = run.deadline_at is not None and now >= run.deadline_at
         if not past_deadline and idle > s.sandbox_unavailable_s and rt.cluster.live_workers(

@@ -54,6 +54,7 @@ class Delivery:
     steps: list[Step]
     stored_reply: LLMReply | None
     stored_results: dict[str, Observation]
+    may_go_on: bool = False  # run_step's go_on
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,14 @@ class StepRunner:
         self.store = rt.store
         self.dispatch = dispatch
 
-    def run_step(self, run_id: str, index: int) -> StepOutcome:
-        """Make progress on step `index` of a run, and say what happened."""
+    def run_step(self, run_id: str, index: int, *, go_on: bool = False) -> StepOutcome:
+        """Make progress on step `index` of a run, and say what happened.
+
+        `go_on`: when this delivery records the step without asking the model (its reply was stored by an
+        earlier delivery: a sandbox continuation, a person's decision) and the run goes on, the next step is
+        not enqueued; the outcome says `go_on`, and the caller runs that step itself (worker/tasks/steps.py,
+        docs/decisions/fair-queues.md): one Celery delivery fewer, and still one model call at most a
+        delivery."""
         leases = self.rt.leases
         token = leases.new_token()
         loaded = leases.store.lease_and_load(run_id, index, token, leases.ttl_ms)
@@ -90,7 +97,7 @@ class StepRunner:
         leases.hold(run_id, token)
         try:
             if live and loaded.snapshot is not None:
-                delivery = Delivery(index, token, loaded.steps, loaded.reply, loaded.results)
+                delivery = Delivery(index, token, loaded.steps, loaded.reply, loaded.results, may_go_on=go_on)
                 result = self._run_step(loaded.snapshot, delivery)
             else:
                 result = FENCED
@@ -99,7 +106,7 @@ class StepRunner:
         # Enqueue the next step only once the lease is gone: sent earlier, it could start (on another
         # thread or worker) while this step still held the lease, be fenced, and strand the run. With
         # Celery on Redis the commit that lets go of the lease sends it (no window between the two).
-        if result.next_step is not None and not result.next_sent:
+        if result.next_step is not None and not result.next_sent and not result.go_on:
             self.dispatch.next_step(run_id, result.next_step)
         return result
 
@@ -472,7 +479,8 @@ class StepRunner:
             return found
 
         steps = d.steps + [step]
-        to_send = self.dispatch.step_commands
+        go_on = d.may_go_on and d.stored_reply is not None  # no model call in this delivery
+        to_send = None if go_on else self.dispatch.step_commands
         committed = self.store.commit_step(
             snap, step, conclude, invalid=invalid, release_lease=d.token,
             also=also, uncounted=Uncounted(usage=step.usage + step.lost_usage, cost_usd=step.cost_usd,
@@ -491,7 +499,7 @@ class StepRunner:
                                 "completion_tokens": step.usage.completion_tokens,
                                 "llm_ms": step.llm_ms, "tools_ms": step.tools_ms})
         if not committed.run.status.finished:
-            return StepOutcome(outcome, next_step=step.index + 1, next_sent=committed.next_sent)
+            return StepOutcome(outcome, next_step=step.index + 1, next_sent=committed.next_sent, go_on=go_on)
         safeguard = committed.end.safeguard if committed.end is not None else ""
         if safeguard:
             metrics.SAFEGUARDS.labels(safeguard).inc()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 
+from .. import logs
 from ..config import get_settings
 from ..core.outcome import Outcome
 from ..errors import LLMThrottled
@@ -65,7 +66,11 @@ def step_commands(run_id: str, index: int, priority: int | None = None, celery: 
 
 
 def send_sandbox(request: dict[str, Any]) -> None:
-    app.send_task(SANDBOX_TASK, args=[request], queue=SANDBOX_QUEUE)
+    """Send a sandboxed call; its result comes back as the step's continuation with this run's priority: the
+    continuation runs the next step's model call (run_step's go_on), so it waits its turn like that step
+    would (docs/decisions/fair-queues.md)."""
+    priority = (step.request.delivery_info or {}).get("priority")
+    app.send_task(SANDBOX_TASK, args=[{**request, "continue_priority": priority}], queue=SANDBOX_QUEUE)
 
 
 @functools.cache
@@ -95,16 +100,21 @@ def step(self: Any, run_id: str, index: int) -> str:
     whose model call failed for now (worker/core/provider_trouble.py)."""
     from ..runtime.runner import StepRunner
 
+    runner = StepRunner(get_runtime(get_settings), celery_dispatch())
     try:
         with IN_FLIGHT.track(run_id, index):
-            result = StepRunner(get_runtime(get_settings), celery_dispatch()).run_step(run_id, index)
+            result = runner.run_step(run_id, index, go_on=True)
+            if result.go_on and result.next_step is not None:  # recorded a stored reply's step: the next is ours
+                index = result.next_step
+                with IN_FLIGHT.track(run_id, index), logs.bound(step=index):
+                    result = runner.run_step(run_id, index)
     except LLMThrottled as exc:
         send_step(run_id, index, countdown=exc.wait_s)
         return "throttled"
     if result.retry_in_s is not None:  # the model's provider is in trouble: this thread serves other runs
         send_step(run_id, index, countdown=result.retry_in_s)
     if result.outcome == Outcome.BUSY and self.request.retries < BUSY_RETRIES:
-        raise self.retry(countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
+        raise self.retry(args=[run_id, index], countdown=BUSY_RETRY_S, max_retries=BUSY_RETRIES)
     return result.outcome.value
 
 

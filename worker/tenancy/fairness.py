@@ -11,8 +11,9 @@ when it is submitted and every later step of the run keeps it:
   recent submissions double (`2 + log2(1 + recent / 8)`, capped at 9). "Recent" is the tenant's runs
   submitted in the last `WINDOW_S` (Redis counters in one-minute buckets), so a tenant that just queued
   2,000 runs gets most of them at 8-9 while another tenant's next run still gets 2.
-- continuations without a priority (the reaper's re-kicks, sandbox results) land in the base list,
-  which is served first: recovering a stranded run is never starved.
+- continuations without a priority (the reaper's re-kicks) land in the base list, which is served
+  first: recovering a stranded run is never starved. A sandbox result's continuation keeps its run's
+  priority: it runs the run's next model call (worker/tasks/steps.py).
 
 docs/decisions/fair-queues.md says why this and not per-tenant queues.
 """
