@@ -3,6 +3,7 @@ listed by `reactq --help`): `reactq batch` loads neither the API nor the demo no
 
 from __future__ import annotations
 
+import gc
 import importlib
 
 import click
@@ -62,7 +63,12 @@ def cli() -> None:
 
 def main() -> None:
     get_settings()
-    cli()
+    try:
+        cli()
+    finally:
+        # The interpreter's teardown runs the cyclic collector over every object the imports made (~60 ms
+        # of CPU a command, a sixth of `reactq batch`'s; BENCHMARKS.md): frozen, they are left as they are.
+        gc.freeze()
 
 
 if __name__ == "__main__":
