@@ -109,16 +109,29 @@ def test_interactive_and_small_tenants_runs_overtake_a_backlog(
     assert behind >= 45, f"only {behind} of the 60 backlog runs finished after tenant acme's one run"
 
 
+def python_batch(tmp_path: Path) -> tuple[Path, Path]:
+    """A batch of three python runs ("Run this python code: print(i*7)"), and where its results go."""
+    batch_in = tmp_path / "python.jsonl"
+    batch_in.write_text("".join(json.dumps({"id": f"p{i}", "question": f"Run this python code:\n```python\n"
+                                            f"print({i}*7)\n```"}) + "\n" for i in range(3)))
+    return batch_in, tmp_path / "python-out.jsonl"
+
+
+def python_results(out: Path) -> list[dict]:
+    """python_batch's result lines in order, each checked: succeeded, with its number in the answer."""
+    lines = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda line: line["id"])
+    assert [line["status"] for line in lines] == ["succeeded"] * 3
+    assert all(str(i * 7) in line["answer"] for i, line in enumerate(lines)), lines
+    return lines
+
+
 @pytest.mark.integration
 def test_a_sandbox_result_continues_its_run_at_the_runs_priority_in_one_step_delivery(
     cluster: Cluster, tmp_path: Path, redis_url: str
 ) -> None:
     """The continuation runs the run's next model call (worker/tasks/steps.py), so it waits its turn at the
     run's priority like that step would, and a python run takes two step deliveries, not three."""
-    batch_in = tmp_path / "python.jsonl"
-    batch_in.write_text("".join(json.dumps({"id": f"p{i}", "question": f"Run this python code:\n```python\n"
-                                            f"print({i}*7)\n```"}) + "\n" for i in range(3)))
-    out = tmp_path / "python-out.jsonl"
+    batch_in, out = python_batch(tmp_path)
     steps = cluster.start_worker(queues="steps", concurrency=4)
     batch = cluster.start_batch(batch_in, out)
     client = redis.Redis.from_url(redis_url)
@@ -130,11 +143,39 @@ def test_a_sandbox_result_continues_its_run_at_the_runs_priority_in_one_step_del
     assert [r["continue_priority"] for r in requests] == [BATCH_FIRST] * 3  # the batch runs' priority, not 0
     cluster.start_worker(queues="sandbox", concurrency=2)
     assert cluster.finish_batch(batch) is not None
-    lines = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda line: line["id"])
-    assert [line["status"] for line in lines] == ["succeeded"] * 3
-    assert all(str(i * 7) in line["answer"] for i, line in enumerate(lines)), lines
+    python_results(out)
     log = cluster.log(steps)
     received = len(re.findall(rf"Task {re.escape(STEP_TASK)}\[[^\]]+\] received", log))
     assert received == 6, log[-3000:]
     finished = [json.loads(line) for line in log.splitlines() if '"msg": "run finished"' in line]
     assert sorted(line["step"] for line in finished) == [1, 1, 1]  # the step the continuation went on to
+
+
+@pytest.mark.integration
+def test_a_worker_killed_in_the_step_a_continuation_went_on_to_loses_no_run(
+    cluster: Cluster, stub_control: StubControl, tmp_path: Path, redis_url: str
+) -> None:
+    """Step 0 is recorded by the continuation, which then waits on step 1's model call (no message exists for
+    step 1): SIGKILLed there, the run is found by the reaper (its lease lapses) and finishes on another worker,
+    each step recorded once."""
+    batch_in, out = python_batch(tmp_path)
+    victim = cluster.start_worker(queues="steps", concurrency=4)
+    batch = cluster.start_batch(batch_in, out)
+    client = redis.Redis.from_url(redis_url)
+    wait_for("three sandbox calls queued", lambda: client.llen(SANDBOX_QUEUE), 120, until=lambda n: n == 3)
+    stub_control.set_faults(latency_ms=60_000)  # step 1's model call outlives the victim
+    cluster.start_worker(queues="sandbox", concurrency=2)
+    run_ids = [r.decode() for r in client.zrange(keys.ACTIVE_RUNS, 0, -1)]
+    assert len(run_ids) == 3
+    wait_for("step 0 recorded by each continuation", lambda: [load_run(redis_url, r)[0].current_step for r in run_ids],
+             120, until=lambda steps: steps == [1, 1, 1])
+    wait_for("step 1's model calls under way", lambda: stub_control.stats()["requests"], 60,
+             until=lambda calls: calls >= 6)  # step 0's three, and step 1's (counted as they arrive)
+    cluster.kill(victim)
+    stub_control.set_faults(latency_ms=0)
+    cluster.start_worker(queues="steps", concurrency=4)
+    assert cluster.finish_batch(batch) is not None
+    lines = python_results(out)
+    for line in lines:
+        run, steps = load_run(redis_url, line["run_id"])
+        assert [s.index for s in steps] == [0, 1] == list(range(run.current_step))
