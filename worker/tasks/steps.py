@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("reactq.tasks")
 
 
+def running_priority() -> int | None:
+    """The priority of the step task running on this thread (None outside one): its run's."""
+    return (step.request.delivery_info or {}).get("priority")
+
+
 def send_step(run_id: str, index: int, priority: int | None = None, countdown: float | None = None,
               producer: Any = None, retry: bool = True) -> None:
     """Enqueue a step; without a priority it keeps the priority of the step running on this thread.
@@ -39,7 +44,7 @@ def send_step(run_id: str, index: int, priority: int | None = None, countdown: f
     to the queue's Redis list; the workers declare the queue as they start consuming. `retry=False`
     for a producer's batch, which sends nothing as a message is published (nothing to retry)."""
     if priority is None:
-        priority = (step.request.delivery_info or {}).get("priority")
+        priority = running_priority()
     step.apply_async(args=[run_id, index], queue=STEPS_QUEUE, priority=priority, countdown=countdown,
                      producer=producer, declare=[], retry=retry, **step_reprs(run_id, index))
 
@@ -69,8 +74,7 @@ def send_sandbox(request: dict[str, Any]) -> None:
     """Send a sandboxed call; its result comes back as the step's continuation with this run's priority: the
     continuation runs the next step's model call (run_step's go_on), so it waits its turn like that step
     would (docs/decisions/fair-queues.md)."""
-    priority = (step.request.delivery_info or {}).get("priority")
-    app.send_task(SANDBOX_TASK, args=[{**request, "continue_priority": priority}], queue=SANDBOX_QUEUE)
+    app.send_task(SANDBOX_TASK, args=[{**request, "continue_priority": running_priority()}], queue=SANDBOX_QUEUE)
 
 
 @functools.cache
