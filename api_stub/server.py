@@ -308,6 +308,9 @@ async def _complete(state: _State, request: Request) -> tuple[Response, str]:
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         events = stream_events(reply, id_=id_, created=created, model=model, usage=usage,
                                include_usage=include_usage)
+        if faults.chunk_delay_ms <= 0:  # the whole answer at once: one body, as a server with a cache hit sends it
+            return Response("".join(events), media_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache"}), outcome
         return StreamingResponse(_paced(events, faults.chunk_delay_ms / 1000), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"}), outcome
     if faults.chunk_delay_ms > 0:  # as a server that does not stream: silent until the whole answer is written

@@ -106,6 +106,30 @@ def test_stream_with_the_sdk_helper_and_raw_done(stub_base_url: str) -> None:
     assert raw.rstrip().endswith("data: [DONE]") and '"usage"' not in raw
 
 
+def test_an_undelayed_stream_is_one_body_with_the_paced_streams_events(stub_base_url: str) -> None:
+    """Without a chunk delay the stub writes the stream's events as one body (what a server with the answer at
+    once sends: the client reads the same events, without a wake-up per chunk); with one it paces them."""
+    body = {"model": "m", "messages": text_messages("What is 6*7?"), "stream": True,
+            "stream_options": {"include_usage": True}}
+    whole = httpx.post(f"{stub_base_url}/chat/completions", json=body)
+    paced = httpx.post(f"{stub_base_url}/chat/completions", json=body,
+                       headers={"X-Stub-Faults": json.dumps({"chunk_delay_ms": 1})})
+    assert whole.headers["content-type"].startswith("text/event-stream")
+    assert whole.headers["content-length"] == str(len(whole.content))
+    assert "content-length" not in paced.headers and paced.headers["transfer-encoding"] == "chunked"
+
+    def events(raw: str) -> list[dict | str]:
+        out: list[dict | str] = []
+        for line in raw.splitlines():
+            if line.startswith("data: "):
+                data = line[6:]
+                out.append(data if data == "[DONE]" else {k: v for k, v in json.loads(data).items()
+                                                          if k not in ("id", "created")})
+        return out
+
+    assert len(events(whole.text)) > 4 and events(whole.text) == events(paced.text)
+
+
 def test_models_health_metrics(stub_server: StubServer, stub_base_url: str) -> None:
     assert [m.id for m in client(stub_base_url).models.list()] == ["reactq-stub"]
     assert httpx.get(f"{stub_server.url}/healthz").json() == {"status": "ok"}
