@@ -8,6 +8,7 @@ punctuation mark one token; a chat message adds OpenAI's documented overhead.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -32,6 +33,7 @@ def _spans(text: str) -> Iterator[int]:
         yield end
 
 
+@functools.lru_cache(maxsize=512)  # a run's calls repeat its system prompt and earlier turns: counted once each
 def count_tokens(text: str | None) -> int:
     """Number of tokens in `text` (0 for None or empty)."""
     if not text:
