@@ -337,9 +337,10 @@ async def _paced(events: Iterator[str], delay_s: float) -> AsyncIterator[str]:
 
 
 def _uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:
-    # keep-alive longer than clients' idle expiry (httpx: 5 s) avoids resets on reused connections
+    # keep-alive longer than clients' idle expiry (httpx: 5 s) avoids resets on reused connections; no proxy
+    # headers: the stub reads no client address, and their middleware ran on every request
     return uvicorn.Config(app, host=host, port=port, backlog=4096, access_log=False, log_level="warning",
-                          timeout_keep_alive=75, timeout_graceful_shutdown=5, lifespan="off")
+                          timeout_keep_alive=75, timeout_graceful_shutdown=5, lifespan="off", proxy_headers=False)
 
 
 def serve(host: str = "127.0.0.1", port: int = 8900, faults: FaultConfig | None = None) -> None:
