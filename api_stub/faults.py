@@ -38,7 +38,8 @@ class FaultConfig(BaseModel):
         default=1.0, ge=0.0, description="value of Retry-After (seconds) / retry-after-ms on a 429")
     chunk_delay_ms: float = Field(
         default=0.0, ge=0.0, description="a slow model: the delay before each streamed chunk after the first; "
-                                         "a request that does not stream waits for all of them, then gets the answer")
+                                         "a request that does not stream waits for all of them, then gets the answer "
+                                         "(0: a stream's chunks are sent together, in one body)")
     timeout_rate: float = Field(
         default=0.0, ge=0.0, le=1.0, description="share held for timeout_s then dropped without a reply")
     timeout_s: float = Field(default=30.0, ge=0.0, description="how long a 'timeout' request is held")
