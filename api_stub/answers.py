@@ -24,6 +24,9 @@ _ERROR_START = re.compile(r"^\s*(?:error|exception|traceback|invalid|unknown too
                           r"timed out|timeout|validation error)\b", re.I)
 _ERROR_ANY = re.compile(r"\b\w*(?:Error|Exception)\b|^exit code\s*-?[1-9]\d*\s*$|^timed out", re.M)
 _SEARCH_LINE = re.compile(r"^\s*\d+\.\s*([^:\n]{1,200}):\s+(.*)$")
+# What reactq's python tool says for a program that printed nothing (a hint to the model, not its output)
+_NO_OUTPUT = re.compile(r"^\(no output\b.*\)$", re.I)
+PRINTED_NOTHING = "The program printed nothing."
 
 
 def clean(observation: str) -> str:
@@ -60,7 +63,8 @@ def error_line(observation: str) -> str:
 def _python_value(observation: str) -> str:
     lines = [line.strip() for line in clean(observation).splitlines()]
     useful = [line for line in lines
-              if line and not re.match(r"^(?:exit code\s*0|stdout:|stderr:)\s*$", line, re.I)]
+              if line and not re.match(r"^(?:exit code\s*0|stdout:|stderr:)\s*$", line, re.I)
+              and not _NO_OUTPUT.match(line)]
     if not useful:
         return ""
     return useful[-1].removeprefix("stdout:").strip()
@@ -109,17 +113,20 @@ def answer_part(action: Action, observation: str) -> str:
     if is_error(action.tool, observation):
         return f"I could not compute it: {error_line(observation)}"
     if action.tool == "python":
-        return _python_value(observation) or "The program printed nothing."
+        return _python_value(observation) or PRINTED_NOTHING
     value = text.splitlines()[0].strip() if text else text
     return zh_number_answer(action.part, value) if zh and value else value
 
 
 def combine(actions: list[Action], answers: list[str]) -> str:
-    """One final answer from the answers of all parts, in question order."""
-    if len(answers) == 1:
-        return answers[0]
+    """One final answer from the answers of all parts, in question order. Programs that printed nothing (a
+    session's cells that only define names) are left out when another part has something to say."""
+    parts = [(action, answer) for action, answer in zip(actions, answers, strict=True)
+             if not (action.tool == "python" and answer == PRINTED_NOTHING)] or [(actions[-1], answers[-1])]
+    if len(parts) == 1:
+        return parts[0][1]
     pieces = []
-    for action, answer in zip(actions, answers, strict=True):
+    for action, answer in parts:
         if action.tool == "calculator" and not answer.startswith("I could not"):
             pieces.append(f"{action.argument} = {answer}")
         else:

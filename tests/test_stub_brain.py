@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from api_stub.answers import PRINTED_NOTHING, answer_part, combine
 from api_stub.brain import DONT_KNOW, Reply, respond
 from api_stub.faults import FaultConfig, decide, hallucinate, malform
-from api_stub.planner import plan
+from api_stub.planner import Action, plan
 from api_stub.tokens import count_prompt_tokens, count_tokens, truncate_to_tokens
+from tools_sandbox.base.models import SandboxResult
+from tools_sandbox.base.render import render
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = frozenset({"calculator", "search", "python"})
@@ -211,6 +214,22 @@ def test_parallel_calls_then_combined_answer() -> None:
     answer, replies = run_tools_mode("What is 3+4 and what is the capital of France?")
     assert [c.name for c in replies[0].tool_calls] == ["calculator", "search"]
     assert "7" in answer and "Paris is the capital of France" in answer
+
+
+def test_a_session_answer_leaves_out_the_cells_that_printed_nothing() -> None:
+    """`reactq demo`'s python session: two cells define names, the third prints. The answer is what was
+    printed, not the python tool's "no output" hint twice and then the output."""
+    silent = render(SandboxResult(exit_code=0, stdout="", stderr="", tier="standard", backend="docker")).text
+    cells = [Action("python", "prices = [3.5, 12.25, 7.0]", "cell 1"),
+             Action("python", "total = sum(prices)", "cell 2"),
+             Action("python", "print(f'{len(prices)} items, {total:.2f} in all')", "cell 3")]
+    answers = [answer_part(cell, out) for cell, out in zip(cells, [silent, silent, "3 items, 22.75 in all\n"],
+                                                          strict=True)]
+    assert answers == [PRINTED_NOTHING, PRINTED_NOTHING, "3 items, 22.75 in all"]
+    assert combine(cells, answers) == "3 items, 22.75 in all"
+    assert combine(cells[:2], answers[:2]) == PRINTED_NOTHING  # nothing printed at all: it says so, once
+    two = [Action("calculator", "2+2", "What is 2+2"), Action("calculator", "3*3", "what is 3*3")]
+    assert combine([two[0], cells[0], two[1]], ["4", PRINTED_NOTHING, "9"]) == "2+2 = 4; 3*3 = 9"
 
 
 def test_text_mode_does_one_action_per_turn() -> None:
