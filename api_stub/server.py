@@ -329,9 +329,10 @@ async def _then(body: AsyncIterable[Any], done: Callable[[], None]) -> AsyncIter
 
 
 async def _paced(events: Iterator[str], delay_s: float) -> AsyncIterator[str]:
-    """The stream's chunks, each after the first `delay_s` later than the one before (a model writing slowly)."""
+    """The stream's chunks, each after the first `delay_s` later than the one before (a model writing slowly;
+    an undelayed stream is sent as one body instead)."""
     for i, event in enumerate(events):
-        if i and delay_s > 0 and not event.startswith("data: [DONE]"):
+        if i and not event.startswith("data: [DONE]"):
             await asyncio.sleep(delay_s)
         yield event
 
