@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from tools_sandbox.base.render import UNAVAILABLE_TEXT
 from tools_sandbox.edges import sandbox_worker
 from worker import metrics
 from worker.core.outcome import Outcome
+from worker.names import SANDBOX_TASK
 from worker.runtime.reaper import ReaperAction, reap_once
 from worker.store import keys as worker_keys
 
@@ -125,6 +127,44 @@ def test_a_waiter_that_stopped_polling_leaves_the_line(redis_url: str, wait_tier
         assert gate.waiting("lane", "acme") == []
     finally:
         gate.close()
+
+
+def test_a_step_sends_a_call_whose_turn_has_come_and_parks_the_others(gate: QuotaGate, wait_tiers: Path) -> None:
+    """QuotaGate.enter, what a step asks before sending: a call within the free capacity is sent and counts as
+    woken until it arrives (so the wake sends nobody into its slot); the next one is parked, in line behind it."""
+    lane = load_tiers(wait_tiers)["lane"]  # 1 concurrent
+    assert gate.enter(lane, "acme", ticket="a", arrival=NOW, request="{a}", deadline=NOW + 600, now=NOW)
+    assert not gate.enter(lane, "acme", ticket="b", arrival=NOW + 1, request="{b}", deadline=NOW + 600, now=NOW + 1)
+    assert gate.waiting("lane", "acme") == ["a", "b"] and gate.parked("lane", "acme") == [b"{b}"]
+    assert gate.wake(lane, "acme", now=NOW + 2) == []  # a's slot is spoken for: b stays parked
+    slot = poll(gate, lane, "a", NOW, NOW + 2)  # a arrives
+    assert isinstance(slot, Slot)
+    assert gate.enter(lane, "acme", ticket="a", arrival=NOW, request="{a}", deadline=NOW + 600, now=NOW + 3)  # a copy
+    gate.release(slot, 0.1, now=NOW + 4)
+    assert gate.wake(lane, "acme", now=NOW + 4) == [b"{b}"]
+    assert isinstance(poll(gate, lane, "b", NOW + 1, NOW + 5), Slot)
+    assert gate.waiting("lane", "acme") == [] and gate.parked_lines() == []
+
+
+def test_the_step_parks_only_what_it_knows_the_quota_of(redis_url: str, wait_tiers: Path) -> None:
+    """SandboxLine: a call of a tier the tiers file lacks, or without a deadline, is sent (its delivery
+    decides); one over its tier's concurrency is parked with its request as sent, and its pending marker set."""
+    from worker.runtime.sandbox_bridge import SandboxLine
+
+    client = redis.Redis.from_url(redis_url)
+    line = SandboxLine(client, str(wait_tiers), 60, on_cluster=False)
+    occupy(client, "lane")
+    try:
+        sent = time.time()
+        assert not line.parked(request(1, tier="nosuch", queued_at=sent, deadline_at=sent + 600))
+        assert not line.parked(request(2, queued_at=sent))
+        assert client.hlen(sandbox_keys.quota_parked("lane", "acme")) == 0
+        assert line.parked(request(3, queued_at=sent, deadline_at=sent + 600))
+        [parked] = [json.loads(raw) for raw in client.hvals(sandbox_keys.quota_parked("lane", "acme"))]
+        assert parked == request(3, queued_at=sent, deadline_at=sent + 600, waits=1)
+        assert 50_000 < client.pttl("test:waits:pending:3") <= 60_000
+    finally:
+        client.close()
 
 
 # --- the task, run in this process on a real Redis ------------------------------------------------------------
@@ -373,7 +413,7 @@ def test_runs_whose_calls_outnumber_the_slots_all_finish(cluster: Cluster, tmp_p
     tiers.write_text(STANDARD_OF_ONE, encoding="utf-8")
     cluster.env["REACTQ_SANDBOX_TIERS_FILE"] = str(tiers)
     cluster.start_worker(queues="steps", concurrency=8)
-    cluster.start_worker(queues="sandbox", concurrency=3, REACTQ_SANDBOX_BACKEND="process")
+    sandbox = cluster.start_worker(queues="sandbox", concurrency=3, REACTQ_SANDBOX_BACKEND="process")
     infile, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     code = "import time\ntime.sleep(1)\nprint({} * 7)\n"
     infile.write_text("".join(json.dumps({"question": f"Run this python code:\n```python\n{code.format(i)}```"})
@@ -381,6 +421,9 @@ def test_runs_whose_calls_outnumber_the_slots_all_finish(cluster: Cluster, tmp_p
     cluster.finish_batch(cluster.start_batch(infile, out), timeout=180)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 6
+    # The steps parked the calls whose turn had not come: each call was delivered once, when its turn came.
+    received = re.findall(rf"Task {re.escape(SANDBOX_TASK)}\[[^\]]+\] received", cluster.log(sandbox))
+    assert len(received) == 6, cluster.log(sandbox)[-3000:]
     asked = []
     for line in lines:
         run = cluster.load_run(line["run_id"])

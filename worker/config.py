@@ -143,6 +143,9 @@ class Settings(BaseSettings):
     # A sandbox call no backend could run for this long ends its run failed (sandbox_unavailable); also read
     # by the sandbox workers (tools_sandbox/base/config.py), which send such a call again meanwhile.
     sandbox_unavailable_s: float = Field(300.0, gt=0)
+    # How long a waiting sandbox call's pending marker lasts: a step that parks its call in line sets it, the
+    # sandbox workers keep it alive (also read by them, tools_sandbox/base/config.py).
+    sandbox_pending_ttl_s: int = Field(60, ge=15)
     visibility_timeout_s: int = Field(3600, ge=60)
     drain_timeout_s: float = Field(60.0, gt=0)  # SIGTERM: steps still running after this go back to the queue
 

@@ -47,5 +47,8 @@ class CallStore:
 
     def keep_pending(self, req: ExecuteRequest, ttl_s: float) -> None:
         """Keep the request's pending marker alive for at least `ttl_s` more (never shortened)."""
-        if req.pending_key:
-            self._keep_pending(keys=[req.pending_key], args=[int(ttl_s * 1000)])
+        self.keep_marker(req.pending_key, ttl_s)
+
+    def keep_marker(self, pending_key: str | None, ttl_s: float) -> None:
+        if pending_key:
+            self._keep_pending(keys=[pending_key], args=[int(ttl_s * 1000)])

@@ -23,7 +23,9 @@ message of it waits in the broker. `wake` hands back the requests of as many cal
 line as there is capacity free (minus those woken but not yet arrived), and of every parked call whose
 deadline passed; the sandbox task calls it after each execution it finishes, and each sandbox worker
 process every second (edges/sandbox_worker.py), so a freed slot is taken within milliseconds, in order.
-Parked and just-woken tickets never count as gone quiet.
+Parked and just-woken tickets never count as gone quiet. A step about to send a call asks `enter` first: a
+call whose turn has not come is parked by the step itself (no message, no delivery that would only park it),
+and one it sends counts as woken until it arrives.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ _ACQUIRE = (Path(__file__).parent / "acquire_slot.lua").read_text()
 # ARGV: now, concurrent, per minute, woken ttl, line name (for parked lines), scan limit
 _WAKE = (Path(__file__).parent / "wake_line.lua").read_text()
 WOKEN_TTL_S = 10.0
+
+# A call as its step sends it: 'send' (counted as woken until it arrives) or 'parked' (see QuotaGate.enter).
+# KEYS: running, minute, line, parked, parked deadlines, woken, parked lines, seen
+# ARGV: now, ticket, concurrent, per minute, arrival, request, deadline, woken ttl, line name, stale, keep
+_ENTER = (Path(__file__).parent / "enter_line.lua").read_text()
 
 
 @dataclass(frozen=True)
@@ -110,11 +117,13 @@ class QuotaGate:
         self._client: redis.Redis | None = None
         self._acquire: Script | None = None
         self._wake: Script | None = None
+        self._enter: Script | None = None
 
     def start(self) -> None:
         self._client = self._given or connect(self.redis_url, socket_timeout=5)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._wake = self._client.register_script(_WAKE)
+        self._enter = self._client.register_script(_ENTER)
 
     def close(self) -> None:
         if self._client is not None and self._given is None:
@@ -155,6 +164,22 @@ class QuotaGate:
         return Wait(quota=verdict, tenant=tenant, tier=tier.name, position=int(rank),
                     retry_in_s=max(0.0, float(wait)))
 
+    def enter(self, tier: Tier, tenant: str, *, ticket: str, arrival: float, request: str, deadline: float,
+              now: float | None = None) -> bool:
+        """Whether a call its step is about to send should go now: its place in line is within the capacity
+        free (it counts as woken until its delivery takes the slot). Otherwise it is parked with `request`
+        (a delivery would only have parked it), and `wake` sends it when its turn comes."""
+        now = time.time() if now is None else now
+        assert self._enter is not None
+        verdict = self._enter(
+            keys=[*_line_keys(tier.name, tenant, now), keys.quota_seen(tier.name, tenant)],
+            args=[repr(now), ticket, tier.quota.concurrent_executions, tier.quota.executions_per_minute,
+                  repr(arrival), request, repr(deadline), WOKEN_TTL_S, f"{tier.name}\t{tenant}", self.waiter_stale_s,
+                  _parked_ttl_s(deadline, now)],
+            client=self.client,
+        )
+        return (verdict.decode() if isinstance(verdict, bytes) else verdict) == "send"
+
     def park(self, tier: str, tenant: str, ticket: str, request: str, deadline: float) -> None:
         """Leave a waiting call's request with its line: `wake` hands it back when its turn (or its
         deadline) comes, so no message of it waits in the broker meanwhile."""
@@ -164,7 +189,7 @@ class QuotaGate:
         pipe.zrem(keys.quota_woken(tier, tenant), ticket)
         pipe.sadd(keys.parked_lines(), f"{tier}\t{tenant}")
         for key in (keys.quota_parked(tier, tenant), keys.quota_parked_deadlines(tier, tenant)):
-            pipe.expire(key, max(60, int(deadline - time.time()) + 3600))
+            pipe.expire(key, _parked_ttl_s(deadline, time.time()))
         pipe.execute()
 
     def wake(self, tier: Tier, tenant: str, *, now: float | None = None, scan: int = 100) -> list[bytes]:
@@ -173,10 +198,7 @@ class QuotaGate:
         now = time.time() if now is None else now
         assert self._wake is not None
         woken = self._wake(
-            keys=[keys.quota_running(tier.name, tenant), keys.quota_minute(tier.name, tenant, int(now // 60)),
-                  keys.quota_line(tier.name, tenant), keys.quota_parked(tier.name, tenant),
-                  keys.quota_parked_deadlines(tier.name, tenant), keys.quota_woken(tier.name, tenant),
-                  keys.parked_lines()],
+            keys=_line_keys(tier.name, tenant, now),
             args=[repr(now), tier.quota.concurrent_executions, tier.quota.executions_per_minute, WOKEN_TTL_S,
                   f"{tier.name}\t{tenant}", scan],
             client=self.client,
@@ -217,3 +239,16 @@ class QuotaGate:
         pipe.incrbyfloat(day_key, max(cpu_seconds, 0.0))
         pipe.expire(day_key, 2 * 86400)
         pipe.execute()
+
+
+def _parked_ttl_s(deadline: float, now: float) -> int:
+    """How long a line's parked requests are kept: an hour past the latest deadline (each park renews it)."""
+    return max(60, int(deadline - now) + 3600)
+
+
+def _line_keys(tier: str, tenant: str, now: float) -> list[str]:
+    """The keys of a line's wake (and, with its `seen` after them, of a step's entry): running, minute, line,
+    parked, parked deadlines, woken, parked lines."""
+    return [keys.quota_running(tier, tenant), keys.quota_minute(tier, tenant, int(now // 60)),
+            keys.quota_line(tier, tenant), keys.quota_parked(tier, tenant), keys.quota_parked_deadlines(tier, tenant),
+            keys.quota_woken(tier, tenant), keys.parked_lines()]

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ..tools import ToolRegistry
     from .leases import LeaseKeeper
     from .mcp import McpTools
+    from .sandbox_bridge import SandboxLine
 
 
 @dataclass
@@ -70,6 +71,13 @@ class Runtime:
     @cached_property
     def webhooks(self) -> WebhookStore:
         return WebhookStore(self.redis, self.settings.retention_s)
+
+    @cached_property
+    def sandbox_line(self) -> SandboxLine:
+        from .sandbox_bridge import SandboxLine
+
+        s = self.settings
+        return SandboxLine(self.redis, s.sandbox_tiers_file, s.sandbox_pending_ttl_s, on_cluster=s.redis_on_cluster)
 
     @cached_property
     def cluster(self) -> ClusterStore:

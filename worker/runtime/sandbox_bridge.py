@@ -11,17 +11,23 @@ text (engine.after_step).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
 
-from tools_sandbox import ErrorKind, ExecuteRequest, SandboxResult, SessionCell, render_result
+from tools_sandbox import ErrorKind, ExecuteRequest, SandboxResult, SessionCell, load_tiers, render_result
+from tools_sandbox.base import keys as sandbox_keys
+from tools_sandbox.base.calls import CallStore
+from tools_sandbox.base.errors import TierConfigError
+from tools_sandbox.base.quotas import QuotaGate
 from tools_sandbox.base.render import UNAVAILABLE_TEXT
 
 from ..core.engine import UNAVAILABLE_OUTCOME
 from ..core.models import Observation, SandboxFacts
 from ..names import STEP_TASK, STEPS_QUEUE
 from ..store import keys
+from ..store.connection import Client
 
 UNREADABLE = "Error: the sandbox's result could not be read; the code's output is unknown."
 
@@ -40,6 +46,42 @@ def sandbox_request(code: str, *, run_id: str, index: int, call_id: str, tier: s
         continue_task=STEP_TASK, continue_args=[run_id, index], continue_queue=STEPS_QUEUE,
         deadline_at=deadline_at, queued_at=queued_at, pending_key=keys.sandbox_pending(run_id, index), **cells,
     ).wire()
+
+
+class SandboxLine:
+    """Parks a sandboxed call in its tenant's line when its turn has not come, instead of sending it.
+
+    Its delivery would only park it (tools_sandbox/edges/sandbox_worker.py): a burst of one tenant's calls past
+    its tier's concurrency cost a sandbox delivery each for nothing, and most of a batch's calls are such. The
+    sandbox workers wake it like any parked call. The quotas are read from the tiers file the sandbox workers
+    read (REACTQ_SANDBOX_TIERS_FILE); a call of a tier not in it, or with no deadline, is sent as it is, and its
+    delivery decides. Should the two files differ, a call parked here is woken by the sandbox workers' quotas
+    within a second (their line pump)."""
+
+    def __init__(self, client: Client, tiers_file: str | None, pending_ttl_s: float, *, on_cluster: bool) -> None:
+        if on_cluster:
+            sandbox_keys.use_hash_tags(True)  # the quota keys' names, as the sandbox workers use them
+        self.gate = QuotaGate(client=client)
+        self.gate.start()
+        self.calls = CallStore(client)
+        self.tiers_file = tiers_file
+        self.pending_ttl_s = pending_ttl_s
+
+    def parked(self, request: dict[str, Any]) -> bool:
+        """Whether the call (sandbox_request's, as sent) was parked; False: send it now."""
+        deadline, arrival = request.get("deadline_at"), request.get("queued_at")
+        try:
+            tier = load_tiers(self.tiers_file).get(request["tier"])
+        except TierConfigError:
+            tier = None
+        if tier is None or deadline is None or arrival is None:
+            return False
+        waiting = json.dumps({**request, "waits": 1})
+        if self.gate.enter(tier, request["tenant"], ticket=request["result_key"], arrival=arrival, request=waiting,
+                           deadline=deadline):
+            return False
+        self.calls.keep_marker(request.get("pending_key"), self.pending_ttl_s)  # the reaper leaves it be
+        return True
 
 
 def observation_from_sandbox(call_id: str, tool: str, raw: bytes | str,

@@ -73,8 +73,11 @@ def step_commands(run_id: str, index: int, priority: int | None = None, celery: 
 def send_sandbox(request: dict[str, Any]) -> None:
     """Send a sandboxed call; its result comes back as the step's continuation with this run's priority: the
     continuation runs the next step's model call (run_step's go_on), so it waits its turn like that step
-    would (docs/decisions/fair-queues.md)."""
-    app.send_task(SANDBOX_TASK, args=[{**request, "continue_priority": running_priority()}], queue=SANDBOX_QUEUE)
+    would (docs/decisions/fair-queues.md). A call whose turn in its tenant's line has not come is parked there
+    instead: a sandbox worker sends it when its turn comes (worker/runtime/sandbox_bridge.py, SandboxLine)."""
+    body = {**request, "continue_priority": running_priority()}
+    if not get_runtime(get_settings).sandbox_line.parked(body):
+        app.send_task(SANDBOX_TASK, args=[body], queue=SANDBOX_QUEUE)
 
 
 @functools.cache
