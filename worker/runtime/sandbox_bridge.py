@@ -1,5 +1,5 @@
-"""The step's side of its exchange with the sandbox: the request it sends, and the observation the model
-sees from the stored result object.
+"""The step's side of its exchange with the sandbox: the request it sends (or parks in its tenant's line,
+SandboxLine), and the observation the model sees from the stored result object.
 
 The stored JSON crosses a trust boundary (another process wrote it to Redis), so it is validated
 as tools_sandbox's SandboxResult before anything reads it; the words the model sees come from
