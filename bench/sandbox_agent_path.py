@@ -1,6 +1,6 @@
 """Sandboxed python through the agent path against bare `docker run`, per runtime, in one invocation.
 
-    python bench/sandbox_agent_path.py [--runs 200] [--tenants 10] [--runtimes runc,runsc] [--out FILE]
+    python bench/sandbox_agent_path.py [--runs 200] [--tenants 10] [--runtimes runc,runsc] [--batches 2] [--out FILE]
 
 Per runtime (runc, runsc = gVisor), three figures:
   agent path:  a fresh redis-server and stub (`reactq stub`) on free 127.0.0.1 ports, one step worker
@@ -25,6 +25,11 @@ of dockerd + containerd, and of the whole machine (/proc/stat): the rest is per-
 containers (gVisor's sentry and gofer) and whatever else shares the machine. The same groups are sampled
 every 0.1 s, and their CPU inside the runs' window (first created .. last finished: what runs/s is taken
 over) is reported apart: the CLIs import before the first run exists, and that does not slow the runs.
+`--batches K`: the same workers take K rounds of the ten batches, one after another, each round with its own
+lines and output files (no round adopts another's runs; each run must be created after its round's CLIs
+started). Round 1 meets workers whose pool holds warm containers bound to no tenant, so each tenant's first
+call waits for one to be bound or started (what the ratio is taken from); later rounds meet workers already
+serving these tenants, as a worker does that has been working for them, and their best is reported beside it.
 Each (step concurrency, sandbox concurrency) pair of --step-concurrency x --sandbox-concurrency is
 measured with its own fresh Redis and workers; the best pair's rate makes the ratio.
 
@@ -70,6 +75,7 @@ class AgentResult:
     runtime: str
     step_conc: int
     sandbox_conc: int
+    batch: int = 1  # the round on these workers: 1 = the first batches they take
     runs: int = 0
     seconds: float = 0.0  # first created_at .. last finished_at
     cli_seconds: float = 0.0  # the `reactq batch` processes, start to the last one's exit
@@ -82,6 +88,10 @@ class AgentResult:
     window_cpu: dict[str, float] = field(default_factory=dict)  # CPU s of each group inside `window`
     lead_s: float = 0.0  # from starting the CLIs to the first run's creation (their imports, mostly)
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.step_conc} x {self.sandbox_conc}" + (f", batch {self.batch}" if self.batch > 1 else "")
 
     @property
     def rate(self) -> float:
@@ -172,8 +182,9 @@ def wait_pool(owner_pid: int, want: int, timeout: float = 60.0) -> set[str]:
 
 
 def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: int, sandbox_conc: int,
-               workdir: Path) -> AgentResult:
-    res = AgentResult(runtime, step_conc, sandbox_conc)
+               workdir: Path) -> list[AgentResult]:
+    """One configuration's fresh Redis, stub and workers, taking `args.batches` rounds of ten batches one after
+    another: one result per round."""
     redis_url = bench.start_redis()
     stub_url = bench.start_stub(0)
     tenants = [f"t{i:02d}" for i in range(args.tenants)]
@@ -187,51 +198,72 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
                       env)
     sandbox = bench.procs.start(names[1], [str(BIN / "reactq"), "worker", "--queues", "sandbox",
                                            "-c", str(sandbox_conc), *common], env)
-    files = {}  # tenant -> (its batch file, its output): a batch is one tenant's, so each submits its own
-    for t, tenant in enumerate(tenants):
-        infile = workdir / f"in-{runtime}-{tenant}.jsonl"
-        infile.write_text("".join(json.dumps({"id": f"r{i}", "question": QUESTION, "tier": "standard"}) + "\n"
-                                  for i in range(t, args.runs, len(tenants))))
-        outfile = workdir / f"out-{runtime}-{step_conc}-{sandbox_conc}-{tenant}.jsonl"
-        outfile.unlink(missing_ok=True)  # an earlier round's: the CLI would take its lines as done
-        files[tenant] = (infile, outfile)
+    results: list[AgentResult] = []
     try:
         bench.wait_ready(names, redis_url)
-        if (runtimes := wait_pool(sandbox.pid, 2)) != {runtime}:
-            res.errors.append(f"the warm containers run on {runtimes}, not {runtime}")
-        cli0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu0, busy0, engine0 = bench.cpu_seconds(), machine_busy_s(), engine_cpu_s()
-        t0, wall0 = time.monotonic(), time.time()
-        clis: dict[str, subprocess.Popen[str]] = {}
-        with CpuTimeline(timeline_reader(bench, clis)) as timeline:
-            clis.update({tenant: subprocess.Popen([str(BIN / "reactq"), "batch", str(infile), "--out", str(outfile),
-                                                   "--tenant", tenant], cwd=ROOT, env={**os.environ, **env},
-                                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                         for tenant, (infile, outfile) in files.items()})
-            failed = {tenant: cli.communicate(timeout=args.timeout)[1] for tenant, cli in clis.items()}
-        res.cli_seconds, wall1 = time.monotonic() - t0, time.time()
-        cpu1, busy1, engine1 = bench.cpu_seconds(), machine_busy_s(), engine_cpu_s()
-        res.cpu = {cpu_group(g): cpu1[g] - cpu0.get(g, 0.0) for g in cpu1}
-        cli1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        res.cpu["dockerd+containerd"] = engine1 - engine0
-        res.cpu["batch CLI"] = cli1.ru_utime + cli1.ru_stime - cli0.ru_utime - cli0.ru_stime
-        res.cpu["machine"] = busy1 - busy0
-        for tenant, cli in clis.items():
-            if cli.returncode != 0:
-                res.errors.append(f"reactq batch of {tenant} exited {cli.returncode}: {failed[tenant][-1500:]}")
-        res.errors += bench.scan_errors(names, stub_url)
-        res.containers_started = docker_starts(wall0, wall1, sandbox.pid)
-        res.statuses, res.with_42 = check_runs(redis_url, [out for _, out in files.values()], res)
-        res.window_cpu = timeline.between(*res.window)
-        res.lead_s = res.window[0] - wall0
+        runtimes = wait_pool(sandbox.pid, 2)
+        for batch in range(1, args.batches + 1):
+            res = AgentResult(runtime, step_conc, sandbox_conc, batch)
+            if runtimes != {runtime}:
+                res.errors.append(f"the warm containers run on {runtimes}, not {runtime}")
+            results.append(res)
+            files = batch_files(args, tenants, workdir, f"{runtime}-{step_conc}-{sandbox_conc}-{batch}")
+            one_round(bench, args, env, files, sandbox.pid, res)
+        results[-1].errors += bench.scan_errors(names, stub_url)
     finally:
         bench.procs.stop(names, grace=30)  # warm shutdown: the sandbox worker destroys its pool
         bench.procs.stop(["stub", "redis"])
+    return results
+
+
+def batch_files(args: argparse.Namespace, tenants: list[str], workdir: Path, tag: str) -> dict[str, tuple[Path, Path]]:
+    """tenant -> (its batch file, its output) for one round: a batch is one tenant's, so each submits its own.
+    Line ids and files are the round's own, so no round adopts an earlier round's runs."""
+    files = {}
+    for t, tenant in enumerate(tenants):
+        infile = workdir / f"in-{tag}-{tenant}.jsonl"
+        infile.write_text("".join(json.dumps({"id": f"{tag}-r{i}", "question": QUESTION, "tier": "standard"}) + "\n"
+                                  for i in range(t, args.runs, len(tenants))))
+        outfile = workdir / f"out-{tag}-{tenant}.jsonl"
+        outfile.unlink(missing_ok=True)  # an earlier invocation's: the CLI would take its lines as done
+        files[tenant] = (infile, outfile)
+    return files
+
+
+def one_round(bench: Bench, args: argparse.Namespace, env: dict[str, str], files: dict[str, tuple[Path, Path]],
+              sandbox_pid: int, res: AgentResult) -> None:
+    """Ten `reactq batch` at once, one per tenant, measured into `res`; every run checked."""
+    redis_url = env["REACTQ_REDIS_URL"]
+    cli0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0, busy0, engine0 = bench.cpu_seconds(), machine_busy_s(), engine_cpu_s()
+    t0, wall0 = time.monotonic(), time.time()
+    clis: dict[str, subprocess.Popen[str]] = {}
+    with CpuTimeline(timeline_reader(bench, clis)) as timeline:
+        clis.update({tenant: subprocess.Popen([str(BIN / "reactq"), "batch", str(infile), "--out", str(outfile),
+                                               "--tenant", tenant], cwd=ROOT, env={**os.environ, **env},
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                     for tenant, (infile, outfile) in files.items()})
+        failed = {tenant: cli.communicate(timeout=args.timeout)[1] for tenant, cli in clis.items()}
+    res.cli_seconds, wall1 = time.monotonic() - t0, time.time()
+    cpu1, busy1, engine1 = bench.cpu_seconds(), machine_busy_s(), engine_cpu_s()
+    res.cpu = {cpu_group(g): cpu1[g] - cpu0.get(g, 0.0) for g in cpu1}
+    cli1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res.cpu["dockerd+containerd"] = engine1 - engine0
+    res.cpu["batch CLI"] = cli1.ru_utime + cli1.ru_stime - cli0.ru_utime - cli0.ru_stime
+    res.cpu["machine"] = busy1 - busy0
+    for tenant, cli in clis.items():
+        if cli.returncode != 0:
+            res.errors.append(f"reactq batch of {tenant} exited {cli.returncode}: {failed[tenant][-1500:]}")
+    res.containers_started = docker_starts(wall0, wall1, sandbox_pid)
+    res.statuses, res.with_42 = check_runs(redis_url, [out for _, out in files.values()], res)
+    if res.runs and res.window[0] < wall0:
+        res.errors.append("a run of this round was created before its CLIs started")
+    res.window_cpu = timeline.between(*res.window)
+    res.lead_s = res.window[0] - wall0
     if res.statuses.get("succeeded", 0) != args.runs:
         res.errors.append(f"runs: {res.statuses} of {args.runs}, not all succeeded")
     if res.with_42 != args.runs:
         res.errors.append(f"only {res.with_42} of {args.runs} runs had 42 in both answer and observation")
-    return res
 
 
 def check_runs(redis_url: str, outfiles: list[Path], res: AgentResult) -> tuple[dict[str, int], int]:
@@ -306,6 +338,21 @@ def docker_runs(args: argparse.Namespace, runtime: str) -> tuple[float, list[str
     return args.runs / seconds, errors, len(outputs) - len(bad)
 
 
+def report_agent(r: AgentResult, args: argparse.Namespace, keep: Callable[[str], None], windows: list[str]) -> None:
+    """One agent-path round's table row, and its line on the CPU inside the runs' window."""
+    cpu = ", ".join(f"{r.cpu.get(g, 0):.1f}" for g in CPU_GROUPS)
+    started = "?" if r.containers_started is None else f"{r.containers_started} for {r.runs}"
+    ms = sorted(r.obs_ms) or [0]
+    keep(f"| {r.runtime} | agent path, {r.label} | {r.rate:.1f} | {r.cli_seconds:.1f} | "
+         f"{ms[len(ms) // 2]}/{ms[len(ms) * 9 // 10]} | {r.statuses.get('succeeded', 0)}/{args.runs} | "
+         f"{r.with_42}/{args.runs} | {started} | {cpu} | | |")
+    inside = ", ".join(f"{r.window_cpu.get(g, 0):.1f}" for g in CPU_GROUPS)
+    per_run = 1000 * r.window_cpu.get("machine", 0) / max(r.runs, 1)
+    windows.append(f"- {r.runtime} {r.label}: the runs' window {r.seconds:.2f} s, from {r.lead_s:.2f} s after the "
+                   f"CLIs started; CPU s in it ({', '.join(CPU_GROUPS)}): {inside}; {per_run:.0f} ms of the machine "
+                   f"a run (window in unix time: {r.window[0]:.2f} .. {r.window[1]:.2f})")
+
+
 def ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v]
 
@@ -317,6 +364,8 @@ def main() -> int:
     ap.add_argument("--runtimes", default="runc,runsc")
     ap.add_argument("--step-concurrency", default="16", help="threads of the step worker (comma list: each)")
     ap.add_argument("--sandbox-concurrency", default="16", help="threads of the sandbox worker (comma list: each)")
+    ap.add_argument("--batches", type=int, default=2, help="rounds of ten batches the same workers take one after "
+                    "another; the first decides the ratio, the best of the later ones is reported beside it")
     ap.add_argument("--parallel", type=int, default=50, help="docker runs at a time")
     ap.add_argument("--repeat", type=int, default=1, help="measure both sides this many times, alternated, and "
                     "compare the best of each (on a shared machine, other load can only lower a figure)")
@@ -343,26 +392,16 @@ def main() -> int:
 
     try:
         for runtime in args.runtimes.split(","):
-            results, docker_rates = [], []
+            results: list[AgentResult] = []  # each configuration's first round
+            later: list[AgentResult] = []  # rounds 2.. of --batches
+            docker_rates: list[float] = []
             for _ in range(args.repeat):  # alternated, so a burst of other load hits both sides alike
                 for sc in ints(args.step_concurrency):
                     for kc in ints(args.sandbox_concurrency):
-                        r = agent_path(bench, args, runtime, sc, kc, workdir)
-                        results.append(r)
-                        problems += [f"{runtime} agent path ({sc} x {kc}): {e}" for e in r.errors]
-                        cpu = ", ".join(f"{r.cpu.get(g, 0):.1f}" for g in CPU_GROUPS)
-                        started = "?" if r.containers_started is None else f"{r.containers_started} for {r.runs}"
-                        ms = sorted(r.obs_ms) or [0]
-                        keep(f"| {runtime} | agent path, {sc} x {kc} | {r.rate:.1f} | {r.cli_seconds:.1f} | "
-                             f"{ms[len(ms) // 2]}/{ms[len(ms) * 9 // 10]} | "
-                             f"{r.statuses.get('succeeded', 0)}/{args.runs} | {r.with_42}/{args.runs} | {started} | "
-                             f"{cpu} | | |")
-                        inside = ", ".join(f"{r.window_cpu.get(g, 0):.1f}" for g in CPU_GROUPS)
-                        per_run = 1000 * r.window_cpu.get("machine", 0) / max(r.runs, 1)
-                        windows.append(f"- {runtime} {sc} x {kc}: the runs' window {r.seconds:.2f} s, from "
-                                       f"{r.lead_s:.2f} s after the CLIs started; CPU s in it "
-                                       f"({', '.join(CPU_GROUPS)}): {inside}; {per_run:.0f} ms of the machine a run "
-                                       f"(window in unix time: {r.window[0]:.2f} .. {r.window[1]:.2f})")
+                        for r in agent_path(bench, args, runtime, sc, kc, workdir):
+                            (results if r.batch == 1 else later).append(r)
+                            problems += [f"{runtime} agent path ({r.label}): {e}" for e in r.errors]
+                            report_agent(r, args, keep, windows)
                 rate, errors, ok = docker_runs(args, runtime)
                 docker_rates.append(rate)
                 problems += [f"{runtime} docker run: {e}" for e in errors]
@@ -371,8 +410,12 @@ def main() -> int:
             best, docker_rate = max(results, key=lambda r: r.rate), max(docker_rates)
             ratio = best.rate / docker_rate if docker_rate else 0.0
             verdicts.append((runtime, ratio, ratio >= 10))
-            keep(f"| **{runtime}** | best of each: agent {best.step_conc} x {best.sandbox_conc} | **{best.rate:.1f}** "
+            keep(f"| **{runtime}** | best of each: agent {best.label} | **{best.rate:.1f}** "
                  f"| | | | | | | **{docker_rate:.1f}** | **{ratio:.1f}x** |")
+            if later:
+                warm = max(later, key=lambda r: r.rate)
+                keep(f"| {runtime} | workers already serving these tenants: best agent {warm.label} | {warm.rate:.1f} "
+                     f"| | | | | | | {docker_rate:.1f} | {warm.rate / docker_rate if docker_rate else 0.0:.1f}x |")
     finally:
         bench.procs.stop()
 

@@ -247,18 +247,18 @@ def main() -> int:
             import httpx
 
             sys.argv = sys.argv[:1]
-            from bench.floor_app import _BODY
+            from bench.floor_app import _BODY_BYTES
 
             client = httpx.Client()
             url = f"http://127.0.0.1:{sport}/v1/chat/completions"
             headers = {"content-type": "application/json", "authorization": "Bearer floor"}
             for _ in range(40):
-                client.post(url, content=_BODY, headers=headers).json()
+                client.post(url, content=_BODY_BYTES, headers=headers).json()
             floors = []
             for _ in range(len(chunks)):
                 cpu0 = time.process_time()
                 for _ in range(2 * CHUNK):
-                    response = client.post(url, content=_BODY, headers=headers)
+                    response = client.post(url, content=_BODY_BYTES, headers=headers)
                     response.raise_for_status()
                     response.json()
                 floors.append((time.process_time() - cpu0) / (2 * CHUNK))
