@@ -52,7 +52,7 @@ class Nodes:
              "127.0.0.1", "--dir", str(data), "--save", "", *args],
             env=env, stdout=(data / "redis.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
         self.ports.append(port)
-        wait_for_port(port, timeout=30)
+        wait_for_port(port, timeout=30, owner=self.procs[port])
 
     def client(self, port: int, user: str = "exporter") -> redis.Redis:
         return redis.Redis(port=port, username=user, password=password(user), decode_responses=True,
@@ -139,7 +139,7 @@ def sentinel_broker(workdir: Path, redis_server: str) -> Iterator[SentinelBroker
                  "--port", str(port), "--bind", "127.0.0.1"],
                 env=env, stdout=(data / "sentinel.log").open("wb"), stderr=subprocess.STDOUT,
                 start_new_session=True))
-            wait_for_port(port, timeout=30)
+            wait_for_port(port, timeout=30, owner=sentinels[-1])
         broker = SentinelBroker(nodes, ports, sentinels)
         wait_for("every sentinel to know the replica and the other sentinels", lambda: [
             redis.Redis(port=p, decode_responses=True).sentinel_master(BROKER_MASTER) for p in ports], 60, 0.3,

@@ -69,7 +69,7 @@ def acl_redis(workdir: Path, redis_server: str | None = None, acl_text: str | No
                              "--bind", "127.0.0.1", "--dir", str(workdir), "--save", "", *args],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for_port(port, timeout=30)
+        wait_for_port(port, timeout=30, owner=proc)
         yield AclRedis(port)
     finally:
         stop_group(proc)
@@ -101,7 +101,7 @@ def redis_exporter(workdir: Path, redis_addr: str, user: str, password: str) -> 
                              f"-web.listen-address=127.0.0.1:{port}"],
                             env=env, stdout=logfile.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for_port(port, timeout=30)
+        wait_for_port(port, timeout=30, owner=proc)
         yield Exporter(f"127.0.0.1:{port}", logfile)
     finally:
         stop_group(proc)
@@ -124,7 +124,7 @@ def _serve(what: str, command: list[str], port: int, logfile: Path) -> Iterator[
     """Run `command` until the block ends, once its HTTP server on `port` answers /-/ready with 200."""
     proc = subprocess.Popen(command, stdout=logfile.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for_port(port, timeout=30)
+        wait_for_port(port, timeout=30, owner=proc)
         wait_for(f"{what} to be ready (log in {logfile})",
                  lambda: httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=5).status_code, 30, 0.2,
                  until=lambda status: status == 200)

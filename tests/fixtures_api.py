@@ -81,7 +81,7 @@ def start_api(cluster: Cluster, *args: str) -> Api:
     proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "api", "--port", str(port), *args], env=cluster.env,
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for_port(port, 30)
+        wait_for_port(port, 30, owner=proc)
     except TimeoutError:
         proc.kill()
         text = (cluster.logdir / f"api-{port}.log").read_text()

@@ -136,7 +136,7 @@ def start_prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, list[str]]]
         )
         server = Prometheus(f"http://127.0.0.1:{port}", proc, logfile)
         started.append(server)
-        wait_for_port(port, timeout=30)
+        wait_for_port(port, timeout=30, owner=proc)
         wait_for(f"Prometheus to be ready (log in {logfile})",
                  lambda: httpx.get(f"{server.url}/-/ready", timeout=5).status_code, 30, 0.2,
                  until=lambda status: status == 200)
@@ -167,7 +167,7 @@ def start_api(cluster: Cluster) -> Iterator[Callable[..., str]]:
             start_new_session=True,
         )
         procs.append(proc)
-        wait_for_port(port, timeout=30)
+        wait_for_port(port, timeout=30, owner=proc)
         return f"http://127.0.0.1:{port}"
 
     yield start

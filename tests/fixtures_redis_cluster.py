@@ -63,7 +63,7 @@ class RedisClusterNodes:
              "--save", "", "--maxmemory-policy", "noeviction", "--logfile", str(node_dir / "redis.log"),
              *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(port)
+        wait_for_port(port, owner=self.procs[port])
 
     def start(self) -> None:
         for port in self.ports:
@@ -161,7 +161,7 @@ class SentinelBroker:
             ["redis-server", "--port", str(self.replica_port), "--bind", "127.0.0.1", "--dir", str(replica_dir),
              "--appendonly", "yes", "--save", "", "--replicaof", "127.0.0.1", str(self.primary.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_for_port(self.replica_port)
+        wait_for_port(self.replica_port, owner=self.procs[-1])
         for i, port in enumerate(self.sentinel_ports):
             conf = self.workdir / f"sentinel-{i}.conf"
             conf.write_text(f"port {port}\nbind 127.0.0.1\nsentinel monitor {MASTER} 127.0.0.1 {self.primary.port} 2\n"
@@ -169,7 +169,7 @@ class SentinelBroker:
                             f"sentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n")
             self.procs.append(subprocess.Popen(["redis-server", str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL))
-            wait_for_port(port)
+            wait_for_port(port, owner=self.procs[-1])
         replica = redis.Redis(port=self.replica_port)
         wait_for("the replica to sync with the primary", lambda: replica.info("replication"), 30, 0.1,
                  until=lambda info: info.get("master_link_status") == "up")

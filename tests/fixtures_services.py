@@ -7,7 +7,9 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 import redis
 
@@ -25,8 +27,34 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def wait_for_port(port: int, timeout: float = 60.0) -> None:
-    wait_for(f"something to listen on 127.0.0.1:{port}", lambda: listening(port), timeout, 0.05)
+def wait_for_port(port: int, timeout: float = 60.0, *, owner: subprocess.Popen[Any]) -> None:
+    """Until `owner` (or a child of it) listens on the port. A free port found earlier may be taken by another
+    test's server before `owner` binds it: waiting for any listener, the test would talk to that server while
+    `owner`, refused the port, exits (a 404 from the wrong server, in one CI run)."""
+    wait_for(f"process {owner.pid} ({owner.args!r:.200}) to listen on 127.0.0.1:{port}",
+             lambda: owner_listens(owner, port), timeout, 0.05)
+
+
+def owner_listens(owner: subprocess.Popen[Any], port: int) -> bool:
+    """Whether `owner` or one of its children listens on TCP `port`; raises once `owner` has exited."""
+    if owner.poll() is not None:
+        raise RuntimeError(f"process {owner.pid} exited ({owner.returncode}) before listening on port {port} "
+                           "(was the port taken?)")
+    try:
+        root = psutil.Process(owner.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for proc in procs:
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in proc.net_connections(kind="tcp")):
+                return True
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:  # another user's process we may not inspect: any listener will do
+            return listening(port)
+    return False
 
 
 class RedisServer:
@@ -54,7 +82,7 @@ class RedisServer:
              *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        wait_for_port(self.port)
+        wait_for_port(self.port, owner=self.proc)
         client = redis.Redis.from_url(self.url)
         wait_for(f"redis-server on port {self.port} to load its data and answer PING", client.ping, 60, 0.05,
                  ignoring=(redis.exceptions.BusyLoadingError,))

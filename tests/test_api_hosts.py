@@ -97,7 +97,7 @@ def test_the_api_metrics_port_answers_the_api_names_and_addresses_only(cluster: 
     cluster.env.update({"REACTQ_API_METRICS_PORT": str(port), "REACTQ_API_ALLOWED_HOSTS": '["localhost", "api"]'})
     api = start_api(cluster)
     try:
-        wait_for_port(port)
+        wait_for_port(port, owner=api.proc)
         url = f"http://127.0.0.1:{port}/metrics"
         for host in (f"{FOREIGN}:{port}", FOREIGN, "api.attacker.example"):
             refused = httpx.get(url, headers={"Host": host}, timeout=10)

@@ -267,7 +267,7 @@ def test_serve_entry_point_in_a_subprocess() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "api_stub", "--port", str(port), "--latency-ms", "10",
                              "--fail-first-n", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_port(port)
+        wait_for_port(port, owner=proc)
         assert httpx.get(f"http://127.0.0.1:{port}/stub/faults").json()["fail_first_n"] == 1
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
     finally:

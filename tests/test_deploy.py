@@ -143,7 +143,7 @@ def acl_redis(tmp_path: Path) -> Any:
     proc = subprocess.Popen(["sh", str(here / "start.sh"), str(here / "acl.conf"),
                              "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", ""],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_port(port)
+    wait_for_port(port, owner=proc)
     yield {role: f"redis://{role}:pw-{role}@127.0.0.1:{port}/0" for role in ROLES} | {"port": str(port)}
     proc.terminate()
     proc.wait(10)

@@ -65,7 +65,7 @@ def test_the_api_serves_metrics_only_on_its_metrics_port_and_needs_no_llm_key(cl
     key = make_key(cluster, "default")
     api = start_api(cluster)
     try:
-        wait_for_port(port)
+        wait_for_port(port, owner=api.proc)
         public = api.client(None)
         hidden = public.get("/metrics")
         assert hidden.status_code == 404, hidden.text
@@ -129,7 +129,7 @@ def test_redis_start_script_runs_as_an_unprivileged_user() -> None:
          str(here / "acl.conf"), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
          "--appendonly", "yes"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_port(port)
+        wait_for_port(port, owner=proc)
         status = Path(f"/proc/{proc.pid}/status").read_text()
         uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
         assert uids == [str(REDIS_UID)] * 4

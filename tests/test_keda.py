@@ -135,7 +135,7 @@ def test_the_value_location_reads_the_sum_of_the_queues_lists_from_a_real_api(cl
     cluster.env["REACTQ_API_METRICS_PORT"] = str(port)  # a port of its own, as the k8s base sets it (9807)
     api = start_api(cluster)
     try:
-        wait_for_port(port)
+        wait_for_port(port, owner=api.proc)
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
         assert api.client(None).get("/metrics").status_code == 404  # not on the API's own port
     finally:

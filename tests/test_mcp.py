@@ -255,7 +255,7 @@ def http_server() -> Iterator[str]:
     proc = subprocess.Popen(["node", str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(port)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_port(port, 60)
+        wait_for_port(port, 60, owner=proc)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.kill()

@@ -29,7 +29,7 @@ def _start_stub(port: int, env: dict[str, str], log: Path) -> subprocess.Popen[b
     proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "stub", "--port", str(port), "--latency-ms", "400"],
                             env=env, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-    wait_for_port(port, 30)
+    wait_for_port(port, 30, owner=proc)
     return proc
 
 

@@ -60,7 +60,7 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
                              "--bind", "127.0.0.1", "--dir", str(workdir), "--save", ""],
                             env={**os.environ, **passwords}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_port(port)
+        wait_for_port(port, owner=proc)
         yield port, {v.removeprefix("REDIS_").removesuffix("_PASSWORD").lower().replace("_", "-"): pw
                      for v, pw in passwords.items()}
     finally:
