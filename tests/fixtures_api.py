@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.fixtures_cluster import ROOT, Cluster
-from tests.fixtures_services import free_port, wait_for_port
+from tests.fixtures_services import start_on_free_port
 from worker.store.tenant_records import TenantStore
 from worker.tenancy.tenants import Tenants
 
@@ -76,16 +76,16 @@ class Api:
 
 
 def start_api(cluster: Cluster, *args: str) -> Api:
-    port = free_port()
-    log = (cluster.logdir / f"api-{port}.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "api", "--port", str(port), *args], env=cluster.env,
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    def run(port: int) -> subprocess.Popen[bytes]:
+        log = (cluster.logdir / f"api-{port}.log").open("wb")
+        return subprocess.Popen([sys.executable, "-m", "worker.cli", "api", "--port", str(port), *args],
+                                env=cluster.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
     try:
-        wait_for_port(port, 30, owner=proc)
-    except TimeoutError:
-        proc.kill()
-        text = (cluster.logdir / f"api-{port}.log").read_text()
-        raise TimeoutError(f"reactq api did not listen; its log:\n{text}") from None
+        port, proc = start_on_free_port(run, 30)
+    except (TimeoutError, RuntimeError) as exc:
+        logs = "\n".join(f"{f.name}:\n{f.read_text()}" for f in sorted(cluster.logdir.glob("api-*.log")))
+        raise RuntimeError(f"reactq api did not listen ({exc}); the logs:\n{logs}") from None
     return Api(f"http://127.0.0.1:{port}", proc)
 
 

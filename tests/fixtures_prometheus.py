@@ -25,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures_cluster import ROOT, Cluster
-from tests.fixtures_services import free_port, wait_for_port
+from tests.fixtures_services import free_port, start_on_free_port, wait_for_port
 from tests.waiting import wait_for
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
@@ -159,15 +159,16 @@ def start_api(cluster: Cluster) -> Iterator[Callable[..., str]]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(**extra_env: str) -> str:
-        port = free_port()
-        log = (cluster.logdir / f"api-{len(procs)}.log").open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "api", "--port", str(port)],
-            env={**cluster.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-            start_new_session=True,
-        )
-        procs.append(proc)
-        wait_for_port(port, timeout=30, owner=proc)
+        def run(port: int) -> subprocess.Popen[bytes]:
+            log = (cluster.logdir / f"api-{len(procs)}.log").open("wb")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "worker.cli", "api", "--port", str(port)],
+                env={**cluster.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                start_new_session=True,
+            ))
+            return procs[-1]
+
+        port, _ = start_on_free_port(run, 30)
         return f"http://127.0.0.1:{port}"
 
     yield start

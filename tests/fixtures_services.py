@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,36 @@ def wait_for_port(port: int, timeout: float = 60.0, *, owner: subprocess.Popen[A
              lambda: owner_listens(owner, port), timeout, 0.05)
 
 
+class PortTaken(RuntimeError):
+    """A server exited before listening on its port, which another process holds."""
+
+
+def start_on_free_port(start: Callable[[int], subprocess.Popen[Any]], timeout: float = 60.0,
+                       attempts: int = 3) -> tuple[int, subprocess.Popen[Any]]:
+    """`start(port)` on a free port until the server listens there; on another port when the one found free
+    was taken before the server could bind it. Returns the port and the server."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        proc = start(port)
+        try:
+            wait_for_port(port, timeout, owner=proc)
+            return port, proc
+        except PortTaken:
+            if attempt == attempts:
+                raise
+        except BaseException:  # it did not listen in time: no server is left behind
+            proc.kill()
+            proc.wait()
+            raise
+    raise AssertionError("no attempt made")
+
+
 def owner_listens(owner: subprocess.Popen[Any], port: int) -> bool:
     """Whether `owner` or one of its children listens on TCP `port`; raises once `owner` has exited."""
     if owner.poll() is not None:
-        raise RuntimeError(f"process {owner.pid} exited ({owner.returncode}) before listening on port {port} "
-                           "(was the port taken?)")
+        if listening(port):
+            raise PortTaken(f"process {owner.pid} exited ({owner.returncode}): another process holds port {port}")
+        raise RuntimeError(f"process {owner.pid} exited ({owner.returncode}) before listening on port {port}")
     try:
         root = psutil.Process(owner.pid)
         procs = [root, *root.children(recursive=True)]
@@ -63,6 +88,7 @@ class RedisServer:
     def __init__(self, workdir: Path, port: int | None = None, password: str | None = None) -> None:
         self.workdir = workdir
         self.port = port or free_port()
+        self.port_chosen = port is None  # its first start may move to another port if this one is taken
         self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -75,14 +101,22 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not on PATH (apt-get install redis-server)")
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-             "--maxmemory-policy", "noeviction", "--maxclients", "10000",
-             *(["--requirepass", self.password] if self.password else [])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        wait_for_port(self.port, owner=self.proc)
+
+        def run(port: int) -> subprocess.Popen[bytes]:
+            self.proc = subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+                 "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+                 "--maxmemory-policy", "noeviction", "--maxclients", "10000",
+                 *(["--requirepass", self.password] if self.password else [])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            return self.proc
+
+        if self.port_chosen:
+            self.port, _ = start_on_free_port(run)
+            self.port_chosen = False  # restarts keep the port its clients know
+        else:
+            wait_for_port(self.port, owner=run(self.port))
         client = redis.Redis.from_url(self.url)
         wait_for(f"redis-server on port {self.port} to load its data and answer PING", client.ping, 60, 0.05,
                  ignoring=(redis.exceptions.BusyLoadingError,))

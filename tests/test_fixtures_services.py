@@ -6,9 +6,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
-from tests.fixtures_services import free_port, wait_for_port
+from tests.fixtures_services import PortTaken, free_port, start_on_free_port, wait_for_port
 
 
 @pytest.fixture
@@ -33,5 +34,21 @@ def test_a_server_refused_its_port_fails_the_wait_though_another_listens_there(
     first = http_server(port, servers)
     wait_for_port(port, 30, owner=first)
     second = http_server(port, servers)  # the port is taken: it exits
-    with pytest.raises(RuntimeError, match="exited"):
+    with pytest.raises(PortTaken):
         wait_for_port(port, 30, owner=second)
+
+
+def test_a_server_whose_free_port_was_taken_is_started_again_on_another(
+        servers: list[subprocess.Popen[bytes]]) -> None:
+    tried: list[int] = []
+
+    def start(port: int) -> subprocess.Popen[bytes]:
+        if not tried:  # another test's server takes the port first
+            wait_for_port(port, 30, owner=http_server(port, servers))
+        tried.append(port)
+        return http_server(port, servers)
+
+    port, proc = start_on_free_port(start, 30)
+    assert len(tried) == 2 and port == tried[1] != tried[0]
+    assert proc is servers[-1] and proc.poll() is None
+    assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200
