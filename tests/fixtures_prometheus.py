@@ -25,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures_cluster import ROOT, Cluster
-from tests.fixtures_services import free_port, start_on_free_port, wait_for_port
+from tests.fixtures_services import start_on_free_port
 from tests.waiting import wait_for
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
@@ -127,16 +127,14 @@ def start_prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, list[str]]]
         workdir.mkdir()
         config = workdir / "prometheus.yml"
         config.write_text(yaml.safe_dump(config_for(targets)))
-        port = free_port()
         logfile = workdir / "prometheus.log"
-        proc = subprocess.Popen(
+        port, proc = start_on_free_port(lambda port: subprocess.Popen(
             [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
             stdout=logfile.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        ), 30)
         server = Prometheus(f"http://127.0.0.1:{port}", proc, logfile)
         started.append(server)
-        wait_for_port(port, timeout=30, owner=proc)
         wait_for(f"Prometheus to be ready (log in {logfile})",
                  lambda: httpx.get(f"{server.url}/-/ready", timeout=5).status_code, 30, 0.2,
                  until=lambda status: status == 200)

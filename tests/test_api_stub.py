@@ -14,7 +14,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from api_stub import FaultConfig, StubServer
-from tests.fixtures_services import free_port, wait_for_port
+from tests.fixtures_services import start_on_free_port
 from tests.fixtures_stub import StubControl
 
 pytestmark = pytest.mark.integration
@@ -263,11 +263,10 @@ def test_300_concurrent_requests_with_latency(make_stub) -> None:  # noqa: ANN00
 
 
 def test_serve_entry_point_in_a_subprocess() -> None:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "api_stub", "--port", str(port), "--latency-ms", "10",
-                             "--fail-first-n", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port, proc = start_on_free_port(lambda port: subprocess.Popen(
+        [sys.executable, "-m", "api_stub", "--port", str(port), "--latency-ms", "10", "--fail-first-n", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
-        wait_for_port(port, owner=proc)
         assert httpx.get(f"http://127.0.0.1:{port}/stub/faults").json()["fail_first_n"] == 1
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
     finally:

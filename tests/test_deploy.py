@@ -18,7 +18,7 @@ import yaml
 from tests.fixtures_api import make_key, start_api
 from tests.fixtures_cluster import ROOT, Cluster
 from tests.fixtures_k8s import kustomize
-from tests.fixtures_services import free_port, wait_for_port
+from tests.fixtures_services import start_on_free_port
 from tests.waiting import wait_for
 
 COMPOSE = ROOT / "docker-compose.yml"
@@ -137,13 +137,11 @@ def test_kubernetes_closes_redis_metrics_and_grafana() -> None:
 @pytest.fixture
 def acl_redis(tmp_path: Path) -> Any:
     """redis-server started by deploy/redis/start.sh with deploy/redis/acl.conf, role passwords set."""
-    port = free_port()
     env = {**os.environ, **SECRETS}
     here = ROOT / "deploy" / "redis"
-    proc = subprocess.Popen(["sh", str(here / "start.sh"), str(here / "acl.conf"),
-                             "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", ""],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_port(port, owner=proc)
+    port, proc = start_on_free_port(lambda port: subprocess.Popen(
+        ["sh", str(here / "start.sh"), str(here / "acl.conf"), "--port", str(port), "--bind", "127.0.0.1",
+         "--dir", str(tmp_path), "--save", ""], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     yield {role: f"redis://{role}:pw-{role}@127.0.0.1:{port}/0" for role in ROLES} | {"port": str(port)}
     proc.terminate()
     proc.wait(10)

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.fixtures_services import free_port, wait_for_port
+from tests.fixtures_services import start_on_free_port
 from tests.harness import Harness, call, final
 from tests.waiting import wait_for
 from worker import metrics
@@ -251,11 +251,10 @@ def test_a_plan_gets_the_servers_it_names() -> None:
 
 @pytest.fixture
 def http_server() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(["node", str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(port)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port, proc = start_on_free_port(lambda port: subprocess.Popen(
+        ["node", str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(port)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), 60)
     try:
-        wait_for_port(port, 60, owner=proc)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.kill()

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from tests.fixtures_cluster import ROOT
-from tests.fixtures_services import free_port, wait_for_port
+from tests.fixtures_services import start_on_free_port
 
 ACL = ROOT / "deploy" / "redis"
 APP_USERS = {"api", "step-worker", "sandbox-worker"}
@@ -54,13 +54,12 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     """redis-server started by deploy/redis/start.sh with acl.conf: (port, user -> password)."""
     variables = sorted(set(re.findall(r"\$\{(REDIS_[A-Z_]+_PASSWORD)\}", (ACL / "acl.conf").read_text())))
     passwords = {v: f"pw-{v.lower()}" for v in variables}
-    port = free_port()
     workdir: Path = tmp_path_factory.mktemp("acl")
-    proc = subprocess.Popen(["sh", str(ACL / "start.sh"), str(ACL / "acl.conf"), "--port", str(port),
-                             "--bind", "127.0.0.1", "--dir", str(workdir), "--save", ""],
-                            env={**os.environ, **passwords}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port, proc = start_on_free_port(lambda port: subprocess.Popen(
+        ["sh", str(ACL / "start.sh"), str(ACL / "acl.conf"), "--port", str(port), "--bind", "127.0.0.1", "--dir",
+         str(workdir), "--save", ""], env={**os.environ, **passwords}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL))
     try:
-        wait_for_port(port, owner=proc)
         yield port, {v.removeprefix("REDIS_").removesuffix("_PASSWORD").lower().replace("_", "-"): pw
                      for v, pw in passwords.items()}
     finally:
