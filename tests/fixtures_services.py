@@ -39,12 +39,13 @@ class PortTaken(RuntimeError):
     """A server exited before listening on its port, which another process holds."""
 
 
-def start_on_free_port(start: Callable[[int], subprocess.Popen[Any]], timeout: float = 60.0,
-                       attempts: int = 3) -> tuple[int, subprocess.Popen[Any]]:
-    """`start(port)` on a free port until the server listens there; on another port when the one found free
-    was taken before the server could bind it. Returns the port and the server."""
+def start_on_free_port(start: Callable[[int], subprocess.Popen[Any]], timeout: float = 60.0, attempts: int = 3,
+                       first: int | None = None) -> tuple[int, subprocess.Popen[Any]]:
+    """`start(port)` on a free port (`first`, if given, for the first try) until the server listens there; on
+    another port when the one found free was taken before the server could bind it. Returns the port and the
+    server."""
     for attempt in range(1, attempts + 1):
-        port = free_port()
+        port = first if attempt == 1 and first is not None else free_port()
         proc = start(port)
         try:
             wait_for_port(port, timeout, owner=proc)
@@ -88,7 +89,7 @@ class RedisServer:
     def __init__(self, workdir: Path, port: int | None = None, password: str | None = None) -> None:
         self.workdir = workdir
         self.port = port or free_port()
-        self.port_chosen = port is None  # its first start may move to another port if this one is taken
+        self.port_chosen = port is None  # its first start moves to another port if another process took this one
         self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -113,7 +114,7 @@ class RedisServer:
             return self.proc
 
         if self.port_chosen:
-            self.port, _ = start_on_free_port(run)
+            self.port, _ = start_on_free_port(run, first=self.port)
             self.port_chosen = False  # restarts keep the port its clients know
         else:
             wait_for_port(self.port, owner=run(self.port))
