@@ -203,12 +203,11 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
         bench.wait_ready(names, redis_url)
         runtimes = wait_pool(sandbox.pid, 2)
         for batch in range(1, args.batches + 1):
-            res = AgentResult(runtime, step_conc, sandbox_conc, batch)
-            if runtimes != {runtime}:
-                res.errors.append(f"the warm containers run on {runtimes}, not {runtime}")
-            results.append(res)
+            results.append(res := AgentResult(runtime, step_conc, sandbox_conc, batch))
             files = batch_files(args, tenants, workdir, f"{runtime}-{step_conc}-{sandbox_conc}-{batch}")
             one_round(bench, args, env, files, sandbox.pid, res)
+        if runtimes != {runtime}:  # the configuration's, reported once
+            results[0].errors.append(f"the warm containers run on {runtimes}, not {runtime}")
         results[-1].errors += bench.scan_errors(names, stub_url)
     finally:
         bench.procs.stop(names, grace=30)  # warm shutdown: the sandbox worker destroys its pool
