@@ -5,7 +5,11 @@ from __future__ import annotations
 
 
 def main() -> None:
-    """The `reactq` entry point (pyproject's `worker.cli:main`); the verbs load on first call."""
+    """The `reactq` entry point (pyproject's `worker.cli:main`); the verbs load on first call. The collector
+    is off until the verb is resolved (worker/cli/collector.py)."""
+    import gc
+
+    gc.disable()
     from .main import main as run
 
     run()

@@ -1,5 +1,5 @@
 """`python -m worker.cli`: the same as the `reactq` command."""
 
-from .main import main
+from . import main
 
 main()

@@ -10,6 +10,7 @@ import sys
 
 from rich.console import Console
 
+from .collector import setting_up
 from .display import labelled
 
 console = Console(stderr=True)
@@ -24,12 +25,13 @@ def error(message: object) -> None:
 def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `reactq stub` need no Redis
     """The process runtime, once Redis answers. People get an answer within seconds (`patient=False`);
     daemons (`worker`) wait through a Redis restart."""
-    from ..config import get_settings
-    from ..errors import StoreUnavailable
-    from ..runtime.context import get_runtime
-    from ..store.connection import ping, ping_quickly
+    with setting_up():
+        from ..config import get_settings
+        from ..errors import StoreUnavailable
+        from ..runtime.context import get_runtime
+        from ..store.connection import ping, ping_quickly
 
-    rt = get_runtime(get_settings)
+        rt = get_runtime(get_settings)
     try:
         if patient:
             ping(rt.redis, rt.settings.redis_url)
@@ -42,7 +44,8 @@ def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `react
 
 
 def _send_step():
-    from ..tasks.steps import send_step
+    with setting_up():
+        from ..tasks.steps import send_step
 
     return send_step
 

@@ -9,6 +9,7 @@ import importlib
 import click
 
 from ..config import get_settings
+from .collector import settle
 
 # Each verb and the module defining it (its attribute of the same name, `eval` excepted); the sandbox group
 # comes from tools_sandbox when installed.
@@ -50,7 +51,9 @@ class Verbs(click.Group):
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         try:
-            return super().resolve_command(ctx, args)
+            resolved = super().resolve_command(ctx, args)
+            settle()  # the verb's module is imported: the collector back on (worker/cli/collector.py)
+            return resolved
         except click.NoSuchCommand as exc:  # "Did you mean ...?" among every verb, not only the ones loaded
             verbs = [name for name in self.list_commands(ctx) if self.get_command(ctx, name) is not None]
             raise click.NoSuchCommand(exc.command_name, possibilities=verbs, ctx=ctx) from None
