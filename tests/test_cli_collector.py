@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.fixtures_services import free_port
 
@@ -53,12 +54,15 @@ def test_a_command_imports_its_verb_and_runtime_without_collections_then_runs_wi
 
 
 NESTED = """
-import gc, json
-from worker.cli.collector import setting_up
+import gc, json, sys
+from worker.cli import collector
+if sys.argv[1] == "entry":
+    collector.start()
+    collector.settle()  # as the verb is resolved
 states = []
-with setting_up():
+with collector.setting_up():
     states.append(gc.isenabled())
-    with setting_up():
+    with collector.setting_up():
         states.append(gc.isenabled())
     states.append(gc.isenabled())  # the inner stretch does not turn it back on under the outer one
 states.append(gc.isenabled())
@@ -66,9 +70,19 @@ print(json.dumps({"states": states, "frozen": gc.get_freeze_count()}))
 """
 
 
+def nested(how: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", NESTED, how], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
 def test_nested_set_up_stretches_settle_once_at_the_outermost() -> None:
-    done = subprocess.run([sys.executable, "-c", NESTED], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, check=True)
-    seen = json.loads(done.stdout)
+    seen = nested("entry")
     assert seen["states"] == [False, False, False, True]
     assert seen["frozen"] > 0
+
+
+def test_a_process_not_started_at_the_entry_point_keeps_its_collector_as_it_is() -> None:
+    seen = nested("in-process")  # as the tests call the commands
+    assert seen["states"] == [True, True, True, True]
+    assert seen["frozen"] == 0

@@ -7,9 +7,9 @@ from __future__ import annotations
 def main() -> None:
     """The `reactq` entry point (pyproject's `worker.cli:main`); the verbs load on first call. The collector
     is off until the verb is resolved (worker/cli/collector.py)."""
-    import gc
+    from .collector import start
 
-    gc.disable()
+    start()
     from .main import main as run
 
     run()

@@ -5,6 +5,9 @@ yet the collector walked them over and over as they were made: ~160 collections,
 CPU a `reactq batch` costs before it submits (BENCHMARKS.md). Frozen afterwards, they are left out of every
 later collection, which then walks only what the command itself makes. The price: a reference cycle left as
 garbage while the collector was off is never freed (set-up makes few, once).
+
+Only a process started at the `reactq` entry point (`start`) does this; one that calls the commands in-process
+(the tests) keeps its collector as it is.
 """
 
 from __future__ import annotations
@@ -13,11 +16,19 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+_started_here = False
+
+
+def start() -> None:
+    """The entry point: the collector off until the verb is resolved (`settle`)."""
+    global _started_here
+    _started_here = True
+    gc.disable()
+
 
 def settle() -> None:
-    """The set-up is over: freeze what it made, and collect again from here on (a process whose collector
-    is on, as under tests, is left as it is)."""
-    if not gc.isenabled():
+    """The set-up is over: freeze what it made, and collect again from here on."""
+    if _started_here and not gc.isenabled():
         gc.freeze()
         gc.enable()
 
@@ -26,7 +37,8 @@ def settle() -> None:
 def setting_up() -> Iterator[None]:
     """A stretch of imports and one-time set-up, without the collector (nested: the outermost settles)."""
     was_enabled = gc.isenabled()
-    gc.disable()
+    if _started_here:
+        gc.disable()
     try:
         yield
     finally:
