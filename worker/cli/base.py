@@ -43,11 +43,30 @@ def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `react
     return rt
 
 
-def _send_step():
+def _publisher():
+    """The step publisher of a command on a Redis broker, which needs no Celery (worker/tasks/publish.py);
+    None on another broker."""
     with setting_up():
-        from ..tasks.steps import send_step
+        from ..tasks.publish import StepPublisher
 
-    return send_step
+        rt = _runtime()
+        broker = rt.settings.broker_url or rt.settings.redis_url
+        return StepPublisher(rt.broker_redis) if StepPublisher.usable(broker) else None
+
+
+def _senders():
+    """(send_step, sending_together) for this command: the publisher's on a Redis broker, else Celery's."""
+    publisher = _publisher()
+    if publisher is not None:
+        return publisher.send_step, publisher.sending_together
+    with setting_up():
+        from ..tasks.steps import send_step, sending_together
+
+    return send_step, sending_together
+
+
+def _send_step():
+    return _senders()[0]
 
 
 def _load(run_id: str):

@@ -19,7 +19,6 @@ from ..runtime.finish_hooks import batch_may_be_finished
 from ..service.batch import BatchRunner, Earlier, Follower
 from ..service.batch import Progress as BatchProgress
 from ..service.batch_input import LineError, ParsedLine, iter_input
-from ..tasks.webhooks import send_delivery
 from .display import labelled, literal
 
 
@@ -95,7 +94,7 @@ def run_batch_file(
             except (InvalidRequest, TooLarge) as exc:
                 console.print(labelled("error:", "red", exc))
                 return 2
-            batch_may_be_finished(rt, submitted.batch_id, send_delivery)
+            batch_may_be_finished(rt, submitted.batch_id, send_batch_webhook)
             bar.update(task, total=submitted.total)
             if submitted.earlier is not None and (note := earlier_note(submitted.earlier, outfile)):
                 console.print(literal(note))
@@ -113,6 +112,14 @@ def run_batch_file(
     if failures:
         console.print(labelled(f"{sum(failures.values())} run(s) failed:", "red", failure_summary(failures)))
     return 1 if submitted.errors or failures else 0
+
+
+def send_batch_webhook(*args: Any, **kwargs: Any) -> None:
+    """Celery's webhook task, loaded only for a batch that has a webhook to send (most have none: the command
+    imports no Celery otherwise, worker/tasks/publish.py)."""
+    from ..tasks.webhooks import send_delivery
+
+    send_delivery(*args, **kwargs)
 
 
 def failure_summary(failures: Counter[str], shown: int = 5) -> str:

@@ -12,7 +12,7 @@ import click
 
 from ..core.models import MAX_INSTRUCTIONS_CHARS, Run, Step
 from ..errors import AdmissionRefused, TooLarge
-from .base import _load, _runtime, _send_step, console, error, out
+from .base import _load, _runtime, _send_step, _senders, console, error, out
 from .collector import setting_up
 from .display import literal
 from .replay import print_diff
@@ -103,11 +103,11 @@ def ask(question: str, wait: bool, as_json: bool, tenant: str, tier: str | None,
 def batch(infile: Path, outfile: Path, tenant: str | None, tier: str | None, fresh: bool) -> None:
     """Run many questions from JSONL (one tenant's); results are written to --out as they finish."""
     with setting_up():
-        from ..tasks.steps import sending_together
         from .batch_progress import run_batch_file
 
         rt = _runtime()
-    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, _send_step(), console, send_together=sending_together,
+    send_step, sending_together = _senders()
+    sys.exit(run_batch_file(rt, infile, outfile, tenant, tier, send_step, console, send_together=sending_together,
                             fresh=fresh))
 
 

@@ -24,9 +24,10 @@ from typing import Any
 import redis
 from kombu.transport import redis as kombu_redis
 
+from .publish import SCHEMES  # other URLs (unix sockets, say) keep kombu's transport
+
 TRANSPORT = "worker.tasks.broker:Transport"
 SENTINEL_TRANSPORT = "worker.tasks.broker:SentinelTransport"
-SCHEMES = ("redis://", "rediss://")  # other URLs (unix sockets, say) keep kombu's transport
 
 
 def refuse_when_closed(channel: kombu_redis.Channel) -> None:

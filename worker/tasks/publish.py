@@ -1,0 +1,82 @@
+"""Step messages published without Celery, for processes that only send steps (`reactq batch`, `reactq ask`
+and the other commands): importing Celery and kombu and making the app is ~0.085 s of the ~0.35 s of CPU
+such a command costs (BENCHMARKS.md). This module imports neither.
+
+A message is the one `send_step` (worker/tasks/steps.py) publishes through kombu's Redis transport: Celery's
+protocol 2, the JSON body base64-encoded, LPUSHed on the list of the steps queue for its priority.
+tests/test_publish.py holds the two side by side, field by field, so that a Celery or kombu upgrade that
+changes the message fails there first. Only brokers kombu's Redis transports serve (redis://, rediss://,
+sentinel://) are published to this way (`StepPublisher.usable`); any other keeps Celery.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..names import PRIORITY_SEP, PRIORITY_STEPS, STEP_TASK, STEPS_QUEUE, step_reprs
+
+SCHEMES = ("redis://", "rediss://")  # worker.tasks.broker's transport; other URLs keep kombu's own
+BROKERS = (*SCHEMES, "sentinel://")  # kombu's Redis and Sentinel transports: the same lists, the same messages
+EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}  # a task with no workflow
+
+
+def steps_list(priority: int) -> str:
+    """The Redis list of the steps queue that holds messages of `priority` (kombu's `_q_for_pri`)."""
+    level = max(min(priority, PRIORITY_STEPS[-1]), PRIORITY_STEPS[0])
+    return f"{STEPS_QUEUE}{PRIORITY_SEP}{level}" if level else STEPS_QUEUE
+
+
+def step_message(run_id: str, index: int, priority: int | None, *, origin: str, reply_to: str) -> tuple[str, str]:
+    """(list, payload): what `send_step(run_id, index, priority)` LPUSHes, with fresh ids."""
+    task_id, reprs = str(uuid.uuid4()), step_reprs(run_id, index)
+    body = json.dumps([[run_id, index], {}, EMBED]).encode()
+    headers: dict[str, Any] = {
+        "lang": "py", "task": STEP_TASK, "id": task_id, "shadow": None, "eta": None, "expires": None,
+        "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": task_id,
+        "parent_id": None, **reprs, "origin": origin, "ignore_result": True, "replaced_task_nesting": 0,
+        "stamped_headers": None, "stamps": {},
+    }
+    properties: dict[str, Any] = {
+        "correlation_id": task_id, "reply_to": reply_to, **reprs, "delivery_mode": 2,
+        "delivery_info": {"exchange": "", "routing_key": STEPS_QUEUE}, "priority": priority or 0,
+        "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+    }
+    message = {"body": base64.b64encode(body).decode(), "content-encoding": "utf-8",
+               "content-type": "application/json", "headers": headers, "properties": properties}
+    return steps_list(priority or 0), json.dumps(message)
+
+
+class StepPublisher:
+    """`send_step` and `sending_together` for a process that sends steps and runs none, on the broker's Redis
+    client (Runtime.broker_redis). No countdown: the commands never delay a step."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.origin = f"gen{os.getpid()}@{socket.gethostname()}"  # Celery's name for a process that is no worker
+        self.reply_to = str(uuid.uuid4())  # Celery's result queue for this sender: results are never asked for
+
+    @staticmethod
+    def usable(broker_url: str) -> bool:
+        return broker_url.startswith(BROKERS)
+
+    def send_step(self, run_id: str, index: int, priority: int | None = None) -> None:
+        self.broker.lpush(*step_message(run_id, index, priority, origin=self.origin, reply_to=self.reply_to))
+
+    @contextmanager
+    def sending_together(self) -> Iterator[Callable[..., None]]:
+        """A send_step whose messages go out in one round trip as the block ends; leaving it with an exception
+        sends none (their runs are recorded, and the reaper re-kicks them: `lost_message`)."""
+        pipe = self.broker.pipeline(transaction=False)
+
+        def send(run_id: str, index: int, priority: int | None = None) -> None:
+            pipe.lpush(*step_message(run_id, index, priority, origin=self.origin, reply_to=self.reply_to))
+
+        yield send
+        pipe.execute()
