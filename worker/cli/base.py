@@ -45,11 +45,13 @@ def _runtime(patient: bool = False):  # lazy imports: `reactq --help` and `react
 
 def _publisher():
     """The step publisher of a command on a Redis broker, which needs no Celery (worker/tasks/publish.py);
-    None on another broker."""
+    None on another broker. The command has made its runtime (`_runtime`) by then: no second ping."""
     with setting_up():
+        from ..config import get_settings
+        from ..runtime.context import get_runtime
         from ..tasks.publish import StepPublisher
 
-        rt = _runtime()
+        rt = get_runtime(get_settings)
         broker = rt.settings.broker_url or rt.settings.redis_url
         return StepPublisher(rt.broker_redis) if StepPublisher.usable(broker) else None
 
