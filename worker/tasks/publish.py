@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import uuid
+from bisect import bisect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,8 +29,9 @@ EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}  # a
 
 
 def steps_list(priority: int) -> str:
-    """The Redis list of the steps queue that holds messages of `priority` (kombu's `_q_for_pri`)."""
-    level = max(min(priority, PRIORITY_STEPS[-1]), PRIORITY_STEPS[0])
+    """The Redis list of the steps queue that holds messages of `priority`: kombu clamps it to 0..9 and files
+    it under the highest of the queue's priority steps not above it (`_get_message_priority`, `_q_for_pri`)."""
+    level = PRIORITY_STEPS[bisect(PRIORITY_STEPS, max(min(priority, 9), 0)) - 1]
     return f"{STEPS_QUEUE}{PRIORITY_SEP}{level}" if level else STEPS_QUEUE
 
 
