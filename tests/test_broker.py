@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 
 import pytest
@@ -112,57 +111,4 @@ def test_a_submissions_first_steps_go_out_together(redis_url: str) -> None:
     assert client.llen(queue_lists(STEPS_QUEUE)[4]) == 3
     sent = [json.loads(m)["headers"]["argsrepr"] for m in queued()]
     assert sorted(sent) == sorted(step_reprs(run_id, 0)["argsrepr"] for run_id in run_ids)
-    client.delete(*queue_lists(STEPS_QUEUE))
-
-
-def _task_message(raw: bytes) -> tuple[dict, list]:
-    """A step message's headers and arguments, without the ids each message gets anew."""
-    message = json.loads(raw)
-    headers = {k: v for k, v in message["headers"].items() if k not in ("id", "root_id")}
-    args = json.loads(base64.b64decode(message["body"]))[0]
-    return headers, args
-
-
-@pytest.mark.parametrize("priority", [None, 7])
-def test_a_step_message_handed_back_is_the_one_send_step_sends(redis_url: str, priority: int | None) -> None:
-    """`step_commands` (what a step's commit writes to enqueue the next step): the same list for the
-    priority, the same task, arguments and headers as the message send_step publishes, and nothing is
-    sent meanwhile."""
-    from worker.names import PRIORITY_STEPS, STEP_TASK, STEPS_QUEUE, queue_lists
-    from worker.tasks.steps import send_step, step_commands
-
-    client = redis.Redis.from_url(redis_url)
-    client.delete(*queue_lists(STEPS_QUEUE))
-    app = Celery("t", broker=redis_url)
-    app.conf.broker_transport = broker.transport_for(redis_url)
-    app.conf.broker_transport_options = {"priority_steps": PRIORITY_STEPS}
-    run_id = "ab" * 16
-
-    [(name, key, payload)] = step_commands(run_id, 3, priority, celery=app)
-    assert [client.llen(k) for k in queue_lists(STEPS_QUEUE)] == [0] * len(PRIORITY_STEPS)
-    with app.producer_or_acquire() as producer:
-        send_step(run_id, 3, priority, producer=producer)
-    [sent_to] = [k for k in queue_lists(STEPS_QUEUE) if client.llen(k)]
-    assert (name, key) == ("LPUSH", sent_to)
-    headers, args = _task_message(payload)
-    assert (headers["task"], args) == (STEP_TASK, [run_id, 3])
-    assert (headers, args) == _task_message(client.lindex(sent_to, 0))
-    client.delete(*queue_lists(STEPS_QUEUE))
-
-
-def test_capturing_hands_back_only_inside_its_block(redis_url: str) -> None:
-    from worker.names import PRIORITY_STEPS, STEPS_QUEUE, queue_lists
-    from worker.tasks.steps import sending_together
-
-    client = redis.Redis.from_url(redis_url)
-    client.delete(*queue_lists(STEPS_QUEUE))
-    app = Celery("t", broker=redis_url)
-    app.conf.broker_transport = broker.transport_for(redis_url)
-    app.conf.broker_transport_options = {"priority_steps": PRIORITY_STEPS}
-    with broker.capturing() as captured, sending_together(app) as send:
-        send("cd" * 16, 0)
-    assert len(captured) == 1 and sum(client.llen(k) for k in queue_lists(STEPS_QUEUE)) == 0
-    with sending_together(app) as send:  # after the block: sent for real
-        send("cd" * 16, 0)
-    assert sum(client.llen(k) for k in queue_lists(STEPS_QUEUE)) == 1
     client.delete(*queue_lists(STEPS_QUEUE))

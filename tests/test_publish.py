@@ -41,22 +41,45 @@ def celery_app(redis_url: str) -> Celery:
     return app
 
 
+def published_by_celery(redis_url: str, run_id: str, index: int, priority: int | None) -> tuple[str, bytes]:
+    """(list, payload) of the one message Celery's own `send_step` left in Redis."""
+    from worker.tasks.steps import send_step
+
+    client = redis.Redis.from_url(redis_url)
+    client.delete(*queue_lists(STEPS_QUEUE))
+    with celery_app(redis_url).producer_or_acquire() as producer:
+        send_step(run_id, index, priority, producer=producer)
+    [(key, payload)] = [(k, m) for k in queue_lists(STEPS_QUEUE) for m in client.lrange(k, 0, -1)]
+    client.delete(*queue_lists(STEPS_QUEUE))
+    return key, payload
+
+
 @pytest.mark.parametrize("priority", [None, 0, 3, 9, 12, -1])
 def test_the_message_is_the_one_celery_publishes_field_by_field(redis_url: str, priority: int | None) -> None:
-    from worker.tasks.steps import step_commands
-
     run_id = "ab" * 16
-    [(command, celery_list, celery_payload)] = step_commands(run_id, 4, priority, celery=celery_app(redis_url))
-    ours_list, ours_payload = step_message(run_id, 4, priority, origin="gen1@h", reply_to="r")
-    assert (command, ours_list) == ("LPUSH", celery_list)
+    celery_list, celery_payload = published_by_celery(redis_url, run_id, 4, priority)
+    ours_list, ours_payload = step_message(run_id, 4, priority)
+    assert ours_list == celery_list
     assert without_fresh_fields(ours_payload) == without_fresh_fields(celery_payload)
     ours = json.loads(ours_payload)
     assert ours["headers"]["id"] == ours["headers"]["root_id"] == ours["properties"]["correlation_id"]
     assert ours["headers"]["task"] == STEP_TASK
+    assert ours["headers"]["origin"] == f"gen{os.getpid()}@{socket.gethostname()}"
+
+
+def test_a_commit_writes_the_next_steps_message_on_the_running_steps_priority() -> None:
+    """`step_commands`: the one LPUSH a step's commit writes; outside a step task the default priority is 0."""
+    from worker.tasks.steps import step_commands
+
+    [(command, key, payload)] = step_commands("cd" * 16, 2, priority=5)
+    assert (command, key) == ("LPUSH", f"{STEPS_QUEUE}\x06\x165")
+    assert json.loads(base64.b64decode(json.loads(payload)["body"]))[0] == ["cd" * 16, 2]
+    [(_, key, payload)] = step_commands("cd" * 16, 2)
+    assert key == STEPS_QUEUE and json.loads(payload)["properties"]["priority"] == 0
 
 
 def test_each_message_has_its_own_ids() -> None:
-    first, second = (json.loads(step_message("r", 0, None, origin="o", reply_to="r")[1]) for _ in range(2))
+    first, second = (json.loads(step_message("r", 0, None)[1]) for _ in range(2))
     assert first["headers"]["id"] != second["headers"]["id"]
     assert first["properties"]["delivery_tag"] != second["properties"]["delivery_tag"]
 

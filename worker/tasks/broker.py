@@ -6,19 +6,12 @@ that was an eighth of a step worker's CPU (BENCHMARKS.md, case (c)). A client is
 command borrows a connection from the pool), so one per pool does the same work. Only the synchronous
 client is kept; the event loop's client (BRPOP) is kombu's own.
 
-It can also hand back a message instead of sending it (`capturing`): the Redis commands kombu would
-run to publish it, for a caller that writes them itself in a transaction of its own (a step's commit
-enqueues the next step: worker/tasks/steps.py, `step_commands`).
-
 A Sentinel-managed broker (sentinel:// URLs) keeps kombu's Sentinel transport with one change, shared with
 the transport above: a channel closing after its connection was dropped raises a connection error
 (`refuse_when_closed`)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -41,53 +34,8 @@ def refuse_when_closed(channel: kombu_redis.Channel) -> None:
         raise redis.exceptions.ConnectionError("the broker connection is closed")
 
 
-_captured = threading.local()
-
-
-@contextmanager
-def capturing() -> Iterator[list[tuple[Any, ...]]]:
-    """Inside the block, a producer's batch (`Producer.batch()`) on this thread sends nothing: the list
-    receives the Redis commands (name, *args) its messages would have been published with."""
-    commands: list[tuple[Any, ...]] = []
-    _captured.commands = commands
-    try:
-        yield commands
-    finally:
-        _captured.commands = None
-
-
-class CapturedPublishes:
-    """A publish batch that keeps the final Redis commands kombu routes a message to (the LPUSH on the
-    queue's list for the message's priority) instead of running them; kombu's PublishBatch protocol."""
-
-    def __init__(self, channel: Any, commands: list[tuple[Any, ...]]) -> None:
-        self.channel = channel
-        self.commands = commands
-
-    def publish(self, message: Any, **kwargs: Any) -> Any:
-        return self.channel.basic_publish(message, _publish_batch=self, **kwargs)
-
-    def add(self, name: str, *args: Any) -> None:
-        self.commands.append((name.upper(), *args))
-
-    def flush(self) -> None:
-        """Nothing to send: the caller writes the commands."""
-
-    def discard(self) -> None:
-        self.commands.clear()
-
-    def close(self) -> None:
-        pass
-
-
 class Channel(kombu_redis.Channel):
     _kept_client: Any = None
-
-    def create_publish_batch(self, max_size: int) -> Any:
-        commands = getattr(_captured, "commands", None)
-        if commands is None:
-            return super().create_publish_batch(max_size)
-        return CapturedPublishes(self, commands)
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:

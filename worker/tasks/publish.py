@@ -1,6 +1,8 @@
-"""Step messages published without Celery, for processes that only send steps (`reactq batch`, `reactq ask`
-and the other commands): importing Celery and kombu and making the app is ~0.085 s of the ~0.35 s of CPU
-such a command costs (BENCHMARKS.md). This module imports neither.
+"""Step messages written without Celery. A command that only sends steps (`reactq batch`, `reactq ask` and the
+others) publishes them with `StepPublisher`: importing Celery and kombu and making the app is ~0.085 s of the
+~0.35 s of CPU such a command costs (BENCHMARKS.md). A step's commit writes its next step's message from
+`step_message` (worker/tasks/steps.py, `step_commands`): ~19 us a message, where building it through Celery
+and kombu's publish path cost ~133. This module imports neither.
 
 A message is the one `send_step` (worker/tasks/steps.py) publishes through kombu's Redis transport: Celery's
 protocol 2, the JSON body base64-encoded, LPUSHed on the list of the steps queue for its priority.
@@ -12,6 +14,7 @@ sentinel://) are published to this way (`StepPublisher.usable`); any other keeps
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import socket
@@ -35,9 +38,17 @@ def steps_list(priority: int) -> str:
     return f"{STEPS_QUEUE}{PRIORITY_SEP}{level}" if level else STEPS_QUEUE
 
 
-def step_message(run_id: str, index: int, priority: int | None, *, origin: str, reply_to: str) -> tuple[str, str]:
+@functools.cache
+def sender_names(pid: int) -> tuple[str, str]:
+    """(origin, reply_to) of the messages this process sends: Celery's name for a process that is no worker, and
+    a result queue of its own (results are never asked for). By pid: a forked process names itself anew."""
+    return f"gen{pid}@{socket.gethostname()}", str(uuid.uuid4())
+
+
+def step_message(run_id: str, index: int, priority: int | None) -> tuple[str, str]:
     """(list, payload): what `send_step(run_id, index, priority)` LPUSHes, with fresh ids."""
     task_id, reprs = str(uuid.uuid4()), step_reprs(run_id, index)
+    origin, reply_to = sender_names(os.getpid())
     body = json.dumps([[run_id, index], {}, EMBED]).encode()
     headers: dict[str, Any] = {
         "lang": "py", "task": STEP_TASK, "id": task_id, "shadow": None, "eta": None, "expires": None,
@@ -61,15 +72,13 @@ class StepPublisher:
 
     def __init__(self, broker: Any) -> None:
         self.broker = broker
-        self.origin = f"gen{os.getpid()}@{socket.gethostname()}"  # Celery's name for a process that is no worker
-        self.reply_to = str(uuid.uuid4())  # Celery's result queue for this sender: results are never asked for
 
     @staticmethod
     def usable(broker_url: str) -> bool:
         return broker_url.startswith(BROKERS)
 
     def send_step(self, run_id: str, index: int, priority: int | None = None) -> None:
-        self.broker.lpush(*step_message(run_id, index, priority, origin=self.origin, reply_to=self.reply_to))
+        self.broker.lpush(*step_message(run_id, index, priority))
 
     @contextmanager
     def sending_together(self) -> Iterator[Callable[..., None]]:
@@ -78,7 +87,7 @@ class StepPublisher:
         pipe = self.broker.pipeline(transaction=False)
 
         def send(run_id: str, index: int, priority: int | None = None) -> None:
-            pipe.lpush(*step_message(run_id, index, priority, origin=self.origin, reply_to=self.reply_to))
+            pipe.lpush(*step_message(run_id, index, priority))
 
         yield send
         pipe.execute()

@@ -19,7 +19,8 @@ from ..runtime.context import get_runtime
 from ..runtime.drain import IN_FLIGHT, start_drain
 from ..store.cas import Command
 from .app import app
-from .broker import TRANSPORT, capturing
+from .broker import TRANSPORT
+from .publish import step_message
 from .webhooks import send_delivery
 
 # The step runner (the LLM stack, tools, templates, schemas) is imported where a step runs: a worker loads it
@@ -59,15 +60,14 @@ def sending_together(celery: Celery | None = None) -> Iterator[Callable[..., Non
         yield functools.partial(send_step, producer=producer, retry=False)
 
 
-def step_commands(run_id: str, index: int, priority: int | None = None, celery: Celery | None = None) -> list[Command]:
-    """The Redis commands that enqueue step `index` exactly as send_step would (its priority included),
-    for the step's commit to write: the next step goes out in the same transaction that records this
-    one and lets go of the run's lease, one round trip fewer than sending it after."""
-    with capturing() as commands, (celery or app).producer_or_acquire() as producer, producer.batch():
-        send_step(run_id, index, priority, producer=producer, retry=False)
-    if not commands:  # a transport that published instead of handing the message back
-        raise RuntimeError("the broker transport cannot hand a message back (worker.tasks.broker.Transport only)")
-    return commands
+def step_commands(run_id: str, index: int, priority: int | None = None) -> list[Command]:
+    """The Redis command that enqueues step `index` as send_step would (its priority included: by default the
+    running step's), for the step's commit to write: the next step goes out in the same transaction that
+    records this one and lets go of the run's lease, one round trip fewer than sending it after. The message
+    is written without Celery (worker/tasks/publish.py)."""
+    if priority is None:
+        priority = running_priority()
+    return [("LPUSH", *step_message(run_id, index, priority))]
 
 
 def send_sandbox(request: dict[str, Any]) -> None:
