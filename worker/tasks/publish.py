@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..names import PRIORITY_SEP, PRIORITY_STEPS, STEP_TASK, STEPS_QUEUE, step_reprs
+from ..names import PRIORITY_STEPS, STEP_TASK, STEPS_QUEUE, queue_lists, step_reprs
 
 SCHEMES = ("redis://", "rediss://")  # worker.tasks.broker's transport; other URLs keep kombu's own
 BROKERS = (*SCHEMES, "sentinel://")  # kombu's Redis and Sentinel transports: the same lists, the same messages
@@ -34,8 +34,7 @@ EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}  # a
 def steps_list(priority: int) -> str:
     """The Redis list of the steps queue that holds messages of `priority`: kombu clamps it to 0..9 and files
     it under the highest of the queue's priority steps not above it (`_get_message_priority`, `_q_for_pri`)."""
-    level = PRIORITY_STEPS[bisect(PRIORITY_STEPS, max(min(priority, 9), 0)) - 1]
-    return f"{STEPS_QUEUE}{PRIORITY_SEP}{level}" if level else STEPS_QUEUE
+    return queue_lists(STEPS_QUEUE)[bisect(PRIORITY_STEPS, max(min(priority, 9), 0)) - 1]
 
 
 @functools.cache
