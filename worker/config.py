@@ -261,6 +261,11 @@ class Settings(BaseSettings):
         return is_cluster_url(self.redis_url)
 
     @property
+    def celery_broker_url(self) -> str:
+        """The Celery broker: REACTQ_BROKER_URL, else the state Redis."""
+        return self.broker_url or self.redis_url
+
+    @property
     def broker_apart(self) -> bool:
         """The broker is another server than the state Redis: a step's commit cannot enqueue the next step."""
         return self.broker_url is not None and self.broker_url != self.redis_url

@@ -52,8 +52,7 @@ def _publisher():
         from ..tasks.publish import StepPublisher
 
         rt = get_runtime(get_settings)
-        broker = rt.settings.broker_url or rt.settings.redis_url
-        return StepPublisher(rt.broker_redis) if StepPublisher.usable(broker) else None
+        return StepPublisher(rt.broker_redis) if StepPublisher.usable(rt.settings.celery_broker_url) else None
 
 
 def _senders():

@@ -15,7 +15,7 @@ from .broker import transport_for
 
 def make_app() -> Celery:
     settings = get_settings()
-    broker = settings.broker_url or settings.redis_url
+    broker = settings.celery_broker_url
     sentinel = {"master_name": settings.broker_sentinel_master} if broker.startswith("sentinel://") else {}
     app = Celery("reactq", broker=broker,
                  include=["worker.tasks.steps", "worker.tasks.webhooks", "worker.tasks.health",
