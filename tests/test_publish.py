@@ -1,5 +1,6 @@
-"""worker/tasks/publish.py: the step message a command publishes without Celery is the one Celery publishes, and
-a command that sends steps imports no Celery. The workers running what it sends: tests/test_batch_tenants.py,
+"""worker/tasks/publish.py: the step and sandbox messages written without Celery are the ones Celery publishes, a
+command that sends steps imports no Celery, and a worker's sandbox side sends its continuations and woken calls
+through the publisher. The workers running what it sends: tests/test_batch_tenants.py,
 tests/test_fairness.py and every other test driving `reactq ask` or `reactq batch` (tests/fixtures_cluster.py)."""
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import pytest
 import redis
 from celery import Celery
 
-from worker.names import PRIORITY_STEPS, STEP_TASK, STEPS_QUEUE, queue_lists
+from tools_sandbox.edges import sandbox_worker
+from worker.names import PRIORITY_STEPS, SANDBOX_QUEUE, SANDBOX_TASK, STEP_TASK, STEPS_QUEUE, queue_lists
 from worker.tasks import broker
-from worker.tasks.publish import StepPublisher, step_message
+from worker.tasks.publish import REPR_MAX, Publisher, step_message, task_message
 
 ROOT = Path(__file__).resolve().parent.parent
 FRESH = {"headers": ("id", "root_id", "origin"), "properties": ("correlation_id", "delivery_tag", "reply_to")}
@@ -67,6 +69,76 @@ def test_the_message_is_the_one_celery_publishes_field_by_field(redis_url: str, 
     assert ours["headers"]["origin"] == f"gen{os.getpid()}@{socket.gethostname()}"
 
 
+def sent_by_celery(redis_url: str, task: str, args: list, queue: str, priority: int | None = None) -> tuple[str, bytes]:
+    """(list, payload) of the one message Celery's `send_task` left in Redis, as a sandbox worker sent it."""
+    client = redis.Redis.from_url(redis_url)
+    client.delete(*queue_lists(queue))
+    celery_app(redis_url).send_task(task, args=args, queue=queue, priority=priority, declare=[])
+    [(key, payload)] = [(k, m) for k in queue_lists(queue) for m in client.lrange(k, 0, -1)]
+    client.delete(*queue_lists(queue))
+    return key, payload
+
+
+CALL = {"code": "print('h\u00e9llo')\nprint(6 * 7)\n", "tier": "standard", "tenant": "t1", "result_key": "k:1",
+        "continue_task": STEP_TASK, "continue_args": ["ab" * 16, 3], "continue_queue": STEPS_QUEUE,
+        "continue_priority": 4, "deadline_at": 1.5, "queued_at": None, "waits": 0, "session": [[1, True]]}
+
+
+@pytest.mark.parametrize("code", ["print(6 * 7)", "x = 'a\nb'  # \u00e9\n" * 200])
+def test_a_sandbox_call_is_the_message_celerys_send_task_publishes_but_for_its_argsrepr(redis_url: str,
+                                                                                        code: str) -> None:
+    """The argsrepr is Python's repr cut at Celery's 1,024 characters, not saferepr's escaping: nothing reads it."""
+    call = {**CALL, "code": code}
+    celery_list, celery_payload = sent_by_celery(redis_url, SANDBOX_TASK, [call], SANDBOX_QUEUE)
+    ours_list, ours_payload = task_message(SANDBOX_TASK, [call], SANDBOX_QUEUE)
+    celery, ours = without_fresh_fields(celery_payload), without_fresh_fields(ours_payload)
+    assert ours_list == celery_list == SANDBOX_QUEUE
+    argsrepr = ours["headers"].pop("argsrepr")
+    assert celery["headers"].pop("argsrepr").startswith("[{'code': ")
+    assert ours == celery
+    assert argsrepr == repr([call]) if len(repr([call])) <= REPR_MAX else argsrepr == repr([call])[:REPR_MAX - 3] + "..."
+
+
+def test_a_continuation_is_the_message_of_send_step_on_its_priority(redis_url: str) -> None:
+    """What a sandbox worker sends to continue a run is the step's own message (the reaper reads its argsrepr)."""
+    publisher = Publisher(redis.Redis.from_url(redis_url))
+    publisher.broker.delete(*queue_lists(STEPS_QUEUE))
+    publisher.send_task(STEP_TASK, ["ab" * 16, 3], STEPS_QUEUE, 4)
+    [(key, payload)] = [(k, m) for k in queue_lists(STEPS_QUEUE) for m in publisher.broker.lrange(k, 0, -1)]
+    publisher.broker.delete(*queue_lists(STEPS_QUEUE))
+    celery_list, celery_payload = published_by_celery(redis_url, "ab" * 16, 3, 4)
+    assert key == celery_list
+    assert without_fresh_fields(payload) == without_fresh_fields(celery_payload)
+
+
+def test_a_worker_s_sandbox_side_publishes_through_the_publisher(redis_url: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """worker_setup installs the publisher for the sandbox worker of a worker process on a Redis broker; its
+    continuations and woken calls then reach the broker without Celery (no app is given)."""
+    from worker.config import get_settings
+    from worker.runtime import context
+    from worker.tasks import steps, worker_setup
+
+    monkeypatch.setenv("REACTQ_REDIS_URL", redis_url)
+    monkeypatch.setattr(context, "_runtime", None)
+    get_settings.cache_clear()
+    steps.worker_publisher.cache_clear()
+    try:
+        worker_setup._publish_sandbox_messages()
+        sandbox_worker._publish(None, STEP_TASK, ["cd" * 16, 1], STEPS_QUEUE, 2)
+        sandbox_worker._publish(None, SANDBOX_TASK, [CALL], SANDBOX_QUEUE)
+    finally:
+        sandbox_worker.publish_with(None)
+        steps.worker_publisher.cache_clear()
+        get_settings.cache_clear()
+    client = redis.Redis.from_url(redis_url)
+    [step] = client.lrange(f"{STEPS_QUEUE}\x06\x162", 0, -1)
+    [call] = client.lrange(SANDBOX_QUEUE, 0, -1)
+    client.delete(*queue_lists(STEPS_QUEUE), *queue_lists(SANDBOX_QUEUE))
+    assert without_fresh_fields(step)["body"][0] == ["cd" * 16, 1]
+    assert without_fresh_fields(call)["body"][0] == [CALL]
+
+
 def test_a_commit_writes_the_next_steps_message_on_the_running_steps_priority() -> None:
     """`step_commands`: the one LPUSH a step's commit writes; outside a step task the default priority is 0."""
     from worker.tasks.steps import step_commands
@@ -87,7 +159,7 @@ def test_each_message_has_its_own_ids() -> None:
 def test_sending_together_sends_as_the_block_ends_and_nothing_when_it_fails(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     client.delete(*queue_lists(STEPS_QUEUE))
-    publisher = StepPublisher(client)
+    publisher = Publisher(client)
     with publisher.sending_together() as send:
         send("cd" * 16, 0, priority=2)
         send("ef" * 16, 0)
@@ -104,11 +176,11 @@ def test_sending_together_sends_as_the_block_ends_and_nothing_when_it_fails(redi
 
 
 def test_only_brokers_of_kombus_redis_transports_are_published_to_directly() -> None:
-    assert StepPublisher.usable("redis://127.0.0.1:6379/0")
-    assert StepPublisher.usable("rediss://h:6380/0")
-    assert StepPublisher.usable("sentinel://h:26379;sentinel://h:26380")
-    assert not StepPublisher.usable("redis+socket:///tmp/redis.sock")
-    assert not StepPublisher.usable("amqp://guest@h//")
+    assert Publisher.usable("redis://127.0.0.1:6379/0")
+    assert Publisher.usable("rediss://h:6380/0")
+    assert Publisher.usable("sentinel://h:26379;sentinel://h:26380")
+    assert not Publisher.usable("redis+socket:///tmp/redis.sock")
+    assert not Publisher.usable("amqp://guest@h//")
 
 
 # `reactq ask` in its own interpreter: which frameworks it loaded, printed as it exits.

@@ -37,6 +37,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -71,6 +72,28 @@ UNAVAILABLE_RETRY_FIRST_S = 1.0
 UNAVAILABLE_RETRY_MAX_S = 30.0
 # Redis or the broker not answering: the task retries the delivery (edges/tasks.py).
 UNREACHABLE_SERVICES: tuple[type[Exception], ...] = (*UNREACHABLE, kombu.exceptions.OperationalError)
+
+
+# (task, args, queue, priority): how this process sends a continuation or a woken call, when not through
+# Celery's send_task. The worker package installs one that writes the same message without Celery
+# (worker/tasks/publish.py, worker_setup.py): Celery's send_task was a fifth of a sandbox worker's time.
+Send = Callable[[str, list[Any], str, "int | None"], None]
+_send: Send | None = None
+
+
+def publish_with(send: Send | None) -> None:
+    """Send this process's continuations and woken calls with `send` (None: with Celery's send_task)."""
+    global _send
+    _send = send
+
+
+def _publish(app: Any, task: str, args: list[Any], queue: str | None, priority: int | None = None) -> None:
+    if _send is not None and queue is not None:
+        _send(task, args, queue, priority)
+    else:
+        # declare=[]: the workers declare their queues; declaring one again on every publish costs CPU and
+        # sends nothing (as worker/tasks/steps.py's send_step)
+        app.send_task(task, args=args, queue=queue, priority=priority, declare=[])
 
 
 class Delivery(StrEnum):
@@ -237,10 +260,7 @@ class SandboxWorker:
 
     def _continue(self, task: Any, req: ExecuteRequest) -> None:
         if req.continue_task in ALLOWED_CONTINUATIONS:
-            # declare=[]: the step workers declare their queue; declaring it again on every publish costs
-            # CPU and sends nothing (as worker/tasks/steps.py's send_step)
-            task.app.send_task(req.continue_task, args=req.continue_args, queue=req.continue_queue,
-                               priority=req.continue_priority, declare=[])
+            _publish(task.app, req.continue_task, req.continue_args, req.continue_queue, req.continue_priority)
         elif req.continue_task:
             log.warning("refused to continue sandbox call %s to task %r: only %s may follow a sandbox call",
                         req.result_key, req.continue_task, ", ".join(sorted(ALLOWED_CONTINUATIONS)))
@@ -260,7 +280,7 @@ class SandboxWorker:
         woken = self.quotas.wake(spec, tenant)
         for n, raw in enumerate(woken):
             try:
-                app.send_task(SANDBOX_TASK, args=[json.loads(raw)], queue=SANDBOX_QUEUE)
+                _publish(app, SANDBOX_TASK, [json.loads(raw)], SANDBOX_QUEUE)
             except Exception:  # noqa: BLE001 - the broker is down: put them back for the next wake
                 for back in woken[n:]:
                     again = ExecuteRequest.model_validate_json(back)

@@ -49,10 +49,9 @@ def _publisher():
     with setting_up():
         from ..config import get_settings
         from ..runtime.context import get_runtime
-        from ..tasks.publish import StepPublisher
+        from ..tasks.publish import Publisher
 
-        rt = get_runtime(get_settings)
-        return StepPublisher(rt.broker_redis) if StepPublisher.usable(rt.settings.celery_broker_url) else None
+        return Publisher.of(get_runtime(get_settings))
 
 
 def _senders():

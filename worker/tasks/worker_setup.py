@@ -7,6 +7,7 @@ signals here give it the rest, once per worker process:
 - worker_init (after -Q, before the pool is made): reactq.webhooks leaves the pool's queues for a
   webhook worker beside it (worker/runtime/webhook_pool.py); the concurrency when -c is not given
   (200 threads for steps); the code the tasks run is loaded (the step runner, the LLM stack, webhook HTTP);
+  a sandbox worker in this process publishes without Celery (worker/tasks/publish.py);
 - setup_logging: the JSON logs of worker/logs.py instead of Celery's;
 - celeryd_after_setup (logging is set up, the consumer not started yet): stdout and stderr to the log
   (worker_redirect_stdouts), /metrics on REACTQ_METRICS_PORT, and the webhook worker;
@@ -98,6 +99,19 @@ def _load_task_code(**_: Any) -> None:
 
     if STEPS_QUEUE in _started.get("queues", [STEPS_QUEUE]):  # a worker that calls models
         client.preload()
+    _publish_sandbox_messages()
+
+
+def _publish_sandbox_messages() -> None:
+    """A sandbox worker in this process sends its continuations and woken calls without Celery, as the steps
+    send their calls, when the broker is a Redis (worker/tasks/publish.py)."""
+    from tools_sandbox.edges import sandbox_worker
+
+    from .steps import worker_publisher
+
+    publisher = worker_publisher()
+    if publisher is not None:
+        sandbox_worker.publish_with(publisher.send_task)
 
 
 @signals.celeryd_after_setup.connect(weak=False, dispatch_uid="reactq-worker-services")
