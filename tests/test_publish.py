@@ -96,7 +96,9 @@ def test_a_sandbox_call_is_the_message_celerys_send_task_publishes_but_for_its_a
     argsrepr = ours["headers"].pop("argsrepr")
     assert celery["headers"].pop("argsrepr").startswith("[{'code': ")
     assert ours == celery
-    assert argsrepr == repr([call]) if len(repr([call])) <= REPR_MAX else argsrepr == repr([call])[:REPR_MAX - 3] + "..."
+    whole = repr([call])
+    assert argsrepr == (whole if len(whole) <= REPR_MAX else whole[:REPR_MAX - 3] + "...")
+    assert len(argsrepr) <= REPR_MAX
 
 
 def test_a_continuation_is_the_message_of_send_step_on_its_priority(redis_url: str) -> None:
@@ -114,7 +116,8 @@ def test_a_continuation_is_the_message_of_send_step_on_its_priority(redis_url: s
 def test_a_worker_s_sandbox_side_publishes_through_the_publisher(redis_url: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """worker_setup installs the publisher for the sandbox worker of a worker process on a Redis broker; its
-    continuations and woken calls then reach the broker without Celery (no app is given)."""
+    continuations and woken calls then reach the broker without Celery (no app is given), as do the steps a
+    worker sends after their commit or re-kicks."""
     from worker.config import get_settings
     from worker.runtime import context
     from worker.tasks import steps, worker_setup
@@ -127,6 +130,7 @@ def test_a_worker_s_sandbox_side_publishes_through_the_publisher(redis_url: str,
         worker_setup._publish_sandbox_messages()
         sandbox_worker._publish(None, STEP_TASK, ["cd" * 16, 1], STEPS_QUEUE, 2)
         sandbox_worker._publish(None, SANDBOX_TASK, [CALL], SANDBOX_QUEUE)
+        steps.send_next_step("ef" * 16, 5)  # outside a step task: priority 0, as send_step's
     finally:
         sandbox_worker.publish_with(None)
         steps.worker_publisher.cache_clear()
@@ -134,7 +138,9 @@ def test_a_worker_s_sandbox_side_publishes_through_the_publisher(redis_url: str,
     client = redis.Redis.from_url(redis_url)
     [step] = client.lrange(f"{STEPS_QUEUE}\x06\x162", 0, -1)
     [call] = client.lrange(SANDBOX_QUEUE, 0, -1)
+    [next_step] = client.lrange(STEPS_QUEUE, 0, -1)
     client.delete(*queue_lists(STEPS_QUEUE), *queue_lists(SANDBOX_QUEUE))
+    assert without_fresh_fields(next_step)["body"][0] == ["ef" * 16, 5]
     assert without_fresh_fields(step)["body"][0] == ["cd" * 16, 1]
     assert without_fresh_fields(call)["body"][0] == [CALL]
 

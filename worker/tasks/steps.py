@@ -84,6 +84,16 @@ def send_sandbox(request: dict[str, Any]) -> None:
             app.send_task(SANDBOX_TASK, args=[body], queue=SANDBOX_QUEUE)
 
 
+def send_next_step(run_id: str, index: int) -> None:
+    """A step sent after its commit (the broker apart) or re-kicked by the reaper, on the running step's priority:
+    written without Celery where the broker is a Redis."""
+    publisher = worker_publisher()
+    if publisher is not None:
+        publisher.send_step(run_id, index, running_priority())
+    else:
+        send_step(run_id, index)
+
+
 @functools.cache
 def worker_publisher() -> Publisher | None:
     """How this process sends a message with no countdown when its broker is a Redis (worker/tasks/publish.py;
@@ -98,7 +108,7 @@ def celery_dispatch() -> Dispatcher:
     step is sent after the commit instead, the reaper behind it (docs/decisions/broker-apart.md)."""
     from ..runtime.runner import Dispatcher
 
-    return Dispatcher(next_step=send_step, sandbox=send_sandbox, webhook=send_delivery,
+    return Dispatcher(next_step=send_next_step, sandbox=send_sandbox, webhook=send_delivery,
                       step_commands=step_commands if app.conf.broker_transport == TRANSPORT
                       and not get_settings().broker_apart else None)
 
