@@ -2,9 +2,10 @@
 steps (`reactq batch`, `reactq ask` and the others) publishes them with `Publisher`: importing Celery and kombu
 and making the app is ~0.085 s of the ~0.35 s of CPU such a command costs (BENCHMARKS.md). A step's commit
 writes its next step's message from `step_message` (worker/tasks/steps.py, `step_commands`): ~19 us a message,
-where building it through Celery and kombu's publish path cost ~133. A worker sends its sandbox calls, and a
-sandbox worker its continuations and the calls it wakes, through a `Publisher` too (worker/tasks/steps.py,
-worker_setup.py). This module imports neither Celery nor kombu.
+where building it through Celery and kombu's publish path cost ~133. A worker sends its sandbox calls, the steps
+it sends after their commit and the reaper's re-kicks, and a sandbox worker its continuations and the calls it
+wakes, through a `Publisher` too (worker/tasks/steps.py, worker_setup.py). This module imports neither Celery
+nor kombu.
 
 A message is the one Celery's `apply_async`/`send_task` publishes through kombu's Redis transport: protocol 2,
 the JSON body base64-encoded, LPUSHed on the list of its queue for its priority. tests/test_publish.py holds
