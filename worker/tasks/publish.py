@@ -35,8 +35,6 @@ from ..names import PRIORITY_STEPS, STEP_TASK, STEPS_QUEUE, queue_lists
 SCHEMES = ("redis://", "rediss://")  # worker.tasks.broker's transport; other URLs keep kombu's own
 BROKERS = (*SCHEMES, "sentinel://")  # kombu's Redis and Sentinel transports: the same lists, the same messages
 EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}  # a task with no workflow
-
-
 REPR_MAX = 1024  # Celery's argsrepr_maxsize
 
 
