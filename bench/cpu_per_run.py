@@ -1,6 +1,7 @@
 """Where a run's CPU goes: CPU seconds per run of every process a batch keeps busy, per kind of run.
 
     python bench/cpu_per_run.py [--runs 200] [--kinds calculator,python] [--runtime runc] [--out FILE]
+                                [--step-worker-args '-P solo']
 
 Per kind, on a fresh redis-server and `reactq stub` (latency 0): one step worker (`reactq worker --queues steps
 -c 16`) and one sandbox worker (`--queues sandbox -c 16`, Docker backend, warm pool of tier standard), then
@@ -107,7 +108,8 @@ def measure(bench: Bench, args: argparse.Namespace, kind: str, workdir: Path) ->
            "REACTQ_SANDBOX_POOL_TIERS": "standard"}
     common = ["--metrics-port", "0", "--loglevel", "WARNING"]
     names = [f"steps-{kind}", f"sandbox-{kind}"]
-    steps = bench.procs.start(names[0], [str(BIN / "reactq"), "worker", "--queues", "steps", "-c", "16", *common], env)
+    steps = bench.procs.start(names[0], [str(BIN / "reactq"), "worker", "--queues", "steps", "-c", "16", *common,
+                                         *shlex.split(args.step_worker_args)], env)
     sandbox = bench.procs.start(names[1], [str(BIN / "reactq"), "worker", "--queues", "sandbox", "-c", "16",
                                            *common], env)
     asked = questions(kind, args.runs)
@@ -158,6 +160,8 @@ def main() -> int:
     ap.add_argument("--image", default=IMAGE)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--step-worker-args", default="", help="more options for the step worker's `celery worker`, "
+                    "e.g. '-P solo' (no hand-off to a pool thread)")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="reactq-cpu-per-run-"))
     bench = Bench(argparse.Namespace(loglevel="WARNING"), workdir)

@@ -1,6 +1,7 @@
 """Sandboxed python through the agent path against bare `docker run`, per runtime, in one invocation.
 
     python bench/sandbox_agent_path.py [--runs 200] [--tenants 10] [--runtimes runc,runsc] [--batches 2] [--out FILE]
+                                       [--step-worker-args '-P solo']
 
 Per runtime (runc, runsc = gVisor), three figures:
   agent path:  a fresh redis-server and stub (`reactq stub`) on free 127.0.0.1 ports, one step worker
@@ -194,8 +195,8 @@ def agent_path(bench: Bench, args: argparse.Namespace, runtime: str, step_conc: 
            "REACTQ_SANDBOX_TIERS_FILE": str(tiers_file(runtime, workdir)), "REACTQ_SANDBOX_POOL_TIERS": "standard"}
     names = [f"steps-{runtime}-{step_conc}", f"sandbox-{runtime}-{sandbox_conc}"]
     common = ["--metrics-port", "0", "--loglevel", args.loglevel]
-    bench.procs.start(names[0], [str(BIN / "reactq"), "worker", "--queues", "steps", "-c", str(step_conc), *common],
-                      env)
+    bench.procs.start(names[0], [str(BIN / "reactq"), "worker", "--queues", "steps", "-c", str(step_conc), *common,
+                                 *shlex.split(args.step_worker_args)], env)
     sandbox = bench.procs.start(names[1], [str(BIN / "reactq"), "worker", "--queues", "sandbox",
                                            "-c", str(sandbox_conc), *common], env)
     results: list[AgentResult] = []
@@ -371,6 +372,8 @@ def main() -> int:
     ap.add_argument("--image", default=IMAGE)
     ap.add_argument("--timeout", type=float, default=600, help="seconds for one `reactq batch`")
     ap.add_argument("--loglevel", default="WARNING")
+    ap.add_argument("--step-worker-args", default="", help="more options for the step worker's `celery worker`, "
+                    "e.g. '-P solo' (no hand-off to a pool thread)")
     ap.add_argument("--out", default=None, help="write the markdown report here too")
     args = ap.parse_args()
 

@@ -74,6 +74,24 @@ def test_the_pool_reuses_a_container_for_its_tenant_only(sandbox_image, sandbox_
     assert labelled_containers(docker_engine, mine=True) == []
 
 
+@pytest.mark.docker
+def test_a_local_engine_is_reached_without_the_environments_proxy_lookups(sandbox_image, docker_engine) -> None:
+    import docker
+
+    from tools_sandbox.backends.docker_backend import DockerBackend, _skip_environment_lookups
+
+    backend = DockerBackend(sandbox_image)
+    backend.start()  # the engine on its unix socket, as the tests and workers reach it
+    try:
+        assert backend.api.trust_env is False
+        backend.ping()
+    finally:
+        backend.close()
+    remote = docker.APIClient(base_url="tcp://127.0.0.1:2375", version="1.41")  # never contacted
+    _skip_environment_lookups(remote)
+    assert remote.trust_env is True  # an engine over tcp:// may sit behind the environment's proxy
+
+
 def _celery_app(redis_url: str) -> Celery:
     app = Celery("sandbox-test", broker=redis_url)
     app.conf.task_always_eager = False
