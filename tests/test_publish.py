@@ -36,6 +36,13 @@ def without_fresh_fields(payload: str | bytes) -> dict:
     return message
 
 
+def take_the_one_message(client: redis.Redis, queue: str) -> tuple[str, bytes]:
+    """(list, payload) of the one message on `queue`'s lists, which are then emptied."""
+    [(key, payload)] = [(k, m) for k in queue_lists(queue) for m in client.lrange(k, 0, -1)]
+    client.delete(*queue_lists(queue))
+    return key, payload
+
+
 def celery_app(redis_url: str) -> Celery:
     app = Celery("t", broker=redis_url)
     app.conf.broker_transport = broker.transport_for(redis_url)
@@ -51,9 +58,7 @@ def published_by_celery(redis_url: str, run_id: str, index: int, priority: int |
     client.delete(*queue_lists(STEPS_QUEUE))
     with celery_app(redis_url).producer_or_acquire() as producer:
         send_step(run_id, index, priority, producer=producer)
-    [(key, payload)] = [(k, m) for k in queue_lists(STEPS_QUEUE) for m in client.lrange(k, 0, -1)]
-    client.delete(*queue_lists(STEPS_QUEUE))
-    return key, payload
+    return take_the_one_message(client, STEPS_QUEUE)
 
 
 @pytest.mark.parametrize("priority", [None, 0, 3, 9, 12, -1])
@@ -74,9 +79,7 @@ def sent_by_celery(redis_url: str, task: str, args: list, queue: str, priority: 
     client = redis.Redis.from_url(redis_url)
     client.delete(*queue_lists(queue))
     celery_app(redis_url).send_task(task, args=args, queue=queue, priority=priority, declare=[])
-    [(key, payload)] = [(k, m) for k in queue_lists(queue) for m in client.lrange(k, 0, -1)]
-    client.delete(*queue_lists(queue))
-    return key, payload
+    return take_the_one_message(client, queue)
 
 
 CALL = {"code": "print('h\u00e9llo')\nprint(6 * 7)\n", "tier": "standard", "tenant": "t1", "result_key": "k:1",
@@ -106,8 +109,7 @@ def test_a_continuation_is_the_message_of_send_step_on_its_priority(redis_url: s
     publisher = Publisher(redis.Redis.from_url(redis_url))
     publisher.broker.delete(*queue_lists(STEPS_QUEUE))
     publisher.send_task(STEP_TASK, ["ab" * 16, 3], STEPS_QUEUE, 4)
-    [(key, payload)] = [(k, m) for k in queue_lists(STEPS_QUEUE) for m in publisher.broker.lrange(k, 0, -1)]
-    publisher.broker.delete(*queue_lists(STEPS_QUEUE))
+    key, payload = take_the_one_message(publisher.broker, STEPS_QUEUE)
     celery_list, celery_payload = published_by_celery(redis_url, "ab" * 16, 3, 4)
     assert key == celery_list
     assert without_fresh_fields(payload) == without_fresh_fields(celery_payload)
@@ -209,6 +211,5 @@ def test_a_command_that_sends_a_step_imports_no_celery(redis_url: str) -> None:
     *answer, loaded = done.stdout.strip().splitlines()
     assert json.loads(loaded) == []
     run_id = json.loads("\n".join(answer))["run_id"]
-    [message] = [m for k in queue_lists(STEPS_QUEUE) for m in client.lrange(k, 0, -1)]
+    _, message = take_the_one_message(client, STEPS_QUEUE)
     assert json.loads(base64.b64decode(json.loads(message)["body"]))[0] == [run_id, 0]
-    client.delete(*queue_lists(STEPS_QUEUE))
