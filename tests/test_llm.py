@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx2
 import pytest
 
 from tests.fixtures_stub import StubControl
 from worker.core.models import ToolCall, Usage
 from worker.errors import LLMError
 from worker.llm.client import OpenAIChat, parse_completion
-from worker.llm.http_pool import LLMHTTPClient
 
 
 def body(message: dict, **extra: object) -> str:
@@ -159,16 +156,3 @@ def test_a_providers_cookies_are_not_sent_back() -> None:
         server.shutdown()
         server.server_close()
 
-
-def test_the_clients_of_a_process_share_one_tls_context() -> None:
-    """Building a TLS context reads the whole CA bundle; a worker builds a client per shard."""
-    limits = httpx2.Limits(max_connections=2, max_keepalive_connections=2)
-    clients = [LLMHTTPClient(limits, timeout=30.0) for _ in range(2)]
-    try:
-        contexts = {id(c._transport._pool._ssl_context) for c in clients}  # type: ignore[attr-defined]
-        assert len(contexts) == 1
-        assert all(c._transport._pool._ssl_context.verify_mode == ssl.CERT_REQUIRED  # type: ignore[attr-defined]
-                   for c in clients)
-    finally:
-        for c in clients:
-            c.close()
