@@ -1,6 +1,6 @@
 """What an LLM call costs the worker's client side, streamed and not, by the length of the answer.
 
-    python bench/llm_stream_cpu.py [--tokens 10,100,400] [--calls 50]
+    python bench/llm_stream_cpu.py [--tokens 10,100,400] [--calls 50] [--transports urllib3,httpx2]
 
 Starts a minimal keep-alive HTTP/1.1 model server in a subprocess (this file with --serve): a POST gets
 the completion of N one-token pieces, as one JSON body when not streamed, else as N+3 server-sent events
@@ -8,6 +8,11 @@ in a chunked body, each chunk written on its own (a model writing token by token
 reactq's OpenAIChat (the client every step uses) makes --calls calls of each kind after 20 to warm up;
 its CPU per call (process time; best and median of 5 rounds) and, streamed, per chunk over the
 non-streamed call. The server's CPU is not counted.
+
+Per transport beneath the httpx2 client: `urllib3` (worker/llm/http_transport.py, what a worker uses) and
+`httpx2` (httpx2's own, httpcore2 and h11: what a worker uses when the environment names an HTTP proxy). The
+transports' rounds alternate, in turns, so that both see the same minutes of the machine; the last column is
+the baseline's streamed call over urllib3's.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -77,28 +83,46 @@ def serve(port: int, tokens: int) -> None:
         threading.Thread(target=connection, args=(conn,), daemon=True).start()
 
 
-def client_cpu(port: int, stream: bool, calls: int) -> tuple[float, float]:
-    """Best and median CPU seconds per call of 5 rounds."""
+MESSAGES = [{"role": "user", "content": "Say tok."}]
+
+
+def warm_client(port: int, stream: bool, transport: str) -> Any:
+    """An OpenAIChat on `transport`, after 20 calls (its shard's client is built at the first)."""
+    from worker.llm import http_pool
     from worker.llm.client import OpenAIChat
 
     chat = OpenAIChat(f"http://127.0.0.1:{port}/v1", "bench", stream=stream)
-    messages = [{"role": "user", "content": "Say tok."}]
-    for _ in range(20):
-        chat.chat(messages, model="bench")
-    rounds = []
-    for _ in range(5):
-        began = time.process_time()
-        for _ in range(calls):
-            chat.chat(messages, model="bench")
-        rounds.append((time.process_time() - began) / calls)
-    chat.close()
-    return min(rounds), statistics.median(rounds)
+    saved = http_pool._environment_proxy
+    if transport == "httpx2":  # as with a proxy in the environment: httpx2's own transport
+        http_pool._environment_proxy = lambda: True  # type: ignore[assignment]
+    try:
+        for _ in range(20):
+            chat.chat(MESSAGES, model="bench")
+    finally:
+        http_pool._environment_proxy = saved  # type: ignore[assignment]
+    return chat
+
+
+def client_cpu(port: int, stream: bool, calls: int, transports: list[str]) -> dict[str, tuple[float, float]]:
+    """Per transport, best and median CPU seconds per call of 5 rounds, the transports' rounds in turns."""
+    chats = {name: warm_client(port, stream, name) for name in transports}
+    rounds: dict[str, list[float]] = {name: [] for name in transports}
+    for turn in range(5):
+        for name in transports[turn % 2:] + transports[:turn % 2]:
+            began = time.process_time()
+            for _ in range(calls):
+                chats[name].chat(MESSAGES, model="bench")
+            rounds[name].append((time.process_time() - began) / calls)
+    for chat in chats.values():
+        chat.close()
+    return {name: (min(r), statistics.median(r)) for name, r in rounds.items()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="10,100,400")
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--transports", default="urllib3,httpx2", help="the first is measured, the second the baseline")
     ap.add_argument("--serve", nargs=2, type=int, metavar=("PORT", "TOKENS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -106,21 +130,26 @@ def main() -> int:
         return 0
     from bench.step_cpu import free_port, wait
 
-    print("| tokens | not streamed, us/call (best; median) | streamed, us/call (best; median) "
-          "| streamed, us/chunk more |")
-    print("|---|---|---|---|")
+    transports = args.transports.split(",")
+    print("| tokens | transport | not streamed, us/call (best; median) | streamed, us/call (best; median) "
+          "| streamed, us/chunk more | streamed, baseline / this |")
+    print("|---|---|---|---|---|---|")
     for tokens in (int(n) for n in args.tokens.split(",")):
         port = free_port()
         server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), str(tokens)])
         try:
             wait(lambda port=port: socket.create_connection(("127.0.0.1", port)).close() is None, "server")
-            plain, streamed = client_cpu(port, False, args.calls), client_cpu(port, True, args.calls)
+            plain = client_cpu(port, False, args.calls, transports)
+            streamed = client_cpu(port, True, args.calls, transports)
         finally:
             server.terminate()
             server.wait(10)
-        per_chunk = (streamed[0] - plain[0]) / (tokens + 3)
-        print(f"| {tokens} | {1e6 * plain[0]:.0f}; {1e6 * plain[1]:.0f} | {1e6 * streamed[0]:.0f}; "
-              f"{1e6 * streamed[1]:.0f} | {1e6 * per_chunk:.1f} |")
+        for name in transports:
+            per_chunk = (streamed[name][0] - plain[name][0]) / (tokens + 3)
+            ratio = streamed[transports[-1]][0] / streamed[name][0]
+            print(f"| {tokens} | {name} | {1e6 * plain[name][0]:.0f}; {1e6 * plain[name][1]:.0f} | "
+                  f"{1e6 * streamed[name][0]:.0f}; {1e6 * streamed[name][1]:.0f} | {1e6 * per_chunk:.1f} | "
+                  f"{ratio:.2f} |")
     return 0
 
 

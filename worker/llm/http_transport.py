@@ -82,11 +82,20 @@ class _Body(httpx2.SyncByteStream):
 
 
 class Urllib3Transport(httpx2.BaseTransport):
-    """An httpx2 transport over a urllib3 PoolManager."""
+    """An httpx2 transport over a urllib3 PoolManager. Each origin's pool is looked up once and kept: the
+    manager's own lookup builds and normalises a key from every request's URL."""
 
     def __init__(self, limits: httpx2.Limits, ssl_context: ssl.SSLContext) -> None:
         self._pools = urllib3.PoolManager(num_pools=4, maxsize=limits.max_connections or 10, block=True,
                                           ssl_context=ssl_context)
+        self._by_origin: dict[tuple[str, str, int | None], urllib3.HTTPConnectionPool] = {}
+
+    def _pool(self, url: httpx2.URL) -> urllib3.HTTPConnectionPool:
+        origin = (url.scheme, url.host, url.port)
+        pool = self._by_origin.get(origin)
+        if pool is None:
+            pool = self._by_origin[origin] = self._pools.connection_from_host(url.host, url.port, url.scheme)
+        return pool
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         timeouts = request.extensions.get("timeout", {})
@@ -94,11 +103,11 @@ class Urllib3Transport(httpx2.BaseTransport):
         for name, value in request.headers.raw:
             headers.add(name.decode("latin-1"), value.decode("latin-1"))
         try:
-            response = self._pools.urlopen(
-                request.method, str(request.url), body=request.read(), headers=headers,
+            response = self._pool(request.url).urlopen(
+                request.method, request.url.raw_path.decode("ascii"), body=request.read(), headers=headers,
                 timeout=urllib3.Timeout(connect=timeouts.get("connect"), read=timeouts.get("read")),
-                pool_timeout=timeouts.get("pool"), retries=False, redirect=False, preload_content=False,
-                decode_content=False)
+                pool_timeout=timeouts.get("pool"), retries=False, redirect=False, assert_same_host=False,
+                preload_content=False, decode_content=False)
         except (HTTPError, OSError) as exc:
             raise _request_error(exc, request) from exc
         return httpx2.Response(response.status, headers=list(response.headers.iteritems()),
@@ -107,4 +116,5 @@ class Urllib3Transport(httpx2.BaseTransport):
                                            if response.reason else b""})
 
     def close(self) -> None:
+        self._by_origin.clear()
         self._pools.clear()
