@@ -83,7 +83,8 @@ class _Body(httpx2.SyncByteStream):
 
 class Urllib3Transport(httpx2.BaseTransport):
     """An httpx2 transport over a urllib3 PoolManager. Each origin's pool is looked up once and kept: the
-    manager's own lookup builds and normalises a key from every request's URL."""
+    manager's own lookup builds and normalises a key from every request's URL. An openai client talks to one
+    origin (its base URL; redirects are not followed), well within the four the manager keeps open."""
 
     def __init__(self, limits: httpx2.Limits, ssl_context: ssl.SSLContext) -> None:
         self._pools = urllib3.PoolManager(num_pools=4, maxsize=limits.max_connections or 10, block=True,
