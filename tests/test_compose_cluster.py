@@ -59,9 +59,13 @@ def test_the_cluster_profile_comes_up_scraped_and_its_broker_fails_over(docker_e
         compose("up", "-d", "--no-build", *REDIS_SERVICES, "redis-cluster-exporter", "prometheus")
         wait_until("redis-cluster-create to exit 0", lambda: compose("ps", "redis-cluster-create"), 180,
                    until=lambda out: "Exit 0" in out)
-        info = wait_until("cluster_state:ok", lambda: cli("redis-node-5", "cluster", "info"), 60,
-                          until=lambda out: "cluster_state:ok" in out)
-        assert "cluster_size:3" in info and "cluster_known_nodes:6" in info
+        # a node reports cluster_state:ok once every slot is served, possibly before gossip has told it of
+        # every replica: wait for the whole picture
+        whole = ("cluster_state:ok", "cluster_size:3", "cluster_known_nodes:6")
+        info = wait_until("cluster_state:ok with 3 primaries and 6 nodes known",
+                          lambda: cli("redis-node-5", "cluster", "info"), 60,
+                          until=lambda out: all(part in out for part in whole))
+        assert all(part in info for part in whole)
         # what RedisCluster reads on connect, as the api user: the nodes by name, not by container address
         def named() -> set[str]:
             return {word for word in cli("redis-node-1", "cluster", "slots", user="api").split()
