@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.llm_stream_cpu import building_on  # noqa: E402
 from bench.step_cpu import free_port, wait  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "Write a long story about a cat who learns to count to one hundred."}]
@@ -36,17 +37,11 @@ QUESTION = [{"role": "user", "content": "Write a long story about a cat who lear
 
 def client(port: int, transport: str) -> Any:
     """An OpenAIChat whose shard's client is built on `transport` (by a first, short call)."""
-    from worker.llm import http_pool
     from worker.llm.client import OpenAIChat
 
     chat = OpenAIChat(f"http://127.0.0.1:{port}/v1", "bench", timeout_s=120.0)
-    saved = http_pool._environment_proxy
-    if transport == "httpx2":  # as with a proxy in the environment: httpx2's own transport
-        http_pool._environment_proxy = lambda: True  # type: ignore[assignment]
-    try:
+    with building_on(transport):
         chat.chat(QUESTION, model="bench", max_tokens=8, temperature=0)
-    finally:
-        http_pool._environment_proxy = saved  # type: ignore[assignment]
     return chat
 
 

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,20 +88,29 @@ def serve(port: int, tokens: int) -> None:
 MESSAGES = [{"role": "user", "content": "Say tok."}]
 
 
-def warm_client(port: int, stream: bool, transport: str) -> Any:
-    """An OpenAIChat on `transport`, after 20 calls (its shard's client is built at the first)."""
+@contextmanager
+def building_on(transport: str) -> Iterator[None]:
+    """The LLM clients built inside the block run on `transport`: `urllib3` (a worker's), or `httpx2` (httpx2's
+    own, as with a proxy in the environment). An OpenAIChat builds its shard's client at its first call."""
     from worker.llm import http_pool
+
+    saved = http_pool._environment_proxy
+    if transport == "httpx2":
+        http_pool._environment_proxy = lambda: True  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        http_pool._environment_proxy = saved  # type: ignore[assignment]
+
+
+def warm_client(port: int, stream: bool, transport: str) -> Any:
+    """An OpenAIChat on `transport`, after 20 calls."""
     from worker.llm.client import OpenAIChat
 
     chat = OpenAIChat(f"http://127.0.0.1:{port}/v1", "bench", stream=stream)
-    saved = http_pool._environment_proxy
-    if transport == "httpx2":  # as with a proxy in the environment: httpx2's own transport
-        http_pool._environment_proxy = lambda: True  # type: ignore[assignment]
-    try:
+    with building_on(transport):
         for _ in range(20):
             chat.chat(MESSAGES, model="bench")
-    finally:
-        http_pool._environment_proxy = saved  # type: ignore[assignment]
     return chat
 
 
